@@ -1,0 +1,282 @@
+//! The TOML configuration file (scriptgate.toml(5)). Every key is optional; an
+//! unknown key or a wrong type is an error naming the file, line and key.
+
+use serde::{Deserialize, Serialize};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_PATH: &str = "/etc/scriptgate/scriptgate.toml";
+pub const MIN_KEY_BYTES: usize = 32;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: Server,
+    pub auth: Auth,
+    pub workspace: Workspace,
+    pub scripts: Scripts,
+    pub sandbox: Sandbox,
+    pub state: State,
+    pub audit: Audit,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Server {
+    pub max_message_bytes: usize,
+    pub max_running: usize,
+    pub idle_exit_s: u64,
+}
+impl Default for Server {
+    fn default() -> Self {
+        Server { max_message_bytes: 16 << 20, max_running: 64, idle_exit_s: 300 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Auth {
+    pub token_key_file: PathBuf,
+    pub allowed_groups: Vec<String>,
+    pub admin_groups: Vec<String>,
+}
+impl Default for Auth {
+    fn default() -> Self {
+        Auth {
+            token_key_file: "/etc/scriptgate/token.key".into(),
+            allowed_groups: vec!["scriptgate".into()],
+            admin_groups: vec!["scriptgate-admin".into()],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Workspace {
+    pub roots: Vec<PathBuf>,
+}
+impl Default for Workspace {
+    fn default() -> Self {
+        Workspace { roots: vec!["/var/lib/scriptgate/workspaces".into()] }
+    }
+}
+
+/// Per-script limits. The snapshot's `limits` can only tighten them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Scripts {
+    pub max_calls: u64,
+    pub max_concurrency: usize,
+    pub timeout_s: u64,
+    pub memory_max_bytes: u64,
+    pub tasks_max: u64,
+    pub output_max_bytes: u64,
+    pub return_max_chars: usize,
+    pub approval_timeout_s: u64,
+    pub python: PathBuf,
+}
+impl Default for Scripts {
+    fn default() -> Self {
+        Scripts {
+            max_calls: 2000,
+            max_concurrency: 4,
+            timeout_s: 1800,
+            memory_max_bytes: 1 << 30,
+            tasks_max: 256,
+            output_max_bytes: 16 << 20,
+            return_max_chars: 20000,
+            approval_timeout_s: 600,
+            python: "/usr/bin/python3".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    Auto,
+    Systemd,
+    Cgroup,
+    Rlimit,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sandbox {
+    pub backend: BackendChoice,
+    pub run_as: String,
+    /// bwrap binary (extension; default looked up as /usr/bin/bwrap).
+    pub bwrap: PathBuf,
+    /// Size of the script's private /tmp (extension).
+    pub tmp_size_bytes: u64,
+}
+impl Default for Sandbox {
+    fn default() -> Self {
+        Sandbox {
+            backend: BackendChoice::Auto,
+            run_as: "nobody".into(),
+            bwrap: "/usr/bin/bwrap".into(),
+            tmp_size_bytes: 64 << 20,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct State {
+    pub dir: PathBuf,
+}
+impl Default for State {
+    fn default() -> Self {
+        State { dir: "/var/lib/scriptgate".into() }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Audit {
+    pub retain_days: u64,
+}
+impl Default for Audit {
+    fn default() -> Self {
+        Audit { retain_days: 90 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error("token key {path}: {message}")]
+    Key { path: PathBuf, message: String },
+}
+
+impl Config {
+    /// Parse a config file's text. `path` is only used in error messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            let mut message = e.message().to_string();
+            if let Some(span) = e.span() {
+                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                message = format!("line {line}: {message}");
+            }
+            ConfigError::Parse { path: path.to_path_buf(), message }
+        })?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    /// Load from a file. A missing file at the default path means all defaults; a
+    /// missing file that was named explicitly is an error.
+    pub fn load(path: &Path, explicit: bool) -> Result<Config, ConfigError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Config::parse(&text, path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Ok(Config::default()),
+            Err(source) => Err(ConfigError::Read { path: path.to_path_buf(), source }),
+        }
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |message: String| Err(ConfigError::Invalid { path: path.to_path_buf(), message });
+        let s = &self.scripts;
+        if s.max_concurrency == 0 {
+            return bad("scripts.max_concurrency must be at least 1".into());
+        }
+        if s.timeout_s == 0 || s.max_calls == 0 || s.tasks_max == 0 || s.memory_max_bytes == 0 {
+            return bad("scripts.timeout_s, max_calls, tasks_max and memory_max_bytes must be > 0".into());
+        }
+        if !s.python.is_absolute() {
+            return bad(format!("scripts.python must be an absolute path, not {:?}", s.python));
+        }
+        if self.server.max_message_bytes < 1024 {
+            return bad("server.max_message_bytes must be at least 1024".into());
+        }
+        for r in &self.workspace.roots {
+            if !r.is_absolute() {
+                return bad(format!("workspace.roots: {r:?} is not an absolute path"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Read the HS256 key: the file's exact bytes, at least 32 of them. The file must
+    /// be a regular file, not a symlink, and not readable or writable by others.
+    pub fn read_key(&self) -> Result<Vec<u8>, ConfigError> {
+        read_key_file(&self.auth.token_key_file)
+    }
+}
+
+pub fn read_key_file(path: &Path) -> Result<Vec<u8>, ConfigError> {
+    let err = |message: String| ConfigError::Key { path: path.to_path_buf(), message };
+    let meta = std::fs::symlink_metadata(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    if !meta.file_type().is_file() {
+        return Err(err("not a regular file (symlinks are refused)".into()));
+    }
+    if meta.mode() & 0o007 != 0 {
+        return Err(err(format!(
+            "mode {:04o} lets other users read or change the key; chmod 0640 (or 0600) it",
+            meta.mode() & 0o7777
+        )));
+    }
+    let key = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    if key.len() < MIN_KEY_BYTES {
+        return Err(err(format!(
+            "{} bytes; a key needs at least {MIN_KEY_BYTES} random bytes (head -c 32 /dev/urandom > FILE)",
+            key.len()
+        )));
+    }
+    Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_documented_defaults() {
+        let c = Config::parse("", Path::new("x.toml")).unwrap();
+        assert_eq!(c.server.max_message_bytes, 16777216);
+        assert_eq!(c.server.max_running, 64);
+        assert_eq!(c.scripts.max_calls, 2000);
+        assert_eq!(c.scripts.max_concurrency, 4);
+        assert_eq!(c.scripts.timeout_s, 1800);
+        assert_eq!(c.scripts.memory_max_bytes, 1073741824);
+        assert_eq!(c.scripts.return_max_chars, 20000);
+        assert_eq!(c.sandbox.run_as, "nobody");
+        assert_eq!(c.auth.allowed_groups, vec!["scriptgate"]);
+        assert_eq!(c.audit.retain_days, 90);
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_key() {
+        let e = Config::parse("[server]\nmax_running = 3\nbogus = 1\n", Path::new("/etc/s.toml")).unwrap_err();
+        let m = e.to_string();
+        assert!(m.starts_with("/etc/s.toml: line 3:"), "{m}");
+        assert!(m.contains("bogus"), "{m}");
+    }
+
+    #[test]
+    fn wrong_type_is_an_error() {
+        let e = Config::parse("[scripts]\nmax_calls = \"many\"\n", Path::new("c")).unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn key_file_checks() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("k");
+        std::fs::write(&p, b"short").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(read_key_file(&p).unwrap_err().to_string().contains("at least 32"));
+        std::fs::write(&p, [7u8; 32]).unwrap();
+        assert_eq!(read_key_file(&p).unwrap().len(), 32);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(read_key_file(&p).unwrap_err().to_string().contains("chmod"));
+        assert!(read_key_file(&d.path().join("missing")).is_err());
+    }
+}

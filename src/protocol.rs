@@ -1,0 +1,322 @@
+//! Wire types of the engine protocol (scriptgate-protocol(7)): JSON-RPC 2.0, one
+//! message per line. Only types and constructors live here; no I/O.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// JSON-RPC error codes used by scriptgated.
+pub mod code {
+    pub const PARSE_ERROR: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL: i64 = -32603;
+    /// The peer is neither uid 0 nor in `auth.allowed_groups`.
+    pub const PEER_NOT_ALLOWED: i64 = -32001;
+    /// Token refused; `data.reason` says why.
+    pub const TOKEN: i64 = -32010;
+    /// Snapshot refused; `data.reason` and `data.field`.
+    pub const SNAPSHOT: i64 = -32011;
+    /// A tool named in `script.start`'s `tools` is refused; `data.tool`, `data.reason`.
+    pub const TOOLS: i64 = -32012;
+    /// Approval denied or not answered in time.
+    pub const APPROVAL: i64 = -32013;
+    /// The daemon runs `max_running` scripts already.
+    pub const BUSY: i64 = -32015;
+    /// No such script, or not visible to this connection.
+    pub const NOT_FOUND: i64 = -32016;
+    /// `script.wait` timed out; the script still runs.
+    pub const STILL_RUNNING: i64 = -32017;
+    /// Admin method refused: the peer is not root nor in `auth.admin_groups`.
+    pub const NOT_ADMIN: i64 = -32018;
+}
+
+/// A JSON-RPC error object.
+///
+/// ```json
+/// {"code": -32010, "message": "run token expired", "data": {"reason": "expired"}}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message} ({code})")]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    pub fn new(code: i64, message: impl Into<String>) -> Self {
+        RpcError { code, message: message.into(), data: None }
+    }
+    pub fn with_data(code: i64, message: impl Into<String>, data: Value) -> Self {
+        RpcError { code, message: message.into(), data: Some(data) }
+    }
+    pub fn invalid_params(message: impl Into<String>) -> Self {
+        Self::new(code::INVALID_PARAMS, message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(code::INTERNAL, message)
+    }
+    pub fn not_found(script_id: &str) -> Self {
+        Self::with_data(
+            code::NOT_FOUND,
+            format!("no script {script_id} visible to this connection"),
+            json!({"reason": "not_found", "script_id": script_id}),
+        )
+    }
+    /// The `data.reason` string, when there is one.
+    pub fn reason(&self) -> Option<&str> {
+        self.data.as_ref()?.get("reason")?.as_str()
+    }
+}
+
+/// One incoming line, classified.
+#[derive(Debug)]
+pub enum Incoming {
+    /// `{"jsonrpc":"2.0","id":1,"method":"script.start","params":{…}}`
+    Request { id: Value, method: String, params: Value },
+    /// `{"jsonrpc":"2.0","method":"x","params":{…}}` (no id)
+    Notification { method: String, params: Value },
+    /// `{"jsonrpc":"2.0","id":7,"result":{…}}` or `…"error":{…}}`: answers a request we sent.
+    Response { id: Value, result: Result<Value, RpcError> },
+}
+
+/// Parse one line. `Err` carries the error to send back (with the id when known).
+pub fn parse_line(line: &[u8]) -> Result<Incoming, (Value, RpcError)> {
+    let v: Value = serde_json::from_slice(line).map_err(|e| {
+        (Value::Null, RpcError::new(code::PARSE_ERROR, format!("parse error: {e}")))
+    })?;
+    let Value::Object(mut m) = v else {
+        return Err((Value::Null, RpcError::new(code::INVALID_REQUEST, "a message must be a JSON object")));
+    };
+    let id = m.remove("id");
+    if let Some(method) = m.remove("method") {
+        let Value::String(method) = method else {
+            return Err((id.unwrap_or(Value::Null), RpcError::new(code::INVALID_REQUEST, "`method` must be a string")));
+        };
+        let params = m.remove("params").unwrap_or(Value::Null);
+        return Ok(match id {
+            Some(id) if !id.is_null() => Incoming::Request { id, method, params },
+            _ => Incoming::Notification { method, params },
+        });
+    }
+    let Some(id) = id else {
+        return Err((Value::Null, RpcError::new(code::INVALID_REQUEST, "message has neither `method` nor `id`")));
+    };
+    if let Some(err) = m.remove("error") {
+        let err = serde_json::from_value(err)
+            .unwrap_or_else(|_| RpcError::new(code::INTERNAL, "malformed error object"));
+        return Ok(Incoming::Response { id, result: Err(err) });
+    }
+    match m.remove("result") {
+        Some(result) => Ok(Incoming::Response { id, result: Ok(result) }),
+        None => Err((id, RpcError::new(code::INVALID_REQUEST, "response has neither `result` nor `error`"))),
+    }
+}
+
+pub fn request_line(id: u64, method: &str, params: &Value) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string() + "\n"
+}
+
+pub fn notification_line(method: &str, params: &Value) -> String {
+    json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string() + "\n"
+}
+
+pub fn response_line(id: &Value, result: &Result<Value, RpcError>) -> String {
+    match result {
+        Ok(v) => json!({"jsonrpc": "2.0", "id": id, "result": v}),
+        Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": e}),
+    }
+    .to_string()
+        + "\n"
+}
+
+/// `script.start` params.
+///
+/// ```json
+/// {"token": "eyJ…", "code": "import agent_tools\n…", "tools": ["fleet__reboot_device"], "description": "reboot stale devices"}
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartParams {
+    pub token: String,
+    pub code: String,
+    #[serde(default)]
+    pub tools: Vec<String>,
+    #[serde(default)]
+    pub description: String,
+}
+
+/// Params of `script.wait`, `script.status`, `script.cancel`.
+///
+/// ```json
+/// {"script_id": "4f1c…", "timeout_s": 30, "token": "eyJ…"}
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+pub struct ScriptRef {
+    pub script_id: String,
+    #[serde(default)]
+    pub timeout_s: Option<f64>,
+    /// A valid token of the script's run grants access from any connection.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+/// What a tool call returns, from the engine to the daemon and on to the script.
+///
+/// ```json
+/// {"text": "online", "structured": {"sn": "A1", "online": true}, "is_error": false}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    #[serde(default)]
+    pub text: String,
+    #[serde(default)]
+    pub structured: Option<Value>,
+    #[serde(default)]
+    pub is_error: bool,
+}
+
+/// Why a script ended (§6 `status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Running,
+    Ok,
+    Error,
+    Timeout,
+    Cancelled,
+    Oom,
+    Limit,
+    Interrupted,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Running => "running",
+            Status::Ok => "ok",
+            Status::Error => "error",
+            Status::Timeout => "timeout",
+            Status::Cancelled => "cancelled",
+            Status::Oom => "oom",
+            Status::Limit => "limit",
+            Status::Interrupted => "interrupted",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Status> {
+        serde_json::from_value(Value::String(s.to_string())).ok()
+    }
+}
+
+/// The result object (§6).
+///
+/// ```json
+/// {"script_id": "…", "run_id": "run-42", "status": "ok", "exit_code": 0, "calls": 500,
+///  "failures": 0, "duration_ms": 3120, "details_dir": ".agent/scripts/…", "output": "…",
+///  "output_truncated": false, "error": null, "text": "run_script ok: 500 calls, …"}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScriptResult {
+    pub script_id: String,
+    pub run_id: String,
+    pub status: Status,
+    pub exit_code: Option<i32>,
+    pub calls: u64,
+    pub failures: u64,
+    pub duration_ms: u64,
+    pub details_dir: String,
+    pub output: String,
+    pub output_truncated: bool,
+    pub error: Option<String>,
+    pub text: String,
+    /// Peak memory of the script's unit/cgroup, when the backend knows it (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_peak_bytes: Option<u64>,
+    /// CPU time of the script's unit/cgroup, when the backend knows it (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_usec: Option<u64>,
+}
+
+/// Build `text` exactly as §6 says: one summary line, then the output, then (when not
+/// `ok`) the error tail.
+pub fn result_text(
+    status: Status,
+    calls: u64,
+    failures: u64,
+    duration_ms: u64,
+    details_dir: &str,
+    output: &str,
+    truncated_note: Option<&str>,
+    error: Option<&str>,
+) -> String {
+    let mut t = format!(
+        "run_script {}: {} calls, {} failed, {:.1} s, details in {}\n",
+        status.as_str(),
+        calls,
+        failures,
+        duration_ms as f64 / 1000.0,
+        details_dir
+    );
+    t.push_str(output);
+    if let Some(note) = truncated_note {
+        if !t.ends_with('\n') {
+            t.push('\n');
+        }
+        t.push_str(note);
+        t.push('\n');
+    }
+    if status != Status::Ok {
+        if let Some(err) = error.filter(|e| !e.is_empty()) {
+            if !t.ends_with('\n') {
+                t.push('\n');
+            }
+            t.push_str("error: ");
+            t.push_str(err);
+            if !t.ends_with('\n') {
+                t.push('\n');
+            }
+        }
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_requests_notifications_and_responses() {
+        assert!(matches!(
+            parse_line(br#"{"jsonrpc":"2.0","id":1,"method":"daemon.info"}"#),
+            Ok(Incoming::Request { method, .. }) if method == "daemon.info"
+        ));
+        assert!(matches!(
+            parse_line(br#"{"jsonrpc":"2.0","method":"x","params":{}}"#),
+            Ok(Incoming::Notification { .. })
+        ));
+        assert!(matches!(
+            parse_line(br#"{"jsonrpc":"2.0","id":"a","result":{"decision":"deny"}}"#),
+            Ok(Incoming::Response { result: Ok(_), .. })
+        ));
+        assert!(matches!(
+            parse_line(br#"{"jsonrpc":"2.0","id":3,"error":{"code":-1,"message":"no"}}"#),
+            Ok(Incoming::Response { result: Err(e), .. }) if e.message == "no"
+        ));
+        let (_, e) = parse_line(b"{not json").unwrap_err();
+        assert_eq!(e.code, code::PARSE_ERROR);
+        let (_, e) = parse_line(b"[1,2]").unwrap_err();
+        assert_eq!(e.code, code::INVALID_REQUEST);
+    }
+
+    #[test]
+    fn result_text_has_summary_output_and_error_tail() {
+        let t = result_text(Status::Ok, 500, 0, 3120, ".agent/scripts/x", "hello\n", None, Some("ignored"));
+        assert_eq!(t, "run_script ok: 500 calls, 0 failed, 3.1 s, details in .agent/scripts/x\nhello\n");
+        let t = result_text(Status::Error, 2, 1, 50, "d", "partial", None, Some("Traceback…\nValueError: x"));
+        assert_eq!(t, "run_script error: 2 calls, 1 failed, 0.1 s, details in d\npartial\nerror: Traceback…\nValueError: x\n");
+    }
+}

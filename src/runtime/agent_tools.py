@@ -1,0 +1,222 @@
+"""agent_tools: call the run's tools from a scriptgate script.
+
+The module talks to scriptgated over fd 3 (requests) and fd 4 (replies), one
+JSON object per line. It is thread-safe: any number of threads may call at once;
+the daemon keeps at most `max_concurrency` calls of this script in flight.
+
+    call(tool, args)                       -> structured result (dict) or text; raises ToolError
+    call_many(tool, args_list, return_errors=False) -> list, in input order
+    call_raw(tool, args)                   -> {"text", "structured", "is_error"}
+    progress(done, total, message="")      -> None
+    ToolError                              -> .tool, .code, .message
+"""
+
+import json
+import os
+import sys
+import threading
+
+__all__ = ["call", "call_many", "call_raw", "progress", "ToolError"]
+
+BATCH = 50
+
+
+class ToolError(Exception):
+    """A tool call failed or was refused.
+
+    code is one of: denied, invalid_arguments, limit, tool_error, revoked, engine.
+    """
+
+    def __init__(self, tool, code, message):
+        super().__init__(f"{tool}: {code}: {message}")
+        self.tool = tool
+        self.code = code
+        self.message = message
+
+
+class _Channel:
+    def __init__(self):
+        try:
+            self._w = os.fdopen(3, "w", encoding="utf-8", buffering=1, closefd=False)
+            self._r = os.fdopen(4, "r", encoding="utf-8", closefd=False)
+        except OSError as e:
+            raise RuntimeError(
+                "agent_tools: no daemon channel on fd 3/4; run this script with scriptgate"
+            ) from e
+        self._wlock = threading.Lock()
+        self._plock = threading.Lock()
+        self._pending = {}
+        self._next = 0
+        self._dead = None
+        t = threading.Thread(target=self._read_loop, name="agent_tools-reader", daemon=True)
+        t.start()
+
+    def _read_loop(self):
+        try:
+            for line in self._r:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(msg, dict):
+                    continue
+                with self._plock:
+                    slot = self._pending.pop(msg.get("id"), None)
+                if slot is not None:
+                    slot[1] = msg
+                    slot[0].set()
+        finally:
+            with self._plock:
+                self._dead = "the daemon closed the tool channel"
+                pending, self._pending = self._pending, {}
+            for slot in pending.values():
+                slot[0].set()
+
+    def send(self, obj):
+        data = json.dumps(obj, separators=(",", ":")) + "\n"
+        with self._wlock:
+            self._w.write(data)
+            self._w.flush()
+
+    def request(self, obj):
+        slot = [threading.Event(), None]
+        with self._plock:
+            if self._dead:
+                return None
+            self._next += 1
+            rid = self._next
+            self._pending[rid] = slot
+        obj["id"] = rid
+        self.send(obj)
+        slot[0].wait()
+        return slot[1]
+
+
+_chan = None
+_chan_lock = threading.Lock()
+
+
+def _channel():
+    global _chan
+    with _chan_lock:
+        if _chan is None:
+            _chan = _Channel()
+        return _chan
+
+
+def _check_args(tool, args):
+    if not isinstance(tool, str):
+        raise TypeError("tool must be a str, e.g. 'fleet__get_device_status'")
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise TypeError(f"{tool}: args must be a dict of the tool's arguments")
+    return args
+
+
+def _lost(tool):
+    return ToolError(tool, "engine", "the daemon closed the tool channel (script cancelled or timed out?)")
+
+
+def _to_error(tool, err):
+    return ToolError(tool, err.get("code", "engine"), err.get("message", "unknown error"))
+
+
+def _raw_or_raise(tool, item):
+    """A reply item is {"result": {...}} or {"error": {"code", "message"}}."""
+    if "error" in item:
+        raise _to_error(tool, item["error"])
+    return item["result"]
+
+
+def _value(tool, raw):
+    if raw.get("is_error"):
+        raise ToolError(tool, raw.get("code") or "tool_error", raw.get("text") or "tool reported an error")
+    if raw.get("structured") is not None:
+        return raw["structured"]
+    return raw.get("text", "")
+
+
+def _plain(raw):
+    return {"text": raw.get("text", ""), "structured": raw.get("structured"), "is_error": bool(raw.get("is_error"))}
+
+
+def call_raw(tool, args=None):
+    """Call a tool; return {"text", "structured", "is_error"}.
+
+    Tool errors come back with is_error=True; refusals (denied, invalid_arguments,
+    limit, revoked) still raise ToolError.
+    """
+    args = _check_args(tool, args)
+    reply = _channel().request({"op": "call", "tool": tool, "args": args})
+    if reply is None:
+        raise _lost(tool)
+    return _plain(_raw_or_raise(tool, reply))
+
+
+def call(tool, args=None):
+    """Call a tool; return its structured result if it has one, else its text.
+
+    Raises ToolError when the call fails or is refused.
+    """
+    args = _check_args(tool, args)
+    reply = _channel().request({"op": "call", "tool": tool, "args": args})
+    if reply is None:
+        raise _lost(tool)
+    return _value(tool, _raw_or_raise(tool, reply))
+
+
+def call_many(tool, args_list, return_errors=False):
+    """Call one tool once for each args dict; results in input order.
+
+    The daemon runs each batch of 50 up to max_concurrency at a time. With
+    return_errors=True a failed item is a ToolError instance in the list;
+    otherwise the first failure (in input order) is raised.
+    """
+    args_list = [_check_args(tool, a) for a in args_list]
+    out = []
+    for start in range(0, len(args_list), BATCH):
+        batch = args_list[start:start + BATCH]
+        reply = _channel().request({"op": "call_many", "tool": tool, "args_list": batch})
+        if reply is None:
+            err = _lost(tool)
+            if not return_errors:
+                raise err
+            out.extend(err for _ in batch)
+            continue
+        if "error" in reply:
+            err = _to_error(tool, reply["error"])
+            if not return_errors:
+                raise err
+            out.extend(err for _ in batch)
+            continue
+        for item in reply["results"]:
+            try:
+                out.append(_value(tool, _raw_or_raise(tool, item)))
+            except ToolError as e:
+                if not return_errors:
+                    raise
+                out.append(e)
+    return out
+
+
+def progress(done, total, message=""):
+    """Report progress to the engine (sent on at most once per second)."""
+    _channel().send({"op": "progress", "done": int(done), "total": int(total), "message": str(message)[:500]})
+
+
+_prev_hook = sys.excepthook
+
+
+def _excepthook(kind, value, tb):
+    # Tell the daemon why the script is ending, so a budget overrun is reported
+    # as status `limit` rather than a plain error.
+    if isinstance(value, ToolError):
+        try:
+            _channel().send({"op": "uncaught", "code": value.code, "tool": value.tool})
+        except Exception:
+            pass
+    _prev_hook(kind, value, tb)
+
+
+sys.excepthook = _excepthook
