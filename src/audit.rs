@@ -1,0 +1,323 @@
+//! The audit store: one SQLite row per script (written when it starts, completed
+//! when it ends), refused starts, and revoked runs. WAL; one writer thread owns the
+//! write connection; readers use their own connection.
+
+use crate::protocol::{ScriptResult, Status};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Mutex};
+
+const SCHEMA_VERSION: i64 = 1;
+
+const MIGRATIONS: &[&str] = &[
+    // v1
+    "CREATE TABLE scripts (
+        script_id TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        runner TEXT,
+        peer_uid INTEGER,
+        peer_pid INTEGER,
+        run_uid INTEGER,
+        description TEXT NOT NULL DEFAULT '',
+        code TEXT NOT NULL,
+        tools TEXT NOT NULL DEFAULT '[]',
+        approval TEXT NOT NULL,
+        workspace TEXT NOT NULL,
+        backend TEXT NOT NULL,
+        unit TEXT,
+        started_at INTEGER NOT NULL,
+        ended_at INTEGER,
+        status TEXT NOT NULL,
+        exit_code INTEGER,
+        calls INTEGER NOT NULL DEFAULT 0,
+        failures INTEGER NOT NULL DEFAULT 0,
+        tool_counts TEXT NOT NULL DEFAULT '{}',
+        duration_ms INTEGER,
+        details_dir TEXT NOT NULL,
+        memory_peak_bytes INTEGER,
+        cpu_usec INTEGER,
+        result TEXT
+     );
+     CREATE INDEX scripts_run ON scripts(run_id);
+     CREATE INDEX scripts_started ON scripts(started_at);
+     CREATE INDEX scripts_status ON scripts(status);
+     CREATE TABLE refusals (
+        id INTEGER PRIMARY KEY,
+        at INTEGER NOT NULL,
+        run_id TEXT,
+        runner TEXT,
+        peer_uid INTEGER,
+        peer_pid INTEGER,
+        code INTEGER NOT NULL,
+        reason TEXT,
+        message TEXT NOT NULL
+     );
+     CREATE INDEX refusals_at ON refusals(at);
+     CREATE TABLE revoked_runs (
+        run_id TEXT PRIMARY KEY,
+        at INTEGER NOT NULL
+     );",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("audit store {path}: {op}: {source}")]
+    Sql { path: PathBuf, op: &'static str, source: rusqlite::Error },
+    #[error("audit store {path}: schema version {found} is newer than this scriptgate ({SCHEMA_VERSION})")]
+    TooNew { path: PathBuf, found: i64 },
+    #[error("audit store writer thread is gone")]
+    Gone,
+}
+
+/// The row written when a script starts.
+#[derive(Debug, Clone)]
+pub struct StartRow {
+    pub script_id: String,
+    pub run_id: String,
+    pub runner: Option<String>,
+    pub peer_uid: u32,
+    pub peer_pid: Option<i32>,
+    pub run_uid: u32,
+    pub description: String,
+    pub code: String,
+    pub tools: Vec<String>,
+    /// `not_needed`, `allow_once`, `session_allowed`, `auto`.
+    pub approval: String,
+    pub workspace: String,
+    pub backend: String,
+    pub unit: Option<String>,
+    pub started_at_ms: i64,
+    pub details_dir: String,
+}
+
+/// A refused `script.start`.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    pub run_id: Option<String>,
+    pub runner: Option<String>,
+    pub peer_uid: u32,
+    pub peer_pid: Option<i32>,
+    pub code: i64,
+    pub reason: Option<String>,
+    pub message: String,
+}
+
+type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+
+pub struct Store {
+    path: PathBuf,
+    tx: mpsc::Sender<Job>,
+    reader: Mutex<Connection>,
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Store {
+    /// Open (creating and migrating) the store. Rows left `running` by a daemon that
+    /// died are turned `interrupted`; their results are returned so the caller can
+    /// log them.
+    pub fn open(path: &Path) -> Result<(Store, Vec<ScriptResult>), StoreError> {
+        let sql = |op| move |source| StoreError::Sql { path: path.to_path_buf(), op, source };
+        let mut w = Connection::open(path).map_err(sql("open"))?;
+        w.pragma_update(None, "journal_mode", "WAL").map_err(sql("enable WAL"))?;
+        w.pragma_update(None, "synchronous", "NORMAL").map_err(sql("set synchronous"))?;
+        w.busy_timeout(std::time::Duration::from_secs(5)).map_err(sql("busy_timeout"))?;
+        let version: i64 = w.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(sql("read user_version"))?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::TooNew { path: path.to_path_buf(), found: version });
+        }
+        for (i, m) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            let tx = w.transaction().map_err(sql("begin migration"))?;
+            tx.execute_batch(m).map_err(sql("migrate"))?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64).map_err(sql("set user_version"))?;
+            tx.commit().map_err(sql("commit migration"))?;
+        }
+        let interrupted = recover_interrupted(&mut w).map_err(sql("recover interrupted scripts"))?;
+        let reader = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+            .map_err(sql("open reader"))?;
+        reader.busy_timeout(std::time::Duration::from_secs(5)).map_err(sql("busy_timeout"))?;
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("scriptgate-audit".into())
+            .spawn(move || {
+                for job in rx {
+                    job(&mut w);
+                }
+            })
+            .expect("spawn audit writer");
+        Ok((Store { path: path.to_path_buf(), tx, reader: Mutex::new(reader) }, interrupted))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Run a write on the writer thread and wait for it.
+    async fn write<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx.send(Box::new(move |c| { let _ = tx.send(f(c)); })).map_err(|_| StoreError::Gone)?;
+        rx.await.map_err(|_| StoreError::Gone)?.map_err(|source| StoreError::Sql { path: self.path.clone(), op, source })
+    }
+
+    pub async fn insert_started(&self, r: StartRow) -> Result<(), StoreError> {
+        self.write("insert started script", move |c| {
+            c.execute(
+                "INSERT INTO scripts (script_id, run_id, runner, peer_uid, peer_pid, run_uid, description, code, tools,
+                   approval, workspace, backend, unit, started_at, status, details_dir)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 'running', ?15)",
+                params![
+                    r.script_id, r.run_id, r.runner, r.peer_uid, r.peer_pid, r.run_uid, r.description, r.code,
+                    serde_json::to_string(&r.tools).unwrap_or_default(), r.approval, r.workspace, r.backend, r.unit,
+                    r.started_at_ms, r.details_dir
+                ],
+            )
+            .map(|_| ())
+        })
+        .await
+    }
+
+    pub async fn finish(&self, result: &ScriptResult, tool_counts: Value) -> Result<(), StoreError> {
+        let r = result.clone();
+        self.write("record finished script", move |c| {
+            c.execute(
+                "UPDATE scripts SET ended_at = ?2, status = ?3, exit_code = ?4, calls = ?5, failures = ?6,
+                   tool_counts = ?7, duration_ms = ?8, memory_peak_bytes = ?9, cpu_usec = ?10, result = ?11
+                 WHERE script_id = ?1",
+                params![
+                    r.script_id, now_ms(), r.status.as_str(), r.exit_code, r.calls as i64, r.failures as i64,
+                    tool_counts.to_string(), r.duration_ms as i64, r.memory_peak_bytes.map(|v| v as i64),
+                    r.cpu_usec.map(|v| v as i64), serde_json::to_string(&r).unwrap_or_default()
+                ],
+            )
+            .map(|_| ())
+        })
+        .await
+    }
+
+    pub async fn refusal(&self, r: Refusal) -> Result<(), StoreError> {
+        self.write("record refusal", move |c| {
+            c.execute(
+                "INSERT INTO refusals (at, run_id, runner, peer_uid, peer_pid, code, reason, message)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![now_ms(), r.run_id, r.runner, r.peer_uid, r.peer_pid, r.code, r.reason, r.message],
+            )
+            .map(|_| ())
+        })
+        .await
+    }
+
+    pub async fn revoke(&self, run_id: &str) -> Result<(), StoreError> {
+        let run_id = run_id.to_string();
+        self.write("record revocation", move |c| {
+            c.execute("INSERT OR IGNORE INTO revoked_runs (run_id, at) VALUES (?1, ?2)", params![run_id, now_ms()])
+                .map(|_| ())
+        })
+        .await
+    }
+
+    fn read<T>(&self, op: &'static str, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
+        let c = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        f(&c).map_err(|source| StoreError::Sql { path: self.path.clone(), op, source })
+    }
+
+    pub fn revoked_runs(&self) -> Result<Vec<String>, StoreError> {
+        self.read("list revoked runs", |c| {
+            let mut s = c.prepare("SELECT run_id FROM revoked_runs")?;
+            let rows = s.query_map([], |r| r.get(0))?;
+            rows.collect()
+        })
+    }
+
+    /// The stored result of a finished script, with its run id.
+    pub fn result(&self, script_id: &str) -> Result<Option<ScriptResult>, StoreError> {
+        self.read("read result", |c| {
+            c.query_row("SELECT result FROM scripts WHERE script_id = ?1 AND result IS NOT NULL", [script_id], |r| {
+                r.get::<_, String>(0)
+            })
+            .optional()
+        })
+        .map(|o| o.and_then(|s| serde_json::from_str(&s).ok()))
+    }
+}
+
+/// Rows still `running` belong to a daemon that died: they become `interrupted`.
+fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<ScriptResult>> {
+    let tx = c.transaction()?;
+    let mut out = Vec::new();
+    {
+        let mut s = tx.prepare(
+            "SELECT script_id, run_id, started_at, details_dir, calls, failures FROM scripts WHERE status = 'running'",
+        )?;
+        let rows = s.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?, r.get::<_, i64>(4)?, r.get::<_, i64>(5)?))
+        })?;
+        let now = now_ms();
+        for row in rows {
+            let (script_id, run_id, started, details_dir, calls, failures) = row?;
+            let duration_ms = (now - started).max(0) as u64;
+            let error = "the daemon stopped while the script ran".to_string();
+            let text = crate::protocol::result_text(
+                Status::Interrupted, calls as u64, failures as u64, duration_ms, &details_dir, "", None, Some(&error),
+            );
+            out.push(ScriptResult {
+                script_id, run_id, status: Status::Interrupted, exit_code: None, calls: calls as u64,
+                failures: failures as u64, duration_ms, details_dir, output: String::new(), output_truncated: false,
+                error: Some(error), text, memory_peak_bytes: None, cpu_usec: None,
+            });
+        }
+    }
+    for r in &out {
+        tx.execute(
+            "UPDATE scripts SET status = 'interrupted', ended_at = ?2, duration_ms = ?3, result = ?4 WHERE script_id = ?1",
+            params![r.script_id, now_ms(), r.duration_ms as i64, serde_json::to_string(r).unwrap_or_default()],
+        )?;
+    }
+    tx.commit()?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str) -> StartRow {
+        StartRow {
+            script_id: id.into(), run_id: "run-1".into(), runner: Some("r".into()), peer_uid: 0, peer_pid: Some(1),
+            run_uid: 65534, description: "d".into(), code: "print(1)".into(), tools: vec![], approval: "not_needed".into(),
+            workspace: "/w".into(), backend: "rlimit".into(), unit: None, started_at_ms: now_ms(),
+            details_dir: format!(".agent/scripts/{id}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn running_rows_become_interrupted_on_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.db");
+        {
+            let (s, rec) = Store::open(&p).unwrap();
+            assert!(rec.is_empty());
+            s.insert_started(row("s1")).await.unwrap();
+            s.revoke("run-9").await.unwrap();
+            assert!(s.result("s1").unwrap().is_none(), "no result while running");
+        }
+        let (s, rec) = Store::open(&p).unwrap();
+        assert_eq!(rec.len(), 1);
+        assert_eq!(rec[0].status, Status::Interrupted);
+        let r = s.result("s1").unwrap().unwrap();
+        assert_eq!(r.status, Status::Interrupted);
+        assert!(r.text.starts_with("run_script interrupted: 0 calls"));
+        assert_eq!(s.revoked_runs().unwrap(), vec!["run-9".to_string()]);
+        let v: i64 = s.reader.lock().unwrap().pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+    }
+}

@@ -1,0 +1,36 @@
+//! The daemon's view of an engine: whoever started a script and serves its tool
+//! calls. A socket connection implements it (`server`), and so does the CLI's
+//! in-process engine over MCP servers (`scriptgate run`).
+
+use crate::protocol::ToolResult;
+use serde_json::Value;
+use std::future::Future;
+use std::pin::Pin;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Why a request to the engine did not produce an answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    /// The engine answered with a JSON-RPC error (message kept).
+    #[error("{0}")]
+    Answered(String),
+    /// The engine's answer was not of the expected shape.
+    #[error("malformed answer from the engine: {0}")]
+    Malformed(String),
+    #[error("engine disconnected")]
+    Disconnected,
+    #[error("the engine did not answer in time")]
+    Timeout,
+}
+
+pub trait EngineLink: Send + Sync {
+    /// Identifies the connection; scripts are visible to the connection that started them.
+    fn id(&self) -> u64;
+    /// `tool.call` params: `{script_id, run_id, call_id, tool, arguments}`.
+    fn tool_call(&self, params: Value) -> BoxFuture<'_, Result<ToolResult, LinkError>>;
+    /// `approval.request` params; `Ok(true)` for `allow_once`.
+    fn approval(&self, params: Value, timeout: std::time::Duration) -> BoxFuture<'_, Result<bool, LinkError>>;
+    /// Send a notification (`script.progress`, `script.finished`); best effort.
+    fn notify(&self, method: &str, params: Value);
+}

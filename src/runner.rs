@@ -1,0 +1,213 @@
+//! Spawning and supervising one script: the sandbox child, its output, its end.
+
+use crate::broker::Broker;
+use crate::limits::Backend;
+use crate::policy::Limits;
+use crate::protocol::Status;
+use crate::sandbox::{bwrap_args, RealHost, SandboxSpec};
+use crate::sys::{channel_pipe, install_pre_exec, ChildSetup, Identity, Spawner};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+
+/// Why the supervisor should stop a script early.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stop {
+    Cancel(String),
+    Interrupt,
+}
+
+pub struct Launch {
+    pub bwrap: PathBuf,
+    pub sandbox: SandboxSpec,
+    pub identity: Option<Identity>,
+    pub limits: Limits,
+    pub backend: Backend,
+    pub stdout_file: std::fs::File,
+    pub stderr_file: std::fs::File,
+    pub output_max_bytes: u64,
+    pub return_max_chars: usize,
+}
+
+/// What the supervisor observed; the daemon turns it into the result object.
+#[derive(Debug)]
+pub struct Ended {
+    pub status: Status,
+    pub exit_code: Option<i32>,
+    pub duration_ms: u64,
+    pub output: String,
+    pub output_truncated: bool,
+    pub error: Option<String>,
+}
+
+/// How much of stderr is kept for the result's `error`.
+const STDERR_TAIL_BYTES: usize = 4000;
+
+struct Captured {
+    head: Vec<u8>,
+    tail: Vec<u8>,
+    total: u64,
+}
+
+/// Copy a child stream to its artifact file (up to `max_file` bytes, then a note of
+/// how much was dropped), keeping the first `head_max` and last `tail_max` bytes.
+async fn capture<R: tokio::io::AsyncRead + Unpin>(mut r: R, mut file: std::fs::File, max_file: u64, head_max: usize, tail_max: usize) -> Captured {
+    let mut c = Captured { head: Vec::new(), tail: Vec::new(), total: 0 };
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut written = 0u64;
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let chunk = &buf[..n];
+        c.total += n as u64;
+        if written < max_file {
+            let k = ((max_file - written) as usize).min(n);
+            if file.write_all(&chunk[..k]).is_ok() {
+                written += k as u64;
+            }
+        }
+        if c.head.len() < head_max {
+            let k = (head_max - c.head.len()).min(n);
+            c.head.extend_from_slice(&chunk[..k]);
+        }
+        if tail_max > 0 {
+            c.tail.extend_from_slice(chunk);
+            if c.tail.len() > tail_max * 2 {
+                c.tail.drain(..c.tail.len() - tail_max);
+            }
+        }
+    }
+    if c.total > written {
+        let _ = writeln!(file, "\n[scriptgate: {} more bytes were printed and dropped; the limit is output_max_bytes = {max_file}]", c.total - written);
+    }
+    if c.tail.len() > tail_max {
+        c.tail.drain(..c.tail.len() - tail_max);
+    }
+    c
+}
+
+/// First `max` characters of `bytes` (lossy UTF-8), and whether anything was cut.
+fn head_chars(bytes: &[u8], total_bytes: u64, max: usize) -> (String, bool) {
+    let s = String::from_utf8_lossy(bytes);
+    match s.char_indices().nth(max) {
+        Some((i, _)) => (s[..i].to_string(), true),
+        None => (s.into_owned(), total_bytes > bytes.len() as u64),
+    }
+}
+
+/// Start the sandbox and supervise it to its end. `started` is called once the
+/// child exists (the script is then `running`).
+pub async fn run(
+    spawner: &Spawner,
+    launch: Launch,
+    broker: Arc<Broker>,
+    mut stop: watch::Receiver<Option<Stop>>,
+) -> Result<Ended, std::io::Error> {
+    let t0 = Instant::now();
+    let (req_r, req_w) = channel_pipe()?; // script writes fd 3, we read
+    let (rep_r, rep_w) = channel_pipe()?; // we write, script reads fd 4
+    let mut cmd = tokio::process::Command::new(&launch.bwrap);
+    cmd.args(bwrap_args(&launch.sandbox, &RealHost))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    install_pre_exec(
+        &mut cmd,
+        ChildSetup {
+            identity: launch.identity,
+            rlimits: launch.backend.rlimits(&launch.limits),
+            fd3: std::os::fd::AsRawFd::as_raw_fd(&req_w),
+            fd4: std::os::fd::AsRawFd::as_raw_fd(&rep_r),
+            parent_pid: std::process::id() as libc::pid_t,
+        },
+    );
+    let mut child = spawner.spawn(cmd).await?;
+    // Our copies of the child's ends must go, or fd 3 would never reach EOF.
+    drop(req_w);
+    drop(rep_r);
+    let input = tokio::net::unix::pipe::Receiver::from_owned_fd(req_r)?;
+    let output = tokio::net::unix::pipe::Sender::from_owned_fd(rep_w)?;
+    let broker_task = tokio::spawn(broker.clone().serve(input, output));
+    let head_max = launch.return_max_chars.saturating_mul(4).saturating_add(4);
+    let out_task = tokio::spawn(capture(child.stdout.take().expect("piped"), launch.stdout_file, launch.output_max_bytes, head_max, 0));
+    let err_task = tokio::spawn(capture(child.stderr.take().expect("piped"), launch.stderr_file, launch.output_max_bytes, 0, STDERR_TAIL_BYTES));
+
+    let timeout = Duration::from_secs(launch.limits.timeout_s);
+    let stopped = async {
+        loop {
+            if let Some(s) = stop.borrow_and_update().clone() {
+                return s;
+            }
+            if stop.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let (early, exit) = tokio::select! {
+        st = child.wait() => (None, st.ok()),
+        _ = tokio::time::sleep(timeout) => (Some(None), None),
+        s = stopped => (Some(Some(s)), None),
+    };
+    let exit = match exit {
+        Some(e) => Some(e),
+        None => {
+            // Killing the outer bwrap kills the sandbox's PID 1 (--die-with-parent),
+            // and with it every process in the namespace, setsid'd ones included.
+            let _ = child.start_kill();
+            child.wait().await.ok()
+        }
+    };
+    // The namespace is gone, so the pipes reach EOF promptly; bound the wait anyway.
+    let grace = Duration::from_secs(5);
+    let out = tokio::time::timeout(grace, out_task).await.ok().and_then(Result::ok);
+    let err = tokio::time::timeout(grace, err_task).await.ok().and_then(Result::ok);
+    if tokio::time::timeout(grace, broker_task).await.is_err() {
+        tracing::warn!(script_id = %broker.script_id, "broker did not stop after the script ended");
+    }
+    let exit_code = exit.and_then(|e| e.code());
+    let stderr_tail = err.map(|c| String::from_utf8_lossy(&c.tail).trim_end().to_string()).unwrap_or_default();
+    let (output, output_truncated) = match &out {
+        Some(c) => head_chars(&c.head, c.total, launch.return_max_chars),
+        None => (String::new(), false),
+    };
+    let uncaught = broker.live.uncaught.lock().unwrap().clone();
+    let (status, error) = match early {
+        Some(None) => (Status::Timeout, Some(format!("the script ran longer than timeout_s = {} and was killed", launch.limits.timeout_s))),
+        Some(Some(Stop::Cancel(why))) => (Status::Cancelled, Some(why)),
+        Some(Some(Stop::Interrupt)) => (Status::Interrupted, Some("the daemon stopped while the script ran".into())),
+        None if exit_code == Some(0) => (Status::Ok, None),
+        None => {
+            let status = if uncaught.as_deref() == Some("limit") { Status::Limit } else { Status::Error };
+            let error = if stderr_tail.is_empty() {
+                match exit {
+                    Some(e) if e.code().is_some() => format!("exit code {}", e.code().unwrap_or(-1)),
+                    Some(e) => format!("killed by {e}"),
+                    None => "the sandbox ended without an exit status".into(),
+                }
+            } else {
+                stderr_tail
+            };
+            (status, Some(error))
+        }
+    };
+    Ok(Ended { status, exit_code, duration_ms: t0.elapsed().as_millis() as u64, output, output_truncated, error })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::head_chars;
+
+    #[test]
+    fn head_is_cut_at_a_char_boundary() {
+        assert_eq!(head_chars("héllo".as_bytes(), 6, 3), ("hél".to_string(), true));
+        assert_eq!(head_chars(b"abc", 3, 3), ("abc".to_string(), false));
+        assert_eq!(head_chars(b"abc", 10, 5), ("abc".to_string(), true), "bytes beyond the kept head mean truncation");
+    }
+}

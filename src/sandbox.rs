@@ -1,0 +1,196 @@
+//! The bubblewrap sandbox. `bwrap_args` is pure: it turns a spec into bwrap's argv
+//! (unit-tested below); the spawn itself lives in `sys`, the privileged seam.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// Where the embedded `agent_tools.py` is mounted inside the sandbox.
+pub const RUNTIME_MOUNT: &str = "/run/scriptgate";
+
+/// Host directories mounted read-only when they exist (symlinks are recreated as
+/// symlinks, so merged-/usr systems get `/lib -> usr/lib`).
+const SYSTEM_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"];
+
+/// The few files of `/etc` a Python needs; the rest of `/etc` stays out.
+const ETC_FILES: &[&str] = &[
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/mime.types",
+    "/etc/ssl/certs/ca-certificates.crt",
+];
+
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    /// Canonical workspace path; mounted at the same path, and the working directory.
+    pub workspace: PathBuf,
+    pub read_only: bool,
+    /// Host directory holding `agent_tools.py` (mounted read-only at RUNTIME_MOUNT).
+    pub runtime_dir: PathBuf,
+    /// The interpreter (`scripts.python`).
+    pub python: PathBuf,
+    /// The script to run, inside the workspace's `.agent` tree.
+    pub script: PathBuf,
+    /// Size of the private `/tmp`.
+    pub tmp_size_bytes: u64,
+}
+
+/// What exists on the host, so that `bwrap_args` stays pure.
+pub trait HostView {
+    /// `Some(target)` when `path` is a symlink, `None` when it is a plain entry;
+    /// `Err(())` when it does not exist.
+    fn entry(&self, path: &Path) -> Result<Option<PathBuf>, ()>;
+}
+
+pub struct RealHost;
+
+impl HostView for RealHost {
+    fn entry(&self, path: &Path) -> Result<Option<PathBuf>, ()> {
+        let meta = std::fs::symlink_metadata(path).map_err(|_| ())?;
+        if meta.file_type().is_symlink() {
+            Ok(Some(std::fs::read_link(path).map_err(|_| ())?))
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+fn push(args: &mut Vec<OsString>, items: &[&dyn AsRef<std::ffi::OsStr>]) {
+    args.extend(items.iter().map(|s| s.as_ref().to_os_string()));
+}
+
+/// bwrap's argv (without the program name). The order matters: later mounts cover
+/// earlier ones, so the workspace comes after the system dirs and `.agent` is
+/// remounted read-only over the workspace last.
+pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::new();
+    // Namespaces: all of them (no network, not even loopback to the host), and an
+    // explicit user namespace so that --disable-userns can forbid nested ones.
+    push(&mut a, &[&"--unshare-all", &"--unshare-user", &"--disable-userns"]);
+    // The sandbox dies with its supervisor, has no controlling terminal (no TIOCSTI)
+    // and no capabilities, and sees only the environment set below.
+    push(&mut a, &[&"--die-with-parent", &"--new-session", &"--cap-drop", &"ALL", &"--clearenv"]);
+    for dir in SYSTEM_DIRS {
+        match host.entry(Path::new(dir)) {
+            Ok(Some(target)) => push(&mut a, &[&"--symlink", &target, dir]),
+            Ok(None) => push(&mut a, &[&"--ro-bind", dir, dir]),
+            Err(()) => {}
+        }
+    }
+    for f in ETC_FILES {
+        if let Ok(None) = host.entry(Path::new(f)) {
+            push(&mut a, &[&"--ro-bind", f, f]);
+        }
+    }
+    // An interpreter outside the system dirs (a venv, /opt/python) brings its prefix.
+    if !SYSTEM_DIRS.iter().any(|d| spec.python.starts_with(d)) {
+        if let Some(prefix) = spec.python.parent().and_then(Path::parent) {
+            push(&mut a, &[&"--ro-bind", &prefix, &prefix]);
+        }
+    }
+    push(&mut a, &[&"--proc", &"/proc", &"--dev", &"/dev"]);
+    push(&mut a, &[&"--size", &spec.tmp_size_bytes.to_string(), &"--tmpfs", &"/tmp"]);
+    push(&mut a, &[&"--ro-bind", &spec.runtime_dir, &RUNTIME_MOUNT]);
+    let ws = &spec.workspace;
+    let agent = ws.join(".agent");
+    push(&mut a, &[if spec.read_only { &"--ro-bind" } else { &"--bind" }, ws, ws]);
+    push(&mut a, &[&"--ro-bind", &agent, &agent]);
+    push(&mut a, &[&"--chdir", ws]);
+    for (k, v) in [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", "/tmp"),
+        ("TMPDIR", "/tmp"),
+        ("LANG", "C.UTF-8"),
+        ("PYTHONPATH", RUNTIME_MOUNT),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("PYTHONIOENCODING", "utf-8"),
+        ("PYTHONUNBUFFERED", "1"),
+    ] {
+        push(&mut a, &[&"--setenv", &k, &v]);
+    }
+    // -s: no user site-packages; -B: no .pyc writes. PYTHONPATH is ours alone
+    // because the environment was cleared.
+    push(&mut a, &[&"--", &spec.python, &"-s", &"-B", &spec.script]);
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    struct FakeHost(HashMap<&'static str, Option<&'static str>>);
+    impl HostView for FakeHost {
+        fn entry(&self, path: &Path) -> Result<Option<PathBuf>, ()> {
+            self.0.get(path.to_str().unwrap()).map(|o| o.map(PathBuf::from)).ok_or(())
+        }
+    }
+
+    fn spec(read_only: bool) -> SandboxSpec {
+        SandboxSpec {
+            workspace: "/srv/ws/run-42".into(),
+            read_only,
+            runtime_dir: "/var/lib/scriptgate/runtime".into(),
+            python: "/usr/bin/python3".into(),
+            script: "/srv/ws/run-42/.agent/scripts/abc/script.py".into(),
+            tmp_size_bytes: 1 << 20,
+        }
+    }
+
+    fn argv(read_only: bool) -> Vec<String> {
+        let host = FakeHost(HashMap::from([
+            ("/usr", None),
+            ("/lib", Some("usr/lib")),
+            ("/bin", Some("usr/bin")),
+            ("/etc/passwd", None),
+        ]));
+        bwrap_args(&spec(read_only), &host).into_iter().map(|s| s.into_string().unwrap()).collect()
+    }
+
+    fn has(a: &[String], seq: &[&str]) -> bool {
+        a.windows(seq.len()).any(|w| w == seq)
+    }
+
+    #[test]
+    fn isolation_flags_are_present() {
+        let a = argv(false);
+        for f in ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--clearenv"] {
+            assert!(a.contains(&f.to_string()), "{f} missing");
+        }
+        assert!(has(&a, &["--cap-drop", "ALL"]));
+        assert!(has(&a, &["--ro-bind", "/usr", "/usr"]));
+        assert!(has(&a, &["--symlink", "usr/lib", "/lib"]));
+        assert!(!a.iter().any(|s| s == "/lib64"), "absent dirs are skipped");
+        assert!(has(&a, &["--ro-bind", "/etc/passwd", "/etc/passwd"]));
+        assert!(!a.iter().any(|s| s == "/etc/ld.so.cache"));
+        assert!(has(&a, &["--size", "1048576", "--tmpfs", "/tmp"]));
+        assert!(has(&a, &["--chdir", "/srv/ws/run-42"]));
+        assert_eq!(&a[a.len() - 5..], ["--", "/usr/bin/python3", "-s", "-B", "/srv/ws/run-42/.agent/scripts/abc/script.py"]);
+    }
+
+    #[test]
+    fn workspace_rw_with_agent_read_only_on_top() {
+        let a = argv(false);
+        let ws = a.iter().position(|s| s == "--bind").unwrap();
+        assert_eq!(a[ws + 1], "/srv/ws/run-42");
+        let agent = a.windows(3).position(|w| w == ["--ro-bind", "/srv/ws/run-42/.agent", "/srv/ws/run-42/.agent"]).unwrap();
+        assert!(agent > ws, ".agent must be mounted after (over) the workspace");
+    }
+
+    #[test]
+    fn read_only_run_mounts_the_workspace_read_only() {
+        let a = argv(true);
+        assert!(!a.contains(&"--bind".to_string()));
+        assert!(has(&a, &["--ro-bind", "/srv/ws/run-42", "/srv/ws/run-42"]));
+    }
+
+    #[test]
+    fn python_outside_system_dirs_brings_its_prefix() {
+        let mut s = spec(false);
+        s.python = "/opt/py/bin/python3".into();
+        let a: Vec<String> = bwrap_args(&s, &FakeHost(HashMap::new())).into_iter().map(|s| s.into_string().unwrap()).collect();
+        assert!(has(&a, &["--ro-bind", "/opt/py", "/opt/py"]));
+    }
+}

@@ -1,0 +1,281 @@
+//! The privileged seam: every syscall that changes identity, ownership or process
+//! state goes through here, so a reviewer reads one file to see what the daemon
+//! does with its privileges.
+
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::{fstat, mkdirat, Mode};
+use nix::unistd::{fchown, Gid, Group, Uid, User};
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+/// A uid/gid pair a script runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SysError {
+    #[error("{op} {path}: {source}")]
+    Path { op: &'static str, path: PathBuf, source: io::Error },
+    #[error("{0}")]
+    Refused(String),
+}
+
+fn path_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> SysError + 'a {
+    move |e| SysError::Path { op, path: path.to_path_buf(), source: io::Error::from(e) }
+}
+
+/// Who the script runs as: the peer, or `run_as` when the peer is root. Never root.
+pub fn resolve_run_as(peer_uid: u32, peer_gid: u32, run_as: &str) -> Result<Identity, SysError> {
+    let id = if peer_uid == 0 {
+        let user = User::from_name(run_as)
+            .ok()
+            .flatten()
+            .ok_or_else(|| SysError::Refused(format!("sandbox.run_as user {run_as:?} does not exist")))?;
+        Identity { uid: user.uid.as_raw(), gid: user.gid.as_raw() }
+    } else {
+        Identity { uid: peer_uid, gid: peer_gid }
+    };
+    if id.uid == 0 || id.gid == 0 {
+        return Err(SysError::Refused("scripts never run as root (check sandbox.run_as)".into()));
+    }
+    let me = Uid::effective().as_raw();
+    if me != 0 && me != id.uid {
+        return Err(SysError::Refused(format!(
+            "the daemon runs as uid {me} and cannot switch to uid {}; run it as root or connect as uid {me}",
+            id.uid
+        )));
+    }
+    Ok(id)
+}
+
+/// Is this peer uid 0, or a member (primary or supplementary) of one of `groups`?
+pub fn peer_in_groups(uid: u32, gid: u32, groups: &[String]) -> bool {
+    if uid == 0 {
+        return true;
+    }
+    let wanted: Vec<u32> = groups
+        .iter()
+        .filter_map(|g| Group::from_name(g).ok().flatten())
+        .map(|g| g.gid.as_raw())
+        .collect();
+    if wanted.contains(&gid) {
+        return true;
+    }
+    let Some(user) = User::from_uid(Uid::from_raw(uid)).ok().flatten() else {
+        return false;
+    };
+    let Ok(name) = CString::new(user.name) else { return false };
+    nix::unistd::getgrouplist(&name, Gid::from_raw(gid))
+        .map(|gs| gs.iter().any(|g| wanted.contains(&g.as_raw())))
+        .unwrap_or(false)
+}
+
+/// The per-script record directory `<workspace>/.agent/scripts/<id>/`, created
+/// without following symlinks (a script may have planted `.agent` as a link before
+/// it was first protected) and owned by the uid the script runs as.
+pub struct ArtifactDir {
+    pub path: PathBuf,
+    dir: OwnedFd,
+    owner: Identity,
+}
+
+fn open_dir_at(parent: RawFd, name: &str, path: &Path) -> Result<OwnedFd, SysError> {
+    let fd = openat(Some(parent), name, OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY, Mode::empty())
+        .map_err(path_err("open (no symlinks)", path))?;
+    // SAFETY: openat returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn mkdir_owned(parent: &OwnedFd, name: &str, path: &Path, owner: Identity, must_be_new: bool) -> Result<OwnedFd, SysError> {
+    match mkdirat(Some(parent.as_raw_fd()), name, Mode::from_bits_truncate(0o755)) {
+        Ok(()) => {}
+        Err(nix::Error::EEXIST) if !must_be_new => {}
+        Err(e) => return Err(path_err("mkdir", path)(e)),
+    }
+    let fd = open_dir_at(parent.as_raw_fd(), name, path)?;
+    let st = fstat(fd.as_raw_fd()).map_err(path_err("stat", path))?;
+    if st.st_uid != owner.uid && st.st_uid != 0 {
+        return Err(SysError::Refused(format!(
+            "{} is owned by uid {}, not by the script's uid {} or root",
+            path.display(),
+            st.st_uid,
+            owner.uid
+        )));
+    }
+    fchown(fd.as_raw_fd(), Some(Uid::from_raw(owner.uid)), Some(Gid::from_raw(owner.gid))).map_err(path_err("chown", path))?;
+    Ok(fd)
+}
+
+impl ArtifactDir {
+    pub fn create(workspace: &Path, script_id: &str, owner: Identity) -> Result<ArtifactDir, SysError> {
+        let ws = File::open(workspace).map_err(|e| SysError::Path { op: "open", path: workspace.into(), source: e })?;
+        let ws: OwnedFd = ws.into();
+        let agent_path = workspace.join(".agent");
+        let agent = mkdir_owned(&ws, ".agent", &agent_path, owner, false)?;
+        let scripts_path = agent_path.join("scripts");
+        let scripts = mkdir_owned(&agent, "scripts", &scripts_path, owner, false)?;
+        let path = scripts_path.join(script_id);
+        let dir = mkdir_owned(&scripts, script_id, &path, owner, true)?;
+        Ok(ArtifactDir { path, dir, owner })
+    }
+
+    /// Create a new file in the record directory, owned by the script's uid.
+    pub fn create_file(&self, name: &str, mode: u32) -> Result<File, SysError> {
+        let p = self.path.join(name);
+        let fd = openat(
+            Some(self.dir.as_raw_fd()),
+            name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(mode),
+        )
+        .map_err(path_err("create", &p))?;
+        // SAFETY: openat returned a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        fchown(fd.as_raw_fd(), Some(Uid::from_raw(self.owner.uid)), Some(Gid::from_raw(self.owner.gid))).map_err(path_err("chown", &p))?;
+        Ok(File::from(fd))
+    }
+}
+
+/// What the forked child does before it execs bwrap.
+#[derive(Debug, Clone)]
+pub struct ChildSetup {
+    /// Switch to this identity (None: the daemon already is that uid).
+    pub identity: Option<Identity>,
+    /// `(resource, limit)` pairs applied with setrlimit.
+    pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    /// Descriptors to place at fd 3 and fd 4 (must be > 4).
+    pub fd3: RawFd,
+    pub fd4: RawFd,
+    /// The daemon's pid, to notice a parent that died before PDEATHSIG was armed.
+    pub parent_pid: libc::pid_t,
+}
+
+/// Install the child setup as a `pre_exec` hook. Everything in the hook is a raw,
+/// async-signal-safe syscall: no allocation, no locks.
+pub fn install_pre_exec(cmd: &mut tokio::process::Command, s: ChildSetup) {
+    assert!(s.fd3 > 4 && s.fd4 > 4, "channel fds must not collide with 0..=4");
+    let hook = move || -> io::Result<()> {
+        let check = |rc: libc::c_int| if rc == -1 { Err(io::Error::last_os_error()) } else { Ok(()) };
+        // SAFETY: plain syscalls on integers and stack data between fork and exec;
+        // none allocates or takes a lock, so they are async-signal-safe.
+        unsafe {
+            // 1. The tool channel: dup2 clears close-on-exec on 3 and 4 only.
+            check(libc::dup2(s.fd3, 3))?;
+            check(libc::dup2(s.fd4, 4))?;
+            // 2. Limits, while we may still lower them as root.
+            for &(res, lim) in &s.rlimits {
+                let r = libc::rlimit { rlim_cur: lim, rlim_max: lim };
+                check(libc::setrlimit(res, &r))?;
+            }
+            // 3. Identity: groups first (needs CAP_SETGID), then gid, then uid; after
+            //    setresuid to a non-root uid every capability is gone.
+            if let Some(id) = s.identity {
+                check(libc::setgroups(0, std::ptr::null()))?;
+                check(libc::setresgid(id.gid, id.gid, id.gid))?;
+                check(libc::setresuid(id.uid, id.uid, id.uid))?;
+            }
+            // 4. PDEATHSIG is cleared by a uid change, so arm it after; then make sure
+            //    the daemon did not die before it was armed.
+            check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0))?;
+            if libc::getppid() != s.parent_pid {
+                libc::_exit(1);
+            }
+            // 5. No privilege gain through setuid binaries inside the sandbox.
+            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+        }
+        Ok(())
+    };
+    // SAFETY: the hook only makes async-signal-safe syscalls (see above).
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+}
+
+/// A pipe whose ends are close-on-exec and numbered above 4 (so `dup2` onto 3/4
+/// cannot clobber its twin).
+pub fn channel_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    Ok((raise_fd(r)?, raise_fd(w)?))
+}
+
+fn raise_fd(fd: OwnedFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() > 4 {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd we then own.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: n is a fresh descriptor from fcntl.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+/// Keep only the capabilities the daemon needs, when it runs as root: switching to
+/// the script's uid, owning its record files, writing into workspaces it does not
+/// own, and killing sandboxes.
+pub fn drop_daemon_capabilities() -> Result<(), String> {
+    use caps::{CapSet, Capability as C};
+    if !Uid::effective().is_root() {
+        return Ok(());
+    }
+    let keep: caps::CapsHashSet = [
+        C::CAP_SETUID,
+        C::CAP_SETGID,
+        C::CAP_CHOWN,
+        C::CAP_FOWNER,
+        C::CAP_DAC_OVERRIDE,
+        C::CAP_DAC_READ_SEARCH,
+        C::CAP_KILL,
+        C::CAP_SYS_RESOURCE,
+        C::CAP_SYS_ADMIN, // cgroup and D-Bus scope management
+    ]
+    .into_iter()
+    .collect();
+    let have = caps::read(None, CapSet::Permitted).map_err(|e| e.to_string())?;
+    let keep: caps::CapsHashSet = keep.intersection(&have).copied().collect();
+    caps::set(None, CapSet::Effective, &keep).map_err(|e| e.to_string())?;
+    caps::set(None, CapSet::Permitted, &keep).map_err(|e| e.to_string())?;
+    caps::clear(None, CapSet::Inheritable).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// A long-lived thread that performs every sandbox spawn.
+///
+/// bwrap's `--die-with-parent` and our PDEATHSIG fire when the spawning *thread*
+/// exits, so spawning from tokio's blocking pool (whose threads come and go) would
+/// kill running scripts at random. This thread lives as long as the process.
+#[derive(Clone)]
+pub struct Spawner {
+    tx: std::sync::mpsc::Sender<SpawnJob>,
+}
+
+type SpawnJob = (tokio::process::Command, tokio::sync::oneshot::Sender<io::Result<tokio::process::Child>>);
+
+impl Spawner {
+    pub fn start(rt: tokio::runtime::Handle) -> Spawner {
+        let (tx, rx) = std::sync::mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new()
+            .name("scriptgate-spawner".into())
+            .spawn(move || {
+                let _guard = rt.enter();
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("spawn the spawner thread");
+        Spawner { tx }
+    }
+
+    pub async fn spawn(&self, cmd: tokio::process::Command) -> io::Result<tokio::process::Child> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx.send((cmd, tx)).map_err(|_| io::Error::other("spawner thread is gone"))?;
+        rx.await.map_err(|_| io::Error::other("spawner thread is gone"))?
+    }
+}
