@@ -13,3 +13,7 @@ pub mod engine;
 pub mod framing;
 pub mod limits;
 pub mod runner;
+pub mod daemon;
+pub mod server;
+pub mod service;
+pub mod cli;

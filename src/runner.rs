@@ -101,13 +101,14 @@ fn head_chars(bytes: &[u8], total_bytes: u64, max: usize) -> (String, bool) {
     }
 }
 
-/// Start the sandbox and supervise it to its end. `started` is called once the
-/// child exists (the script is then `running`).
+/// Start the sandbox and supervise it to its end. `started` is answered once the
+/// child exists (the script is then `running`) or could not be spawned.
 pub async fn run(
     spawner: &Spawner,
     launch: Launch,
     broker: Arc<Broker>,
     mut stop: watch::Receiver<Option<Stop>>,
+    started: tokio::sync::oneshot::Sender<Result<(), String>>,
 ) -> Result<Ended, std::io::Error> {
     let t0 = Instant::now();
     let (req_r, req_w) = channel_pipe()?; // script writes fd 3, we read
@@ -128,7 +129,14 @@ pub async fn run(
             parent_pid: std::process::id() as libc::pid_t,
         },
     );
-    let mut child = spawner.spawn(cmd).await?;
+    let mut child = match spawner.spawn(cmd).await {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = started.send(Err(format!("{}: {e}", launch.bwrap.display())));
+            return Err(e);
+        }
+    };
+    let _ = started.send(Ok(()));
     // Our copies of the child's ends must go, or fd 3 would never reach EOF.
     drop(req_w);
     drop(rep_r);

@@ -1,0 +1,528 @@
+//! The daemon core, independent of transport: checks and starts scripts, tracks
+//! them, and answers the protocol methods. `server` drives it from a Unix socket;
+//! the CLI's embedded mode drives it in-process.
+
+use crate::audit::{now_ms, Refusal as RefusalRow, StartRow, Store};
+use crate::broker::{Broker, Live, RevokedRuns};
+use crate::config::Config;
+use crate::engine::{EngineLink, LinkError};
+use crate::limits::Backend;
+use crate::policy::{Budget, Limits, Policy};
+use crate::protocol::{code, result_text, RpcError, ScriptRef, ScriptResult, StartParams, Status};
+use crate::runner::{Launch, Stop};
+use crate::sandbox::SandboxSpec;
+use crate::sys::{resolve_run_as, ArtifactDir, Spawner};
+use crate::token;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+const AGENT_TOOLS_PY: &str = include_str!("runtime/agent_tools.py");
+
+/// Who is on the other end of a connection (from SO_PEERCRED).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: Option<i32>,
+    /// Root or a member of `auth.admin_groups`: may see and cancel any script.
+    pub admin: bool,
+}
+
+struct Running {
+    run_id: String,
+    owner: u64,
+    peer_uid: u32,
+    started: Instant,
+    live: Arc<Live>,
+    stop: watch::Sender<Option<Stop>>,
+    result: watch::Receiver<Option<ScriptResult>>,
+}
+
+pub struct Daemon {
+    pub cfg: Config,
+    key: Vec<u8>,
+    pub store: Store,
+    pub backend: Backend,
+    spawner: Spawner,
+    runtime_dir: PathBuf,
+    running: Mutex<HashMap<String, Arc<Running>>>,
+    /// Finished scripts started in this daemon's lifetime: script id → connection id.
+    finished_owner: Mutex<HashMap<String, u64>>,
+    slots: AtomicUsize,
+    revoked: RevokedRuns,
+    changed: tokio::sync::Notify,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+    #[error("{0}")]
+    Store(#[from] crate::audit::StoreError),
+    #[error("{0}")]
+    Backend(#[from] crate::limits::BackendError),
+    #[error("{op} {path}: {source}")]
+    Io { op: &'static str, path: PathBuf, source: std::io::Error },
+}
+
+fn new_script_id() -> String {
+    let mut b = [0u8; 8];
+    getrandom::getrandom(&mut b).expect("getrandom");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl Daemon {
+    /// Open state, pick the backend, write the runtime module. Must run inside a
+    /// tokio runtime (the spawner thread enters it).
+    pub fn new(cfg: Config, key: Vec<u8>) -> Result<(Arc<Daemon>, Vec<ScriptResult>), StartupError> {
+        let io = |op, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| StartupError::Io { op, path, source }
+        };
+        let backend = Backend::pick(cfg.sandbox.backend)?;
+        let state = cfg.state.dir.clone();
+        std::fs::create_dir_all(&state).map_err(io("create state dir", &state))?;
+        // The runtime dir must be readable by script uids: bwrap binds it as them.
+        let runtime_dir = state.join("runtime");
+        std::fs::create_dir_all(&runtime_dir).map_err(io("create", &runtime_dir))?;
+        let module = runtime_dir.join("agent_tools.py");
+        let tmp = runtime_dir.join(".agent_tools.py.new");
+        std::fs::write(&tmp, AGENT_TOOLS_PY).map_err(io("write", &tmp))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).map_err(io("chmod", &tmp))?;
+        std::fs::set_permissions(&runtime_dir, std::fs::Permissions::from_mode(0o755)).map_err(io("chmod", &runtime_dir))?;
+        std::fs::rename(&tmp, &module).map_err(io("rename", &module))?;
+        let (store, interrupted) = Store::open(&state.join("scriptgate.db"))?;
+        let revoked: RevokedRuns = Arc::new(RwLock::new(store.revoked_runs()?.into_iter().collect()));
+        let d = Daemon {
+            key,
+            store,
+            backend,
+            spawner: Spawner::start(tokio::runtime::Handle::current()),
+            runtime_dir,
+            running: Mutex::new(HashMap::new()),
+            finished_owner: Mutex::new(HashMap::new()),
+            slots: AtomicUsize::new(0),
+            revoked,
+            changed: tokio::sync::Notify::new(),
+            cfg,
+        };
+        Ok((Arc::new(d), interrupted))
+    }
+
+    pub fn running_count(&self) -> usize {
+        self.running.lock().unwrap().len()
+    }
+
+    /// Wakes when a script starts or ends (idle tracking, STATUS=).
+    pub async fn changed(&self) {
+        self.changed.notified().await
+    }
+
+    pub fn info(&self) -> Value {
+        let s = &self.cfg.scripts;
+        json!({
+            "version": VERSION, "protocol": crate::protocol::PROTOCOL_VERSION,
+            "backend": self.backend.kind.as_str(), "backend_notes": self.backend.notes,
+            "running": self.running_count(),
+            "limits": {
+                "max_calls": s.max_calls, "max_concurrency": s.max_concurrency, "timeout_s": s.timeout_s,
+                "memory_max_bytes": s.memory_max_bytes, "tasks_max": s.tasks_max,
+                "output_max_bytes": s.output_max_bytes, "return_max_chars": s.return_max_chars,
+                "approval_timeout_s": s.approval_timeout_s, "max_running": self.cfg.server.max_running,
+            }
+        })
+    }
+
+    /// `script.start`. Refusals are audited (and logged at warning priority).
+    pub async fn start(self: &Arc<Self>, peer: Peer, engine: Arc<dyn EngineLink>, p: StartParams) -> Result<Value, RpcError> {
+        let mut run: (Option<String>, Option<String>) = (None, None);
+        let r = self.start_inner(peer, engine, p, &mut run).await;
+        if let Err(e) = &r {
+            tracing::warn!(run_id = run.0.as_deref().unwrap_or(""), peer_uid = peer.uid, code = e.code, reason = e.reason().unwrap_or(""), "script.start refused: {}", e.message);
+            let _ = self
+                .store
+                .refusal(RefusalRow {
+                    run_id: run.0,
+                    runner: run.1,
+                    peer_uid: peer.uid,
+                    peer_pid: peer.pid,
+                    code: e.code,
+                    reason: e.reason().map(str::to_string),
+                    message: e.message.clone(),
+                })
+                .await;
+        }
+        r
+    }
+
+    async fn start_inner(
+        self: &Arc<Self>,
+        peer: Peer,
+        engine: Arc<dyn EngineLink>,
+        p: StartParams,
+        run: &mut (Option<String>, Option<String>),
+    ) -> Result<Value, RpcError> {
+        // 1. Token and snapshot: nothing runs unless the run is proven.
+        let claims = token::verify(&p.token, &self.key, true)?;
+        *run = (Some(claims.run_id.clone()), claims.runner.clone());
+        if self.revoked.read().unwrap().contains(&claims.run_id) {
+            return Err(RpcError::with_data(code::TOKEN, format!("run {} was revoked", claims.run_id), json!({"reason": "revoked"})));
+        }
+        let snap = &claims.snapshot;
+        let workspace = token::check_workspace(&snap.workspace, &self.cfg.workspace.roots)?;
+        let (policy, plan) = Policy::plan(snap, &p.tools)?;
+        if p.code.len() > self.cfg.server.max_message_bytes {
+            return Err(RpcError::invalid_params("code is larger than max_message_bytes"));
+        }
+        let identity = resolve_run_as(peer.uid, peer.gid, &self.cfg.sandbox.run_as)
+            .map_err(|e| RpcError::with_data(code::INTERNAL, e.to_string(), json!({"reason": "identity"})))?;
+        // 2. A slot, reserved before approval so a burst cannot overshoot max_running.
+        let max = self.cfg.server.max_running;
+        if self.slots.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max).then_some(n + 1)).is_err() {
+            return Err(RpcError::with_data(code::BUSY, format!("the daemon already runs max_running = {max} scripts"), json!({"reason": "busy"})));
+        }
+        let slot = SlotGuard(self.clone());
+        let script_id = new_script_id();
+        // 3. One approval for all declared write tools.
+        let approval = if plan.needs_approval {
+            let params = json!({
+                "script_id": script_id, "run_id": claims.run_id, "description": p.description, "code": p.code,
+                "tools": plan.declared.iter().map(|(n, c)| json!({"name": n, "class": c.as_str()})).collect::<Vec<_>>(),
+            });
+            let timeout = Duration::from_secs(self.cfg.scripts.approval_timeout_s);
+            match engine.approval(params, timeout).await {
+                Ok(true) => "allow_once",
+                Ok(false) => return Err(approval_error("denied", "the engine denied approval for the script's write tools")),
+                Err(LinkError::Timeout) => {
+                    return Err(approval_error("timeout", &format!("approval was not answered within approval_timeout_s = {}", timeout.as_secs())))
+                }
+                Err(e) => return Err(approval_error("denied", &format!("approval failed: {e}"))),
+            }
+        } else if plan.declared.is_empty() {
+            "not_needed"
+        } else if snap.permission_mode == token::PermissionMode::Auto {
+            "auto"
+        } else {
+            "session_allowed"
+        };
+        // 4. The record directory and the audit row, before anything runs.
+        let internal = |what: &str, e: &dyn std::fmt::Display| RpcError::internal(format!("{what}: {e}"));
+        let art = ArtifactDir::create(&workspace, &script_id, identity).map_err(|e| internal("cannot create the script's record directory", &e))?;
+        let details_dir = format!(".agent/scripts/{script_id}");
+        let mut f = art.create_file("script.py", 0o644).map_err(|e| internal("record", &e))?;
+        std::io::Write::write_all(&mut f, p.code.as_bytes()).map_err(|e| internal("write script.py", &e))?;
+        let calls_log = art.create_file("calls.jsonl", 0o644).map_err(|e| internal("record", &e))?;
+        let stdout_file = art.create_file("output.txt", 0o644).map_err(|e| internal("record", &e))?;
+        let stderr_file = art.create_file("stderr.txt", 0o644).map_err(|e| internal("record", &e))?;
+        let limits = Limits::effective(&self.cfg.scripts, &snap.limits);
+        self.store
+            .insert_started(StartRow {
+                script_id: script_id.clone(),
+                run_id: claims.run_id.clone(),
+                runner: claims.runner.clone(),
+                peer_uid: peer.uid,
+                peer_pid: peer.pid,
+                run_uid: identity.uid,
+                description: p.description.clone(),
+                code: p.code.clone(),
+                tools: plan.declared.iter().map(|(n, _)| n.clone()).collect(),
+                approval: approval.into(),
+                workspace: workspace.display().to_string(),
+                backend: self.backend.kind.as_str().into(),
+                unit: None,
+                started_at_ms: now_ms(),
+                details_dir: details_dir.clone(),
+            })
+            .await
+            .map_err(|e| internal("audit store", &e))?;
+        // 5. Start it.
+        let live = Arc::new(Live::default());
+        let broker = Arc::new(Broker {
+            script_id: script_id.clone(),
+            run_id: claims.run_id.clone(),
+            token_exp: claims.exp,
+            policy,
+            budget: Mutex::new(Budget::new(limits.max_calls)),
+            slots: tokio::sync::Semaphore::new(limits.max_concurrency),
+            engine: engine.clone(),
+            live: live.clone(),
+            calls_log: Mutex::new(calls_log),
+            revoked: self.revoked.clone(),
+            max_line: self.cfg.server.max_message_bytes,
+            next_call: Default::default(),
+        });
+        let launch = Launch {
+            bwrap: self.cfg.sandbox.bwrap.clone(),
+            sandbox: SandboxSpec {
+                workspace: workspace.clone(),
+                read_only: snap.read_only,
+                runtime_dir: self.runtime_dir.clone(),
+                python: self.cfg.scripts.python.clone(),
+                script: art.path.join("script.py"),
+                tmp_size_bytes: self.cfg.sandbox.tmp_size_bytes,
+            },
+            identity: (nix::unistd::Uid::effective().as_raw() != identity.uid).then_some(identity),
+            limits: limits.clone(),
+            backend: self.backend.clone(),
+            stdout_file,
+            stderr_file,
+            output_max_bytes: self.cfg.scripts.output_max_bytes,
+            return_max_chars: self.cfg.scripts.return_max_chars,
+        };
+        let (stop_tx, stop_rx) = watch::channel(None);
+        let (result_tx, result_rx) = watch::channel(None);
+        let running = Arc::new(Running {
+            run_id: claims.run_id.clone(),
+            owner: engine.id(),
+            peer_uid: peer.uid,
+            started: Instant::now(),
+            live: live.clone(),
+            stop: stop_tx,
+            result: result_rx,
+        });
+        self.running.lock().unwrap().insert(script_id.clone(), running.clone());
+        self.changed.notify_waiters();
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let this = self.clone();
+        let sid = script_id.clone();
+        let run_id = claims.run_id.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let ticker = tokio::spawn(progress_ticker(sid.clone(), engine.clone(), running.clone()));
+            let outcome = crate::runner::run(&this.spawner, launch, broker, stop_rx, started_tx).await;
+            ticker.abort();
+            let result = this.build_result(&sid, &run_id, &details_dir, &live, outcome);
+            let counts = json!(*live.tool_counts.lock().unwrap());
+            if let Err(e) = this.store.finish(&result, counts).await {
+                tracing::error!(script_id = %sid, "cannot record the result: {e}");
+            }
+            log_finished(&result, &running, identity.uid);
+            engine.notify("script.finished", serde_json::to_value(&result).unwrap_or_default());
+            this.finished_owner.lock().unwrap().insert(sid.clone(), running.owner);
+            this.running.lock().unwrap().remove(&sid);
+            let _ = result_tx.send(Some(result));
+            this.changed.notify_waiters();
+        });
+        match started_rx.await {
+            Ok(Ok(())) => Ok(json!({"script_id": script_id, "state": "running"})),
+            Ok(Err(e)) => Err(RpcError::with_data(code::INTERNAL, format!("the sandbox could not start: {e}"), json!({"reason": "spawn", "script_id": script_id}))),
+            Err(_) => Err(RpcError::internal("the script supervisor ended before the script started")),
+        }
+    }
+
+    fn build_result(&self, sid: &str, run_id: &str, details_dir: &str, live: &Live, outcome: Result<crate::runner::Ended, std::io::Error>) -> ScriptResult {
+        let calls = live.calls.load(Ordering::Relaxed);
+        let failures = live.failures.load(Ordering::Relaxed);
+        let e = outcome.unwrap_or_else(|e| crate::runner::Ended {
+            status: Status::Error,
+            exit_code: None,
+            duration_ms: 0,
+            output: String::new(),
+            output_truncated: false,
+            error: Some(format!("the sandbox could not start: {e}")),
+        });
+        let note = e.output_truncated.then(|| {
+            format!("[output truncated to return_max_chars = {} characters; all of it is in {details_dir}/output.txt]", self.cfg.scripts.return_max_chars)
+        });
+        let text = result_text(e.status, calls, failures, e.duration_ms, details_dir, &e.output, note.as_deref(), e.error.as_deref());
+        ScriptResult {
+            script_id: sid.into(),
+            run_id: run_id.into(),
+            status: e.status,
+            exit_code: e.exit_code,
+            calls,
+            failures,
+            duration_ms: e.duration_ms,
+            details_dir: details_dir.into(),
+            output: e.output,
+            output_truncated: e.output_truncated,
+            error: if e.status == Status::Ok { None } else { e.error },
+            text,
+            memory_peak_bytes: None,
+            cpu_usec: None,
+        }
+    }
+
+    /// May this connection see the script? Its starter, an admin, or a holder of a
+    /// valid token of the script's run.
+    fn visible(&self, peer: &Peer, conn: u64, owner: Option<u64>, run_id: &str, token: Option<&str>) -> bool {
+        if peer.admin || owner == Some(conn) {
+            return true;
+        }
+        token
+            .and_then(|t| token::verify(t, &self.key, false).ok())
+            .is_some_and(|c| c.run_id == run_id)
+    }
+
+    fn lookup(&self, peer: &Peer, conn: u64, r: &ScriptRef) -> Result<Lookup, RpcError> {
+        if let Some(run) = self.running.lock().unwrap().get(&r.script_id).cloned() {
+            if self.visible(peer, conn, Some(run.owner), &run.run_id, r.token.as_deref()) {
+                return Ok(Lookup::Running(run));
+            }
+            return Err(RpcError::not_found(&r.script_id));
+        }
+        let owner = self.finished_owner.lock().unwrap().get(&r.script_id).copied();
+        match self.store.result(&r.script_id) {
+            Ok(Some(res)) if self.visible(peer, conn, owner, &res.run_id, r.token.as_deref()) => Ok(Lookup::Done(Box::new(res))),
+            Ok(_) => Err(RpcError::not_found(&r.script_id)),
+            Err(e) => Err(RpcError::internal(e.to_string())),
+        }
+    }
+
+    pub async fn wait(&self, peer: Peer, conn: u64, r: ScriptRef) -> Result<Value, RpcError> {
+        let run = match self.lookup(&peer, conn, &r)? {
+            Lookup::Done(res) => return Ok(serde_json::to_value(*res).unwrap_or_default()),
+            Lookup::Running(run) => run,
+        };
+        let mut rx = run.result.clone();
+        let done = async {
+            loop {
+                if let Some(res) = rx.borrow_and_update().clone() {
+                    return Some(res);
+                }
+                if rx.changed().await.is_err() {
+                    return rx.borrow().clone();
+                }
+            }
+        };
+        let res = match r.timeout_s {
+            Some(t) if t >= 0.0 => tokio::time::timeout(Duration::from_secs_f64(t.min(1e7)), done).await.ok().flatten(),
+            _ => done.await,
+        };
+        match res {
+            Some(res) => Ok(serde_json::to_value(res).unwrap_or_default()),
+            None => Err(RpcError::with_data(code::STILL_RUNNING, format!("script {} is still running", r.script_id), json!({"reason": "still_running"}))),
+        }
+    }
+
+    pub fn status(&self, peer: Peer, conn: u64, r: ScriptRef) -> Result<Value, RpcError> {
+        Ok(match self.lookup(&peer, conn, &r)? {
+            Lookup::Running(run) => status_value(&r.script_id, &run),
+            Lookup::Done(res) => json!({
+                "script_id": res.script_id, "state": res.status, "calls": res.calls, "failures": res.failures,
+                "elapsed_ms": res.duration_ms, "progress": null,
+            }),
+        })
+    }
+
+    pub async fn cancel(&self, peer: Peer, conn: u64, r: ScriptRef, why: &str) -> Result<Value, RpcError> {
+        let run = match self.lookup(&peer, conn, &r)? {
+            Lookup::Done(res) => return Ok(json!({"script_id": res.script_id, "state": res.status})),
+            Lookup::Running(run) => run,
+        };
+        let _ = run.stop.send(Some(Stop::Cancel(why.into())));
+        let state = self.wait(peer, conn, ScriptRef { timeout_s: Some(30.0), ..r.clone() }).await.ok().and_then(|v| v.get("status").cloned());
+        Ok(json!({"script_id": r.script_id, "state": state.unwrap_or(json!("cancelled"))}))
+    }
+
+    /// `run.revoke`: refuse further starts and calls of the run, cancel its scripts.
+    pub async fn revoke(&self, token_str: &str) -> Result<Value, RpcError> {
+        let claims = token::verify(token_str, &self.key, false)?;
+        self.revoked.write().unwrap().insert(claims.run_id.clone());
+        self.store.revoke(&claims.run_id).await.map_err(|e| RpcError::internal(e.to_string()))?;
+        let targets: Vec<_> = self.running.lock().unwrap().values().filter(|r| r.run_id == claims.run_id).cloned().collect();
+        for r in &targets {
+            let _ = r.stop.send(Some(Stop::Cancel(format!("run {} was revoked", claims.run_id))));
+        }
+        for r in &targets {
+            let mut rx = r.result.clone();
+            let _ = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(Option::is_some)).await;
+        }
+        Ok(json!({"run_id": claims.run_id, "cancelled": targets.len()}))
+    }
+
+    /// A connection closed: its scripts lose their engine and are cancelled.
+    pub fn disconnected(&self, conn: u64) {
+        for r in self.running.lock().unwrap().values().filter(|r| r.owner == conn) {
+            let _ = r.stop.send(Some(Stop::Cancel("engine disconnected".into())));
+        }
+    }
+
+    /// Shutdown: stop every script as `interrupted` and wait (bounded) for records.
+    pub async fn interrupt_all(&self, grace: Duration) {
+        let all: Vec<_> = self.running.lock().unwrap().values().cloned().collect();
+        for r in &all {
+            let _ = r.stop.send(Some(Stop::Interrupt));
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        for r in &all {
+            let mut rx = r.result.clone();
+            let _ = tokio::time::timeout_at(deadline, rx.wait_for(Option::is_some)).await;
+        }
+    }
+
+    /// Did connection `conn` start this running script?
+    pub fn owns(&self, conn: u64, script_id: &str) -> bool {
+        self.running.lock().unwrap().get(script_id).is_some_and(|r| r.owner == conn)
+    }
+
+    /// Running scripts, for `scriptgate ps` (admin).
+    pub fn list_running(&self) -> Vec<Value> {
+        let now = Instant::now();
+        self.running
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, r)| {
+                let mut v = status_value(id, r);
+                v["run_id"] = json!(r.run_id);
+                v["peer_uid"] = json!(r.peer_uid);
+                v["age_ms"] = json!(now.duration_since(r.started).as_millis() as u64);
+                v
+            })
+            .collect()
+    }
+}
+
+enum Lookup {
+    Running(Arc<Running>),
+    Done(Box<ScriptResult>),
+}
+
+struct SlotGuard(Arc<Daemon>);
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.0.slots.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn approval_error(reason: &str, message: &str) -> RpcError {
+    RpcError::with_data(code::APPROVAL, message, json!({"reason": reason}))
+}
+
+fn status_value(script_id: &str, r: &Running) -> Value {
+    json!({
+        "script_id": script_id, "state": "running",
+        "calls": r.live.calls.load(Ordering::Relaxed), "failures": r.live.failures.load(Ordering::Relaxed),
+        "elapsed_ms": r.started.elapsed().as_millis() as u64,
+        "progress": *r.live.progress.lock().unwrap(),
+    })
+}
+
+/// `script.progress`, at most once per second, only when something changed.
+async fn progress_ticker(script_id: String, engine: Arc<dyn EngineLink>, run: Arc<Running>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if run.live.dirty.swap(false, Ordering::Relaxed) {
+            engine.notify("script.progress", status_value(&script_id, &run));
+        }
+    }
+}
+
+fn log_finished(r: &ScriptResult, run: &Running, uid: u32) {
+    tracing::info!(
+        script_id = %r.script_id, run_id = %r.run_id, status = r.status.as_str(), calls = r.calls,
+        failures = r.failures, duration_ms = r.duration_ms, uid, peer_uid = run.peer_uid,
+        "script {} finished: {}", r.script_id, r.status.as_str()
+    );
+}

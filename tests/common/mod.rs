@@ -1,0 +1,378 @@
+//! Test rig: a real `scriptgated` on a real socket with a fresh config, key, state
+//! dir and workspace, and a test engine that speaks the protocol over the socket.
+#![allow(dead_code)]
+
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const KEY: &[u8] = b"test-key-test-key-test-key-test-key!";
+pub const NOBODY: u32 = 65534;
+
+pub fn is_root() -> bool {
+    nix::unistd::Uid::effective().is_root()
+}
+
+pub struct Rig {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub config: PathBuf,
+    pub key_file: PathBuf,
+    pub root: PathBuf,
+    pub workspace: PathBuf,
+    pub state: PathBuf,
+    pub daemon: Option<Child>,
+    pub log: PathBuf,
+}
+
+/// The uid scripts run as in these tests (the daemon maps root peers to nobody).
+pub fn script_uid() -> u32 {
+    if is_root() {
+        NOBODY
+    } else {
+        nix::unistd::Uid::effective().as_raw()
+    }
+}
+
+impl Rig {
+    pub fn new() -> Rig {
+        Rig::with_config("")
+    }
+
+    /// `extra` is TOML appended to the generated config (its own sections).
+    pub fn with_config(extra: &str) -> Rig {
+        let dir = tempfile::Builder::new().prefix("sg-test-").tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let root = dir.path().join("roots");
+        let workspace = root.join("ws");
+        std::fs::create_dir_all(&workspace).unwrap();
+        chown_to_script_uid(&workspace);
+        let key_file = dir.path().join("token.key");
+        std::fs::write(&key_file, KEY).unwrap();
+        std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let state = dir.path().join("state");
+        let config = dir.path().join("scriptgate.toml");
+        let mut text = format!(
+            "[auth]\ntoken_key_file = {:?}\n[workspace]\nroots = [{:?}]\n[state]\ndir = {:?}\n",
+            key_file, root, state
+        );
+        text.push_str(extra);
+        std::fs::write(&config, text).unwrap();
+        let mut rig = Rig {
+            socket: dir.path().join("sock"),
+            log: dir.path().join("daemon.log"),
+            dir,
+            config,
+            key_file,
+            root,
+            workspace,
+            state,
+            daemon: None,
+        };
+        rig.start();
+        rig
+    }
+
+    pub fn start(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_scriptgated"))
+            .arg("--listen")
+            .arg(&self.socket)
+            .arg("--config")
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.daemon = Some(child);
+        let t0 = Instant::now();
+        while UnixStream::connect(&self.socket).is_err() {
+            if let Some(st) = self.daemon.as_mut().unwrap().try_wait().unwrap() {
+                panic!("daemon exited {st}: {}", self.log_text());
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "daemon did not listen: {}", self.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn stop(&mut self, signal: nix::sys::signal::Signal) {
+        if let Some(mut c) = self.daemon.take() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), signal);
+            let _ = c.wait();
+        }
+    }
+
+    pub fn token(&self, snapshot: &Value) -> String {
+        self.token_for("run-1", snapshot, 600)
+    }
+
+    pub fn token_for(&self, run_id: &str, snapshot: &Value, ttl: i64) -> String {
+        scriptgate::token::mint(KEY, run_id, Some("test-runner"), snapshot, ttl).unwrap()
+    }
+
+    /// The standard fleet snapshot over this rig's workspace.
+    pub fn snapshot(&self, mode: &str) -> Value {
+        fleet_snapshot(&self.workspace, mode)
+    }
+
+    pub fn engine(&self) -> Engine {
+        Engine::connect(&self.socket)
+    }
+
+    pub fn details(&self, script_id: &str) -> PathBuf {
+        self.workspace.join(".agent/scripts").join(script_id)
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.stop(nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+pub fn chown_to_script_uid(p: &Path) {
+    if is_root() {
+        nix::unistd::chown(p, Some(nix::unistd::Uid::from_raw(NOBODY)), Some(nix::unistd::Gid::from_raw(NOBODY))).unwrap();
+    }
+}
+
+pub fn fleet_snapshot(ws: &Path, mode: &str) -> Value {
+    json!({
+        "workspace": ws, "read_only": false, "permission_mode": mode,
+        "session_allowed": ["fleet__tag_device"],
+        "tools": [
+            {"name": "fleet__get_device_status", "class": "read", "enabled": true,
+             "input_schema": {"type": "object", "properties": {"sn": {"type": "string"}},
+                              "required": ["sn"], "additionalProperties": false}},
+            {"name": "fleet__list_devices", "class": "read"},
+            {"name": "fleet__fail", "class": "read"},
+            {"name": "fleet__reboot_device", "class": "write", "enabled": true,
+             "input_schema": {"type": "object", "properties": {"sn": {"type": "string"}, "tenant": {"type": "string"}},
+                              "additionalProperties": false},
+             "frozen": {"tenant": "acme"}},
+            {"name": "fleet__tag_device", "class": "write"},
+            {"name": "fleet__wipe_device", "class": "destructive"},
+            {"name": "fleet__export_all", "class": "long_task"},
+            {"name": "fleet__retired", "class": "read", "enabled": false}
+        ]
+    })
+}
+
+/// What the test engine answers to a `tool.call`: Ok(result) or Err(json-rpc error message).
+pub type Handler = Arc<dyn Fn(&str, &Value) -> Result<Value, String> + Send + Sync>;
+
+/// The default fleet: get_device_status answers structured data; fail is a tool error.
+pub fn fleet_handler() -> Handler {
+    Arc::new(|tool, args| match tool {
+        "fleet__get_device_status" => {
+            let sn = args["sn"].as_str().unwrap_or("");
+            let n: u64 = sn.trim_start_matches("SN").parse().unwrap_or(0);
+            let online = n % 10 != 0;
+            Ok(json!({"text": format!("{sn} {}", if online {"online"} else {"offline"}),
+                      "structured": {"sn": sn, "online": online, "fw": if n % 3 == 0 {"1.2"} else {"1.3"}}, "is_error": false}))
+        }
+        "fleet__list_devices" => Ok(json!({"text": "3 devices", "structured": {"devices": ["SN1", "SN2", "SN3"]}, "is_error": false})),
+        "fleet__fail" => Ok(json!({"text": "device unreachable", "structured": null, "is_error": true})),
+        "fleet__reboot_device" | "fleet__tag_device" => Ok(json!({"text": format!("done {args}"), "structured": null, "is_error": false})),
+        _ => Err(format!("test engine has no tool {tool}")),
+    })
+}
+
+pub struct Seen {
+    pub calls: Vec<(String, Value)>,
+    pub approvals: Vec<Value>,
+    pub notifications: Vec<(String, Value, Instant)>,
+    pub in_flight: i64,
+    pub max_in_flight: i64,
+}
+
+pub struct Engine {
+    stream: UnixStream,
+    writer: Arc<Mutex<UnixStream>>,
+    pending: Arc<Mutex<HashMap<u64, mpsc::Sender<Value>>>>,
+    next: AtomicU64,
+    pub seen: Arc<Mutex<Seen>>,
+    pub handler: Arc<Mutex<Handler>>,
+    /// "allow_once", "deny", or "silent" (never answer).
+    pub approval: Arc<Mutex<String>>,
+    pub call_delay_ms: Arc<AtomicI64>,
+    pub raw_lines: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Engine {
+    pub fn connect(socket: &Path) -> Engine {
+        let stream = UnixStream::connect(socket).unwrap();
+        let e = Engine {
+            writer: Arc::new(Mutex::new(stream.try_clone().unwrap())),
+            stream,
+            pending: Default::default(),
+            next: AtomicU64::new(1),
+            seen: Arc::new(Mutex::new(Seen { calls: vec![], approvals: vec![], notifications: vec![], in_flight: 0, max_in_flight: 0 })),
+            handler: Arc::new(Mutex::new(fleet_handler())),
+            approval: Arc::new(Mutex::new("allow_once".into())),
+            call_delay_ms: Arc::new(AtomicI64::new(0)),
+            raw_lines: Default::default(),
+        };
+        e.spawn_reader();
+        e
+    }
+
+    fn spawn_reader(&self) {
+        let reader = BufReader::new(self.stream.try_clone().unwrap());
+        let (pending, seen, handler, approval, delay, writer, raw) = (
+            self.pending.clone(), self.seen.clone(), self.handler.clone(), self.approval.clone(),
+            self.call_delay_ms.clone(), self.writer.clone(), self.raw_lines.clone(),
+        );
+        std::thread::spawn(move || {
+            for line in reader.lines() {
+                let Ok(line) = line else { break };
+                let Ok(msg) = serde_json::from_str::<Value>(&line) else { continue };
+                raw.lock().unwrap().push(msg.clone());
+                let method = msg.get("method").and_then(Value::as_str).map(str::to_string);
+                match (method, msg.get("id").cloned()) {
+                    (Some(m), Some(id)) if m == "tool.call" => {
+                        let p = msg["params"].clone();
+                        let tool = p["tool"].as_str().unwrap_or("").to_string();
+                        {
+                            let mut s = seen.lock().unwrap();
+                            s.calls.push((tool.clone(), p["arguments"].clone()));
+                            s.in_flight += 1;
+                            s.max_in_flight = s.max_in_flight.max(s.in_flight);
+                        }
+                        let (seen, handler, delay, writer) = (seen.clone(), handler.lock().unwrap().clone(), delay.clone(), writer.clone());
+                        std::thread::spawn(move || {
+                            let d = delay.load(Ordering::Relaxed);
+                            if d > 0 {
+                                std::thread::sleep(Duration::from_millis(d as u64));
+                            }
+                            let answer = match handler(&tool, &p["arguments"]) {
+                                Ok(r) => json!({"jsonrpc": "2.0", "id": id, "result": r}),
+                                Err(m) => json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": m}}),
+                            };
+                            seen.lock().unwrap().in_flight -= 1;
+                            let _ = writeln!(writer.lock().unwrap(), "{answer}");
+                        });
+                    }
+                    (Some(m), Some(id)) if m == "approval.request" => {
+                        seen.lock().unwrap().approvals.push(msg["params"].clone());
+                        let decision = approval.lock().unwrap().clone();
+                        if decision != "silent" {
+                            let answer = json!({"jsonrpc": "2.0", "id": id, "result": {"decision": decision}});
+                            let _ = writeln!(writer.lock().unwrap(), "{answer}");
+                        }
+                    }
+                    (Some(m), None) => seen.lock().unwrap().notifications.push((m, msg["params"].clone(), Instant::now())),
+                    (None, Some(id)) => {
+                        if let Some(tx) = id.as_u64().and_then(|i| pending.lock().unwrap().remove(&i)) {
+                            let _ = tx.send(msg);
+                        } else if id.is_null() {
+                            // Connection-level errors (id null) are kept in raw_lines.
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        });
+    }
+
+    pub fn set_handler(&self, h: Handler) {
+        *self.handler.lock().unwrap() = h;
+    }
+
+    pub fn send_raw(&self, bytes: &[u8]) {
+        let mut w = self.writer.lock().unwrap();
+        w.write_all(bytes).unwrap();
+    }
+
+    /// Send a request and wait for its answer (the whole message).
+    pub fn request_msg(&self, method: &str, params: Value, timeout: Duration) -> Value {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        self.pending.lock().unwrap().insert(id, tx);
+        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(self.writer.lock().unwrap(), "{line}").unwrap();
+        rx.recv_timeout(timeout).unwrap_or_else(|_| panic!("no answer to {method} within {timeout:?}"))
+    }
+
+    /// `Ok(result)` or `Err(error object)`.
+    pub fn request(&self, method: &str, params: Value) -> Result<Value, Value> {
+        let m = self.request_msg(method, params, Duration::from_secs(120));
+        match m.get("error") {
+            Some(e) => Err(e.clone()),
+            None => Ok(m["result"].clone()),
+        }
+    }
+
+    pub fn start(&self, token: &str, code: &str, tools: &[&str]) -> Result<String, Value> {
+        self.request("script.start", json!({"token": token, "code": code, "tools": tools, "description": "test script"}))
+            .map(|r| {
+                assert_eq!(r["state"], "running");
+                r["script_id"].as_str().unwrap().to_string()
+            })
+    }
+
+    pub fn wait(&self, script_id: &str) -> Value {
+        self.request("script.wait", json!({"script_id": script_id})).expect("script.wait")
+    }
+
+    /// Start and wait; panics on a refused start.
+    pub fn run(&self, token: &str, code: &str, tools: &[&str]) -> Value {
+        let id = self.start(token, code, tools).unwrap_or_else(|e| panic!("start refused: {e}"));
+        self.wait(&id)
+    }
+
+    pub fn calls_seen(&self) -> Vec<(String, Value)> {
+        self.seen.lock().unwrap().calls.clone()
+    }
+
+    pub fn notifications(&self, method: &str) -> Vec<(Value, Instant)> {
+        self.seen.lock().unwrap().notifications.iter().filter(|n| n.0 == method).map(|n| (n.1.clone(), n.2)).collect()
+    }
+
+    pub fn close(self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Error code and data.reason of an error object.
+pub fn code_reason(e: &Value) -> (i64, String) {
+    (e["code"].as_i64().unwrap(), e["data"]["reason"].as_str().unwrap_or("").to_string())
+}
+
+/// Processes whose command line contains `marker` (the sandboxed ones included:
+/// they are visible from the host PID namespace).
+pub fn processes_with(marker: &str) -> Vec<i32> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        if pid as u32 == std::process::id() {
+            continue;
+        }
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            if String::from_utf8_lossy(&c).contains(marker) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+pub fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
