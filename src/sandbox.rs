@@ -80,7 +80,8 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
         }
     }
     for f in ETC_FILES {
-        if let Ok(None) = host.entry(Path::new(f)) {
+        // A symlinked file (e.g. /etc/localtime) is bound as its target's content.
+        if host.entry(Path::new(f)).is_ok() {
             push(&mut a, &[&"--ro-bind", f, f]);
         }
     }
@@ -97,6 +98,9 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
     let agent = ws.join(".agent");
     push(&mut a, &[if spec.read_only { &"--ro-bind" } else { &"--bind" }, ws, ws]);
     push(&mut a, &[&"--ro-bind", &agent, &agent]);
+    // The root tmpfs bwrap builds the tree on goes read-only: writable are only the
+    // workspace (unless read-only) and the private /tmp.
+    push(&mut a, &[&"--remount-ro", &"/"]);
     push(&mut a, &[&"--chdir", ws]);
     for (k, v) in [
         ("PATH", "/usr/local/bin:/usr/bin:/bin"),
@@ -167,6 +171,7 @@ mod tests {
         assert!(!a.iter().any(|s| s == "/etc/ld.so.cache"));
         assert!(has(&a, &["--size", "1048576", "--tmpfs", "/tmp"]));
         assert!(has(&a, &["--chdir", "/srv/ws/run-42"]));
+        assert!(has(&a, &["--remount-ro", "/"]));
         assert_eq!(&a[a.len() - 5..], ["--", "/usr/bin/python3", "-s", "-B", "/srv/ws/run-42/.agent/scripts/abc/script.py"]);
     }
 

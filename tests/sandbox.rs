@@ -1,0 +1,233 @@
+//! The sandbox from the inside: a real bwrap, a real Python, the real daemon.
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+fn run_json(rig: &Rig, snap: &Value, code: &str) -> (Value, Value) {
+    let e = rig.engine();
+    let r = e.run(&rig.token(snap), code, &[]);
+    assert_eq!(r["status"], "ok", "{r}");
+    let out = serde_json::from_str(r["output"].as_str().unwrap().lines().last().unwrap()).unwrap();
+    (r, out)
+}
+
+#[test]
+fn no_network_not_even_the_hosts_loopback() {
+    let rig = Rig::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let code = format!(
+        r#"
+import socket, json
+out = {{}}
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2)
+    out["loopback"] = "connected"
+except OSError as e:
+    out["loopback"] = type(e).__name__
+out["interfaces"] = [n for _, n in socket.if_nameindex()]
+try:
+    socket.getaddrinfo("deb.debian.org", 443)
+    out["dns"] = "resolved"
+except OSError as e:
+    out["dns"] = "failed"
+try:
+    s = socket.socket(socket.AF_UNIX); s.connect({sock:?}); out["daemon_socket"] = "connected"
+except OSError as e:
+    out["daemon_socket"] = type(e).__name__
+print(json.dumps(out))
+"#,
+        sock = rig.socket.to_str().unwrap()
+    );
+    let (_, out) = run_json(&rig, &rig.snapshot("auto"), &code);
+    assert_eq!(out["loopback"], "ConnectionRefusedError", "{out}");
+    assert_eq!(out["interfaces"], json!(["lo"]), "{out}");
+    assert_eq!(out["dns"], "failed");
+    assert_eq!(out["daemon_socket"], "FileNotFoundError", "the daemon's socket is not in the sandbox: {out}");
+    listener.set_nonblocking(true).unwrap();
+    assert!(listener.accept().is_err(), "nothing reached the host listener");
+}
+
+#[test]
+fn writes_only_in_the_workspace_and_agent_is_read_only() {
+    let rig = Rig::new();
+    let host_tmp_marker = format!("/tmp/sg-sandbox-probe-{}", std::process::id());
+    let code = format!(
+        r#"
+import os, json, glob
+out = {{}}
+def attempt(name, path):
+    try:
+        with open(path, "w") as f: f.write("x")
+        out[name] = "written"
+    except OSError as e:
+        out[name] = type(e).__name__
+attempt("workspace", "result.csv")
+attempt("tmp", {host_tmp_marker:?})
+attempt("usr", "/usr/pwned")
+attempt("etc", "/etc/pwned")
+attempt("root", "/pwned")
+attempt("agent", ".agent/forged.txt")
+own = glob.glob(".agent/scripts/*/calls.jsonl")
+attempt("own_record", own[0])
+try:
+    os.rename(".agent", "agent-moved"); out["rename_agent"] = "renamed"
+except OSError as e:
+    out["rename_agent"] = type(e).__name__
+out["uid"] = os.getuid()
+out["gid"] = os.getgid()
+out["caps"] = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]
+out["cwd"] = os.getcwd()
+out["etc_files"] = sorted(os.listdir("/etc"))
+out["pid1"] = open("/proc/1/cmdline").read().split("\0")[0]
+print(json.dumps(out))
+"#
+    );
+    let (r, out) = run_json(&rig, &rig.snapshot("auto"), &code);
+    assert_eq!(out["workspace"], "written", "{out}");
+    assert_eq!(out["tmp"], "written", "the private /tmp is writable");
+    assert!(!std::path::Path::new(&host_tmp_marker).exists(), "the sandbox's /tmp is not the host's");
+    for k in ["usr", "etc", "root", "agent", "own_record"] {
+        assert!(out[k] == "OSError" || out[k] == "PermissionError" || out[k] == "FileNotFoundError", "{k}: {out}");
+    }
+    assert_ne!(out["rename_agent"], "renamed", "{out}");
+    assert_eq!(out["uid"].as_u64().unwrap() as u32, script_uid(), "{out}");
+    assert_ne!(out["uid"], 0);
+    assert_eq!(out["caps"], "0000000000000000");
+    assert_eq!(out["cwd"], rig.workspace.to_str().unwrap());
+    assert!(!out["etc_files"].as_array().unwrap().iter().any(|f| f == "shadow"), "{out}");
+    assert_ne!(out["pid1"], "/sbin/init");
+    // The file the script wrote is on the host, owned by the script's uid; so is its record.
+    let meta = std::fs::metadata(rig.workspace.join("result.csv")).unwrap();
+    assert_eq!(meta.uid(), script_uid());
+    let dir = rig.details(r["script_id"].as_str().unwrap());
+    for f in ["script.py", "calls.jsonl", "output.txt"] {
+        assert_eq!(std::fs::metadata(dir.join(f)).unwrap().uid(), script_uid(), "{f}");
+    }
+    assert!(!rig.workspace.join(".agent/forged.txt").exists());
+}
+
+#[test]
+fn read_only_runs_cannot_write_the_workspace() {
+    let rig = Rig::new();
+    let mut snap = rig.snapshot("auto");
+    snap["read_only"] = json!(true);
+    let code = "import json\ntry:\n    open('x','w')\n    r='written'\nexcept OSError as e:\n    r=type(e).__name__\nprint(json.dumps({'w': r}))\n";
+    let (_, out) = run_json(&rig, &snap, code);
+    assert_eq!(out["w"], "OSError", "{out}");
+    assert!(!rig.workspace.join("x").exists());
+}
+
+#[test]
+fn a_planted_agent_symlink_is_refused() {
+    let rig = Rig::new();
+    let e = rig.engine();
+    let target = rig.dir.path().join("elsewhere");
+    std::fs::create_dir(&target).unwrap();
+    std::os::unix::fs::symlink(&target, rig.workspace.join(".agent")).unwrap();
+    let err = e.start(&rig.token(&rig.snapshot("auto")), "print(1)", &[]).unwrap_err();
+    assert_eq!(err["code"], -32603);
+    assert!(err["message"].as_str().unwrap().contains(".agent"), "{err}");
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0, "nothing was written through the link");
+}
+
+fn setsid_children(marker: &str) -> String {
+    format!(
+        r#"
+import subprocess, sys, time
+for i in range(3):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "{marker}"], start_new_session=True)
+print("spawned", flush=True)
+time.sleep(600)
+"#
+    )
+}
+
+#[test]
+fn timeout_ends_the_whole_process_tree() {
+    let rig = Rig::new();
+    let e = rig.engine();
+    let marker = format!("sg-timeout-marker-{}", std::process::id());
+    let mut snap = rig.snapshot("auto");
+    snap["limits"] = json!({"timeout_s": 2});
+    let id = e.start(&rig.token(&snap), &setsid_children(&marker), &[]).unwrap();
+    eventually("children to start", Duration::from_secs(10), || processes_with(&marker).len() == 3);
+    let r = e.wait(&id);
+    assert_eq!(r["status"], "timeout", "{r}");
+    assert_eq!(r["output"], "spawned\n");
+    assert!(r["error"].as_str().unwrap().contains("timeout_s = 2"));
+    assert!(r["text"].as_str().unwrap().starts_with("run_script timeout: 0 calls"));
+    eventually("no process left", Duration::from_secs(5), || processes_with(&marker).is_empty());
+}
+
+#[test]
+fn cancel_ends_the_whole_process_tree() {
+    let rig = Rig::new();
+    let e = rig.engine();
+    let marker = format!("sg-cancel-marker-{}", std::process::id());
+    let id = e.start(&rig.token(&rig.snapshot("auto")), &setsid_children(&marker), &[]).unwrap();
+    eventually("children to start", Duration::from_secs(10), || processes_with(&marker).len() == 3);
+    e.request("script.cancel", json!({"script_id": id})).unwrap();
+    assert_eq!(e.wait(&id)["status"], "cancelled");
+    eventually("no process left", Duration::from_secs(5), || processes_with(&marker).is_empty());
+}
+
+#[test]
+fn engine_disconnect_cancels_its_scripts() {
+    let rig = Rig::new();
+    let e = rig.engine();
+    let marker = format!("sg-disconnect-marker-{}", std::process::id());
+    let token = rig.token(&rig.snapshot("auto"));
+    let id = e.start(&token, &setsid_children(&marker), &[]).unwrap();
+    eventually("children to start", Duration::from_secs(10), || processes_with(&marker).len() == 3);
+    e.close();
+    eventually("no process left", Duration::from_secs(10), || processes_with(&marker).is_empty());
+    // Another connection holding the run's token can read the result.
+    let other = rig.engine();
+    let r = other.request("script.wait", json!({"script_id": id, "token": token, "timeout_s": 10})).unwrap();
+    assert_eq!(r["status"], "cancelled");
+    assert_eq!(r["error"], "engine disconnected");
+}
+
+#[test]
+fn memory_and_task_limits_hold_in_the_rlimit_backend() {
+    let rig = Rig::new();
+    let mut snap = rig.snapshot("auto");
+    snap["limits"] = json!({"memory_max_bytes": 256u64 << 20, "tasks_max": 64});
+    let code = r#"
+import json, os
+out = {}
+try:
+    x = bytearray(512 << 20)
+    out["mem"] = "allocated"
+except MemoryError:
+    out["mem"] = "MemoryError"
+pids = []
+try:
+    for i in range(200):
+        pid = os.fork()
+        if pid == 0:
+            import time; time.sleep(30); os._exit(0)
+        pids.append(pid)
+    out["fork"] = "unbounded"
+except OSError as e:
+    out["fork"] = "refused after %d" % len(pids)
+print(json.dumps(out))
+"#;
+    let (_, out) = run_json(&rig, &snap, code);
+    assert_eq!(out["mem"], "MemoryError", "{out}");
+    assert!(out["fork"].as_str().unwrap().starts_with("refused after"), "{out}");
+}
+
+#[test]
+fn script_is_never_root_and_runs_as_run_as_for_root_peers() {
+    if !is_root() {
+        eprintln!("skipped: needs root to connect as root");
+        return;
+    }
+    let rig = Rig::new();
+    let (_, out) = run_json(&rig, &rig.snapshot("auto"), "import os, json\nprint(json.dumps([os.getuid(), os.getgid(), os.getgroups()]))\n");
+    assert_eq!(out, json!([NOBODY, NOBODY, []]));
+}
