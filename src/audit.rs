@@ -63,7 +63,11 @@ const MIGRATIONS: &[&str] = &[
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("audit store {path}: {op}: {source}")]
-    Sql { path: PathBuf, op: &'static str, source: rusqlite::Error },
+    Sql {
+        path: PathBuf,
+        op: &'static str,
+        source: rusqlite::Error,
+    },
     #[error("audit store {path}: schema version {found} is newer than this scriptgate ({SCHEMA_VERSION})")]
     TooNew { path: PathBuf, found: i64 },
     #[error("audit store writer thread is gone")]
@@ -123,25 +127,46 @@ impl Store {
     /// died are turned `interrupted`; their results are returned so the caller can
     /// log them.
     pub fn open(path: &Path) -> Result<(Store, Vec<ScriptResult>), StoreError> {
-        let sql = |op| move |source| StoreError::Sql { path: path.to_path_buf(), op, source };
+        let sql = |op| {
+            move |source| StoreError::Sql {
+                path: path.to_path_buf(),
+                op,
+                source,
+            }
+        };
         let mut w = Connection::open(path).map_err(sql("open"))?;
-        w.pragma_update(None, "journal_mode", "WAL").map_err(sql("enable WAL"))?;
-        w.pragma_update(None, "synchronous", "NORMAL").map_err(sql("set synchronous"))?;
-        w.busy_timeout(std::time::Duration::from_secs(5)).map_err(sql("busy_timeout"))?;
-        let version: i64 = w.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(sql("read user_version"))?;
+        w.pragma_update(None, "journal_mode", "WAL")
+            .map_err(sql("enable WAL"))?;
+        w.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sql("set synchronous"))?;
+        w.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(sql("busy_timeout"))?;
+        let version: i64 = w
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(sql("read user_version"))?;
         if version > SCHEMA_VERSION {
-            return Err(StoreError::TooNew { path: path.to_path_buf(), found: version });
+            return Err(StoreError::TooNew {
+                path: path.to_path_buf(),
+                found: version,
+            });
         }
         for (i, m) in MIGRATIONS.iter().enumerate().skip(version as usize) {
             let tx = w.transaction().map_err(sql("begin migration"))?;
             tx.execute_batch(m).map_err(sql("migrate"))?;
-            tx.pragma_update(None, "user_version", (i + 1) as i64).map_err(sql("set user_version"))?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)
+                .map_err(sql("set user_version"))?;
             tx.commit().map_err(sql("commit migration"))?;
         }
-        let interrupted = recover_interrupted(&mut w).map_err(sql("recover interrupted scripts"))?;
-        let reader = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-            .map_err(sql("open reader"))?;
-        reader.busy_timeout(std::time::Duration::from_secs(5)).map_err(sql("busy_timeout"))?;
+        let interrupted =
+            recover_interrupted(&mut w).map_err(sql("recover interrupted scripts"))?;
+        let reader = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(sql("open reader"))?;
+        reader
+            .busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(sql("busy_timeout"))?;
         let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("scriptgate-audit".into())
@@ -151,7 +176,14 @@ impl Store {
                 }
             })
             .expect("spawn audit writer");
-        Ok((Store { path: path.to_path_buf(), tx, reader: Mutex::new(reader) }, interrupted))
+        Ok((
+            Store {
+                path: path.to_path_buf(),
+                tx,
+                reader: Mutex::new(reader),
+            },
+            interrupted,
+        ))
     }
 
     pub fn path(&self) -> &Path {
@@ -165,8 +197,18 @@ impl Store {
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.tx.send(Box::new(move |c| { let _ = tx.send(f(c)); })).map_err(|_| StoreError::Gone)?;
-        rx.await.map_err(|_| StoreError::Gone)?.map_err(|source| StoreError::Sql { path: self.path.clone(), op, source })
+        self.tx
+            .send(Box::new(move |c| {
+                let _ = tx.send(f(c));
+            }))
+            .map_err(|_| StoreError::Gone)?;
+        rx.await
+            .map_err(|_| StoreError::Gone)?
+            .map_err(|source| StoreError::Sql {
+                path: self.path.clone(),
+                op,
+                source,
+            })
     }
 
     pub async fn insert_started(&self, r: StartRow) -> Result<(), StoreError> {
@@ -186,7 +228,11 @@ impl Store {
         .await
     }
 
-    pub async fn finish(&self, result: &ScriptResult, tool_counts: Value) -> Result<(), StoreError> {
+    pub async fn finish(
+        &self,
+        result: &ScriptResult,
+        tool_counts: Value,
+    ) -> Result<(), StoreError> {
         let r = result.clone();
         self.write("record finished script", move |c| {
             c.execute(
@@ -219,15 +265,26 @@ impl Store {
     pub async fn revoke(&self, run_id: &str) -> Result<(), StoreError> {
         let run_id = run_id.to_string();
         self.write("record revocation", move |c| {
-            c.execute("INSERT OR IGNORE INTO revoked_runs (run_id, at) VALUES (?1, ?2)", params![run_id, now_ms()])
-                .map(|_| ())
+            c.execute(
+                "INSERT OR IGNORE INTO revoked_runs (run_id, at) VALUES (?1, ?2)",
+                params![run_id, now_ms()],
+            )
+            .map(|_| ())
         })
         .await
     }
 
-    fn read<T>(&self, op: &'static str, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
+    fn read<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, StoreError> {
         let c = self.reader.lock().unwrap_or_else(|p| p.into_inner());
-        f(&c).map_err(|source| StoreError::Sql { path: self.path.clone(), op, source })
+        f(&c).map_err(|source| StoreError::Sql {
+            path: self.path.clone(),
+            op,
+            source,
+        })
     }
 
     pub fn revoked_runs(&self) -> Result<Vec<String>, StoreError> {
@@ -241,9 +298,11 @@ impl Store {
     /// The stored result of a finished script, with its run id.
     pub fn result(&self, script_id: &str) -> Result<Option<ScriptResult>, StoreError> {
         self.read("read result", |c| {
-            c.query_row("SELECT result FROM scripts WHERE script_id = ?1 AND result IS NOT NULL", [script_id], |r| {
-                r.get::<_, String>(0)
-            })
+            c.query_row(
+                "SELECT result FROM scripts WHERE script_id = ?1 AND result IS NOT NULL",
+                [script_id],
+                |r| r.get::<_, String>(0),
+            )
             .optional()
         })
         .map(|o| o.and_then(|s| serde_json::from_str(&s).ok()))
@@ -259,21 +318,39 @@ fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<ScriptResult>
             "SELECT script_id, run_id, started_at, details_dir, calls, failures FROM scripts WHERE status = 'running'",
         )?;
         let rows = s.query_map([], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?, r.get::<_, i64>(4)?, r.get::<_, i64>(5)?))
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, i64>(4)?,
+                r.get::<_, i64>(5)?,
+            ))
         })?;
         let now = now_ms();
         for row in rows {
             let (script_id, run_id, started, details_dir, calls, failures) = row?;
             let duration_ms = (now - started).max(0) as u64;
             let error = "the daemon stopped while the script ran".to_string();
-            let text = crate::protocol::result_text(
-                Status::Interrupted, calls as u64, failures as u64, duration_ms, &details_dir, "", None, Some(&error),
+            out.push(
+                ScriptResult {
+                    script_id,
+                    run_id,
+                    status: Status::Interrupted,
+                    exit_code: None,
+                    calls: calls as u64,
+                    failures: failures as u64,
+                    duration_ms,
+                    details_dir,
+                    output: String::new(),
+                    output_truncated: false,
+                    error: Some(error),
+                    text: String::new(),
+                    memory_peak_bytes: None,
+                    cpu_usec: None,
+                }
+                .with_text(None),
             );
-            out.push(ScriptResult {
-                script_id, run_id, status: Status::Interrupted, exit_code: None, calls: calls as u64,
-                failures: failures as u64, duration_ms, details_dir, output: String::new(), output_truncated: false,
-                error: Some(error), text, memory_peak_bytes: None, cpu_usec: None,
-            });
         }
     }
     for r in &out {
@@ -292,9 +369,20 @@ mod tests {
 
     fn row(id: &str) -> StartRow {
         StartRow {
-            script_id: id.into(), run_id: "run-1".into(), runner: Some("r".into()), peer_uid: 0, peer_pid: Some(1),
-            run_uid: 65534, description: "d".into(), code: "print(1)".into(), tools: vec![], approval: "not_needed".into(),
-            workspace: "/w".into(), backend: "rlimit".into(), unit: None, started_at_ms: now_ms(),
+            script_id: id.into(),
+            run_id: "run-1".into(),
+            runner: Some("r".into()),
+            peer_uid: 0,
+            peer_pid: Some(1),
+            run_uid: 65534,
+            description: "d".into(),
+            code: "print(1)".into(),
+            tools: vec![],
+            approval: "not_needed".into(),
+            workspace: "/w".into(),
+            backend: "rlimit".into(),
+            unit: None,
+            started_at_ms: now_ms(),
             details_dir: format!(".agent/scripts/{id}"),
         }
     }
@@ -317,7 +405,12 @@ mod tests {
         assert_eq!(r.status, Status::Interrupted);
         assert!(r.text.starts_with("run_script interrupted: 0 calls"));
         assert_eq!(s.revoked_runs().unwrap(), vec!["run-9".to_string()]);
-        let v: i64 = s.reader.lock().unwrap().pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+        let v: i64 = s
+            .reader
+            .lock()
+            .unwrap()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
         assert_eq!(v, SCHEMA_VERSION);
     }
 }

@@ -67,7 +67,11 @@ fn refusal(r: Refusal) -> Value {
 
 impl Broker {
     /// Serve requests until the script closes fd 3 (it exited) or the task is aborted.
-    pub async fn serve(self: Arc<Self>, input: tokio::net::unix::pipe::Receiver, mut output: tokio::net::unix::pipe::Sender) {
+    pub async fn serve(
+        self: Arc<Self>,
+        input: tokio::net::unix::pipe::Receiver,
+        mut output: tokio::net::unix::pipe::Sender,
+    ) {
         let (tx, mut rx) = mpsc::unbounded_channel::<String>();
         let writer = tokio::spawn(async move {
             while let Some(line) = rx.recv().await {
@@ -83,7 +87,11 @@ impl Broker {
             match read_line(&mut reader, &mut buf, self.max_line).await {
                 Ok(Line::Eof) | Err(_) => break,
                 Ok(Line::TooLong) => {
-                    let _ = tx.send(error_line(&Value::Null, "invalid_request", &format!("request line longer than {} bytes", self.max_line)));
+                    let _ = tx.send(error_line(
+                        &Value::Null,
+                        "invalid_request",
+                        &format!("request line longer than {} bytes", self.max_line),
+                    ));
                     if skip_line(&mut reader).await.is_err() {
                         break;
                     }
@@ -92,7 +100,11 @@ impl Broker {
                     let req: Value = match serde_json::from_slice(&buf) {
                         Ok(v @ Value::Object(_)) => v,
                         _ => {
-                            let _ = tx.send(error_line(&Value::Null, "invalid_request", "not a JSON object"));
+                            let _ = tx.send(error_line(
+                                &Value::Null,
+                                "invalid_request",
+                                "not a JSON object",
+                            ));
                             continue;
                         }
                     };
@@ -101,13 +113,23 @@ impl Broker {
                     match req.get("op").and_then(Value::as_str) {
                         Some("progress") => self.progress(&req),
                         Some("uncaught") => {
-                            let code = req.get("code").and_then(Value::as_str).unwrap_or("").chars().take(32).collect();
+                            let code = req
+                                .get("code")
+                                .and_then(Value::as_str)
+                                .unwrap_or("")
+                                .chars()
+                                .take(32)
+                                .collect();
                             *self.live.uncaught.lock().unwrap() = Some(code);
                         }
                         Some("call") => {
                             tasks.spawn(async move {
                                 let id = req.get("id").cloned().unwrap_or(Value::Null);
-                                let tool = req.get("tool").and_then(Value::as_str).unwrap_or("").to_string();
+                                let tool = req
+                                    .get("tool")
+                                    .and_then(Value::as_str)
+                                    .unwrap_or("")
+                                    .to_string();
                                 let args = req.get("args").cloned().unwrap_or_else(|| json!({}));
                                 let mut reply = this.call(&tool, &args).await;
                                 reply["id"] = id;
@@ -117,23 +139,36 @@ impl Broker {
                         Some("call_many") => {
                             tasks.spawn(async move {
                                 let id = req.get("id").cloned().unwrap_or(Value::Null);
-                                let tool = req.get("tool").and_then(Value::as_str).unwrap_or("").to_string();
+                                let tool = req
+                                    .get("tool")
+                                    .and_then(Value::as_str)
+                                    .unwrap_or("")
+                                    .to_string();
                                 let list = match req.get("args_list") {
                                     Some(Value::Array(a)) => a.clone(),
                                     _ => {
-                                        let _ = tx.send(error_line(&id, "invalid_arguments", "args_list must be a list of dicts"));
+                                        let _ = tx.send(error_line(
+                                            &id,
+                                            "invalid_arguments",
+                                            "args_list must be a list of dicts",
+                                        ));
                                         return;
                                     }
                                 };
                                 // All items start at once; the semaphore admits max_concurrency.
                                 let futs = list.iter().map(|a| this.call(&tool, a));
                                 let results = futures_join_all(futs).await;
-                                let _ = tx.send(json!({"id": id, "results": results}).to_string() + "\n");
+                                let _ = tx
+                                    .send(json!({"id": id, "results": results}).to_string() + "\n");
                             });
                         }
                         _ => {
                             let id = req.get("id").cloned().unwrap_or(Value::Null);
-                            let _ = tx.send(error_line(&id, "invalid_request", "unknown op; use agent_tools"));
+                            let _ = tx.send(error_line(
+                                &id,
+                                "invalid_request",
+                                "unknown op; use agent_tools",
+                            ));
                         }
                     }
                 }
@@ -150,7 +185,13 @@ impl Broker {
         let p = Progress {
             done: req.get("done").and_then(Value::as_i64).unwrap_or(0),
             total: req.get("total").and_then(Value::as_i64).unwrap_or(0),
-            message: req.get("message").and_then(Value::as_str).unwrap_or("").chars().take(500).collect(),
+            message: req
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .chars()
+                .take(500)
+                .collect(),
         };
         *self.live.progress.lock().unwrap() = Some(p);
         self.live.dirty.store(true, Ordering::Relaxed);
@@ -178,22 +219,40 @@ impl Broker {
                             LinkError::Answered(m) => m,
                             other => other.to_string(),
                         };
-                        result_value(ToolResult { text, structured: None, is_error: true }, Some("engine"))
+                        result_value(
+                            ToolResult {
+                                text,
+                                structured: None,
+                                is_error: true,
+                            },
+                            Some("engine"),
+                        )
                     }
                 };
                 (reply, merged)
             }
         };
-        self.record(tool, &arguments, &reply, started.elapsed().as_millis() as u64);
+        self.record(
+            tool,
+            &arguments,
+            &reply,
+            started.elapsed().as_millis() as u64,
+        );
         reply
     }
 
     fn check(&self, tool: &str, args: &Value) -> Result<Value, Refusal> {
         if self.revoked.read().unwrap().contains(&self.run_id) {
-            return Err(Refusal { code: "revoked", message: format!("run {} was revoked; no further tool calls", self.run_id) });
+            return Err(Refusal {
+                code: "revoked",
+                message: format!("run {} was revoked; no further tool calls", self.run_id),
+            });
         }
         if crate::token::now_unix() >= self.token_exp {
-            return Err(Refusal { code: "revoked", message: format!("the run token of run {} expired", self.run_id) });
+            return Err(Refusal {
+                code: "revoked",
+                message: format!("the run token of run {} expired", self.run_id),
+            });
         }
         let merged = self.policy.check_call(tool, args)?;
         self.budget.lock().unwrap().take(tool)?;
@@ -204,7 +263,10 @@ impl Broker {
         let (is_error, summary) = match (reply.get("result"), reply.get("error")) {
             (Some(r), _) => {
                 let text = r.get("text").and_then(Value::as_str).unwrap_or("");
-                (r.get("is_error").and_then(Value::as_bool).unwrap_or(false), summarize(text))
+                (
+                    r.get("is_error").and_then(Value::as_bool).unwrap_or(false),
+                    summarize(text),
+                )
             }
             (_, Some(e)) => (
                 true,
@@ -220,7 +282,13 @@ impl Broker {
         if is_error {
             self.live.failures.fetch_add(1, Ordering::Relaxed);
         }
-        *self.live.tool_counts.lock().unwrap().entry(tool.chars().take(128).collect()).or_default() += 1;
+        *self
+            .live
+            .tool_counts
+            .lock()
+            .unwrap()
+            .entry(tool.chars().take(128).collect())
+            .or_default() += 1;
         self.live.dirty.store(true, Ordering::Relaxed);
         let line = json!({
             "ts": rfc3339_now(), "tool": tool, "arguments": arguments, "duration_ms": duration_ms,
@@ -245,7 +313,11 @@ fn error_line(id: &Value, code: &str, message: &str) -> String {
 
 fn summarize(text: &str) -> String {
     const MAX: usize = 200;
-    let one_line: String = text.chars().map(|c| if c == '\n' { ' ' } else { c }).take(MAX + 1).collect();
+    let one_line: String = text
+        .chars()
+        .map(|c| if c == '\n' { ' ' } else { c })
+        .take(MAX + 1)
+        .collect();
     if one_line.chars().count() > MAX {
         one_line.chars().take(MAX).collect::<String>() + "…"
     } else {
@@ -254,7 +326,9 @@ fn summarize(text: &str) -> String {
 }
 
 /// Await futures concurrently, results in input order.
-async fn futures_join_all<F: std::future::Future<Output = Value>>(futs: impl Iterator<Item = F>) -> Vec<Value> {
+async fn futures_join_all<F: std::future::Future<Output = Value>>(
+    futs: impl Iterator<Item = F>,
+) -> Vec<Value> {
     let futs: Vec<_> = futs.map(Box::pin).collect();
     let mut out: Vec<Option<Value>> = vec![None; futs.len()];
     let mut pending: Vec<_> = futs.into_iter().enumerate().collect();
@@ -308,7 +382,10 @@ mod tests {
     #[test]
     fn rfc3339_dates() {
         assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(super::rfc3339(1_796_000_000_123), "2026-11-30T00:53:20.123Z");
+        assert_eq!(
+            super::rfc3339(1_796_000_000_123),
+            "2026-11-30T00:53:20.123Z"
+        );
         assert_eq!(super::rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
     }
 }

@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "scriptgate", version, about = "Run tool-calling Python scripts through scriptgated; inspect and control the daemon")]
+#[command(
+    name = "scriptgate",
+    version,
+    about = "Run tool-calling Python scripts through scriptgated; inspect and control the daemon"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -53,12 +57,21 @@ fn read_input(p: &std::path::Path) -> std::io::Result<String> {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Token(TokenCmd::Mint { key, run_id, snapshot, ttl, runner }) => {
+        Cmd::Token(TokenCmd::Mint {
+            key,
+            run_id,
+            snapshot,
+            ttl,
+            runner,
+        }) => {
             let r = (|| -> Result<String, String> {
                 let key = crate::config::read_key_file(&key).map_err(|e| e.to_string())?;
-                let text = read_input(&snapshot).map_err(|e| format!("{}: {e}", snapshot.display()))?;
-                let snap: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", snapshot.display()))?;
-                crate::token::mint(&key, &run_id, runner.as_deref(), &snap, ttl).map_err(|e| e.message)
+                let text =
+                    read_input(&snapshot).map_err(|e| format!("{}: {e}", snapshot.display()))?;
+                let snap: serde_json::Value = serde_json::from_str(&text)
+                    .map_err(|e| format!("{}: {e}", snapshot.display()))?;
+                crate::token::mint(&key, &run_id, runner.as_deref(), &snap, ttl)
+                    .map_err(|e| e.message)
             })();
             match r {
                 Ok(t) => {

@@ -29,7 +29,11 @@ pub struct Server {
 }
 impl Default for Server {
     fn default() -> Self {
-        Server { max_message_bytes: 16 << 20, max_running: 64, idle_exit_s: 300 }
+        Server {
+            max_message_bytes: 16 << 20,
+            max_running: 64,
+            idle_exit_s: 300,
+        }
     }
 }
 
@@ -57,7 +61,9 @@ pub struct Workspace {
 }
 impl Default for Workspace {
     fn default() -> Self {
-        Workspace { roots: vec!["/var/lib/scriptgate/workspaces".into()] }
+        Workspace {
+            roots: vec!["/var/lib/scriptgate/workspaces".into()],
+        }
     }
 }
 
@@ -128,7 +134,9 @@ pub struct State {
 }
 impl Default for State {
     fn default() -> Self {
-        State { dir: "/var/lib/scriptgate".into() }
+        State {
+            dir: "/var/lib/scriptgate".into(),
+        }
     }
 }
 
@@ -146,7 +154,10 @@ impl Default for Audit {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{path}: cannot read: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("{path}: {message}")]
@@ -164,7 +175,10 @@ impl Config {
                 let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
                 message = format!("line {line}: {message}");
             }
-            ConfigError::Parse { path: path.to_path_buf(), message }
+            ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            }
         })?;
         cfg.validate(path)?;
         Ok(cfg)
@@ -175,22 +189,37 @@ impl Config {
     pub fn load(path: &Path, explicit: bool) -> Result<Config, ConfigError> {
         match std::fs::read_to_string(path) {
             Ok(text) => Config::parse(&text, path),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Ok(Config::default()),
-            Err(source) => Err(ConfigError::Read { path: path.to_path_buf(), source }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
+                Ok(Config::default())
+            }
+            Err(source) => Err(ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            }),
         }
     }
 
     fn validate(&self, path: &Path) -> Result<(), ConfigError> {
-        let bad = |message: String| Err(ConfigError::Invalid { path: path.to_path_buf(), message });
+        let bad = |message: String| {
+            Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message,
+            })
+        };
         let s = &self.scripts;
         if s.max_concurrency == 0 {
             return bad("scripts.max_concurrency must be at least 1".into());
         }
         if s.timeout_s == 0 || s.max_calls == 0 || s.tasks_max == 0 || s.memory_max_bytes == 0 {
-            return bad("scripts.timeout_s, max_calls, tasks_max and memory_max_bytes must be > 0".into());
+            return bad(
+                "scripts.timeout_s, max_calls, tasks_max and memory_max_bytes must be > 0".into(),
+            );
         }
         if !s.python.is_absolute() {
-            return bad(format!("scripts.python must be an absolute path, not {:?}", s.python));
+            return bad(format!(
+                "scripts.python must be an absolute path, not {:?}",
+                s.python
+            ));
         }
         if self.server.max_message_bytes < 1024 {
             return bad("server.max_message_bytes must be at least 1024".into());
@@ -211,7 +240,10 @@ impl Config {
 }
 
 pub fn read_key_file(path: &Path) -> Result<Vec<u8>, ConfigError> {
-    let err = |message: String| ConfigError::Key { path: path.to_path_buf(), message };
+    let err = |message: String| ConfigError::Key {
+        path: path.to_path_buf(),
+        message,
+    };
     let meta = std::fs::symlink_metadata(path).map_err(|e| err(format!("cannot read: {e}")))?;
     if !meta.file_type().is_file() {
         return Err(err("not a regular file (symlinks are refused)".into()));
@@ -253,7 +285,11 @@ mod tests {
 
     #[test]
     fn unknown_key_names_file_line_and_key() {
-        let e = Config::parse("[server]\nmax_running = 3\nbogus = 1\n", Path::new("/etc/s.toml")).unwrap_err();
+        let e = Config::parse(
+            "[server]\nmax_running = 3\nbogus = 1\n",
+            Path::new("/etc/s.toml"),
+        )
+        .unwrap_err();
         let m = e.to_string();
         assert!(m.starts_with("/etc/s.toml: line 3:"), "{m}");
         assert!(m.contains("bogus"), "{m}");
@@ -272,7 +308,10 @@ mod tests {
         let p = d.path().join("k");
         std::fs::write(&p, b"short").unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(read_key_file(&p).unwrap_err().to_string().contains("at least 32"));
+        assert!(read_key_file(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("at least 32"));
         std::fs::write(&p, [7u8; 32]).unwrap();
         assert_eq!(read_key_file(&p).unwrap().len(), 32);
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();

@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::engine::{EngineLink, LinkError};
 use crate::limits::Backend;
 use crate::policy::{Budget, Limits, Policy};
-use crate::protocol::{code, result_text, RpcError, ScriptRef, ScriptResult, StartParams, Status};
+use crate::protocol::{code, RpcError, ScriptRef, ScriptResult, StartParams, Status};
 use crate::runner::{Launch, Stop};
 use crate::sandbox::SandboxSpec;
 use crate::sys::{resolve_run_as, ArtifactDir, Spawner};
@@ -68,7 +68,11 @@ pub enum StartupError {
     #[error("{0}")]
     Backend(#[from] crate::limits::BackendError),
     #[error("{op} {path}: {source}")]
-    Io { op: &'static str, path: PathBuf, source: std::io::Error },
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 fn new_script_id() -> String {
@@ -80,7 +84,10 @@ fn new_script_id() -> String {
 impl Daemon {
     /// Open state, pick the backend, write the runtime module. Must run inside a
     /// tokio runtime (the spawner thread enters it).
-    pub fn new(cfg: Config, key: Vec<u8>) -> Result<(Arc<Daemon>, Vec<ScriptResult>), StartupError> {
+    pub fn new(
+        cfg: Config,
+        key: Vec<u8>,
+    ) -> Result<(Arc<Daemon>, Vec<ScriptResult>), StartupError> {
         let io = |op, path: &Path| {
             let path = path.to_path_buf();
             move |source| StartupError::Io { op, path, source }
@@ -95,11 +102,14 @@ impl Daemon {
         let tmp = runtime_dir.join(".agent_tools.py.new");
         std::fs::write(&tmp, AGENT_TOOLS_PY).map_err(io("write", &tmp))?;
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).map_err(io("chmod", &tmp))?;
-        std::fs::set_permissions(&runtime_dir, std::fs::Permissions::from_mode(0o755)).map_err(io("chmod", &runtime_dir))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))
+            .map_err(io("chmod", &tmp))?;
+        std::fs::set_permissions(&runtime_dir, std::fs::Permissions::from_mode(0o755))
+            .map_err(io("chmod", &runtime_dir))?;
         std::fs::rename(&tmp, &module).map_err(io("rename", &module))?;
         let (store, interrupted) = Store::open(&state.join("scriptgate.db"))?;
-        let revoked: RevokedRuns = Arc::new(RwLock::new(store.revoked_runs()?.into_iter().collect()));
+        let revoked: RevokedRuns =
+            Arc::new(RwLock::new(store.revoked_runs()?.into_iter().collect()));
         let d = Daemon {
             key,
             store,
@@ -141,11 +151,23 @@ impl Daemon {
     }
 
     /// `script.start`. Refusals are audited (and logged at warning priority).
-    pub async fn start(self: &Arc<Self>, peer: Peer, engine: Arc<dyn EngineLink>, p: StartParams) -> Result<Value, RpcError> {
+    pub async fn start(
+        self: &Arc<Self>,
+        peer: Peer,
+        engine: Arc<dyn EngineLink>,
+        p: StartParams,
+    ) -> Result<Value, RpcError> {
         let mut run: (Option<String>, Option<String>) = (None, None);
         let r = self.start_inner(peer, engine, p, &mut run).await;
         if let Err(e) = &r {
-            tracing::warn!(run_id = run.0.as_deref().unwrap_or(""), peer_uid = peer.uid, code = e.code, reason = e.reason().unwrap_or(""), "script.start refused: {}", e.message);
+            tracing::warn!(
+                run_id = run.0.as_deref().unwrap_or(""),
+                peer_uid = peer.uid,
+                code = e.code,
+                reason = e.reason().unwrap_or(""),
+                "script.start refused: {}",
+                e.message
+            );
             let _ = self
                 .store
                 .refusal(RefusalRow {
@@ -173,20 +195,38 @@ impl Daemon {
         let claims = token::verify(&p.token, &self.key, true)?;
         *run = (Some(claims.run_id.clone()), claims.runner.clone());
         if self.revoked.read().unwrap().contains(&claims.run_id) {
-            return Err(RpcError::with_data(code::TOKEN, format!("run {} was revoked", claims.run_id), json!({"reason": "revoked"})));
+            return Err(RpcError::with_data(
+                code::TOKEN,
+                format!("run {} was revoked", claims.run_id),
+                json!({"reason": "revoked"}),
+            ));
         }
         let snap = &claims.snapshot;
         let workspace = token::check_workspace(&snap.workspace, &self.cfg.workspace.roots)?;
         let (policy, plan) = Policy::plan(snap, &p.tools)?;
         if p.code.len() > self.cfg.server.max_message_bytes {
-            return Err(RpcError::invalid_params("code is larger than max_message_bytes"));
+            return Err(RpcError::invalid_params(
+                "code is larger than max_message_bytes",
+            ));
         }
-        let identity = resolve_run_as(peer.uid, peer.gid, &self.cfg.sandbox.run_as)
-            .map_err(|e| RpcError::with_data(code::INTERNAL, e.to_string(), json!({"reason": "identity"})))?;
+        let identity =
+            resolve_run_as(peer.uid, peer.gid, &self.cfg.sandbox.run_as).map_err(|e| {
+                RpcError::with_data(code::INTERNAL, e.to_string(), json!({"reason": "identity"}))
+            })?;
         // 2. A slot, reserved before approval so a burst cannot overshoot max_running.
         let max = self.cfg.server.max_running;
-        if self.slots.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max).then_some(n + 1)).is_err() {
-            return Err(RpcError::with_data(code::BUSY, format!("the daemon already runs max_running = {max} scripts"), json!({"reason": "busy"})));
+        if self
+            .slots
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return Err(RpcError::with_data(
+                code::BUSY,
+                format!("the daemon already runs max_running = {max} scripts"),
+                json!({"reason": "busy"}),
+            ));
         }
         let slot = SlotGuard(self.clone());
         let script_id = new_script_id();
@@ -199,9 +239,20 @@ impl Daemon {
             let timeout = Duration::from_secs(self.cfg.scripts.approval_timeout_s);
             match engine.approval(params, timeout).await {
                 Ok(true) => "allow_once",
-                Ok(false) => return Err(approval_error("denied", "the engine denied approval for the script's write tools")),
+                Ok(false) => {
+                    return Err(approval_error(
+                        "denied",
+                        "the engine denied approval for the script's write tools",
+                    ))
+                }
                 Err(LinkError::Timeout) => {
-                    return Err(approval_error("timeout", &format!("approval was not answered within approval_timeout_s = {}", timeout.as_secs())))
+                    return Err(approval_error(
+                        "timeout",
+                        &format!(
+                            "approval was not answered within approval_timeout_s = {}",
+                            timeout.as_secs()
+                        ),
+                    ))
                 }
                 Err(e) => return Err(approval_error("denied", &format!("approval failed: {e}"))),
             }
@@ -213,14 +264,25 @@ impl Daemon {
             "session_allowed"
         };
         // 4. The record directory and the audit row, before anything runs.
-        let internal = |what: &str, e: &dyn std::fmt::Display| RpcError::internal(format!("{what}: {e}"));
-        let art = ArtifactDir::create(&workspace, &script_id, identity).map_err(|e| internal("cannot create the script's record directory", &e))?;
+        let internal =
+            |what: &str, e: &dyn std::fmt::Display| RpcError::internal(format!("{what}: {e}"));
+        let art = ArtifactDir::create(&workspace, &script_id, identity)
+            .map_err(|e| internal("cannot create the script's record directory", &e))?;
         let details_dir = format!(".agent/scripts/{script_id}");
-        let mut f = art.create_file("script.py", 0o644).map_err(|e| internal("record", &e))?;
-        std::io::Write::write_all(&mut f, p.code.as_bytes()).map_err(|e| internal("write script.py", &e))?;
-        let calls_log = art.create_file("calls.jsonl", 0o644).map_err(|e| internal("record", &e))?;
-        let stdout_file = art.create_file("output.txt", 0o644).map_err(|e| internal("record", &e))?;
-        let stderr_file = art.create_file("stderr.txt", 0o644).map_err(|e| internal("record", &e))?;
+        let mut f = art
+            .create_file("script.py", 0o644)
+            .map_err(|e| internal("record", &e))?;
+        std::io::Write::write_all(&mut f, p.code.as_bytes())
+            .map_err(|e| internal("write script.py", &e))?;
+        let calls_log = art
+            .create_file("calls.jsonl", 0o644)
+            .map_err(|e| internal("record", &e))?;
+        let stdout_file = art
+            .create_file("output.txt", 0o644)
+            .map_err(|e| internal("record", &e))?;
+        let stderr_file = art
+            .create_file("stderr.txt", 0o644)
+            .map_err(|e| internal("record", &e))?;
         let limits = Limits::effective(&self.cfg.scripts, &snap.limits);
         self.store
             .insert_started(StartRow {
@@ -287,7 +349,10 @@ impl Daemon {
             stop: stop_tx,
             result: result_rx,
         });
-        self.running.lock().unwrap().insert(script_id.clone(), running.clone());
+        self.running
+            .lock()
+            .unwrap()
+            .insert(script_id.clone(), running.clone());
         self.changed.notify_waiters();
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let this = self.clone();
@@ -295,8 +360,13 @@ impl Daemon {
         let run_id = claims.run_id.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let ticker = tokio::spawn(progress_ticker(sid.clone(), engine.clone(), running.clone()));
-            let outcome = crate::runner::run(&this.spawner, launch, broker, stop_rx, started_tx).await;
+            let ticker = tokio::spawn(progress_ticker(
+                sid.clone(),
+                engine.clone(),
+                running.clone(),
+            ));
+            let outcome =
+                crate::runner::run(&this.spawner, launch, broker, stop_rx, started_tx).await;
             ticker.abort();
             let result = this.build_result(&sid, &run_id, &details_dir, &live, outcome);
             let counts = json!(*live.tool_counts.lock().unwrap());
@@ -304,20 +374,39 @@ impl Daemon {
                 tracing::error!(script_id = %sid, "cannot record the result: {e}");
             }
             log_finished(&result, &running, identity.uid);
-            engine.notify("script.finished", serde_json::to_value(&result).unwrap_or_default());
-            this.finished_owner.lock().unwrap().insert(sid.clone(), running.owner);
+            engine.notify(
+                "script.finished",
+                serde_json::to_value(&result).unwrap_or_default(),
+            );
+            this.finished_owner
+                .lock()
+                .unwrap()
+                .insert(sid.clone(), running.owner);
             this.running.lock().unwrap().remove(&sid);
             let _ = result_tx.send(Some(result));
             this.changed.notify_waiters();
         });
         match started_rx.await {
             Ok(Ok(())) => Ok(json!({"script_id": script_id, "state": "running"})),
-            Ok(Err(e)) => Err(RpcError::with_data(code::INTERNAL, format!("the sandbox could not start: {e}"), json!({"reason": "spawn", "script_id": script_id}))),
-            Err(_) => Err(RpcError::internal("the script supervisor ended before the script started")),
+            Ok(Err(e)) => Err(RpcError::with_data(
+                code::INTERNAL,
+                format!("the sandbox could not start: {e}"),
+                json!({"reason": "spawn", "script_id": script_id}),
+            )),
+            Err(_) => Err(RpcError::internal(
+                "the script supervisor ended before the script started",
+            )),
         }
     }
 
-    fn build_result(&self, sid: &str, run_id: &str, details_dir: &str, live: &Live, outcome: Result<crate::runner::Ended, std::io::Error>) -> ScriptResult {
+    fn build_result(
+        &self,
+        sid: &str,
+        run_id: &str,
+        details_dir: &str,
+        live: &Live,
+        outcome: Result<crate::runner::Ended, std::io::Error>,
+    ) -> ScriptResult {
         let calls = live.calls.load(Ordering::Relaxed);
         let failures = live.failures.load(Ordering::Relaxed);
         let e = outcome.unwrap_or_else(|e| crate::runner::Ended {
@@ -331,7 +420,6 @@ impl Daemon {
         let note = e.output_truncated.then(|| {
             format!("[output truncated to return_max_chars = {} characters; all of it is in {details_dir}/output.txt]", self.cfg.scripts.return_max_chars)
         });
-        let text = result_text(e.status, calls, failures, e.duration_ms, details_dir, &e.output, note.as_deref(), e.error.as_deref());
         ScriptResult {
             script_id: sid.into(),
             run_id: run_id.into(),
@@ -343,17 +431,26 @@ impl Daemon {
             details_dir: details_dir.into(),
             output: e.output,
             output_truncated: e.output_truncated,
-            error: if e.status == Status::Ok { None } else { e.error },
-            text,
+            error: if e.status == Status::Ok {
+                None
+            } else {
+                e.error
+            },
+            text: String::new(),
             memory_peak_bytes: None,
             cpu_usec: None,
         }
+        .with_text(note.as_deref())
     }
 
-    /// May this connection see the script? Its starter, an admin, or a holder of a
-    /// valid token of the script's run.
-    fn visible(&self, peer: &Peer, conn: u64, owner: Option<u64>, run_id: &str, token: Option<&str>) -> bool {
-        if peer.admin || owner == Some(conn) {
+    /// May this connection see the script? Its starter, or a holder of a valid token
+    /// of the script's run (protocol §4). Administrators use the `admin.*` methods.
+    fn visible(&self, who: Access, owner: Option<u64>, run_id: &str, token: Option<&str>) -> bool {
+        let conn = match who {
+            Access::Admin => return true,
+            Access::Conn(c) => c,
+        };
+        if owner == Some(conn) {
             return true;
         }
         token
@@ -361,23 +458,30 @@ impl Daemon {
             .is_some_and(|c| c.run_id == run_id)
     }
 
-    fn lookup(&self, peer: &Peer, conn: u64, r: &ScriptRef) -> Result<Lookup, RpcError> {
+    fn lookup(&self, who: Access, r: &ScriptRef) -> Result<Lookup, RpcError> {
         if let Some(run) = self.running.lock().unwrap().get(&r.script_id).cloned() {
-            if self.visible(peer, conn, Some(run.owner), &run.run_id, r.token.as_deref()) {
+            if self.visible(who, Some(run.owner), &run.run_id, r.token.as_deref()) {
                 return Ok(Lookup::Running(run));
             }
             return Err(RpcError::not_found(&r.script_id));
         }
-        let owner = self.finished_owner.lock().unwrap().get(&r.script_id).copied();
+        let owner = self
+            .finished_owner
+            .lock()
+            .unwrap()
+            .get(&r.script_id)
+            .copied();
         match self.store.result(&r.script_id) {
-            Ok(Some(res)) if self.visible(peer, conn, owner, &res.run_id, r.token.as_deref()) => Ok(Lookup::Done(Box::new(res))),
+            Ok(Some(res)) if self.visible(who, owner, &res.run_id, r.token.as_deref()) => {
+                Ok(Lookup::Done(Box::new(res)))
+            }
             Ok(_) => Err(RpcError::not_found(&r.script_id)),
             Err(e) => Err(RpcError::internal(e.to_string())),
         }
     }
 
-    pub async fn wait(&self, peer: Peer, conn: u64, r: ScriptRef) -> Result<Value, RpcError> {
-        let run = match self.lookup(&peer, conn, &r)? {
+    pub async fn wait(&self, who: Access, r: ScriptRef) -> Result<Value, RpcError> {
+        let run = match self.lookup(who, &r)? {
             Lookup::Done(res) => return Ok(serde_json::to_value(*res).unwrap_or_default()),
             Lookup::Running(run) => run,
         };
@@ -393,17 +497,24 @@ impl Daemon {
             }
         };
         let res = match r.timeout_s {
-            Some(t) if t >= 0.0 => tokio::time::timeout(Duration::from_secs_f64(t.min(1e7)), done).await.ok().flatten(),
+            Some(t) if t >= 0.0 => tokio::time::timeout(Duration::from_secs_f64(t.min(1e7)), done)
+                .await
+                .ok()
+                .flatten(),
             _ => done.await,
         };
         match res {
             Some(res) => Ok(serde_json::to_value(res).unwrap_or_default()),
-            None => Err(RpcError::with_data(code::STILL_RUNNING, format!("script {} is still running", r.script_id), json!({"reason": "still_running"}))),
+            None => Err(RpcError::with_data(
+                code::STILL_RUNNING,
+                format!("script {} is still running", r.script_id),
+                json!({"reason": "still_running"}),
+            )),
         }
     }
 
-    pub fn status(&self, peer: Peer, conn: u64, r: ScriptRef) -> Result<Value, RpcError> {
-        Ok(match self.lookup(&peer, conn, &r)? {
+    pub fn status(&self, who: Access, r: ScriptRef) -> Result<Value, RpcError> {
+        Ok(match self.lookup(who, &r)? {
             Lookup::Running(run) => status_value(&r.script_id, &run),
             Lookup::Done(res) => json!({
                 "script_id": res.script_id, "state": res.status, "calls": res.calls, "failures": res.failures,
@@ -412,13 +523,25 @@ impl Daemon {
         })
     }
 
-    pub async fn cancel(&self, peer: Peer, conn: u64, r: ScriptRef, why: &str) -> Result<Value, RpcError> {
-        let run = match self.lookup(&peer, conn, &r)? {
-            Lookup::Done(res) => return Ok(json!({"script_id": res.script_id, "state": res.status})),
+    pub async fn cancel(&self, who: Access, r: ScriptRef, why: &str) -> Result<Value, RpcError> {
+        let run = match self.lookup(who, &r)? {
+            Lookup::Done(res) => {
+                return Ok(json!({"script_id": res.script_id, "state": res.status}))
+            }
             Lookup::Running(run) => run,
         };
         let _ = run.stop.send(Some(Stop::Cancel(why.into())));
-        let state = self.wait(peer, conn, ScriptRef { timeout_s: Some(30.0), ..r.clone() }).await.ok().and_then(|v| v.get("status").cloned());
+        let state = self
+            .wait(
+                who,
+                ScriptRef {
+                    timeout_s: Some(30.0),
+                    ..r.clone()
+                },
+            )
+            .await
+            .ok()
+            .and_then(|v| v.get("status").cloned());
         Ok(json!({"script_id": r.script_id, "state": state.unwrap_or(json!("cancelled"))}))
     }
 
@@ -426,22 +549,44 @@ impl Daemon {
     pub async fn revoke(&self, token_str: &str) -> Result<Value, RpcError> {
         let claims = token::verify(token_str, &self.key, false)?;
         self.revoked.write().unwrap().insert(claims.run_id.clone());
-        self.store.revoke(&claims.run_id).await.map_err(|e| RpcError::internal(e.to_string()))?;
-        let targets: Vec<_> = self.running.lock().unwrap().values().filter(|r| r.run_id == claims.run_id).cloned().collect();
+        self.store
+            .revoke(&claims.run_id)
+            .await
+            .map_err(|e| RpcError::internal(e.to_string()))?;
+        let targets: Vec<_> = self
+            .running
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|r| r.run_id == claims.run_id)
+            .cloned()
+            .collect();
         for r in &targets {
-            let _ = r.stop.send(Some(Stop::Cancel(format!("run {} was revoked", claims.run_id))));
+            let _ = r.stop.send(Some(Stop::Cancel(format!(
+                "run {} was revoked",
+                claims.run_id
+            ))));
         }
         for r in &targets {
             let mut rx = r.result.clone();
-            let _ = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(Option::is_some)).await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(30), rx.wait_for(Option::is_some)).await;
         }
         Ok(json!({"run_id": claims.run_id, "cancelled": targets.len()}))
     }
 
     /// A connection closed: its scripts lose their engine and are cancelled.
     pub fn disconnected(&self, conn: u64) {
-        for r in self.running.lock().unwrap().values().filter(|r| r.owner == conn) {
-            let _ = r.stop.send(Some(Stop::Cancel("engine disconnected".into())));
+        for r in self
+            .running
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|r| r.owner == conn)
+        {
+            let _ = r
+                .stop
+                .send(Some(Stop::Cancel("engine disconnected".into())));
         }
     }
 
@@ -456,11 +601,6 @@ impl Daemon {
             let mut rx = r.result.clone();
             let _ = tokio::time::timeout_at(deadline, rx.wait_for(Option::is_some)).await;
         }
-    }
-
-    /// Did connection `conn` start this running script?
-    pub fn owns(&self, conn: u64, script_id: &str) -> bool {
-        self.running.lock().unwrap().get(script_id).is_some_and(|r| r.owner == conn)
     }
 
     /// Running scripts, for `scriptgate ps` (admin).
@@ -479,6 +619,15 @@ impl Daemon {
             })
             .collect()
     }
+}
+
+/// On whose behalf a script is looked up.
+#[derive(Debug, Clone, Copy)]
+pub enum Access {
+    /// A connection: sees the scripts it started, or those of a run it has a token for.
+    Conn(u64),
+    /// An administrator (`admin.*` methods, checked by the caller): sees every script.
+    Admin,
 }
 
 enum Lookup {

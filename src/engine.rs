@@ -30,7 +30,11 @@ pub trait EngineLink: Send + Sync {
     /// `tool.call` params: `{script_id, run_id, call_id, tool, arguments}`.
     fn tool_call(&self, params: Value) -> BoxFuture<'_, Result<ToolResult, LinkError>>;
     /// `approval.request` params; `Ok(true)` for `allow_once`.
-    fn approval(&self, params: Value, timeout: std::time::Duration) -> BoxFuture<'_, Result<bool, LinkError>>;
+    fn approval(
+        &self,
+        params: Value,
+        timeout: std::time::Duration,
+    ) -> BoxFuture<'_, Result<bool, LinkError>>;
     /// Send a notification (`script.progress`, `script.finished`); best effort.
     fn notify(&self, method: &str, params: Value);
 }

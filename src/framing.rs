@@ -12,18 +12,30 @@ pub enum Line {
 }
 
 /// Read one line into `buf` (cleared first), never holding more than `max` bytes.
-pub async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R, buf: &mut Vec<u8>, max: usize) -> std::io::Result<Line> {
+pub async fn read_line<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Line> {
     buf.clear();
     loop {
         let chunk = r.fill_buf().await?;
         if chunk.is_empty() {
-            return Ok(if buf.is_empty() { Line::Eof } else { Line::Data });
+            return Ok(if buf.is_empty() {
+                Line::Eof
+            } else {
+                Line::Data
+            });
         }
         let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
             Some(i) => (i + 1, true),
             None => (chunk.len(), false),
         };
-        let body = if done { &chunk[..take - 1] } else { &chunk[..take] };
+        let body = if done {
+            &chunk[..take - 1]
+        } else {
+            &chunk[..take]
+        };
         if buf.len() + body.len() > max {
             let room = max - buf.len();
             buf.extend_from_slice(&body[..room]);

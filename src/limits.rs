@@ -1,7 +1,9 @@
-//! Limit backends. Each script's sandbox runs under one of:
-//! - `rlimit`: rlimits (address space, processes, core) on the bwrap child plus the
-//!   sandbox's own PID namespace, which ends the whole tree when its init dies.
-//!   Memory is an address-space cap (a script gets MemoryError, not `oom`).
+//! Limit backends. Each script's sandbox runs under one of them.
+//!
+//! `rlimit`: rlimits (address space, processes, core) on the bwrap child plus the
+//! sandbox's own PID namespace, which ends the whole tree when its init dies.
+//! Memory is an address-space cap (a script gets MemoryError, not `oom`).
+//!
 //! The `systemd` (transient scope) and `cgroup` (delegated v2 subtree) backends are
 //! chosen by `sandbox.backend`; where they are not available `auto` falls back to
 //! `rlimit` and says why.
@@ -40,12 +42,21 @@ impl Backend {
     pub fn pick(choice: BackendChoice) -> Result<Backend, BackendError> {
         let unsupported = "not supported by this build of scriptgated".to_string();
         match choice {
-            BackendChoice::Rlimit => Ok(Backend { kind: Kind::Rlimit, notes: vec![] }),
+            BackendChoice::Rlimit => Ok(Backend {
+                kind: Kind::Rlimit,
+                notes: vec![],
+            }),
             BackendChoice::Auto => Ok(Backend {
                 kind: Kind::Rlimit,
-                notes: vec![format!("systemd: {unsupported}"), format!("cgroup: {unsupported}")],
+                notes: vec![
+                    format!("systemd: {unsupported}"),
+                    format!("cgroup: {unsupported}"),
+                ],
             }),
-            c @ (BackendChoice::Systemd | BackendChoice::Cgroup) => Err(BackendError { choice: c, why: unsupported }),
+            c @ (BackendChoice::Systemd | BackendChoice::Cgroup) => Err(BackendError {
+                choice: c,
+                why: unsupported,
+            }),
         }
     }
 

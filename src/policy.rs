@@ -52,10 +52,16 @@ pub struct Refusal {
 
 impl Refusal {
     fn denied(message: String) -> Self {
-        Refusal { code: "denied", message }
+        Refusal {
+            code: "denied",
+            message,
+        }
     }
     fn invalid(message: String) -> Self {
-        Refusal { code: "invalid_arguments", message }
+        Refusal {
+            code: "invalid_arguments",
+            message,
+        }
     }
 }
 
@@ -74,7 +80,11 @@ pub struct Policy {
 }
 
 fn tools_error(tool: &str, reason: &str, message: String) -> RpcError {
-    RpcError::with_data(code::TOOLS, message, json!({"tool": tool, "reason": reason}))
+    RpcError::with_data(
+        code::TOOLS,
+        message,
+        json!({"tool": tool, "reason": reason}),
+    )
 }
 
 impl Policy {
@@ -94,26 +104,55 @@ impl Policy {
                 })?;
             tools.insert(
                 t.name.clone(),
-                Tool { class: t.class, enabled: t.enabled, frozen: t.frozen.clone(), schema },
+                Tool {
+                    class: t.class,
+                    enabled: t.enabled,
+                    frozen: t.frozen.clone(),
+                    schema,
+                },
             );
         }
-        let mut plan = StartPlan { needs_approval: false, declared: Vec::new() };
+        let mut plan = StartPlan {
+            needs_approval: false,
+            declared: Vec::new(),
+        };
         let mut names = BTreeSet::new();
         for name in declared {
             let Some(t) = tools.get(name) else {
-                return Err(tools_error(name, "unknown", format!("tool {name} is not in this run's snapshot")));
+                return Err(tools_error(
+                    name,
+                    "unknown",
+                    format!("tool {name} is not in this run's snapshot"),
+                ));
             };
-            let refuse = |reason: &str, why: &str| Err(tools_error(name, reason, format!("tool {name} cannot be declared: {why}")));
+            let refuse = |reason: &str, why: &str| {
+                Err(tools_error(
+                    name,
+                    reason,
+                    format!("tool {name} cannot be declared: {why}"),
+                ))
+            };
             match t.class {
                 _ if !t.enabled => return refuse("disabled", "it is switched off for this run"),
-                ToolClass::Read => return refuse("not_write", "it is a read tool; read tools need no declaration"),
+                ToolClass::Read => {
+                    return refuse(
+                        "not_write",
+                        "it is a read tool; read tools need no declaration",
+                    )
+                }
                 ToolClass::Destructive => {
-                    return refuse("destructive", "destructive tools are never callable from a script; call it directly")
+                    return refuse(
+                        "destructive",
+                        "destructive tools are never callable from a script; call it directly",
+                    )
                 }
-                ToolClass::LongTask => {
-                    return refuse("long_task", "long-running task tools are never callable from a script; call it directly")
+                ToolClass::LongTask => return refuse(
+                    "long_task",
+                    "long-running task tools are never callable from a script; call it directly",
+                ),
+                ToolClass::Write if snap.read_only => {
+                    return refuse("read_only", "this run is read-only")
                 }
-                ToolClass::Write if snap.read_only => return refuse("read_only", "this run is read-only"),
                 ToolClass::Write => {}
             }
             if names.insert(name.clone()) {
@@ -123,19 +162,32 @@ impl Policy {
         let session: BTreeSet<&String> = snap.session_allowed.iter().collect();
         plan.needs_approval = snap.permission_mode == PermissionMode::Approval
             && plan.declared.iter().any(|(n, _)| !session.contains(n));
-        Ok((Policy { tools, declared: names, read_only: snap.read_only }, plan))
+        Ok((
+            Policy {
+                tools,
+                declared: names,
+                read_only: snap.read_only,
+            },
+            plan,
+        ))
     }
 
     /// Decide one call from the script. On success returns the arguments to send to
     /// the engine: the script's, with the frozen ones merged in, schema-checked.
     pub fn check_call(&self, tool: &str, args: &Value) -> Result<Value, Refusal> {
-        let Some(t) = self.tools.get(tool).filter(|t| t.enabled && !(self.read_only && t.class == ToolClass::Write)) else {
+        let Some(t) = self
+            .tools
+            .get(tool)
+            .filter(|t| t.enabled && !(self.read_only && t.class == ToolClass::Write))
+        else {
             let why = match self.tools.get(tool) {
                 Some(t) if !t.enabled => "it is switched off for this run",
                 Some(_) => "this run is read-only, so write tools are not provided",
                 None => "no tool of that name is provided to this run",
             };
-            return Err(Refusal::denied(format!("tool {tool} is not available: {why}")));
+            return Err(Refusal::denied(format!(
+                "tool {tool} is not available: {why}"
+            )));
         };
         match t.class {
             ToolClass::Read => {}
@@ -159,7 +211,9 @@ impl Policy {
             }
         }
         let Value::Object(given) = args else {
-            return Err(Refusal::invalid(format!("{tool}: arguments must be a JSON object")));
+            return Err(Refusal::invalid(format!(
+                "{tool}: arguments must be a JSON object"
+            )));
         };
         if let Some(k) = given.keys().find(|k| t.frozen.contains_key(*k)) {
             return Err(Refusal::invalid(format!(
@@ -171,8 +225,14 @@ impl Policy {
         let merged = Value::Object(merged);
         if let Some(e) = t.schema.iter_errors(&merged).next() {
             let at = e.instance_path.to_string();
-            let at = if at.is_empty() { String::new() } else { format!(" at {at}") };
-            return Err(Refusal::invalid(format!("{tool}: arguments do not match the tool's schema{at}: {e}")));
+            let at = if at.is_empty() {
+                String::new()
+            } else {
+                format!(" at {at}")
+            };
+            return Err(Refusal::invalid(format!(
+                "{tool}: arguments do not match the tool's schema{at}: {e}"
+            )));
         }
         Ok(merged)
     }
@@ -237,33 +297,63 @@ mod tests {
     }
 
     fn start_reason(mode: &str, ro: bool, tools: &[&str]) -> Option<String> {
-        Policy::plan(&snapshot(mode, ro), &names(tools)).err().map(|e| {
-            assert_eq!(e.code, code::TOOLS);
-            assert_eq!(e.data.as_ref().unwrap()["tool"], tools[0]);
-            e.reason().unwrap().to_string()
-        })
+        Policy::plan(&snapshot(mode, ro), &names(tools))
+            .err()
+            .map(|e| {
+                assert_eq!(e.code, code::TOOLS);
+                assert_eq!(e.data.as_ref().unwrap()["tool"], tools[0]);
+                e.reason().unwrap().to_string()
+            })
     }
 
     #[test]
     fn start_refusal_reasons() {
-        assert_eq!(start_reason("approval", false, &["t__nope"]).as_deref(), Some("unknown"));
-        assert_eq!(start_reason("approval", false, &["t__read"]).as_deref(), Some("not_write"));
-        assert_eq!(start_reason("approval", false, &["t__destroy"]).as_deref(), Some("destructive"));
-        assert_eq!(start_reason("approval", false, &["t__long"]).as_deref(), Some("long_task"));
-        assert_eq!(start_reason("approval", false, &["t__off_write"]).as_deref(), Some("disabled"));
-        assert_eq!(start_reason("approval", true, &["t__write"]).as_deref(), Some("read_only"));
+        assert_eq!(
+            start_reason("approval", false, &["t__nope"]).as_deref(),
+            Some("unknown")
+        );
+        assert_eq!(
+            start_reason("approval", false, &["t__read"]).as_deref(),
+            Some("not_write")
+        );
+        assert_eq!(
+            start_reason("approval", false, &["t__destroy"]).as_deref(),
+            Some("destructive")
+        );
+        assert_eq!(
+            start_reason("approval", false, &["t__long"]).as_deref(),
+            Some("long_task")
+        );
+        assert_eq!(
+            start_reason("approval", false, &["t__off_write"]).as_deref(),
+            Some("disabled")
+        );
+        assert_eq!(
+            start_reason("approval", true, &["t__write"]).as_deref(),
+            Some("read_only")
+        );
         assert_eq!(start_reason("approval", false, &["t__write"]), None);
     }
 
     #[test]
     fn approval_is_needed_once_unless_session_allowed_or_auto() {
-        let plan = |mode, tools: &[&str]| Policy::plan(&snapshot(mode, false), &names(tools)).unwrap().1;
-        assert!(!plan("approval", &[]).needs_approval, "no write tools, nothing to approve");
+        let plan = |mode, tools: &[&str]| {
+            Policy::plan(&snapshot(mode, false), &names(tools))
+                .unwrap()
+                .1
+        };
+        assert!(
+            !plan("approval", &[]).needs_approval,
+            "no write tools, nothing to approve"
+        );
         assert!(plan("approval", &["t__write"]).needs_approval);
         assert!(!plan("approval", &["t__session_write"]).needs_approval);
         assert!(plan("approval", &["t__session_write", "t__write"]).needs_approval);
         assert!(!plan("auto", &["t__write"]).needs_approval);
-        assert_eq!(plan("approval", &["t__write", "t__write"]).declared.len(), 1);
+        assert_eq!(
+            plan("approval", &["t__write", "t__write"]).declared.len(),
+            1
+        );
     }
 
     fn call(ro: bool, declared: &[&str], tool: &str, args: Value) -> Result<Value, Refusal> {
@@ -274,9 +364,17 @@ mod tests {
     #[test]
     fn every_row_of_the_call_table() {
         // read: callable directly.
-        assert_eq!(call(false, &[], "t__read", json!({"sn": "A1"})).unwrap(), json!({"sn": "A1"}));
+        assert_eq!(
+            call(false, &[], "t__read", json!({"sn": "A1"})).unwrap(),
+            json!({"sn": "A1"})
+        );
         // write: only when declared; frozen arguments merged in.
-        assert_eq!(call(false, &[], "t__write", json!({"sn": "A1"})).unwrap_err().code, "denied");
+        assert_eq!(
+            call(false, &[], "t__write", json!({"sn": "A1"}))
+                .unwrap_err()
+                .code,
+            "denied"
+        );
         assert_eq!(
             call(false, &["t__write"], "t__write", json!({"sn": "A1"})).unwrap(),
             json!({"sn": "A1", "tenant": "acme"})
@@ -312,15 +410,22 @@ mod tests {
         let r = call(false, &["t__write"], "t__write", json!({"tenant": "evil"})).unwrap_err();
         assert_eq!(r.code, "invalid_arguments");
         assert!(r.message.contains("fixed by the run"));
-        assert_eq!(call(false, &[], "t__read", json!(["A"])).unwrap_err().code, "invalid_arguments");
+        assert_eq!(
+            call(false, &[], "t__read", json!(["A"])).unwrap_err().code,
+            "invalid_arguments"
+        );
     }
 
     #[test]
     fn invalid_schema_refuses_the_snapshot() {
         let s = parse_snapshot(json!({"workspace": "/w", "permission_mode": "auto",
-            "tools": [{"name": "x", "class": "read", "input_schema": {"type": 12}}]})).unwrap();
+            "tools": [{"name": "x", "class": "read", "input_schema": {"type": 12}}]}))
+        .unwrap();
         let e = Policy::plan(&s, &[]).err().unwrap();
-        assert_eq!((e.code, e.reason()), (code::SNAPSHOT, Some("invalid_schema")));
+        assert_eq!(
+            (e.code, e.reason()),
+            (code::SNAPSHOT, Some("invalid_schema"))
+        );
     }
 
     #[test]
@@ -335,7 +440,15 @@ mod tests {
     #[test]
     fn snapshot_limits_only_tighten() {
         let cfg = Scripts::default();
-        let l = Limits::effective(&cfg, &SnapshotLimits { max_calls: Some(500), timeout_s: Some(99999), max_concurrency: Some(0), ..Default::default() });
+        let l = Limits::effective(
+            &cfg,
+            &SnapshotLimits {
+                max_calls: Some(500),
+                timeout_s: Some(99999),
+                max_concurrency: Some(0),
+                ..Default::default()
+            },
+        );
         assert_eq!(l.max_calls, 500);
         assert_eq!(l.timeout_s, 1800);
         assert_eq!(l.max_concurrency, 1);

@@ -49,10 +49,18 @@ pub struct RpcError {
 
 impl RpcError {
     pub fn new(code: i64, message: impl Into<String>) -> Self {
-        RpcError { code, message: message.into(), data: None }
+        RpcError {
+            code,
+            message: message.into(),
+            data: None,
+        }
     }
     pub fn with_data(code: i64, message: impl Into<String>, data: Value) -> Self {
-        RpcError { code, message: message.into(), data: Some(data) }
+        RpcError {
+            code,
+            message: message.into(),
+            data: Some(data),
+        }
     }
     pub fn invalid_params(message: impl Into<String>) -> Self {
         Self::new(code::INVALID_PARAMS, message)
@@ -77,25 +85,41 @@ impl RpcError {
 #[derive(Debug)]
 pub enum Incoming {
     /// `{"jsonrpc":"2.0","id":1,"method":"script.start","params":{…}}`
-    Request { id: Value, method: String, params: Value },
+    Request {
+        id: Value,
+        method: String,
+        params: Value,
+    },
     /// `{"jsonrpc":"2.0","method":"x","params":{…}}` (no id)
     Notification { method: String, params: Value },
     /// `{"jsonrpc":"2.0","id":7,"result":{…}}` or `…"error":{…}}`: answers a request we sent.
-    Response { id: Value, result: Result<Value, RpcError> },
+    Response {
+        id: Value,
+        result: Result<Value, RpcError>,
+    },
 }
 
 /// Parse one line. `Err` carries the error to send back (with the id when known).
 pub fn parse_line(line: &[u8]) -> Result<Incoming, (Value, RpcError)> {
     let v: Value = serde_json::from_slice(line).map_err(|e| {
-        (Value::Null, RpcError::new(code::PARSE_ERROR, format!("parse error: {e}")))
+        (
+            Value::Null,
+            RpcError::new(code::PARSE_ERROR, format!("parse error: {e}")),
+        )
     })?;
     let Value::Object(mut m) = v else {
-        return Err((Value::Null, RpcError::new(code::INVALID_REQUEST, "a message must be a JSON object")));
+        return Err((
+            Value::Null,
+            RpcError::new(code::INVALID_REQUEST, "a message must be a JSON object"),
+        ));
     };
     let id = m.remove("id");
     if let Some(method) = m.remove("method") {
         let Value::String(method) = method else {
-            return Err((id.unwrap_or(Value::Null), RpcError::new(code::INVALID_REQUEST, "`method` must be a string")));
+            return Err((
+                id.unwrap_or(Value::Null),
+                RpcError::new(code::INVALID_REQUEST, "`method` must be a string"),
+            ));
         };
         let params = m.remove("params").unwrap_or(Value::Null);
         return Ok(match id {
@@ -104,16 +128,34 @@ pub fn parse_line(line: &[u8]) -> Result<Incoming, (Value, RpcError)> {
         });
     }
     let Some(id) = id else {
-        return Err((Value::Null, RpcError::new(code::INVALID_REQUEST, "message has neither `method` nor `id`")));
+        return Err((
+            Value::Null,
+            RpcError::new(
+                code::INVALID_REQUEST,
+                "message has neither `method` nor `id`",
+            ),
+        ));
     };
     if let Some(err) = m.remove("error") {
         let err = serde_json::from_value(err)
             .unwrap_or_else(|_| RpcError::new(code::INTERNAL, "malformed error object"));
-        return Ok(Incoming::Response { id, result: Err(err) });
+        return Ok(Incoming::Response {
+            id,
+            result: Err(err),
+        });
     }
     match m.remove("result") {
-        Some(result) => Ok(Incoming::Response { id, result: Ok(result) }),
-        None => Err((id, RpcError::new(code::INVALID_REQUEST, "response has neither `result` nor `error`"))),
+        Some(result) => Ok(Incoming::Response {
+            id,
+            result: Ok(result),
+        }),
+        None => Err((
+            id,
+            RpcError::new(
+                code::INVALID_REQUEST,
+                "response has neither `result` nor `error`",
+            ),
+        )),
     }
 }
 
@@ -241,47 +283,39 @@ pub struct ScriptResult {
     pub cpu_usec: Option<u64>,
 }
 
-/// Build `text` exactly as §6 says: one summary line, then the output, then (when not
-/// `ok`) the error tail.
-pub fn result_text(
-    status: Status,
-    calls: u64,
-    failures: u64,
-    duration_ms: u64,
-    details_dir: &str,
-    output: &str,
-    truncated_note: Option<&str>,
-    error: Option<&str>,
-) -> String {
-    let mut t = format!(
-        "run_script {}: {} calls, {} failed, {:.1} s, details in {}\n",
-        status.as_str(),
-        calls,
-        failures,
-        duration_ms as f64 / 1000.0,
-        details_dir
-    );
-    t.push_str(output);
-    if let Some(note) = truncated_note {
-        if !t.ends_with('\n') {
-            t.push('\n');
-        }
-        t.push_str(note);
-        t.push('\n');
-    }
-    if status != Status::Ok {
-        if let Some(err) = error.filter(|e| !e.is_empty()) {
+impl ScriptResult {
+    /// Fill `text` exactly as §6 says: one summary line, then the output, then
+    /// (when not `ok`) the error tail. `truncated_note` follows a truncated output.
+    pub fn with_text(mut self, truncated_note: Option<&str>) -> ScriptResult {
+        let mut t = format!(
+            "run_script {}: {} calls, {} failed, {:.1} s, details in {}\n",
+            self.status.as_str(),
+            self.calls,
+            self.failures,
+            self.duration_ms as f64 / 1000.0,
+            self.details_dir
+        );
+        let add_line = |t: &mut String, s: &str| {
             if !t.ends_with('\n') {
                 t.push('\n');
             }
-            t.push_str("error: ");
-            t.push_str(err);
+            t.push_str(s);
             if !t.ends_with('\n') {
                 t.push('\n');
             }
+        };
+        t.push_str(&self.output);
+        if let Some(note) = truncated_note {
+            add_line(&mut t, note);
         }
+        if self.status != Status::Ok {
+            if let Some(err) = self.error.as_deref().filter(|e| !e.is_empty()) {
+                add_line(&mut t, &format!("error: {err}"));
+            }
+        }
+        self.text = t;
+        self
     }
-    t
 }
 
 #[cfg(test)]
@@ -312,11 +346,42 @@ mod tests {
         assert_eq!(e.code, code::INVALID_REQUEST);
     }
 
+    fn result(status: Status, output: &str, error: Option<&str>) -> ScriptResult {
+        ScriptResult {
+            script_id: "x".into(),
+            run_id: "r".into(),
+            status,
+            exit_code: None,
+            calls: 500,
+            failures: 1,
+            duration_ms: 3120,
+            details_dir: ".agent/scripts/x".into(),
+            output: output.into(),
+            output_truncated: false,
+            error: error.map(str::to_string),
+            text: String::new(),
+            memory_peak_bytes: None,
+            cpu_usec: None,
+        }
+    }
+
     #[test]
     fn result_text_has_summary_output_and_error_tail() {
-        let t = result_text(Status::Ok, 500, 0, 3120, ".agent/scripts/x", "hello\n", None, Some("ignored"));
-        assert_eq!(t, "run_script ok: 500 calls, 0 failed, 3.1 s, details in .agent/scripts/x\nhello\n");
-        let t = result_text(Status::Error, 2, 1, 50, "d", "partial", None, Some("Traceback…\nValueError: x"));
-        assert_eq!(t, "run_script error: 2 calls, 1 failed, 0.1 s, details in d\npartial\nerror: Traceback…\nValueError: x\n");
+        let t = result(Status::Ok, "hello\n", None).with_text(None).text;
+        assert_eq!(
+            t,
+            "run_script ok: 500 calls, 1 failed, 3.1 s, details in .agent/scripts/x\nhello\n"
+        );
+        let t = result(Status::Error, "partial", Some("Traceback…\nValueError: x"))
+            .with_text(None)
+            .text;
+        assert_eq!(
+            t,
+            "run_script error: 500 calls, 1 failed, 3.1 s, details in .agent/scripts/x\npartial\nerror: Traceback…\nValueError: x\n"
+        );
+        let t = result(Status::Ok, "abc", None)
+            .with_text(Some("[cut]"))
+            .text;
+        assert!(t.ends_with("\nabc\n[cut]\n"), "{t}");
     }
 }

@@ -5,7 +5,7 @@ use crate::limits::Backend;
 use crate::policy::Limits;
 use crate::protocol::Status;
 use crate::sandbox::{bwrap_args, RealHost, SandboxSpec};
-use crate::sys::{channel_pipe, install_pre_exec, ChildSetup, Identity, Spawner};
+use crate::sys::{channel_pipe, install_pre_exec, ChildSetup, Identity, PidFd, Spawner};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -55,8 +55,18 @@ struct Captured {
 
 /// Copy a child stream to its artifact file (up to `max_file` bytes, then a note of
 /// how much was dropped), keeping the first `head_max` and last `tail_max` bytes.
-async fn capture<R: tokio::io::AsyncRead + Unpin>(mut r: R, mut file: std::fs::File, max_file: u64, head_max: usize, tail_max: usize) -> Captured {
-    let mut c = Captured { head: Vec::new(), tail: Vec::new(), total: 0 };
+async fn capture<R: tokio::io::AsyncRead + Unpin>(
+    mut r: R,
+    mut file: std::fs::File,
+    max_file: u64,
+    head_max: usize,
+    tail_max: usize,
+) -> Captured {
+    let mut c = Captured {
+        head: Vec::new(),
+        tail: Vec::new(),
+        total: 0,
+    };
     let mut buf = vec![0u8; 64 * 1024];
     let mut written = 0u64;
     loop {
@@ -92,6 +102,24 @@ async fn capture<R: tokio::io::AsyncRead + Unpin>(mut r: R, mut file: std::fs::F
     c
 }
 
+/// Read bwrap's `--info-fd` JSON (`{"child-pid": N, …}`). The sandbox inherits the
+/// pipe's write end, so parse as soon as the object is complete rather than at EOF.
+async fn read_child_pid(fd: std::os::fd::OwnedFd) -> Option<i32> {
+    let mut r = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 512];
+    while buf.len() < 4096 {
+        match r.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&buf) {
+            return v.get("child-pid")?.as_i64().map(|p| p as i32);
+        }
+    }
+    None
+}
+
 /// First `max` characters of `bytes` (lossy UTF-8), and whether anything was cut.
 fn head_chars(bytes: &[u8], total_bytes: u64, max: usize) -> (String, bool) {
     let s = String::from_utf8_lossy(bytes);
@@ -113,6 +141,7 @@ pub async fn run(
     let t0 = Instant::now();
     let (req_r, req_w) = channel_pipe()?; // script writes fd 3, we read
     let (rep_r, rep_w) = channel_pipe()?; // we write, script reads fd 4
+    let (info_r, info_w) = channel_pipe()?; // bwrap writes the sandbox init's pid on fd 5
     let mut cmd = tokio::process::Command::new(&launch.bwrap);
     cmd.args(bwrap_args(&launch.sandbox, &RealHost))
         .stdin(Stdio::null())
@@ -126,6 +155,7 @@ pub async fn run(
             rlimits: launch.backend.rlimits(&launch.limits),
             fd3: std::os::fd::AsRawFd::as_raw_fd(&req_w),
             fd4: std::os::fd::AsRawFd::as_raw_fd(&rep_r),
+            fd5: std::os::fd::AsRawFd::as_raw_fd(&info_w),
             parent_pid: std::process::id() as libc::pid_t,
         },
     );
@@ -140,13 +170,33 @@ pub async fn run(
     // Our copies of the child's ends must go, or fd 3 would never reach EOF.
     drop(req_w);
     drop(rep_r);
+    drop(info_w);
     let input = tokio::net::unix::pipe::Receiver::from_owned_fd(req_r)?;
     let output = tokio::net::unix::pipe::Sender::from_owned_fd(rep_w)?;
     let broker_task = tokio::spawn(broker.clone().serve(input, output));
     let head_max = launch.return_max_chars.saturating_mul(4).saturating_add(4);
-    let out_task = tokio::spawn(capture(child.stdout.take().expect("piped"), launch.stdout_file, launch.output_max_bytes, head_max, 0));
-    let err_task = tokio::spawn(capture(child.stderr.take().expect("piped"), launch.stderr_file, launch.output_max_bytes, 0, STDERR_TAIL_BYTES));
+    let out_task = tokio::spawn(capture(
+        child.stdout.take().expect("piped"),
+        launch.stdout_file,
+        launch.output_max_bytes,
+        head_max,
+        0,
+    ));
+    let err_task = tokio::spawn(capture(
+        child.stderr.take().expect("piped"),
+        launch.stderr_file,
+        launch.output_max_bytes,
+        0,
+        STDERR_TAIL_BYTES,
+    ));
 
+    // bwrap reports the sandbox's PID 1 once it exists; hold it by pidfd. If bwrap
+    // fails before that, the pipe closes and its stderr says why.
+    let sandbox_init = tokio::time::timeout(Duration::from_secs(10), read_child_pid(info_r))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|pid| PidFd::open(pid).ok());
     let timeout = Duration::from_secs(launch.limits.timeout_s);
     let stopped = async {
         loop {
@@ -166,36 +216,64 @@ pub async fn run(
     let exit = match exit {
         Some(e) => Some(e),
         None => {
-            // Killing the outer bwrap kills the sandbox's PID 1 (--die-with-parent),
-            // and with it every process in the namespace, setsid'd ones included.
+            // Killing the sandbox's PID 1 makes the kernel kill every process in its
+            // namespace, setsid'd ones included; then the outer bwrap.
+            if let Some(init) = &sandbox_init {
+                if let Err(e) = init.kill() {
+                    tracing::warn!(script_id = %broker.script_id, "cannot kill the sandbox init: {e}");
+                }
+            }
             let _ = child.start_kill();
             child.wait().await.ok()
         }
     };
     // The namespace is gone, so the pipes reach EOF promptly; bound the wait anyway.
     let grace = Duration::from_secs(5);
-    let out = tokio::time::timeout(grace, out_task).await.ok().and_then(Result::ok);
-    let err = tokio::time::timeout(grace, err_task).await.ok().and_then(Result::ok);
+    let out = tokio::time::timeout(grace, out_task)
+        .await
+        .ok()
+        .and_then(Result::ok);
+    let err = tokio::time::timeout(grace, err_task)
+        .await
+        .ok()
+        .and_then(Result::ok);
     if tokio::time::timeout(grace, broker_task).await.is_err() {
         tracing::warn!(script_id = %broker.script_id, "broker did not stop after the script ended");
     }
     let exit_code = exit.and_then(|e| e.code());
-    let stderr_tail = err.map(|c| String::from_utf8_lossy(&c.tail).trim_end().to_string()).unwrap_or_default();
+    let stderr_tail = err
+        .map(|c| String::from_utf8_lossy(&c.tail).trim_end().to_string())
+        .unwrap_or_default();
     let (output, output_truncated) = match &out {
         Some(c) => head_chars(&c.head, c.total, launch.return_max_chars),
         None => (String::new(), false),
     };
     let uncaught = broker.live.uncaught.lock().unwrap().clone();
     let (status, error) = match early {
-        Some(None) => (Status::Timeout, Some(format!("the script ran longer than timeout_s = {} and was killed", launch.limits.timeout_s))),
+        Some(None) => (
+            Status::Timeout,
+            Some(format!(
+                "the script ran longer than timeout_s = {} and was killed",
+                launch.limits.timeout_s
+            )),
+        ),
         Some(Some(Stop::Cancel(why))) => (Status::Cancelled, Some(why)),
-        Some(Some(Stop::Interrupt)) => (Status::Interrupted, Some("the daemon stopped while the script ran".into())),
+        Some(Some(Stop::Interrupt)) => (
+            Status::Interrupted,
+            Some("the daemon stopped while the script ran".into()),
+        ),
         None if exit_code == Some(0) => (Status::Ok, None),
         None => {
-            let status = if uncaught.as_deref() == Some("limit") { Status::Limit } else { Status::Error };
+            let status = if uncaught.as_deref() == Some("limit") {
+                Status::Limit
+            } else {
+                Status::Error
+            };
             let error = if stderr_tail.is_empty() {
                 match exit {
-                    Some(e) if e.code().is_some() => format!("exit code {}", e.code().unwrap_or(-1)),
+                    Some(e) if e.code().is_some() => {
+                        format!("exit code {}", e.code().unwrap_or(-1))
+                    }
                     Some(e) => format!("killed by {e}"),
                     None => "the sandbox ended without an exit status".into(),
                 }
@@ -205,7 +283,14 @@ pub async fn run(
             (status, Some(error))
         }
     };
-    Ok(Ended { status, exit_code, duration_ms: t0.elapsed().as_millis() as u64, output, output_truncated, error })
+    Ok(Ended {
+        status,
+        exit_code,
+        duration_ms: t0.elapsed().as_millis() as u64,
+        output,
+        output_truncated,
+        error,
+    })
 }
 
 #[cfg(test)]
@@ -214,8 +299,15 @@ mod tests {
 
     #[test]
     fn head_is_cut_at_a_char_boundary() {
-        assert_eq!(head_chars("héllo".as_bytes(), 6, 3), ("hél".to_string(), true));
+        assert_eq!(
+            head_chars("héllo".as_bytes(), 6, 3),
+            ("hél".to_string(), true)
+        );
         assert_eq!(head_chars(b"abc", 3, 3), ("abc".to_string(), false));
-        assert_eq!(head_chars(b"abc", 10, 5), ("abc".to_string(), true), "bytes beyond the kept head mean truncation");
+        assert_eq!(
+            head_chars(b"abc", 10, 5),
+            ("abc".to_string(), true),
+            "bytes beyond the kept head mean truncation"
+        );
     }
 }

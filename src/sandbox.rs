@@ -9,7 +9,9 @@ pub const RUNTIME_MOUNT: &str = "/run/scriptgate";
 
 /// Host directories mounted read-only when they exist (symlinks are recreated as
 /// symlinks, so merged-/usr systems get `/lib -> usr/lib`).
-const SYSTEM_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"];
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
 
 /// The few files of `/etc` a Python needs; the rest of `/etc` stays out.
 const ETC_FILES: &[&str] = &[
@@ -37,22 +39,30 @@ pub struct SandboxSpec {
     pub tmp_size_bytes: u64,
 }
 
+/// What a host path is, as far as the sandbox layout cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    Missing,
+    Plain,
+    Symlink(PathBuf),
+}
+
 /// What exists on the host, so that `bwrap_args` stays pure.
 pub trait HostView {
-    /// `Some(target)` when `path` is a symlink, `None` when it is a plain entry;
-    /// `Err(())` when it does not exist.
-    fn entry(&self, path: &Path) -> Result<Option<PathBuf>, ()>;
+    fn entry(&self, path: &Path) -> Entry;
 }
 
 pub struct RealHost;
 
 impl HostView for RealHost {
-    fn entry(&self, path: &Path) -> Result<Option<PathBuf>, ()> {
-        let meta = std::fs::symlink_metadata(path).map_err(|_| ())?;
-        if meta.file_type().is_symlink() {
-            Ok(Some(std::fs::read_link(path).map_err(|_| ())?))
-        } else {
-            Ok(None)
+    fn entry(&self, path: &Path) -> Entry {
+        match std::fs::symlink_metadata(path) {
+            Err(_) => Entry::Missing,
+            Ok(m) if m.file_type().is_symlink() => match std::fs::read_link(path) {
+                Ok(t) => Entry::Symlink(t),
+                Err(_) => Entry::Missing,
+            },
+            Ok(_) => Entry::Plain,
         }
     }
 }
@@ -68,20 +78,35 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
     // Namespaces: all of them (no network, not even loopback to the host), and an
     // explicit user namespace so that --disable-userns can forbid nested ones.
-    push(&mut a, &[&"--unshare-all", &"--unshare-user", &"--disable-userns"]);
+    push(
+        &mut a,
+        &[&"--unshare-all", &"--unshare-user", &"--disable-userns"],
+    );
     // The sandbox dies with its supervisor, has no controlling terminal (no TIOCSTI)
     // and no capabilities, and sees only the environment set below.
-    push(&mut a, &[&"--die-with-parent", &"--new-session", &"--cap-drop", &"ALL", &"--clearenv"]);
+    push(
+        &mut a,
+        &[
+            &"--die-with-parent",
+            &"--new-session",
+            &"--cap-drop",
+            &"ALL",
+            &"--clearenv",
+        ],
+    );
+    // fd 5: bwrap writes {"child-pid": N}, the sandbox's PID 1, so the supervisor
+    // can kill the whole namespace even before --die-with-parent is armed.
+    push(&mut a, &[&"--info-fd", &"5"]);
     for dir in SYSTEM_DIRS {
         match host.entry(Path::new(dir)) {
-            Ok(Some(target)) => push(&mut a, &[&"--symlink", &target, dir]),
-            Ok(None) => push(&mut a, &[&"--ro-bind", dir, dir]),
-            Err(()) => {}
+            Entry::Symlink(target) => push(&mut a, &[&"--symlink", &target, dir]),
+            Entry::Plain => push(&mut a, &[&"--ro-bind", dir, dir]),
+            Entry::Missing => {}
         }
     }
     for f in ETC_FILES {
         // A symlinked file (e.g. /etc/localtime) is bound as its target's content.
-        if host.entry(Path::new(f)).is_ok() {
+        if host.entry(Path::new(f)) != Entry::Missing {
             push(&mut a, &[&"--ro-bind", f, f]);
         }
     }
@@ -92,11 +117,30 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
         }
     }
     push(&mut a, &[&"--proc", &"/proc", &"--dev", &"/dev"]);
-    push(&mut a, &[&"--size", &spec.tmp_size_bytes.to_string(), &"--tmpfs", &"/tmp"]);
+    push(
+        &mut a,
+        &[
+            &"--size",
+            &spec.tmp_size_bytes.to_string(),
+            &"--tmpfs",
+            &"/tmp",
+        ],
+    );
     push(&mut a, &[&"--ro-bind", &spec.runtime_dir, &RUNTIME_MOUNT]);
     let ws = &spec.workspace;
     let agent = ws.join(".agent");
-    push(&mut a, &[if spec.read_only { &"--ro-bind" } else { &"--bind" }, ws, ws]);
+    push(
+        &mut a,
+        &[
+            if spec.read_only {
+                &"--ro-bind"
+            } else {
+                &"--bind"
+            },
+            ws,
+            ws,
+        ],
+    );
     push(&mut a, &[&"--ro-bind", &agent, &agent]);
     // The root tmpfs bwrap builds the tree on goes read-only: writable are only the
     // workspace (unless read-only) and the private /tmp.
@@ -127,8 +171,12 @@ mod tests {
 
     struct FakeHost(HashMap<&'static str, Option<&'static str>>);
     impl HostView for FakeHost {
-        fn entry(&self, path: &Path) -> Result<Option<PathBuf>, ()> {
-            self.0.get(path.to_str().unwrap()).map(|o| o.map(PathBuf::from)).ok_or(())
+        fn entry(&self, path: &Path) -> Entry {
+            match self.0.get(path.to_str().unwrap()) {
+                None => Entry::Missing,
+                Some(None) => Entry::Plain,
+                Some(Some(t)) => Entry::Symlink(t.into()),
+            }
         }
     }
 
@@ -150,7 +198,10 @@ mod tests {
             ("/bin", Some("usr/bin")),
             ("/etc/passwd", None),
         ]));
-        bwrap_args(&spec(read_only), &host).into_iter().map(|s| s.into_string().unwrap()).collect()
+        bwrap_args(&spec(read_only), &host)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect()
     }
 
     fn has(a: &[String], seq: &[&str]) -> bool {
@@ -160,7 +211,14 @@ mod tests {
     #[test]
     fn isolation_flags_are_present() {
         let a = argv(false);
-        for f in ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--clearenv"] {
+        for f in [
+            "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+        ] {
             assert!(a.contains(&f.to_string()), "{f} missing");
         }
         assert!(has(&a, &["--cap-drop", "ALL"]));
@@ -172,7 +230,17 @@ mod tests {
         assert!(has(&a, &["--size", "1048576", "--tmpfs", "/tmp"]));
         assert!(has(&a, &["--chdir", "/srv/ws/run-42"]));
         assert!(has(&a, &["--remount-ro", "/"]));
-        assert_eq!(&a[a.len() - 5..], ["--", "/usr/bin/python3", "-s", "-B", "/srv/ws/run-42/.agent/scripts/abc/script.py"]);
+        assert!(has(&a, &["--info-fd", "5"]));
+        assert_eq!(
+            &a[a.len() - 5..],
+            [
+                "--",
+                "/usr/bin/python3",
+                "-s",
+                "-B",
+                "/srv/ws/run-42/.agent/scripts/abc/script.py"
+            ]
+        );
     }
 
     #[test]
@@ -180,8 +248,20 @@ mod tests {
         let a = argv(false);
         let ws = a.iter().position(|s| s == "--bind").unwrap();
         assert_eq!(a[ws + 1], "/srv/ws/run-42");
-        let agent = a.windows(3).position(|w| w == ["--ro-bind", "/srv/ws/run-42/.agent", "/srv/ws/run-42/.agent"]).unwrap();
-        assert!(agent > ws, ".agent must be mounted after (over) the workspace");
+        let agent = a
+            .windows(3)
+            .position(|w| {
+                w == [
+                    "--ro-bind",
+                    "/srv/ws/run-42/.agent",
+                    "/srv/ws/run-42/.agent",
+                ]
+            })
+            .unwrap();
+        assert!(
+            agent > ws,
+            ".agent must be mounted after (over) the workspace"
+        );
     }
 
     #[test]
@@ -195,7 +275,10 @@ mod tests {
     fn python_outside_system_dirs_brings_its_prefix() {
         let mut s = spec(false);
         s.python = "/opt/py/bin/python3".into();
-        let a: Vec<String> = bwrap_args(&s, &FakeHost(HashMap::new())).into_iter().map(|s| s.into_string().unwrap()).collect();
+        let a: Vec<String> = bwrap_args(&s, &FakeHost(HashMap::new()))
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
         assert!(has(&a, &["--ro-bind", "/opt/py", "/opt/py"]));
     }
 }

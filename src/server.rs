@@ -2,7 +2,7 @@
 //! dispatch of protocol methods to `Daemon`. Each connection is also the
 //! `EngineLink` of the scripts it starts.
 
-use crate::daemon::{Daemon, Peer};
+use crate::daemon::{Access, Daemon, Peer};
 use crate::engine::{BoxFuture, EngineLink, LinkError};
 use crate::framing::{read_line, Line};
 use crate::protocol::{self, code, Incoming, RpcError, ScriptRef, StartParams, ToolResult};
@@ -32,7 +32,12 @@ impl Conn {
         let _ = self.tx.send(line);
     }
 
-    async fn request(&self, method: &str, params: Value, timeout: Option<Duration>) -> Result<Value, LinkError> {
+    async fn request(
+        &self,
+        method: &str,
+        params: Value,
+        timeout: Option<Duration>,
+    ) -> Result<Value, LinkError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
@@ -68,16 +73,21 @@ impl EngineLink for Conn {
     fn tool_call(&self, params: Value) -> BoxFuture<'_, Result<ToolResult, LinkError>> {
         Box::pin(async move {
             let v = self.request("tool.call", params, None).await?;
-            serde_json::from_value(v).map_err(|e| LinkError::Malformed(format!("tool.call result: {e}")))
+            serde_json::from_value(v)
+                .map_err(|e| LinkError::Malformed(format!("tool.call result: {e}")))
         })
     }
     fn approval(&self, params: Value, timeout: Duration) -> BoxFuture<'_, Result<bool, LinkError>> {
         Box::pin(async move {
-            let v = self.request("approval.request", params, Some(timeout)).await?;
+            let v = self
+                .request("approval.request", params, Some(timeout))
+                .await?;
             match v.get("decision").and_then(Value::as_str) {
                 Some("allow_once") => Ok(true),
                 Some("deny") => Ok(false),
-                _ => Err(LinkError::Malformed("approval.request answer needs decision allow_once|deny".into())),
+                _ => Err(LinkError::Malformed(
+                    "approval.request answer needs decision allow_once|deny".into(),
+                )),
             }
         })
     }
@@ -88,7 +98,11 @@ impl EngineLink for Conn {
 
 /// Serve until the listener fails or, when `idle_exit` is set, until there has been
 /// no connection and no running script for that long.
-pub async fn serve(daemon: Arc<Daemon>, listener: UnixListener, idle_exit: Option<Duration>) -> std::io::Result<()> {
+pub async fn serve(
+    daemon: Arc<Daemon>,
+    listener: UnixListener,
+    idle_exit: Option<Duration>,
+) -> std::io::Result<()> {
     let conns = Arc::new(AtomicUsize::new(0));
     let activity = Arc::new(tokio::sync::Notify::new());
     loop {
@@ -144,16 +158,30 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
     let (read, mut write) = stream.into_split();
     let auth = &daemon.cfg.auth;
     if !crate::sys::peer_in_groups(uid, gid, &auth.allowed_groups) {
-        tracing::warn!(peer_uid = uid, peer_pid = cred.pid(), "connection refused: uid {uid} is not root nor in auth.allowed_groups");
+        tracing::warn!(
+            peer_uid = uid,
+            peer_pid = cred.pid(),
+            "connection refused: uid {uid} is not root nor in auth.allowed_groups"
+        );
         let e = RpcError::with_data(
             code::PEER_NOT_ALLOWED,
-            format!("uid {uid} may not use scriptgated: not root and not in auth.allowed_groups {:?}", auth.allowed_groups),
+            format!(
+                "uid {uid} may not use scriptgated: not root and not in auth.allowed_groups {:?}",
+                auth.allowed_groups
+            ),
             json!({"reason": "peer_not_allowed"}),
         );
-        let _ = write.write_all(protocol::response_line(&Value::Null, &Err(e)).as_bytes()).await;
+        let _ = write
+            .write_all(protocol::response_line(&Value::Null, &Err(e)).as_bytes())
+            .await;
         return;
     }
-    let peer = Peer { uid, gid, pid: cred.pid(), admin: crate::sys::peer_in_groups(uid, gid, &auth.admin_groups) };
+    let peer = Peer {
+        uid,
+        gid,
+        pid: cred.pid(),
+        admin: crate::sys::peer_in_groups(uid, gid, &auth.admin_groups),
+    };
     let (tx, mut rx) = mpsc::unbounded_channel::<String>();
     let conn = Arc::new(Conn {
         id: NEXT_CONN.fetch_add(1, Ordering::Relaxed),
@@ -176,7 +204,12 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
         match read_line(&mut reader, &mut buf, max).await {
             Ok(Line::Eof) | Err(_) => break,
             Ok(Line::TooLong) => {
-                let e = RpcError::new(code::INVALID_REQUEST, format!("message longer than max_message_bytes = {max}; closing the connection"));
+                let e = RpcError::new(
+                    code::INVALID_REQUEST,
+                    format!(
+                        "message longer than max_message_bytes = {max}; closing the connection"
+                    ),
+                );
                 conn.send(protocol::response_line(&Value::Null, &Err(e)));
                 break;
             }
@@ -184,7 +217,9 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
             Ok(Line::Data) => match protocol::parse_line(&buf) {
                 Err((id, e)) => conn.send(protocol::response_line(&id, &Err(e))),
                 Ok(Incoming::Response { id, result }) => {
-                    let slot = id.as_u64().and_then(|i| conn.pending.lock().unwrap().remove(&i));
+                    let slot = id
+                        .as_u64()
+                        .and_then(|i| conn.pending.lock().unwrap().remove(&i));
                     if let Some(s) = slot {
                         let _ = s.send(result);
                     }
@@ -220,23 +255,32 @@ fn require_admin(peer: &Peer) -> Result<(), RpcError> {
     if peer.admin {
         Ok(())
     } else {
-        Err(RpcError::with_data(code::NOT_ADMIN, "this method is for root and members of auth.admin_groups", json!({"reason": "not_admin"})))
+        Err(RpcError::with_data(
+            code::NOT_ADMIN,
+            "this method is for root and members of auth.admin_groups",
+            json!({"reason": "not_admin"}),
+        ))
     }
 }
 
-async fn dispatch(d: &Arc<Daemon>, peer: Peer, conn: &Arc<Conn>, method: &str, p: Value) -> Result<Value, RpcError> {
+async fn dispatch(
+    d: &Arc<Daemon>,
+    peer: Peer,
+    conn: &Arc<Conn>,
+    method: &str,
+    p: Value,
+) -> Result<Value, RpcError> {
     match method {
         "script.start" => {
             let sp: StartParams = params(p)?;
             let link: Arc<dyn EngineLink> = conn.clone();
             d.start(peer, link, sp).await
         }
-        "script.wait" => d.wait(peer, conn.id, params(p)?).await,
-        "script.status" => d.status(peer, conn.id, params(p)?),
+        "script.wait" => d.wait(Access::Conn(conn.id), params(p)?).await,
+        "script.status" => d.status(Access::Conn(conn.id), params(p)?),
         "script.cancel" => {
-            let r: ScriptRef = params(p)?;
-            let why = if peer.admin && !d.owns(conn.id, &r.script_id) { "cancelled by an administrator" } else { "cancelled by the engine" };
-            d.cancel(peer, conn.id, r, why).await
+            d.cancel(Access::Conn(conn.id), params(p)?, "cancelled by the engine")
+                .await
         }
         "run.revoke" => {
             #[derive(serde::Deserialize)]
@@ -251,6 +295,19 @@ async fn dispatch(d: &Arc<Daemon>, peer: Peer, conn: &Arc<Conn>, method: &str, p
             require_admin(&peer)?;
             Ok(json!({"scripts": d.list_running()}))
         }
-        _ => Err(RpcError::new(code::METHOD_NOT_FOUND, format!("unknown method {method:?}"))),
+        "admin.cancel" => {
+            require_admin(&peer)?;
+            let r: ScriptRef = params(p)?;
+            d.cancel(
+                Access::Admin,
+                r,
+                &format!("cancelled by an administrator (uid {})", peer.uid),
+            )
+            .await
+        }
+        _ => Err(RpcError::new(
+            code::METHOD_NOT_FOUND,
+            format!("unknown method {method:?}"),
+        )),
     }
 }

@@ -12,7 +12,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Parser, Debug)]
-#[command(name = "scriptgated", version, about = "Run model-written scripts in a sandbox and broker their tool calls (engine protocol v1)")]
+#[command(
+    name = "scriptgated",
+    version,
+    about = "Run model-written scripts in a sandbox and broker their tool calls (engine protocol v1)"
+)]
 pub struct Args {
     /// Bind this Unix socket instead of taking one from systemd (LISTEN_FDS).
     #[arg(long, value_name = "PATH")]
@@ -24,10 +28,15 @@ pub struct Args {
 
 pub fn init_logging() {
     use tracing_subscriber::prelude::*;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SCRIPTGATE_LOG").unwrap_or_else(|_| "info".into());
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SCRIPTGATE_LOG")
+        .unwrap_or_else(|_| "info".into());
     let journald = Path::new("/run/systemd/journal/socket")
         .exists()
-        .then(|| tracing_journald::layer().ok().map(|l| l.with_field_prefix(None)))
+        .then(|| {
+            tracing_journald::layer()
+                .ok()
+                .map(|l| l.with_field_prefix(None))
+        })
         .flatten();
     let registry = tracing_subscriber::registry().with(filter);
     match journald {
@@ -35,7 +44,14 @@ pub fn init_logging() {
         None => {
             use std::io::IsTerminal;
             let ansi = std::io::stderr().is_terminal();
-            registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).with_ansi(ansi)).init()
+            registry
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .with_writer(std::io::stderr)
+                        .with_target(false)
+                        .with_ansi(ansi),
+                )
+                .init()
         }
     }
 }
@@ -43,7 +59,9 @@ pub fn init_logging() {
 pub fn main() -> ExitCode {
     let args = Args::parse();
     // 1. Before any thread exists: take (and unset) LISTEN_FDS / WATCHDOG_USEC.
-    let activated: Vec<i32> = sd_notify::listen_fds().map(|fds| fds.collect()).unwrap_or_default();
+    let activated: Vec<i32> = sd_notify::listen_fds()
+        .map(|fds| fds.collect())
+        .unwrap_or_default();
     let mut watchdog_usec = 0u64;
     let watchdog = sd_notify::watchdog_enabled(true, &mut watchdog_usec);
     // 2. Config and key: any error stops us here, before a socket is created.
@@ -60,14 +78,25 @@ pub fn main() -> ExitCode {
         Err(e) => return fail(&e),
     };
     if activated.is_empty() && args.listen.is_none() {
-        return fail(&"no socket: not started by scriptgate.socket (LISTEN_FDS) and no --listen PATH given");
+        return fail(
+            &"no socket: not started by scriptgate.socket (LISTEN_FDS) and no --listen PATH given",
+        );
     }
     init_logging();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => return fail(&e),
     };
-    let code = rt.block_on(run(cfg, key, activated, args.listen, watchdog.then_some(watchdog_usec)));
+    let code = rt.block_on(run(
+        cfg,
+        key,
+        activated,
+        args.listen,
+        watchdog.then_some(watchdog_usec),
+    ));
     // Scripts were interrupted and recorded; do not wait for stray blocking tasks.
     rt.shutdown_timeout(Duration::from_secs(1));
     code
@@ -78,8 +107,15 @@ fn fail(e: &dyn std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
-async fn run(cfg: Config, key: Vec<u8>, activated: Vec<i32>, listen: Option<PathBuf>, watchdog_usec: Option<u64>) -> ExitCode {
-    let idle_exit = (!activated.is_empty() && cfg.server.idle_exit_s > 0).then(|| Duration::from_secs(cfg.server.idle_exit_s));
+async fn run(
+    cfg: Config,
+    key: Vec<u8>,
+    activated: Vec<i32>,
+    listen: Option<PathBuf>,
+    watchdog_usec: Option<u64>,
+) -> ExitCode {
+    let idle_exit = (!activated.is_empty() && cfg.server.idle_exit_s > 0)
+        .then(|| Duration::from_secs(cfg.server.idle_exit_s));
     let (daemon, interrupted) = match Daemon::new(cfg, key) {
         Ok(d) => d,
         Err(e) => return fail(&e),
@@ -92,9 +128,13 @@ async fn run(cfg: Config, key: Vec<u8>, activated: Vec<i32>, listen: Option<Path
             // SAFETY: systemd passed this listening socket to us (LISTEN_FDS) and
             // nothing else in the process owns it.
             let std = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
-            std.set_nonblocking(true).and_then(|()| tokio::net::UnixListener::from_std(std))
+            std.set_nonblocking(true)
+                .and_then(|()| tokio::net::UnixListener::from_std(std))
         }
-        None => bind(listen.as_deref().expect("checked above"), &daemon.cfg.auth.allowed_groups),
+        None => bind(
+            listen.as_deref().expect("checked above"),
+            &daemon.cfg.auth.allowed_groups,
+        ),
     };
     let listener = match listener {
         Ok(l) => l,
@@ -108,9 +148,19 @@ async fn run(cfg: Config, key: Vec<u8>, activated: Vec<i32>, listen: Option<Path
         backend = daemon.backend.kind.as_str(),
         "scriptgated ready (backend {}; {})",
         daemon.backend.kind.as_str(),
-        if daemon.backend.notes.is_empty() { "as configured".to_string() } else { daemon.backend.notes.join("; ") }
+        if daemon.backend.notes.is_empty() {
+            "as configured".to_string()
+        } else {
+            daemon.backend.notes.join("; ")
+        }
     );
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status("0 scripts running")]);
+    let _ = sd_notify::notify(
+        false,
+        &[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status("0 scripts running"),
+        ],
+    );
     let d2 = daemon.clone();
     let status = tokio::spawn(async move {
         loop {
@@ -128,8 +178,10 @@ async fn run(cfg: Config, key: Vec<u8>, activated: Vec<i32>, listen: Option<Path
             }
         })
     });
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).expect("SIGINT handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .expect("SIGINT handler");
     let code = tokio::select! {
         r = crate::server::serve(daemon.clone(), listener, idle_exit) => match r {
             Ok(()) => ExitCode::SUCCESS,
@@ -156,16 +208,25 @@ fn bind(path: &Path, groups: &[String]) -> std::io::Result<tokio::net::UnixListe
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
-            return Err(std::io::Error::other(format!("{} exists and is not a socket", path.display())));
+            return Err(std::io::Error::other(format!(
+                "{} exists and is not a socket",
+                path.display()
+            )));
         }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(std::io::Error::other(format!("{}: another daemon is listening there", path.display())));
+            return Err(std::io::Error::other(format!(
+                "{}: another daemon is listening there",
+                path.display()
+            )));
         }
         std::fs::remove_file(path)?;
     }
     let l = tokio::net::UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-    if let Some(g) = groups.iter().find_map(|g| nix::unistd::Group::from_name(g).ok().flatten()) {
+    if let Some(g) = groups
+        .iter()
+        .find_map(|g| nix::unistd::Group::from_name(g).ok().flatten())
+    {
         let _ = nix::unistd::chown(path, None, Some(g.gid));
     }
     Ok(l)

@@ -21,28 +21,43 @@ pub struct Identity {
 #[derive(Debug, thiserror::Error)]
 pub enum SysError {
     #[error("{op} {path}: {source}")]
-    Path { op: &'static str, path: PathBuf, source: io::Error },
+    Path {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
     #[error("{0}")]
     Refused(String),
 }
 
 fn path_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> SysError + 'a {
-    move |e| SysError::Path { op, path: path.to_path_buf(), source: io::Error::from(e) }
+    move |e| SysError::Path {
+        op,
+        path: path.to_path_buf(),
+        source: io::Error::from(e),
+    }
 }
 
 /// Who the script runs as: the peer, or `run_as` when the peer is root. Never root.
 pub fn resolve_run_as(peer_uid: u32, peer_gid: u32, run_as: &str) -> Result<Identity, SysError> {
     let id = if peer_uid == 0 {
-        let user = User::from_name(run_as)
-            .ok()
-            .flatten()
-            .ok_or_else(|| SysError::Refused(format!("sandbox.run_as user {run_as:?} does not exist")))?;
-        Identity { uid: user.uid.as_raw(), gid: user.gid.as_raw() }
+        let user = User::from_name(run_as).ok().flatten().ok_or_else(|| {
+            SysError::Refused(format!("sandbox.run_as user {run_as:?} does not exist"))
+        })?;
+        Identity {
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+        }
     } else {
-        Identity { uid: peer_uid, gid: peer_gid }
+        Identity {
+            uid: peer_uid,
+            gid: peer_gid,
+        }
     };
     if id.uid == 0 || id.gid == 0 {
-        return Err(SysError::Refused("scripts never run as root (check sandbox.run_as)".into()));
+        return Err(SysError::Refused(
+            "scripts never run as root (check sandbox.run_as)".into(),
+        ));
     }
     let me = Uid::effective().as_raw();
     if me != 0 && me != id.uid {
@@ -70,7 +85,9 @@ pub fn peer_in_groups(uid: u32, gid: u32, groups: &[String]) -> bool {
     let Some(user) = User::from_uid(Uid::from_raw(uid)).ok().flatten() else {
         return false;
     };
-    let Ok(name) = CString::new(user.name) else { return false };
+    let Ok(name) = CString::new(user.name) else {
+        return false;
+    };
     nix::unistd::getgrouplist(&name, Gid::from_raw(gid))
         .map(|gs| gs.iter().any(|g| wanted.contains(&g.as_raw())))
         .unwrap_or(false)
@@ -86,14 +103,29 @@ pub struct ArtifactDir {
 }
 
 fn open_dir_at(parent: RawFd, name: &str, path: &Path) -> Result<OwnedFd, SysError> {
-    let fd = openat(Some(parent), name, OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY, Mode::empty())
-        .map_err(path_err("open (no symlinks)", path))?;
+    let fd = openat(
+        Some(parent),
+        name,
+        OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
+        Mode::empty(),
+    )
+    .map_err(path_err("open (no symlinks)", path))?;
     // SAFETY: openat returned a fresh descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn mkdir_owned(parent: &OwnedFd, name: &str, path: &Path, owner: Identity, must_be_new: bool) -> Result<OwnedFd, SysError> {
-    match mkdirat(Some(parent.as_raw_fd()), name, Mode::from_bits_truncate(0o755)) {
+fn mkdir_owned(
+    parent: &OwnedFd,
+    name: &str,
+    path: &Path,
+    owner: Identity,
+    must_be_new: bool,
+) -> Result<OwnedFd, SysError> {
+    match mkdirat(
+        Some(parent.as_raw_fd()),
+        name,
+        Mode::from_bits_truncate(0o755),
+    ) {
         Ok(()) => {}
         Err(nix::Error::EEXIST) if !must_be_new => {}
         Err(e) => return Err(path_err("mkdir", path)(e)),
@@ -108,13 +140,26 @@ fn mkdir_owned(parent: &OwnedFd, name: &str, path: &Path, owner: Identity, must_
             owner.uid
         )));
     }
-    fchown(fd.as_raw_fd(), Some(Uid::from_raw(owner.uid)), Some(Gid::from_raw(owner.gid))).map_err(path_err("chown", path))?;
+    fchown(
+        fd.as_raw_fd(),
+        Some(Uid::from_raw(owner.uid)),
+        Some(Gid::from_raw(owner.gid)),
+    )
+    .map_err(path_err("chown", path))?;
     Ok(fd)
 }
 
 impl ArtifactDir {
-    pub fn create(workspace: &Path, script_id: &str, owner: Identity) -> Result<ArtifactDir, SysError> {
-        let ws = File::open(workspace).map_err(|e| SysError::Path { op: "open", path: workspace.into(), source: e })?;
+    pub fn create(
+        workspace: &Path,
+        script_id: &str,
+        owner: Identity,
+    ) -> Result<ArtifactDir, SysError> {
+        let ws = File::open(workspace).map_err(|e| SysError::Path {
+            op: "open",
+            path: workspace.into(),
+            source: e,
+        })?;
         let ws: OwnedFd = ws.into();
         let agent_path = workspace.join(".agent");
         let agent = mkdir_owned(&ws, ".agent", &agent_path, owner, false)?;
@@ -137,7 +182,12 @@ impl ArtifactDir {
         .map_err(path_err("create", &p))?;
         // SAFETY: openat returned a fresh descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        fchown(fd.as_raw_fd(), Some(Uid::from_raw(self.owner.uid)), Some(Gid::from_raw(self.owner.gid))).map_err(path_err("chown", &p))?;
+        fchown(
+            fd.as_raw_fd(),
+            Some(Uid::from_raw(self.owner.uid)),
+            Some(Gid::from_raw(self.owner.gid)),
+        )
+        .map_err(path_err("chown", &p))?;
         Ok(File::from(fd))
     }
 }
@@ -152,6 +202,8 @@ pub struct ChildSetup {
     /// Descriptors to place at fd 3 and fd 4 (must be > 4).
     pub fd3: RawFd,
     pub fd4: RawFd,
+    /// Descriptor to place at fd 5: bwrap's `--info-fd` (the sandbox init's pid).
+    pub fd5: RawFd,
     /// The daemon's pid, to notice a parent that died before PDEATHSIG was armed.
     pub parent_pid: libc::pid_t,
 }
@@ -159,18 +211,31 @@ pub struct ChildSetup {
 /// Install the child setup as a `pre_exec` hook. Everything in the hook is a raw,
 /// async-signal-safe syscall: no allocation, no locks.
 pub fn install_pre_exec(cmd: &mut tokio::process::Command, s: ChildSetup) {
-    assert!(s.fd3 > 4 && s.fd4 > 4, "channel fds must not collide with 0..=4");
+    assert!(
+        s.fd3 > 4 && s.fd4 > 4,
+        "channel fds must not collide with 0..=4"
+    );
     let hook = move || -> io::Result<()> {
-        let check = |rc: libc::c_int| if rc == -1 { Err(io::Error::last_os_error()) } else { Ok(()) };
+        let check = |rc: libc::c_int| {
+            if rc == -1 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        };
         // SAFETY: plain syscalls on integers and stack data between fork and exec;
         // none allocates or takes a lock, so they are async-signal-safe.
         unsafe {
             // 1. The tool channel: dup2 clears close-on-exec on 3 and 4 only.
             check(libc::dup2(s.fd3, 3))?;
             check(libc::dup2(s.fd4, 4))?;
+            check(libc::dup2(s.fd5, 5))?;
             // 2. Limits, while we may still lower them as root.
             for &(res, lim) in &s.rlimits {
-                let r = libc::rlimit { rlim_cur: lim, rlim_max: lim };
+                let r = libc::rlimit {
+                    rlim_cur: lim,
+                    rlim_max: lim,
+                };
                 check(libc::setrlimit(res, &r))?;
             }
             // 3. Identity: groups first (needs CAP_SETGID), then gid, then uid; after
@@ -182,7 +247,13 @@ pub fn install_pre_exec(cmd: &mut tokio::process::Command, s: ChildSetup) {
             }
             // 4. PDEATHSIG is cleared by a uid change, so arm it after; then make sure
             //    the daemon did not die before it was armed.
-            check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0))?;
+            check(libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ))?;
             if libc::getppid() != s.parent_pid {
                 libc::_exit(1);
             }
@@ -197,15 +268,15 @@ pub fn install_pre_exec(cmd: &mut tokio::process::Command, s: ChildSetup) {
     }
 }
 
-/// A pipe whose ends are close-on-exec and numbered above 4 (so `dup2` onto 3/4
-/// cannot clobber its twin).
+/// A pipe whose ends are close-on-exec and numbered above 5 (so `dup2` onto 3..=5
+/// cannot clobber a twin).
 pub fn channel_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
     Ok((raise_fd(r)?, raise_fd(w)?))
 }
 
 fn raise_fd(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() > 4 {
+    if fd.as_raw_fd() > 5 {
         return Ok(fd);
     }
     // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd we then own.
@@ -215,6 +286,44 @@ fn raise_fd(fd: OwnedFd) -> io::Result<OwnedFd> {
     }
     // SAFETY: n is a fresh descriptor from fcntl.
     Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+/// A process handle that cannot be confused with a later process of the same pid.
+pub struct PidFd(OwnedFd);
+
+impl PidFd {
+    pub fn open(pid: i32) -> io::Result<PidFd> {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh descriptor returned by pidfd_open.
+        Ok(PidFd(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+    }
+
+    /// SIGKILL the process; if it is the init of a PID namespace, the kernel then
+    /// kills every process in that namespace.
+    pub fn kill(&self) -> io::Result<()> {
+        // SAFETY: pidfd_send_signal on a pidfd we own, with no siginfo.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.0.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            // ESRCH: it is gone already, which is what we wanted.
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Keep only the capabilities the daemon needs, when it runs as root: switching to
@@ -256,7 +365,10 @@ pub struct Spawner {
     tx: std::sync::mpsc::Sender<SpawnJob>,
 }
 
-type SpawnJob = (tokio::process::Command, tokio::sync::oneshot::Sender<io::Result<tokio::process::Child>>);
+type SpawnJob = (
+    tokio::process::Command,
+    tokio::sync::oneshot::Sender<io::Result<tokio::process::Child>>,
+);
 
 impl Spawner {
     pub fn start(rt: tokio::runtime::Handle) -> Spawner {
@@ -275,7 +387,10 @@ impl Spawner {
 
     pub async fn spawn(&self, cmd: tokio::process::Command) -> io::Result<tokio::process::Child> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.tx.send((cmd, tx)).map_err(|_| io::Error::other("spawner thread is gone"))?;
-        rx.await.map_err(|_| io::Error::other("spawner thread is gone"))?
+        self.tx
+            .send((cmd, tx))
+            .map_err(|_| io::Error::other("spawner thread is gone"))?;
+        rx.await
+            .map_err(|_| io::Error::other("spawner thread is gone"))?
     }
 }

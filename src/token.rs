@@ -117,7 +117,11 @@ fn token_error(reason: &str, message: impl Into<String>) -> RpcError {
 }
 
 fn snapshot_error(reason: &str, field: &str, message: impl Into<String>) -> RpcError {
-    RpcError::with_data(code::SNAPSHOT, message, json!({"reason": reason, "field": field}))
+    RpcError::with_data(
+        code::SNAPSHOT,
+        message,
+        json!({"reason": reason, "field": field}),
+    )
 }
 
 /// Check signature, algorithm and claims. `check_exp = false` is for `run.revoke`,
@@ -125,34 +129,80 @@ fn snapshot_error(reason: &str, field: &str, message: impl Into<String>) -> RpcE
 pub fn verify(token: &str, key: &[u8], check_exp: bool) -> Result<RunClaims, RpcError> {
     let claims = verify_signature(token, key)?;
     let Value::Object(mut c) = claims else {
-        return Err(token_error("malformed", "token claims are not a JSON object"));
+        return Err(token_error(
+            "malformed",
+            "token claims are not a JSON object",
+        ));
     };
     let run_id = match c.remove("run_id") {
         Some(Value::String(s)) if !s.is_empty() => s,
-        Some(_) => return Err(claim_error("malformed", "run_id", "claim `run_id` must be a non-empty string")),
-        None => return Err(claim_error("missing_claim", "run_id", "token has no `run_id` claim")),
+        Some(_) => {
+            return Err(claim_error(
+                "malformed",
+                "run_id",
+                "claim `run_id` must be a non-empty string",
+            ))
+        }
+        None => {
+            return Err(claim_error(
+                "missing_claim",
+                "run_id",
+                "token has no `run_id` claim",
+            ))
+        }
     };
     let exp = numeric_date(&mut c, "exp")?;
     let iat = numeric_date(&mut c, "iat")?;
     let runner = match c.remove("runner") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s),
-        Some(_) => return Err(claim_error("malformed", "runner", "claim `runner` must be a string")),
+        Some(_) => {
+            return Err(claim_error(
+                "malformed",
+                "runner",
+                "claim `runner` must be a string",
+            ))
+        }
     };
     let snapshot = match c.remove("snapshot") {
         Some(v @ Value::Object(_)) => v,
-        Some(_) => return Err(claim_error("malformed", "snapshot", "claim `snapshot` must be an object")),
-        None => return Err(claim_error("missing_claim", "snapshot", "token has no `snapshot` claim")),
+        Some(_) => {
+            return Err(claim_error(
+                "malformed",
+                "snapshot",
+                "claim `snapshot` must be an object",
+            ))
+        }
+        None => {
+            return Err(claim_error(
+                "missing_claim",
+                "snapshot",
+                "token has no `snapshot` claim",
+            ))
+        }
     };
     if check_exp && exp <= now_unix() {
-        return Err(token_error("expired", format!("run token of run {run_id} expired")));
+        return Err(token_error(
+            "expired",
+            format!("run token of run {run_id} expired"),
+        ));
     }
     let snapshot = parse_snapshot(snapshot)?;
-    Ok(RunClaims { run_id, exp, iat, runner, snapshot })
+    Ok(RunClaims {
+        run_id,
+        exp,
+        iat,
+        runner,
+        snapshot,
+    })
 }
 
 fn claim_error(reason: &str, claim: &str, message: &str) -> RpcError {
-    RpcError::with_data(code::TOKEN, message, json!({"reason": reason, "field": claim}))
+    RpcError::with_data(
+        code::TOKEN,
+        message,
+        json!({"reason": reason, "field": claim}),
+    )
 }
 
 fn numeric_date(c: &mut Map<String, Value>, name: &str) -> Result<i64, RpcError> {
@@ -161,15 +211,28 @@ fn numeric_date(c: &mut Map<String, Value>, name: &str) -> Result<i64, RpcError>
             .as_i64()
             .or_else(|| n.as_f64().map(|f| f as i64))
             .ok_or_else(|| claim_error("malformed", name, "NumericDate out of range")),
-        Some(_) => Err(claim_error("malformed", name, &format!("claim `{name}` must be a NumericDate"))),
-        None => Err(claim_error("missing_claim", name, &format!("token has no `{name}` claim"))),
+        Some(_) => Err(claim_error(
+            "malformed",
+            name,
+            &format!("claim `{name}` must be a NumericDate"),
+        )),
+        None => Err(claim_error(
+            "missing_claim",
+            name,
+            &format!("token has no `{name}` claim"),
+        )),
     }
 }
 
 fn verify_signature(token: &str, key: &[u8]) -> Result<Value, RpcError> {
     let mut parts = token.split('.');
-    let (Some(h), Some(_), Some(_), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
-        return Err(token_error("malformed", "a run token is a JWS compact serialization: three base64url parts"));
+    let (Some(h), Some(_), Some(_), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(token_error(
+            "malformed",
+            "a run token is a JWS compact serialization: three base64url parts",
+        ));
     };
     let header: Value = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(h.trim_end_matches('='))
@@ -179,9 +242,17 @@ fn verify_signature(token: &str, key: &[u8]) -> Result<Value, RpcError> {
     match header.get("alg").and_then(Value::as_str) {
         Some("HS256") => {}
         Some(other) => {
-            return Err(token_error("algorithm", format!("token algorithm {other:?} refused; only HS256 is accepted")))
+            return Err(token_error(
+                "algorithm",
+                format!("token algorithm {other:?} refused; only HS256 is accepted"),
+            ))
         }
-        None => return Err(token_error("algorithm", "token header has no `alg`; only HS256 is accepted")),
+        None => {
+            return Err(token_error(
+                "algorithm",
+                "token header has no `alg`; only HS256 is accepted",
+            ))
+        }
     }
     let mut v = Validation::new(Algorithm::HS256);
     v.required_spec_claims.clear();
@@ -192,12 +263,14 @@ fn verify_signature(token: &str, key: &[u8]) -> Result<Value, RpcError> {
     match jsonwebtoken::decode::<Value>(token, &DecodingKey::from_secret(key), &v) {
         Ok(data) => Ok(data.claims),
         Err(e) => Err(match e.kind() {
-            jsonwebtoken::errors::ErrorKind::InvalidSignature => {
-                token_error("signature", "token signature does not match the daemon's key")
-            }
-            jsonwebtoken::errors::ErrorKind::InvalidAlgorithm => {
-                token_error("algorithm", "token algorithm refused; only HS256 is accepted")
-            }
+            jsonwebtoken::errors::ErrorKind::InvalidSignature => token_error(
+                "signature",
+                "token signature does not match the daemon's key",
+            ),
+            jsonwebtoken::errors::ErrorKind::InvalidAlgorithm => token_error(
+                "algorithm",
+                "token algorithm refused; only HS256 is accepted",
+            ),
             _ => token_error("malformed", format!("token cannot be decoded: {e}")),
         }),
     }
@@ -216,23 +289,42 @@ pub fn parse_snapshot(v: Value) -> Result<Snapshot, RpcError> {
             "invalid_value"
         };
         let field = match (reason, inner.split('`').nth(1)) {
-            ("missing_field", Some(name)) | ("unknown_field", Some(name)) if field == "." => name.to_string(),
-            ("missing_field", Some(name)) | ("unknown_field", Some(name)) => format!("{field}.{name}"),
+            ("missing_field", Some(name)) | ("unknown_field", Some(name)) if field == "." => {
+                name.to_string()
+            }
+            ("missing_field", Some(name)) | ("unknown_field", Some(name)) => {
+                format!("{field}.{name}")
+            }
             _ => field,
         };
         snapshot_error(reason, &field, format!("snapshot: {field}: {inner}"))
     })?;
     let mut seen = std::collections::HashSet::new();
     for (i, t) in snap.tools.iter().enumerate() {
-        if t.name.is_empty() || t.name.len() > 128 || t.name.chars().any(|c| c.is_control() || c.is_whitespace()) {
-            return Err(snapshot_error("invalid_value", &format!("tools[{i}].name"), "tool names must be 1..128 visible characters"));
+        if t.name.is_empty()
+            || t.name.len() > 128
+            || t.name.chars().any(|c| c.is_control() || c.is_whitespace())
+        {
+            return Err(snapshot_error(
+                "invalid_value",
+                &format!("tools[{i}].name"),
+                "tool names must be 1..128 visible characters",
+            ));
         }
         if !seen.insert(t.name.as_str()) {
-            return Err(snapshot_error("duplicate_tool", &format!("tools[{i}].name"), format!("tool {} is listed twice", t.name)));
+            return Err(snapshot_error(
+                "duplicate_tool",
+                &format!("tools[{i}].name"),
+                format!("tool {} is listed twice", t.name),
+            ));
         }
     }
     if !snap.workspace.is_absolute() {
-        return Err(snapshot_error("not_absolute", "workspace", "workspace must be an absolute path"));
+        return Err(snapshot_error(
+            "not_absolute",
+            "workspace",
+            "workspace must be an absolute path",
+        ));
     }
     Ok(snap)
 }
@@ -241,10 +333,18 @@ pub fn parse_snapshot(v: Value) -> Result<Snapshot, RpcError> {
 /// (both sides with symlinks resolved). Returns the canonical path.
 pub fn check_workspace(workspace: &Path, roots: &[PathBuf]) -> Result<PathBuf, RpcError> {
     let real = std::fs::canonicalize(workspace).map_err(|e| {
-        snapshot_error("workspace_missing", "workspace", format!("workspace {}: {e}", workspace.display()))
+        snapshot_error(
+            "workspace_missing",
+            "workspace",
+            format!("workspace {}: {e}", workspace.display()),
+        )
     })?;
     if !real.is_dir() {
-        return Err(snapshot_error("not_directory", "workspace", format!("workspace {} is not a directory", real.display())));
+        return Err(snapshot_error(
+            "not_directory",
+            "workspace",
+            format!("workspace {} is not a directory", real.display()),
+        ));
     }
     let inside = roots
         .iter()
@@ -254,22 +354,36 @@ pub fn check_workspace(workspace: &Path, roots: &[PathBuf]) -> Result<PathBuf, R
         return Err(snapshot_error(
             "outside_roots",
             "workspace",
-            format!("workspace {} is not under any of workspace.roots", real.display()),
+            format!(
+                "workspace {} is not under any of workspace.roots",
+                real.display()
+            ),
         ));
     }
     Ok(real)
 }
 
 /// Mint a token (the reference for engine authors; `scriptgate token mint`).
-pub fn mint(key: &[u8], run_id: &str, runner: Option<&str>, snapshot: &Value, ttl_s: i64) -> Result<String, RpcError> {
+pub fn mint(
+    key: &[u8],
+    run_id: &str,
+    runner: Option<&str>,
+    snapshot: &Value,
+    ttl_s: i64,
+) -> Result<String, RpcError> {
     parse_snapshot(snapshot.clone())?;
     let now = now_unix();
-    let mut claims = json!({"run_id": run_id, "iat": now, "exp": now + ttl_s, "snapshot": snapshot});
+    let mut claims =
+        json!({"run_id": run_id, "iat": now, "exp": now + ttl_s, "snapshot": snapshot});
     if let Some(r) = runner {
         claims["runner"] = json!(r);
     }
-    jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(key))
-        .map_err(|e| RpcError::internal(format!("cannot sign token: {e}")))
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(key),
+    )
+    .map_err(|e| RpcError::internal(format!("cannot sign token: {e}")))
 }
 
 #[cfg(test)]
@@ -300,28 +414,70 @@ mod tests {
     #[test]
     fn refusals_have_the_protocol_reasons() {
         let t = mint(KEY, "run-1", None, &snap(), 60).unwrap();
-        assert_eq!(verify(&t, b"another key another key another k", true).unwrap_err().reason(), Some("signature"));
+        assert_eq!(
+            verify(&t, b"another key another key another k", true)
+                .unwrap_err()
+                .reason(),
+            Some("signature")
+        );
         let expired = mint(KEY, "run-1", None, &snap(), -5).unwrap();
-        assert_eq!(verify(&expired, KEY, true).unwrap_err().reason(), Some("expired"));
+        assert_eq!(
+            verify(&expired, KEY, true).unwrap_err().reason(),
+            Some("expired")
+        );
         assert!(verify(&expired, KEY, false).is_ok());
-        let none = format!("{}.{}.", b64(&json!({"alg": "none", "typ": "JWT"})), b64(&json!({"run_id": "x"})));
-        assert_eq!(verify(&none, KEY, true).unwrap_err().reason(), Some("algorithm"));
-        let hs512 = jsonwebtoken::encode(&Header::new(Algorithm::HS512), &json!({"run_id": "x"}), &EncodingKey::from_secret(KEY)).unwrap();
-        assert_eq!(verify(&hs512, KEY, true).unwrap_err().reason(), Some("algorithm"));
-        assert_eq!(verify("abc", KEY, true).unwrap_err().reason(), Some("malformed"));
-        let no_run = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &json!({"exp": now_unix() + 60, "iat": 0, "snapshot": snap()}), &EncodingKey::from_secret(KEY)).unwrap();
+        let none = format!(
+            "{}.{}.",
+            b64(&json!({"alg": "none", "typ": "JWT"})),
+            b64(&json!({"run_id": "x"}))
+        );
+        assert_eq!(
+            verify(&none, KEY, true).unwrap_err().reason(),
+            Some("algorithm")
+        );
+        let hs512 = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS512),
+            &json!({"run_id": "x"}),
+            &EncodingKey::from_secret(KEY),
+        )
+        .unwrap();
+        assert_eq!(
+            verify(&hs512, KEY, true).unwrap_err().reason(),
+            Some("algorithm")
+        );
+        assert_eq!(
+            verify("abc", KEY, true).unwrap_err().reason(),
+            Some("malformed")
+        );
+        let no_run = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &json!({"exp": now_unix() + 60, "iat": 0, "snapshot": snap()}),
+            &EncodingKey::from_secret(KEY),
+        )
+        .unwrap();
         let e = verify(&no_run, KEY, true).unwrap_err();
-        assert_eq!((e.reason(), e.data.as_ref().unwrap()["field"].as_str()), (Some("missing_claim"), Some("run_id")));
+        assert_eq!(
+            (e.reason(), e.data.as_ref().unwrap()["field"].as_str()),
+            (Some("missing_claim"), Some("run_id"))
+        );
     }
 
     #[test]
     fn tampered_snapshot_breaks_the_signature() {
         let t = mint(KEY, "run-1", None, &snap(), 60).unwrap();
         let parts: Vec<&str> = t.split('.').collect();
-        let mut claims: Value = serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(parts[1]).unwrap()).unwrap();
+        let mut claims: Value = serde_json::from_slice(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(parts[1])
+                .unwrap(),
+        )
+        .unwrap();
         claims["snapshot"]["tools"][0]["class"] = json!("write");
         let forged = format!("{}.{}.{}", parts[0], b64(&claims), parts[2]);
-        assert_eq!(verify(&forged, KEY, true).unwrap_err().reason(), Some("signature"));
+        assert_eq!(
+            verify(&forged, KEY, true).unwrap_err().reason(),
+            Some("signature")
+        );
     }
 
     #[test]
@@ -330,10 +486,17 @@ mod tests {
         assert_eq!(e.code, code::SNAPSHOT);
         assert_eq!(e.data.as_ref().unwrap()["field"], "tools[0].class");
         let e = parse_snapshot(json!({"permission_mode": "auto", "tools": []})).unwrap_err();
-        assert_eq!((e.reason(), e.data.as_ref().unwrap()["field"].as_str()), (Some("missing_field"), Some("workspace")));
-        let e = parse_snapshot(json!({"workspace": "rel", "permission_mode": "auto", "tools": []})).unwrap_err();
+        assert_eq!(
+            (e.reason(), e.data.as_ref().unwrap()["field"].as_str()),
+            (Some("missing_field"), Some("workspace"))
+        );
+        let e = parse_snapshot(json!({"workspace": "rel", "permission_mode": "auto", "tools": []}))
+            .unwrap_err();
         assert_eq!(e.reason(), Some("not_absolute"));
-        let e = parse_snapshot(json!({"workspace": "/w", "permission_mode": "auto", "tools": [], "root": true})).unwrap_err();
+        let e = parse_snapshot(
+            json!({"workspace": "/w", "permission_mode": "auto", "tools": [], "root": true}),
+        )
+        .unwrap_err();
         assert_eq!(e.reason(), Some("unknown_field"));
         let e = parse_snapshot(json!({"workspace": "/w", "permission_mode": "auto", "tools": [{"name": "x", "class": "read"}, {"name": "x", "class": "read"}]})).unwrap_err();
         assert_eq!(e.reason(), Some("duplicate_tool"));
@@ -348,10 +511,25 @@ mod tests {
         let outside = d.path().join("out");
         std::fs::create_dir_all(&outside).unwrap();
         std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
-        assert!(check_workspace(&ws, &[root.clone()]).is_ok());
-        assert_eq!(check_workspace(&outside, &[root.clone()]).unwrap_err().reason(), Some("outside_roots"));
+        assert!(check_workspace(&ws, std::slice::from_ref(&root)).is_ok());
+        assert_eq!(
+            check_workspace(&outside, std::slice::from_ref(&root))
+                .unwrap_err()
+                .reason(),
+            Some("outside_roots")
+        );
         // A symlink inside the root that points out is judged by its target.
-        assert_eq!(check_workspace(&root.join("link"), &[root.clone()]).unwrap_err().reason(), Some("outside_roots"));
-        assert_eq!(check_workspace(&root.join("nope"), &[root]).unwrap_err().reason(), Some("workspace_missing"));
+        assert_eq!(
+            check_workspace(&root.join("link"), std::slice::from_ref(&root))
+                .unwrap_err()
+                .reason(),
+            Some("outside_roots")
+        );
+        assert_eq!(
+            check_workspace(&root.join("nope"), &[root])
+                .unwrap_err()
+                .reason(),
+            Some("workspace_missing")
+        );
     }
 }

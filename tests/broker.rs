@@ -33,34 +33,68 @@ fn the_500_device_fleet_summary() {
     assert_eq!(r["output"], "500 devices: 50 offline; firmware {'1.2': 167, '1.3': 333}\nfirst offline: SN0, SN10, SN20\n");
     let id = r["script_id"].as_str().unwrap();
     assert_eq!(r["details_dir"], format!(".agent/scripts/{id}"));
-    assert!(r["text"].as_str().unwrap().starts_with(&format!("run_script ok: 500 calls, 0 failed, ")), "{}", r["text"]);
-    assert!(r["text"].as_str().unwrap().ends_with(r["output"].as_str().unwrap()));
+    assert!(
+        r["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("run_script ok: 500 calls, 0 failed, "),
+        "{}",
+        r["text"]
+    );
+    assert!(r["text"]
+        .as_str()
+        .unwrap()
+        .ends_with(r["output"].as_str().unwrap()));
     // Artifacts: the code, one line per call, the output.
     let dir = rig.details(id);
-    assert_eq!(std::fs::read_to_string(dir.join("script.py")).unwrap(), FLEET_SUMMARY);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("script.py")).unwrap(),
+        FLEET_SUMMARY
+    );
     let calls = std::fs::read_to_string(dir.join("calls.jsonl")).unwrap();
-    let lines: Vec<Value> = calls.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = calls
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 500);
     for l in &lines {
-        for k in ["ts", "tool", "arguments", "duration_ms", "is_error", "summary"] {
+        for k in [
+            "ts",
+            "tool",
+            "arguments",
+            "duration_ms",
+            "is_error",
+            "summary",
+        ] {
             assert!(l.get(k).is_some(), "calls.jsonl line lacks {k}: {l}");
         }
     }
-    assert_eq!(std::fs::read_to_string(dir.join("output.txt")).unwrap(), r["output"].as_str().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(dir.join("output.txt")).unwrap(),
+        r["output"].as_str().unwrap()
+    );
     // The engine saw exactly the 500 calls; progress arrived, at most once a second.
     assert_eq!(e.calls_seen().len(), 500);
     let progress = e.notifications("script.progress");
     assert!(!progress.is_empty(), "no script.progress notification");
-    assert!(progress.iter().any(|(p, _)| p["progress"]["total"] == 500 && p["progress"]["message"] == "querying devices"));
+    assert!(progress
+        .iter()
+        .any(|(p, _)| p["progress"]["total"] == 500
+            && p["progress"]["message"] == "querying devices"));
     for w in progress.windows(2) {
-        assert!(w[1].1.duration_since(w[0].1) >= Duration::from_millis(900), "progress more often than once a second");
+        assert!(
+            w[1].1.duration_since(w[0].1) >= Duration::from_millis(900),
+            "progress more often than once a second"
+        );
     }
     for (p, _) in &progress {
         assert_eq!(p["script_id"], id);
         assert_eq!(p["state"], "running");
     }
     // script.finished carries the same result object.
-    eventually("script.finished", Duration::from_secs(5), || !e.notifications("script.finished").is_empty());
+    eventually("script.finished", Duration::from_secs(5), || {
+        !e.notifications("script.finished").is_empty()
+    });
     assert_eq!(e.notifications("script.finished")[0].0, r);
 }
 
@@ -85,7 +119,10 @@ print(len(many), [m["sn"] for m in many[:3]])
     assert_eq!(r["output"], "60 ['SN0', 'SN1', 'SN2']\n");
     assert_eq!(r["calls"], 100);
     let max = e.seen.lock().unwrap().max_in_flight;
-    assert_eq!(max, 4, "max_concurrency is 4: the daemon must keep exactly that many in flight under load");
+    assert_eq!(
+        max, 4,
+        "max_concurrency is 4: the daemon must keep exactly that many in flight under load"
+    );
 }
 
 #[test]
@@ -134,9 +171,18 @@ print("raw engine:", agent_tools.call_raw("fleet__list_devices", {"boom": 1})["i
     let r = e.run(&rig.token(&rig.snapshot("auto")), code, &[]);
     assert_eq!(r["status"], "ok", "{r}");
     let out = r["output"].as_str().unwrap();
-    assert!(out.contains("call: fleet__fail tool_error device unreachable\n"), "{out}");
-    assert!(out.contains("many: ['dict', 'ToolError', 'dict'] invalid_arguments\n"), "{out}");
-    assert!(out.contains("raw: {'text': 'device unreachable', 'structured': None, 'is_error': True}\n"), "{out}");
+    assert!(
+        out.contains("call: fleet__fail tool_error device unreachable\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("many: ['dict', 'ToolError', 'dict'] invalid_arguments\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("raw: {'text': 'device unreachable', 'structured': None, 'is_error': True}\n"),
+        "{out}"
+    );
     assert!(out.contains("many raises: tool_error\n"), "{out}");
     assert!(out.contains("engine: engine backend exploded\n"), "{out}");
     assert!(out.contains("raw engine: True\n"), "{out}");
@@ -165,10 +211,21 @@ for i in range(10):
     let r = e.run(&rig.token(&snap), code, &[]);
     assert_eq!(r["status"], "limit", "{r}");
     assert_eq!(r["output"], "5 limit\n6 limit\n");
-    assert_eq!(e.calls_seen().len(), 5, "the engine sees exactly max_calls calls");
+    assert_eq!(
+        e.calls_seen().len(),
+        5,
+        "the engine sees exactly max_calls calls"
+    );
     let err = r["error"].as_str().unwrap();
     assert!(err.contains("ToolError") && err.contains("budget"), "{err}");
-    assert!(r["text"].as_str().unwrap().starts_with("run_script limit: 7 calls, 2 failed"), "{}", r["text"]);
+    assert!(
+        r["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("run_script limit: 7 calls, 2 failed"),
+        "{}",
+        r["text"]
+    );
 }
 
 #[test]
@@ -182,7 +239,11 @@ fn long_output_is_truncated_in_the_result_but_complete_on_disk() {
     assert_eq!(r["output"].as_str().unwrap().chars().count(), 20000);
     let text = r["text"].as_str().unwrap();
     assert!(text.contains("[output truncated to return_max_chars = 20000 characters; all of it is in .agent/scripts/"), "{}", &text[text.len() - 300..]);
-    let full = std::fs::read_to_string(rig.details(r["script_id"].as_str().unwrap()).join("output.txt")).unwrap();
+    let full = std::fs::read_to_string(
+        rig.details(r["script_id"].as_str().unwrap())
+            .join("output.txt"),
+    )
+    .unwrap();
     assert_eq!(full.lines().count(), 1000);
     assert_eq!(full.chars().count(), 1000 * 50);
 }
@@ -191,9 +252,17 @@ fn long_output_is_truncated_in_the_result_but_complete_on_disk() {
 fn output_beyond_output_max_bytes_is_dropped_with_a_note() {
     let rig = Rig::with_config("[scripts]\noutput_max_bytes = 1000\n");
     let e = rig.engine();
-    let r = e.run(&rig.token(&rig.snapshot("auto")), "print('x' * 4999)\n", &[]);
+    let r = e.run(
+        &rig.token(&rig.snapshot("auto")),
+        "print('x' * 4999)\n",
+        &[],
+    );
     assert_eq!(r["status"], "ok", "{r}");
-    let full = std::fs::read_to_string(rig.details(r["script_id"].as_str().unwrap()).join("output.txt")).unwrap();
+    let full = std::fs::read_to_string(
+        rig.details(r["script_id"].as_str().unwrap())
+            .join("output.txt"),
+    )
+    .unwrap();
     assert!(full.starts_with(&"x".repeat(1000)));
     assert!(full.ends_with("[scriptgate: 4000 more bytes were printed and dropped; the limit is output_max_bytes = 1000]\n"), "{full}");
 }
@@ -208,22 +277,44 @@ agent_tools.call("fleet__list_devices", {})
 agent_tools.progress(1, 3, "one down")
 time.sleep(30)
 "#;
-    let id = e.start(&rig.token(&rig.snapshot("auto")), code, &[]).unwrap();
+    let id = e
+        .start(&rig.token(&rig.snapshot("auto")), code, &[])
+        .unwrap();
     eventually("progress in status", Duration::from_secs(10), || {
-        let s = e.request("script.status", json!({"script_id": id})).unwrap();
+        let s = e
+            .request("script.status", json!({"script_id": id}))
+            .unwrap();
         s["progress"]["message"] == "one down"
     });
-    let s = e.request("script.status", json!({"script_id": id})).unwrap();
-    assert_eq!((s["state"].as_str(), s["calls"].as_u64(), s["failures"].as_u64()), (Some("running"), Some(1), Some(0)));
-    assert_eq!(s["progress"], json!({"done": 1, "total": 3, "message": "one down"}));
+    let s = e
+        .request("script.status", json!({"script_id": id}))
+        .unwrap();
+    assert_eq!(
+        (
+            s["state"].as_str(),
+            s["calls"].as_u64(),
+            s["failures"].as_u64()
+        ),
+        (Some("running"), Some(1), Some(0))
+    );
+    assert_eq!(
+        s["progress"],
+        json!({"done": 1, "total": 3, "message": "one down"})
+    );
     assert!(s["elapsed_ms"].as_u64().is_some());
-    let w = e.request("script.wait", json!({"script_id": id, "timeout_s": 0.2})).unwrap_err();
+    let w = e
+        .request("script.wait", json!({"script_id": id, "timeout_s": 0.2}))
+        .unwrap_err();
     assert_eq!(code_reason(&w), (-32017, "still_running".into()));
-    let c = e.request("script.cancel", json!({"script_id": id})).unwrap();
+    let c = e
+        .request("script.cancel", json!({"script_id": id}))
+        .unwrap();
     assert_eq!(c, json!({"script_id": id, "state": "cancelled"}));
     let r = e.wait(&id);
     assert_eq!(r["status"], "cancelled");
     assert_eq!(r["error"], "cancelled by the engine");
-    let s = e.request("script.status", json!({"script_id": id})).unwrap();
+    let s = e
+        .request("script.status", json!({"script_id": id}))
+        .unwrap();
     assert_eq!(s["state"], "cancelled");
 }

@@ -19,16 +19,31 @@ fn refused_starts_name_the_tool_and_reason() {
         ("fleet__retired", "disabled"),
     ] {
         let err = e.start(&token, "print('never runs')", &[tool]).unwrap_err();
-        assert_eq!(code_reason(&err), (-32012, reason.to_string()), "{tool}: {err}");
+        assert_eq!(
+            code_reason(&err),
+            (-32012, reason.to_string()),
+            "{tool}: {err}"
+        );
         assert_eq!(err["data"]["tool"], tool);
     }
     let mut ro = rig.snapshot("approval");
     ro["read_only"] = json!(true);
-    let err = e.start(&rig.token(&ro), "print(1)", &["fleet__reboot_device"]).unwrap_err();
+    let err = e
+        .start(&rig.token(&ro), "print(1)", &["fleet__reboot_device"])
+        .unwrap_err();
     assert_eq!(code_reason(&err), (-32012, "read_only".into()));
     let s = e.seen.lock().unwrap();
-    assert!(s.calls.is_empty() && s.approvals.is_empty(), "a refused start asks and calls nothing");
-    assert!(!rig.workspace.join(".agent/scripts").exists() || std::fs::read_dir(rig.workspace.join(".agent/scripts")).unwrap().count() == 0);
+    assert!(
+        s.calls.is_empty() && s.approvals.is_empty(),
+        "a refused start asks and calls nothing"
+    );
+    assert!(
+        !rig.workspace.join(".agent/scripts").exists()
+            || std::fs::read_dir(rig.workspace.join(".agent/scripts"))
+                .unwrap()
+                .count()
+                == 0
+    );
 }
 
 const FORBIDDEN_CALLS: &str = r#"
@@ -57,11 +72,24 @@ fn calls_the_table_forbids_never_reach_the_engine() {
     let (out, seen) = forbidden(&rig, &rig.snapshot("auto"));
     assert!(seen.is_empty(), "engine received {seen:?}");
     let msg = |t: &str| out[t][1].as_str().unwrap().to_string();
-    for t in ["fleet__reboot_device", "fleet__tag_device", "fleet__wipe_device", "fleet__export_all", "fleet__retired", "fleet__nope"] {
+    for t in [
+        "fleet__reboot_device",
+        "fleet__tag_device",
+        "fleet__wipe_device",
+        "fleet__export_all",
+        "fleet__retired",
+        "fleet__nope",
+    ] {
         assert_eq!(out[t][0], "denied", "{t}: {out}");
     }
-    assert!(msg("fleet__reboot_device").contains("did not declare"), "{out}");
-    assert!(msg("fleet__wipe_device").contains("call it directly"), "{out}");
+    assert!(
+        msg("fleet__reboot_device").contains("did not declare"),
+        "{out}"
+    );
+    assert!(
+        msg("fleet__wipe_device").contains("call it directly"),
+        "{out}"
+    );
     assert!(msg("fleet__export_all").contains("long task"), "{out}");
     assert!(msg("fleet__retired").contains("switched off"), "{out}");
     assert!(msg("fleet__nope").contains("no tool of that name"), "{out}");
@@ -70,18 +98,38 @@ fn calls_the_table_forbids_never_reach_the_engine() {
     ro["read_only"] = json!(true);
     let (out, seen) = forbidden(&rig, &ro);
     assert!(seen.is_empty());
-    assert!(out["fleet__tag_device"][1].as_str().unwrap().contains("read-only"), "{out}");
+    assert!(
+        out["fleet__tag_device"][1]
+            .as_str()
+            .unwrap()
+            .contains("read-only"),
+        "{out}"
+    );
 }
 
 #[test]
 fn declared_write_tools_are_called_with_frozen_arguments() {
     let rig = Rig::new();
     let e = rig.engine();
-    let code = "import agent_tools\nprint(agent_tools.call('fleet__reboot_device', {'sn': 'SN5'}))\n";
-    let r = e.run(&rig.token(&rig.snapshot("auto")), code, &["fleet__reboot_device"]);
+    let code =
+        "import agent_tools\nprint(agent_tools.call('fleet__reboot_device', {'sn': 'SN5'}))\n";
+    let r = e.run(
+        &rig.token(&rig.snapshot("auto")),
+        code,
+        &["fleet__reboot_device"],
+    );
     assert_eq!(r["status"], "ok", "{r}");
-    assert_eq!(e.calls_seen(), vec![("fleet__reboot_device".to_string(), json!({"sn": "SN5", "tenant": "acme"}))]);
-    assert!(e.seen.lock().unwrap().approvals.is_empty(), "auto mode asks nothing");
+    assert_eq!(
+        e.calls_seen(),
+        vec![(
+            "fleet__reboot_device".to_string(),
+            json!({"sn": "SN5", "tenant": "acme"})
+        )]
+    );
+    assert!(
+        e.seen.lock().unwrap().approvals.is_empty(),
+        "auto mode asks nothing"
+    );
 }
 
 #[test]
@@ -89,7 +137,11 @@ fn approval_allow_once_asks_once_for_all_write_tools() {
     let rig = Rig::new();
     let e = rig.engine();
     let code = "import agent_tools as t\nt.call('fleet__reboot_device', {'sn': 'A'})\nt.call('fleet__tag_device', {'sn': 'A'})\nt.call('fleet__reboot_device', {'sn': 'B'})\nprint('ok')\n";
-    let r = e.run(&rig.token(&rig.snapshot("approval")), code, &["fleet__reboot_device", "fleet__tag_device"]);
+    let r = e.run(
+        &rig.token(&rig.snapshot("approval")),
+        code,
+        &["fleet__reboot_device", "fleet__tag_device"],
+    );
     assert_eq!(r["status"], "ok", "{r}");
     let s = e.seen.lock().unwrap();
     assert_eq!(s.approvals.len(), 1);
@@ -98,7 +150,10 @@ fn approval_allow_once_asks_once_for_all_write_tools() {
     assert_eq!(a["run_id"], "run-1");
     assert_eq!(a["description"], "test script");
     assert_eq!(a["script_id"], r["script_id"]);
-    assert_eq!(a["tools"], json!([{"name": "fleet__reboot_device", "class": "write"}, {"name": "fleet__tag_device", "class": "write"}]));
+    assert_eq!(
+        a["tools"],
+        json!([{"name": "fleet__reboot_device", "class": "write"}, {"name": "fleet__tag_device", "class": "write"}])
+    );
     assert_eq!(s.calls.len(), 3);
 }
 
@@ -107,7 +162,13 @@ fn approval_deny_refuses_the_start() {
     let rig = Rig::new();
     let e = rig.engine();
     *e.approval.lock().unwrap() = "deny".into();
-    let err = e.start(&rig.token(&rig.snapshot("approval")), "print(1)", &["fleet__reboot_device"]).unwrap_err();
+    let err = e
+        .start(
+            &rig.token(&rig.snapshot("approval")),
+            "print(1)",
+            &["fleet__reboot_device"],
+        )
+        .unwrap_err();
     assert_eq!(code_reason(&err), (-32013, "denied".into()));
     assert_eq!(e.seen.lock().unwrap().approvals.len(), 1);
     assert!(e.calls_seen().is_empty());
@@ -118,7 +179,13 @@ fn approval_not_answered_in_time_refuses_the_start() {
     let rig = Rig::with_config("[scripts]\napproval_timeout_s = 1\n");
     let e = rig.engine();
     *e.approval.lock().unwrap() = "silent".into();
-    let err = e.start(&rig.token(&rig.snapshot("approval")), "print(1)", &["fleet__reboot_device"]).unwrap_err();
+    let err = e
+        .start(
+            &rig.token(&rig.snapshot("approval")),
+            "print(1)",
+            &["fleet__reboot_device"],
+        )
+        .unwrap_err();
     assert_eq!(code_reason(&err), (-32013, "timeout".into()));
 }
 
@@ -128,9 +195,20 @@ fn session_allowed_and_auto_need_no_approval() {
     let e = rig.engine();
     *e.approval.lock().unwrap() = "deny".into();
     let code = "import agent_tools\nagent_tools.call('fleet__tag_device', {})\n";
-    let r = e.run(&rig.token(&rig.snapshot("approval")), code, &["fleet__tag_device"]);
-    assert_eq!(r["status"], "ok", "session_allowed tool runs without asking: {r}");
-    let r = e.run(&rig.token(&rig.snapshot("auto")), "import agent_tools\nagent_tools.call('fleet__reboot_device', {})\n", &["fleet__reboot_device"]);
+    let r = e.run(
+        &rig.token(&rig.snapshot("approval")),
+        code,
+        &["fleet__tag_device"],
+    );
+    assert_eq!(
+        r["status"], "ok",
+        "session_allowed tool runs without asking: {r}"
+    );
+    let r = e.run(
+        &rig.token(&rig.snapshot("auto")),
+        "import agent_tools\nagent_tools.call('fleet__reboot_device', {})\n",
+        &["fleet__reboot_device"],
+    );
     assert_eq!(r["status"], "ok", "{r}");
     assert!(e.seen.lock().unwrap().approvals.is_empty());
     assert_eq!(e.calls_seen().len(), 2);
@@ -144,19 +222,38 @@ fn bad_tokens_are_refused_before_anything_runs() {
     let good = rig.token(&snap);
     let reason = |t: &str| code_reason(&e.start(t, "print(1)", &[]).unwrap_err());
     // Signed with another key.
-    let other = scriptgate::token::mint(b"some-other-key-some-other-key-!!!", "run-1", None, &snap, 60).unwrap();
+    let other = scriptgate::token::mint(
+        b"some-other-key-some-other-key-!!!",
+        "run-1",
+        None,
+        &snap,
+        60,
+    )
+    .unwrap();
     assert_eq!(reason(&other), (-32010, "signature".into()));
     // Expired.
-    assert_eq!(reason(&rig.token_for("run-1", &snap, -10)), (-32010, "expired".into()));
+    assert_eq!(
+        reason(&rig.token_for("run-1", &snap, -10)),
+        (-32010, "expired".into())
+    );
     // alg: none.
     use base64::Engine as _;
     let b64 = |v: &Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
     let claims = json!({"run_id": "run-1", "exp": 4102444800u64, "iat": 0, "snapshot": snap});
-    let none = format!("{}.{}.", b64(&json!({"alg": "none", "typ": "JWT"})), b64(&claims));
+    let none = format!(
+        "{}.{}.",
+        b64(&json!({"alg": "none", "typ": "JWT"})),
+        b64(&claims)
+    );
     assert_eq!(reason(&none), (-32010, "algorithm".into()));
     // Tampered snapshot: make the destructive tool a read tool.
     let parts: Vec<&str> = good.split('.').collect();
-    let mut c: Value = serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(parts[1]).unwrap()).unwrap();
+    let mut c: Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(parts[1])
+            .unwrap(),
+    )
+    .unwrap();
     c["snapshot"]["tools"][5]["class"] = json!("read");
     let forged = format!("{}.{}.{}", parts[0], b64(&c), parts[2]);
     assert_eq!(reason(&forged), (-32010, "signature".into()));
@@ -202,14 +299,29 @@ for tool, args in [
         out.append([e.code, e.message])
 print(json.dumps(out))
 "#;
-    let r = e.run(&rig.token(&rig.snapshot("auto")), code, &["fleet__reboot_device"]);
+    let r = e.run(
+        &rig.token(&rig.snapshot("auto")),
+        code,
+        &["fleet__reboot_device"],
+    );
     assert_eq!(r["status"], "ok", "{r}");
     let out: Value = serde_json::from_str(r["output"].as_str().unwrap()).unwrap();
-    for (i, needle) in ["/sn", "extra", "sn", "fixed by the run"].iter().enumerate() {
+    for (i, needle) in ["/sn", "extra", "sn", "fixed by the run"]
+        .iter()
+        .enumerate()
+    {
         assert_eq!(out[i][0], "invalid_arguments", "{out}");
-        assert!(out[i][1].as_str().unwrap().contains(needle), "{}: {}", needle, out[i][1]);
+        assert!(
+            out[i][1].as_str().unwrap().contains(needle),
+            "{}: {}",
+            needle,
+            out[i][1]
+        );
     }
-    assert!(e.calls_seen().is_empty(), "no invalid call reaches the engine");
+    assert!(
+        e.calls_seen().is_empty(),
+        "no invalid call reaches the engine"
+    );
     assert_eq!(r["failures"], 4);
 }
 
@@ -218,20 +330,28 @@ fn revoking_a_run_cancels_its_scripts_and_refuses_new_ones() {
     let rig = Rig::new();
     let e = rig.engine();
     let token = rig.token(&rig.snapshot("auto"));
-    let id = e.start(&token, "import time\ntime.sleep(60)\n", &[]).unwrap();
+    let id = e
+        .start(&token, "import time\ntime.sleep(60)\n", &[])
+        .unwrap();
     let r = e.request("run.revoke", json!({"token": token})).unwrap();
     assert_eq!(r, json!({"run_id": "run-1", "cancelled": 1}));
     let res = e.wait(&id);
     assert_eq!(res["status"], "cancelled");
     assert_eq!(res["error"], "run run-1 was revoked");
-    assert_eq!(code_reason(&e.start(&token, "print(1)", &[]).unwrap_err()), (-32010, "revoked".into()));
+    assert_eq!(
+        code_reason(&e.start(&token, "print(1)", &[]).unwrap_err()),
+        (-32010, "revoked".into())
+    );
     // Revocation survives a restart.
     drop(e);
     let mut rig = rig;
     rig.stop(nix::sys::signal::Signal::SIGTERM);
     rig.start();
     let e = rig.engine();
-    assert_eq!(code_reason(&e.start(&token, "print(1)", &[]).unwrap_err()), (-32010, "revoked".into()));
+    assert_eq!(
+        code_reason(&e.start(&token, "print(1)", &[]).unwrap_err()),
+        (-32010, "revoked".into())
+    );
 }
 
 #[test]

@@ -45,9 +45,15 @@ print(json.dumps(out))
     assert_eq!(out["loopback"], "ConnectionRefusedError", "{out}");
     assert_eq!(out["interfaces"], json!(["lo"]), "{out}");
     assert_eq!(out["dns"], "failed");
-    assert_eq!(out["daemon_socket"], "FileNotFoundError", "the daemon's socket is not in the sandbox: {out}");
+    assert_eq!(
+        out["daemon_socket"], "FileNotFoundError",
+        "the daemon's socket is not in the sandbox: {out}"
+    );
     listener.set_nonblocking(true).unwrap();
-    assert!(listener.accept().is_err(), "nothing reached the host listener");
+    assert!(
+        listener.accept().is_err(),
+        "nothing reached the host listener"
+    );
 }
 
 #[test]
@@ -88,23 +94,40 @@ print(json.dumps(out))
     let (r, out) = run_json(&rig, &rig.snapshot("auto"), &code);
     assert_eq!(out["workspace"], "written", "{out}");
     assert_eq!(out["tmp"], "written", "the private /tmp is writable");
-    assert!(!std::path::Path::new(&host_tmp_marker).exists(), "the sandbox's /tmp is not the host's");
+    assert!(
+        !std::path::Path::new(&host_tmp_marker).exists(),
+        "the sandbox's /tmp is not the host's"
+    );
     for k in ["usr", "etc", "root", "agent", "own_record"] {
-        assert!(out[k] == "OSError" || out[k] == "PermissionError" || out[k] == "FileNotFoundError", "{k}: {out}");
+        assert!(
+            out[k] == "OSError" || out[k] == "PermissionError" || out[k] == "FileNotFoundError",
+            "{k}: {out}"
+        );
     }
     assert_ne!(out["rename_agent"], "renamed", "{out}");
     assert_eq!(out["uid"].as_u64().unwrap() as u32, script_uid(), "{out}");
     assert_ne!(out["uid"], 0);
     assert_eq!(out["caps"], "0000000000000000");
     assert_eq!(out["cwd"], rig.workspace.to_str().unwrap());
-    assert!(!out["etc_files"].as_array().unwrap().iter().any(|f| f == "shadow"), "{out}");
+    assert!(
+        !out["etc_files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == "shadow"),
+        "{out}"
+    );
     assert_ne!(out["pid1"], "/sbin/init");
     // The file the script wrote is on the host, owned by the script's uid; so is its record.
     let meta = std::fs::metadata(rig.workspace.join("result.csv")).unwrap();
     assert_eq!(meta.uid(), script_uid());
     let dir = rig.details(r["script_id"].as_str().unwrap());
     for f in ["script.py", "calls.jsonl", "output.txt"] {
-        assert_eq!(std::fs::metadata(dir.join(f)).unwrap().uid(), script_uid(), "{f}");
+        assert_eq!(
+            std::fs::metadata(dir.join(f)).unwrap().uid(),
+            script_uid(),
+            "{f}"
+        );
     }
     assert!(!rig.workspace.join(".agent/forged.txt").exists());
 }
@@ -127,10 +150,16 @@ fn a_planted_agent_symlink_is_refused() {
     let target = rig.dir.path().join("elsewhere");
     std::fs::create_dir(&target).unwrap();
     std::os::unix::fs::symlink(&target, rig.workspace.join(".agent")).unwrap();
-    let err = e.start(&rig.token(&rig.snapshot("auto")), "print(1)", &[]).unwrap_err();
+    let err = e
+        .start(&rig.token(&rig.snapshot("auto")), "print(1)", &[])
+        .unwrap_err();
     assert_eq!(err["code"], -32603);
     assert!(err["message"].as_str().unwrap().contains(".agent"), "{err}");
-    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0, "nothing was written through the link");
+    assert_eq!(
+        std::fs::read_dir(&target).unwrap().count(),
+        0,
+        "nothing was written through the link"
+    );
 }
 
 fn setsid_children(marker: &str) -> String {
@@ -152,14 +181,23 @@ fn timeout_ends_the_whole_process_tree() {
     let marker = format!("sg-timeout-marker-{}", std::process::id());
     let mut snap = rig.snapshot("auto");
     snap["limits"] = json!({"timeout_s": 2});
-    let id = e.start(&rig.token(&snap), &setsid_children(&marker), &[]).unwrap();
-    eventually("children to start", Duration::from_secs(10), || processes_with(&marker).len() == 3);
+    let id = e
+        .start(&rig.token(&snap), &setsid_children(&marker), &[])
+        .unwrap();
+    eventually("children to start", Duration::from_secs(10), || {
+        processes_with(&marker).len() == 3
+    });
     let r = e.wait(&id);
     assert_eq!(r["status"], "timeout", "{r}");
     assert_eq!(r["output"], "spawned\n");
     assert!(r["error"].as_str().unwrap().contains("timeout_s = 2"));
-    assert!(r["text"].as_str().unwrap().starts_with("run_script timeout: 0 calls"));
-    eventually("no process left", Duration::from_secs(5), || processes_with(&marker).is_empty());
+    assert!(r["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("run_script timeout: 0 calls"));
+    eventually("no process left", Duration::from_secs(5), || {
+        processes_with(&marker).is_empty()
+    });
 }
 
 #[test]
@@ -167,11 +205,22 @@ fn cancel_ends_the_whole_process_tree() {
     let rig = Rig::new();
     let e = rig.engine();
     let marker = format!("sg-cancel-marker-{}", std::process::id());
-    let id = e.start(&rig.token(&rig.snapshot("auto")), &setsid_children(&marker), &[]).unwrap();
-    eventually("children to start", Duration::from_secs(10), || processes_with(&marker).len() == 3);
-    e.request("script.cancel", json!({"script_id": id})).unwrap();
+    let id = e
+        .start(
+            &rig.token(&rig.snapshot("auto")),
+            &setsid_children(&marker),
+            &[],
+        )
+        .unwrap();
+    eventually("children to start", Duration::from_secs(10), || {
+        processes_with(&marker).len() == 3
+    });
+    e.request("script.cancel", json!({"script_id": id}))
+        .unwrap();
     assert_eq!(e.wait(&id)["status"], "cancelled");
-    eventually("no process left", Duration::from_secs(5), || processes_with(&marker).is_empty());
+    eventually("no process left", Duration::from_secs(5), || {
+        processes_with(&marker).is_empty()
+    });
 }
 
 #[test]
@@ -181,12 +230,21 @@ fn engine_disconnect_cancels_its_scripts() {
     let marker = format!("sg-disconnect-marker-{}", std::process::id());
     let token = rig.token(&rig.snapshot("auto"));
     let id = e.start(&token, &setsid_children(&marker), &[]).unwrap();
-    eventually("children to start", Duration::from_secs(10), || processes_with(&marker).len() == 3);
+    eventually("children to start", Duration::from_secs(10), || {
+        processes_with(&marker).len() == 3
+    });
     e.close();
-    eventually("no process left", Duration::from_secs(10), || processes_with(&marker).is_empty());
+    eventually("no process left", Duration::from_secs(10), || {
+        processes_with(&marker).is_empty()
+    });
     // Another connection holding the run's token can read the result.
     let other = rig.engine();
-    let r = other.request("script.wait", json!({"script_id": id, "token": token, "timeout_s": 10})).unwrap();
+    let r = other
+        .request(
+            "script.wait",
+            json!({"script_id": id, "token": token, "timeout_s": 10}),
+        )
+        .unwrap();
     assert_eq!(r["status"], "cancelled");
     assert_eq!(r["error"], "engine disconnected");
 }
@@ -218,7 +276,10 @@ print(json.dumps(out))
 "#;
     let (_, out) = run_json(&rig, &snap, code);
     assert_eq!(out["mem"], "MemoryError", "{out}");
-    assert!(out["fork"].as_str().unwrap().starts_with("refused after"), "{out}");
+    assert!(
+        out["fork"].as_str().unwrap().starts_with("refused after"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -228,6 +289,31 @@ fn script_is_never_root_and_runs_as_run_as_for_root_peers() {
         return;
     }
     let rig = Rig::new();
-    let (_, out) = run_json(&rig, &rig.snapshot("auto"), "import os, json\nprint(json.dumps([os.getuid(), os.getgid(), os.getgroups()]))\n");
+    let (_, out) = run_json(
+        &rig,
+        &rig.snapshot("auto"),
+        "import os, json\nprint(json.dumps([os.getuid(), os.getgid(), os.getgroups()]))\n",
+    );
     assert_eq!(out, json!([NOBODY, NOBODY, []]));
+}
+
+#[test]
+fn cancel_right_after_start_leaves_no_process() {
+    // Regression: a stop that lands before bwrap's child has armed PDEATHSIG must
+    // still end the sandbox (it is killed through its PID-namespace init).
+    let rig = Rig::new();
+    let e = rig.engine();
+    let token = rig.token(&rig.snapshot("auto"));
+    for _ in 0..5 {
+        let id = e
+            .start(&token, "import time\ntime.sleep(600)\n", &[])
+            .unwrap();
+        e.request("script.cancel", json!({"script_id": id}))
+            .unwrap();
+        let r = e.wait(&id);
+        assert_eq!(r["status"], "cancelled");
+        eventually("no process of the script", Duration::from_secs(5), || {
+            processes_with(&id).is_empty()
+        });
+    }
 }

@@ -48,7 +48,10 @@ impl Rig {
 
     /// `extra` is TOML appended to the generated config (its own sections).
     pub fn with_config(extra: &str) -> Rig {
-        let dir = tempfile::Builder::new().prefix("sg-test-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("sg-test-")
+            .tempdir()
+            .unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let root = dir.path().join("roots");
         let workspace = root.join("ws");
@@ -81,7 +84,11 @@ impl Rig {
     }
 
     pub fn start(&mut self) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_scriptgated"))
             .arg("--listen")
             .arg(&self.socket)
@@ -98,7 +105,11 @@ impl Rig {
             if let Some(st) = self.daemon.as_mut().unwrap().try_wait().unwrap() {
                 panic!("daemon exited {st}: {}", self.log_text());
             }
-            assert!(t0.elapsed() < Duration::from_secs(20), "daemon did not listen: {}", self.log_text());
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "daemon did not listen: {}",
+                self.log_text()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -144,7 +155,12 @@ impl Drop for Rig {
 
 pub fn chown_to_script_uid(p: &Path) {
     if is_root() {
-        nix::unistd::chown(p, Some(nix::unistd::Uid::from_raw(NOBODY)), Some(nix::unistd::Gid::from_raw(NOBODY))).unwrap();
+        nix::unistd::chown(
+            p,
+            Some(nix::unistd::Uid::from_raw(NOBODY)),
+            Some(nix::unistd::Gid::from_raw(NOBODY)),
+        )
+        .unwrap();
     }
 }
 
@@ -180,12 +196,20 @@ pub fn fleet_handler() -> Handler {
             let sn = args["sn"].as_str().unwrap_or("");
             let n: u64 = sn.trim_start_matches("SN").parse().unwrap_or(0);
             let online = n % 10 != 0;
-            Ok(json!({"text": format!("{sn} {}", if online {"online"} else {"offline"}),
-                      "structured": {"sn": sn, "online": online, "fw": if n % 3 == 0 {"1.2"} else {"1.3"}}, "is_error": false}))
+            Ok(
+                json!({"text": format!("{sn} {}", if online {"online"} else {"offline"}),
+                      "structured": {"sn": sn, "online": online, "fw": if n % 3 == 0 {"1.2"} else {"1.3"}}, "is_error": false}),
+            )
         }
-        "fleet__list_devices" => Ok(json!({"text": "3 devices", "structured": {"devices": ["SN1", "SN2", "SN3"]}, "is_error": false})),
-        "fleet__fail" => Ok(json!({"text": "device unreachable", "structured": null, "is_error": true})),
-        "fleet__reboot_device" | "fleet__tag_device" => Ok(json!({"text": format!("done {args}"), "structured": null, "is_error": false})),
+        "fleet__list_devices" => Ok(
+            json!({"text": "3 devices", "structured": {"devices": ["SN1", "SN2", "SN3"]}, "is_error": false}),
+        ),
+        "fleet__fail" => {
+            Ok(json!({"text": "device unreachable", "structured": null, "is_error": true}))
+        }
+        "fleet__reboot_device" | "fleet__tag_device" => {
+            Ok(json!({"text": format!("done {args}"), "structured": null, "is_error": false}))
+        }
         _ => Err(format!("test engine has no tool {tool}")),
     })
 }
@@ -219,7 +243,13 @@ impl Engine {
             stream,
             pending: Default::default(),
             next: AtomicU64::new(1),
-            seen: Arc::new(Mutex::new(Seen { calls: vec![], approvals: vec![], notifications: vec![], in_flight: 0, max_in_flight: 0 })),
+            seen: Arc::new(Mutex::new(Seen {
+                calls: vec![],
+                approvals: vec![],
+                notifications: vec![],
+                in_flight: 0,
+                max_in_flight: 0,
+            })),
             handler: Arc::new(Mutex::new(fleet_handler())),
             approval: Arc::new(Mutex::new("allow_once".into())),
             call_delay_ms: Arc::new(AtomicI64::new(0)),
@@ -232,15 +262,25 @@ impl Engine {
     fn spawn_reader(&self) {
         let reader = BufReader::new(self.stream.try_clone().unwrap());
         let (pending, seen, handler, approval, delay, writer, raw) = (
-            self.pending.clone(), self.seen.clone(), self.handler.clone(), self.approval.clone(),
-            self.call_delay_ms.clone(), self.writer.clone(), self.raw_lines.clone(),
+            self.pending.clone(),
+            self.seen.clone(),
+            self.handler.clone(),
+            self.approval.clone(),
+            self.call_delay_ms.clone(),
+            self.writer.clone(),
+            self.raw_lines.clone(),
         );
         std::thread::spawn(move || {
             for line in reader.lines() {
                 let Ok(line) = line else { break };
-                let Ok(msg) = serde_json::from_str::<Value>(&line) else { continue };
+                let Ok(msg) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
                 raw.lock().unwrap().push(msg.clone());
-                let method = msg.get("method").and_then(Value::as_str).map(str::to_string);
+                let method = msg
+                    .get("method")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
                 match (method, msg.get("id").cloned()) {
                     (Some(m), Some(id)) if m == "tool.call" => {
                         let p = msg["params"].clone();
@@ -251,7 +291,12 @@ impl Engine {
                             s.in_flight += 1;
                             s.max_in_flight = s.max_in_flight.max(s.in_flight);
                         }
-                        let (seen, handler, delay, writer) = (seen.clone(), handler.lock().unwrap().clone(), delay.clone(), writer.clone());
+                        let (seen, handler, delay, writer) = (
+                            seen.clone(),
+                            handler.lock().unwrap().clone(),
+                            delay.clone(),
+                            writer.clone(),
+                        );
                         std::thread::spawn(move || {
                             let d = delay.load(Ordering::Relaxed);
                             if d > 0 {
@@ -259,7 +304,9 @@ impl Engine {
                             }
                             let answer = match handler(&tool, &p["arguments"]) {
                                 Ok(r) => json!({"jsonrpc": "2.0", "id": id, "result": r}),
-                                Err(m) => json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": m}}),
+                                Err(m) => {
+                                    json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": m}})
+                                }
                             };
                             seen.lock().unwrap().in_flight -= 1;
                             let _ = writeln!(writer.lock().unwrap(), "{answer}");
@@ -273,9 +320,15 @@ impl Engine {
                             let _ = writeln!(writer.lock().unwrap(), "{answer}");
                         }
                     }
-                    (Some(m), None) => seen.lock().unwrap().notifications.push((m, msg["params"].clone(), Instant::now())),
+                    (Some(m), None) => seen.lock().unwrap().notifications.push((
+                        m,
+                        msg["params"].clone(),
+                        Instant::now(),
+                    )),
                     (None, Some(id)) => {
-                        if let Some(tx) = id.as_u64().and_then(|i| pending.lock().unwrap().remove(&i)) {
+                        if let Some(tx) =
+                            id.as_u64().and_then(|i| pending.lock().unwrap().remove(&i))
+                        {
                             let _ = tx.send(msg);
                         } else if id.is_null() {
                             // Connection-level errors (id null) are kept in raw_lines.
@@ -303,7 +356,8 @@ impl Engine {
         self.pending.lock().unwrap().insert(id, tx);
         let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         writeln!(self.writer.lock().unwrap(), "{line}").unwrap();
-        rx.recv_timeout(timeout).unwrap_or_else(|_| panic!("no answer to {method} within {timeout:?}"))
+        rx.recv_timeout(timeout)
+            .unwrap_or_else(|_| panic!("no answer to {method} within {timeout:?}"))
     }
 
     /// `Ok(result)` or `Err(error object)`.
@@ -316,20 +370,26 @@ impl Engine {
     }
 
     pub fn start(&self, token: &str, code: &str, tools: &[&str]) -> Result<String, Value> {
-        self.request("script.start", json!({"token": token, "code": code, "tools": tools, "description": "test script"}))
-            .map(|r| {
-                assert_eq!(r["state"], "running");
-                r["script_id"].as_str().unwrap().to_string()
-            })
+        self.request(
+            "script.start",
+            json!({"token": token, "code": code, "tools": tools, "description": "test script"}),
+        )
+        .map(|r| {
+            assert_eq!(r["state"], "running");
+            r["script_id"].as_str().unwrap().to_string()
+        })
     }
 
     pub fn wait(&self, script_id: &str) -> Value {
-        self.request("script.wait", json!({"script_id": script_id})).expect("script.wait")
+        self.request("script.wait", json!({"script_id": script_id}))
+            .expect("script.wait")
     }
 
     /// Start and wait; panics on a refused start.
     pub fn run(&self, token: &str, code: &str, tools: &[&str]) -> Value {
-        let id = self.start(token, code, tools).unwrap_or_else(|e| panic!("start refused: {e}"));
+        let id = self
+            .start(token, code, tools)
+            .unwrap_or_else(|e| panic!("start refused: {e}"));
         self.wait(&id)
     }
 
@@ -338,7 +398,14 @@ impl Engine {
     }
 
     pub fn notifications(&self, method: &str) -> Vec<(Value, Instant)> {
-        self.seen.lock().unwrap().notifications.iter().filter(|n| n.0 == method).map(|n| (n.1.clone(), n.2)).collect()
+        self.seen
+            .lock()
+            .unwrap()
+            .notifications
+            .iter()
+            .filter(|n| n.0 == method)
+            .map(|n| (n.1.clone(), n.2))
+            .collect()
     }
 
     pub fn close(self) {
@@ -348,7 +415,10 @@ impl Engine {
 
 /// Error code and data.reason of an error object.
 pub fn code_reason(e: &Value) -> (i64, String) {
-    (e["code"].as_i64().unwrap(), e["data"]["reason"].as_str().unwrap_or("").to_string())
+    (
+        e["code"].as_i64().unwrap(),
+        e["data"]["reason"].as_str().unwrap_or("").to_string(),
+    )
 }
 
 /// Processes whose command line contains `marker` (the sandboxed ones included:
@@ -356,7 +426,9 @@ pub fn code_reason(e: &Value) -> (i64, String) {
 pub fn processes_with(marker: &str) -> Vec<i32> {
     let mut out = vec![];
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
         if pid as u32 == std::process::id() {
             continue;
         }
