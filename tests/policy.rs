@@ -4,7 +4,6 @@
 mod common;
 use common::*;
 use serde_json::{json, Value};
-use std::time::Duration;
 
 #[test]
 fn refused_starts_name_the_tool_and_reason() {
