@@ -150,6 +150,13 @@ impl Daemon {
         })
     }
 
+    /// `run.describe`: the run_script description for the token's snapshot.
+    pub fn describe(&self, token_str: &str) -> Result<Value, RpcError> {
+        let claims = token::verify(token_str, &self.key, true)?;
+        let limits = Limits::effective(&self.cfg.scripts, &claims.snapshot.limits);
+        Ok(json!({"text": crate::describe::describe(&claims.snapshot, &limits, self.cfg.scripts.return_max_chars)}))
+    }
+
     /// `script.start`. Refusals are audited (and logged at warning priority).
     pub async fn start(
         self: &Arc<Self>,

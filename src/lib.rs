@@ -17,3 +17,5 @@ pub mod server;
 pub mod service;
 pub mod sys;
 pub mod token;
+pub mod mcp;
+pub mod describe;

@@ -246,6 +246,12 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
     let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
 }
 
+/// Params of `run.revoke` and `run.describe`: `{"token": "eyJ…"}`.
+#[derive(serde::Deserialize)]
+struct TokenParam {
+    token: String,
+}
+
 fn params<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, RpcError> {
     let v = if v.is_null() { json!({}) } else { v };
     serde_json::from_value(v).map_err(|e| RpcError::invalid_params(format!("invalid params: {e}")))
@@ -282,14 +288,8 @@ async fn dispatch(
             d.cancel(Access::Conn(conn.id), params(p)?, "cancelled by the engine")
                 .await
         }
-        "run.revoke" => {
-            #[derive(serde::Deserialize)]
-            struct P {
-                token: String,
-            }
-            let p: P = params(p)?;
-            d.revoke(&p.token).await
-        }
+        "run.revoke" => d.revoke(&params::<TokenParam>(p)?.token).await,
+        "run.describe" => d.describe(&params::<TokenParam>(p)?.token),
         "daemon.info" => Ok(d.info()),
         "admin.list" => {
             require_admin(&peer)?;
