@@ -1,15 +1,25 @@
-//! `scriptgate`, the command-line tool.
+//! `scriptgate`, the command-line tool: run scripts against real MCP servers (with
+//! the system daemon or an embedded one), mint tokens, and administer the daemon.
 
-use clap::{Parser, Subcommand};
+pub mod run;
+
+use crate::mcp::ServerSpec;
+use crate::token::ToolClass;
+use clap::{Args, Parser, Subcommand};
+use run::exit;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+const RUN_AFTER_HELP: &str = "\
+Exit status: 0 ok; 1 the script failed (error); 2 usage; 3 timeout; 4 cancelled; 5 oom;
+6 limit (call budget); 7 interrupted; 8 approval denied; 9 start refused (token,
+snapshot, tools, busy); 10 set-up failed (MCP server, workspace, daemon).
+
+Example:
+  scriptgate run --mcp 'fs=npx -y @modelcontextprotocol/server-filesystem /srv/data' report.py";
+
 #[derive(Parser, Debug)]
-#[command(
-    name = "scriptgate",
-    version,
-    about = "Run tool-calling Python scripts through scriptgated; inspect and control the daemon"
-)]
+#[command(name = "scriptgate", version, about = "Run tool-calling Python scripts in a sandbox; inspect and control scriptgated")]
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -17,9 +27,97 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
+    /// Run a script against real MCP servers (system daemon, or an embedded one).
+    #[command(after_help = RUN_AFTER_HELP)]
+    Run(RunCmd),
+    /// List the tools of MCP servers: name, class, Python call signature.
+    Tools(ToolsCmd),
+    /// Print the run_script tool description a model would be given.
+    Describe(DescribeCmd),
     /// Run tokens (the reference for engine authors).
     #[command(subcommand)]
     Token(TokenCmd),
+}
+
+#[derive(Args, Debug)]
+pub struct ServersArgs {
+    /// An MCP server over stdio, NAME=COMMAND (COMMAND is split like a shell would); repeatable.
+    #[arg(long = "mcp", value_name = "NAME=COMMAND", required = true)]
+    pub mcp: Vec<ServerSpec>,
+    /// Override a tool's class: NAME__tool=read|write|destructive|long_task; repeatable.
+    #[arg(long = "class", value_name = "NAME__tool=CLASS", value_parser = parse_class)]
+    pub class: Vec<(String, ToolClass)>,
+}
+
+#[derive(Args, Debug)]
+pub struct RunCmd {
+    /// The Python script (- for stdin).
+    pub script: PathBuf,
+    #[command(flatten)]
+    pub servers: ServersArgs,
+    /// Write tools the script will call (NAME__tool), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub tools: Vec<String>,
+    /// Permission mode: approval (ask once for the write tools) or auto.
+    #[arg(long, default_value = "approval", value_parser = ["approval", "auto"])]
+    pub mode: String,
+    /// Mount the workspace read-only and provide no write tools.
+    #[arg(long)]
+    pub read_only: bool,
+    /// The script's working directory (default: a fresh one, printed on stderr).
+    #[arg(long)]
+    pub workspace: Option<PathBuf>,
+    /// Answer the approval with yes, without asking.
+    #[arg(long, conflicts_with = "no")]
+    pub yes: bool,
+    /// Answer the approval with no, without asking.
+    #[arg(long)]
+    pub no: bool,
+    /// Use the daemon at this socket.
+    #[arg(long, conflicts_with = "embedded")]
+    pub socket: Option<PathBuf>,
+    /// Run the daemon in this process even if a system daemon answers.
+    #[arg(long)]
+    pub embedded: bool,
+    /// Wall-clock limit in seconds.
+    #[arg(long)]
+    pub timeout: Option<u64>,
+    /// Tool-call budget.
+    #[arg(long)]
+    pub max_calls: Option<u64>,
+    /// What the script is for (shown in the approval prompt and audited).
+    #[arg(long)]
+    pub description: Option<String>,
+    /// Print the result object as JSON instead of its text.
+    #[arg(long)]
+    pub json: bool,
+    /// Configuration file (limits, python, sandbox; the key when using a socket).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Seconds an MCP server may take for one call before it counts as failed (engine).
+    #[arg(long, default_value_t = 120)]
+    pub call_timeout: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct ToolsCmd {
+    #[command(flatten)]
+    pub servers: ServersArgs,
+    /// JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DescribeCmd {
+    #[command(flatten)]
+    pub servers: ServersArgs,
+    #[arg(long, default_value = "approval", value_parser = ["approval", "auto"])]
+    pub mode: String,
+    #[arg(long)]
+    pub read_only: bool,
+    #[arg(long)]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -43,8 +141,12 @@ pub enum TokenCmd {
     },
 }
 
-/// Exit status of a refused or failed command.
-pub const EXIT_USAGE: u8 = 2;
+fn parse_class(s: &str) -> Result<(String, ToolClass), String> {
+    let (name, class) = s.split_once('=').ok_or("expected NAME__tool=CLASS")?;
+    let class: ToolClass = serde_json::from_value(serde_json::Value::String(class.into()))
+        .map_err(|_| format!("unknown class {class:?}: read, write, destructive or long_task"))?;
+    Ok((name.to_string(), class))
+}
 
 fn read_input(p: &std::path::Path) -> std::io::Result<String> {
     if p.as_os_str() == "-" {
@@ -54,24 +156,75 @@ fn read_input(p: &std::path::Path) -> std::io::Result<String> {
     }
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
+}
+
+fn fail(cmd: &str, f: run::Failure) -> ExitCode {
+    eprintln!("scriptgate {cmd}: {}", f.message);
+    ExitCode::from(f.code)
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Token(TokenCmd::Mint {
-            key,
-            run_id,
-            snapshot,
-            ttl,
-            runner,
-        }) => {
+        Cmd::Run(c) => {
+            let json = c.json;
+            let opts = run::RunOptions {
+                script: c.script,
+                mcp: c.servers.mcp,
+                tools: c.tools,
+                mode: c.mode,
+                read_only: c.read_only,
+                workspace: c.workspace,
+                class: c.servers.class,
+                answer: if c.yes { run::Answer::Yes } else if c.no { run::Answer::No } else { run::Answer::Ask },
+                socket: c.socket,
+                embedded: c.embedded,
+                timeout: c.timeout,
+                max_calls: c.max_calls,
+                description: c.description,
+                json,
+                config: c.config,
+                call_timeout: c.call_timeout,
+            };
+            let rt = runtime();
+            let r = rt.block_on(run::run(opts));
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            match r {
+                Ok(result) => {
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default());
+                    } else {
+                        print!("{}", result.text);
+                    }
+                    ExitCode::from(run::exit_for(result.status))
+                }
+                Err(f) => fail("run", f),
+            }
+        }
+        Cmd::Tools(c) => match runtime().block_on(run::list_tools(&c.servers.mcp, &c.servers.class, c.json)) {
+            Ok(s) => {
+                print!("{s}");
+                ExitCode::SUCCESS
+            }
+            Err(f) => fail("tools", f),
+        },
+        Cmd::Describe(c) => {
+            match runtime().block_on(run::describe(&c.servers.mcp, &c.servers.class, &c.mode, c.read_only, c.config.as_deref())) {
+                Ok(s) => {
+                    print!("{s}");
+                    ExitCode::SUCCESS
+                }
+                Err(f) => fail("describe", f),
+            }
+        }
+        Cmd::Token(TokenCmd::Mint { key, run_id, snapshot, ttl, runner }) => {
             let r = (|| -> Result<String, String> {
                 let key = crate::config::read_key_file(&key).map_err(|e| e.to_string())?;
-                let text =
-                    read_input(&snapshot).map_err(|e| format!("{}: {e}", snapshot.display()))?;
-                let snap: serde_json::Value = serde_json::from_str(&text)
-                    .map_err(|e| format!("{}: {e}", snapshot.display()))?;
-                crate::token::mint(&key, &run_id, runner.as_deref(), &snap, ttl)
-                    .map_err(|e| e.message)
+                let text = read_input(&snapshot).map_err(|e| format!("{}: {e}", snapshot.display()))?;
+                let snap: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", snapshot.display()))?;
+                crate::token::mint(&key, &run_id, runner.as_deref(), &snap, ttl).map_err(|e| e.message)
             })();
             match r {
                 Ok(t) => {
@@ -80,7 +233,7 @@ pub fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("scriptgate token mint: {e}");
-                    ExitCode::from(EXIT_USAGE)
+                    ExitCode::from(exit::USAGE)
                 }
             }
         }

@@ -1,0 +1,337 @@
+//! A small MCP client over stdio (JSON-RPC lines): initialize, tools/list (all
+//! pages), tools/call. It keeps tools as raw JSON so that every annotation the
+//! server publishes (readOnlyHint, destructiveHint, execution.taskSupport) is seen.
+
+use crate::engine::LinkError;
+use crate::protocol::ToolResult;
+use crate::token::ToolClass;
+use base64::Engine as _;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
+
+pub const PROTOCOL_VERSION: &str = "2025-06-18";
+
+#[derive(Debug, thiserror::Error)]
+pub enum McpError {
+    #[error("MCP server {name}: {message}")]
+    Server { name: String, message: String },
+    #[error("--mcp {0:?}: expected NAME=COMMAND (NAME: letters, digits, _ and -)")]
+    Spec(String),
+}
+
+/// A `--mcp NAME=COMMAND` argument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSpec {
+    pub name: String,
+    pub argv: Vec<String>,
+}
+
+impl std::str::FromStr for ServerSpec {
+    type Err = McpError;
+    fn from_str(s: &str) -> Result<Self, McpError> {
+        let (name, cmd) = s.split_once('=').ok_or_else(|| McpError::Spec(s.into()))?;
+        let ok_name = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') && !name.contains("__");
+        let argv = shlex::split(cmd).filter(|a| !a.is_empty()).ok_or_else(|| McpError::Spec(s.into()))?;
+        if !ok_name {
+            return Err(McpError::Spec(s.into()));
+        }
+        Ok(ServerSpec { name: name.into(), argv })
+    }
+}
+
+/// The class of a tool from its MCP annotations, with the MCP spec's defaults:
+/// `execution.taskSupport: "required"` → long_task; `readOnlyHint: true` → read;
+/// otherwise `destructiveHint` (default true) → destructive; otherwise write.
+pub fn class_of(tool: &Value) -> ToolClass {
+    if tool.pointer("/execution/taskSupport").and_then(Value::as_str) == Some("required") {
+        return ToolClass::LongTask;
+    }
+    let hint = |k: &str| tool.get("annotations").and_then(|a| a.get(k)).and_then(Value::as_bool);
+    if hint("readOnlyHint") == Some(true) {
+        ToolClass::Read
+    } else if hint("destructiveHint").unwrap_or(true) {
+        ToolClass::Destructive
+    } else {
+        ToolClass::Write
+    }
+}
+
+/// Map a `tools/call` result to `{text, structured, is_error}`: text contents joined,
+/// other content kinds named with their type and size.
+pub fn map_result(r: &Value) -> ToolResult {
+    let mut parts = Vec::new();
+    for c in r.get("content").and_then(Value::as_array).into_iter().flatten() {
+        let kind = c.get("type").and_then(Value::as_str).unwrap_or("?");
+        let mime = c.get("mimeType").and_then(Value::as_str).unwrap_or(kind);
+        let size = |b64: Option<&Value>| {
+            b64.and_then(Value::as_str)
+                .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
+                .map_or(0, |d| d.len())
+        };
+        parts.push(match kind {
+            "text" => c.get("text").and_then(Value::as_str).unwrap_or("").to_string(),
+            "image" | "audio" => format!("[{mime}, {} bytes]", size(c.get("data"))),
+            "resource_link" => format!("[resource link {}]", c.get("uri").and_then(Value::as_str).unwrap_or("")),
+            "resource" => {
+                let res = c.get("resource").cloned().unwrap_or(Value::Null);
+                match res.get("text").and_then(Value::as_str) {
+                    Some(t) => t.to_string(),
+                    None => {
+                        let mime = res.get("mimeType").and_then(Value::as_str).unwrap_or("resource");
+                        format!("[{mime}, {} bytes, {}]", size(res.get("blob")), res.get("uri").and_then(Value::as_str).unwrap_or(""))
+                    }
+                }
+            }
+            other => format!("[{other} content]"),
+        });
+    }
+    ToolResult {
+        text: parts.join("\n"),
+        structured: r.get("structuredContent").cloned().filter(|v| !v.is_null()),
+        is_error: r.get("isError").and_then(Value::as_bool).unwrap_or(false),
+    }
+}
+
+type Pending = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<Result<Value, String>>>>>>;
+
+/// One running MCP server.
+pub struct Server {
+    pub name: String,
+    tx: mpsc::UnboundedSender<String>,
+    pending: Pending,
+    next: AtomicU64,
+    child: tokio::sync::Mutex<tokio::process::Child>,
+    pgid: Option<i32>,
+    stderr_tail: Arc<Mutex<Vec<u8>>>,
+    pub call_timeout: Duration,
+}
+
+impl Server {
+    /// Start the server and run the MCP handshake. No `roots` capability is
+    /// advertised (a server such as server-filesystem would then trade the directories
+    /// on its command line for ours); `roots` only answers a server that asks anyway.
+    pub async fn start(spec: &ServerSpec, roots: Vec<String>, call_timeout: Duration) -> Result<Server, McpError> {
+        let err = |message: String| McpError::Server { name: spec.name.clone(), message };
+        let mut cmd = tokio::process::Command::new(&spec.argv[0]);
+        cmd.args(&spec.argv[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+        // Its own process group, so that shutdown also reaches what it spawned (npx → node).
+        cmd.process_group(0);
+        let mut child = cmd.spawn().map_err(|e| err(format!("cannot start {:?}: {e}", spec.argv[0])))?;
+        let pgid = child.id().map(|p| p as i32);
+        let mut stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let mut stderr = child.stderr.take().expect("piped");
+        let stderr_tail = Arc::new(Mutex::new(Vec::new()));
+        let tail = stderr_tail.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                let mut t = tail.lock().unwrap();
+                t.extend_from_slice(&buf[..n]);
+                let excess = t.len().saturating_sub(4096);
+                t.drain(..excess);
+            }
+        });
+        let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+        tokio::spawn(async move {
+            while let Some(line) = rx.recv().await {
+                if stdin.write_all(line.as_bytes()).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
+        let (p2, tx2) = (pending.clone(), tx.clone());
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Ok(msg) = serde_json::from_str::<Value>(&line) else { continue };
+                let id = msg.get("id").cloned();
+                match (msg.get("method").and_then(Value::as_str), id) {
+                    (Some(method), Some(id)) => {
+                        // A request from the server.
+                        let answer = match method {
+                            "ping" => json!({"jsonrpc": "2.0", "id": id, "result": {}}),
+                            "roots/list" => json!({"jsonrpc": "2.0", "id": id, "result": {"roots":
+                                roots.iter().map(|r| json!({"uri": format!("file://{r}"), "name": r})).collect::<Vec<_>>()}}),
+                            _ => json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "not supported by scriptgate"}}),
+                        };
+                        let _ = tx2.send(answer.to_string() + "\n");
+                    }
+                    (None, Some(id)) => {
+                        let slot = id.as_u64().and_then(|i| p2.lock().unwrap().as_mut().and_then(|m| m.remove(&i)));
+                        if let Some(s) = slot {
+                            let r = match msg.get("error") {
+                                Some(e) => Err(e.get("message").and_then(Value::as_str).unwrap_or("error").to_string()),
+                                None => Ok(msg.get("result").cloned().unwrap_or(Value::Null)),
+                            };
+                            let _ = s.send(r);
+                        }
+                    }
+                    _ => {} // notifications: logging, progress, list changes
+                }
+            }
+            // The server's stdout closed: it exited or crashed. Fail what is waiting.
+            p2.lock().unwrap().take();
+        });
+        let server = Server {
+            name: spec.name.clone(),
+            tx,
+            pending,
+            next: AtomicU64::new(1),
+            child: tokio::sync::Mutex::new(child),
+            pgid,
+            stderr_tail,
+            call_timeout,
+        };
+        let init = server
+            .request(
+                "initialize",
+                json!({"protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+                       "clientInfo": {"name": "scriptgate", "version": env!("CARGO_PKG_VERSION")}}),
+                Duration::from_secs(60),
+            )
+            .await
+            .map_err(|e| err(format!("initialize failed: {e}{}", server.stderr_note())))?;
+        if init.get("capabilities").and_then(|c| c.get("tools")).is_none() {
+            return Err(err("the server offers no tools".into()));
+        }
+        server.notify("notifications/initialized", json!({}));
+        Ok(server)
+    }
+
+    fn stderr_note(&self) -> String {
+        let t = self.stderr_tail.lock().unwrap();
+        let s = String::from_utf8_lossy(&t);
+        let s = s.trim();
+        if s.is_empty() {
+            String::new()
+        } else {
+            format!("; its stderr ends with: {}", s.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | "))
+        }
+    }
+
+    fn notify(&self, method: &str, params: Value) {
+        let _ = self.tx.send(json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string() + "\n");
+    }
+
+    async fn request(&self, method: &str, params: Value, timeout: Duration) -> Result<Value, LinkError> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        match self.pending.lock().unwrap().as_mut() {
+            Some(m) => m.insert(id, tx),
+            None => return Err(LinkError::Answered(format!("MCP server {} is not running", self.name))),
+        };
+        let _ = self.tx.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string() + "\n");
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(Ok(v))) => Ok(v),
+            Ok(Ok(Err(m))) => Err(LinkError::Answered(format!("MCP server {}: {m}", self.name))),
+            Ok(Err(_)) => Err(LinkError::Answered(format!("MCP server {} exited{}", self.name, self.stderr_note()))),
+            Err(_) => {
+                if let Some(m) = self.pending.lock().unwrap().as_mut() {
+                    m.remove(&id);
+                }
+                self.notify("notifications/cancelled", json!({"requestId": id, "reason": "timeout"}));
+                Err(LinkError::Answered(format!("MCP server {} did not answer within {} s", self.name, timeout.as_secs())))
+            }
+        }
+    }
+
+    /// All tools, following `nextCursor`.
+    pub async fn list_tools(&self) -> Result<Vec<Value>, McpError> {
+        let mut out = Vec::new();
+        let mut cursor: Option<Value> = None;
+        loop {
+            let params = match &cursor {
+                Some(c) => json!({"cursor": c}),
+                None => json!({}),
+            };
+            let r = self
+                .request("tools/list", params, Duration::from_secs(60))
+                .await
+                .map_err(|e| McpError::Server { name: self.name.clone(), message: format!("tools/list: {e}") })?;
+            out.extend(r.get("tools").and_then(Value::as_array).cloned().unwrap_or_default());
+            cursor = r.get("nextCursor").filter(|c| !c.is_null()).cloned();
+            if cursor.is_none() || out.len() > 100_000 {
+                return Ok(out);
+            }
+        }
+    }
+
+    pub async fn call(&self, tool: &str, arguments: Value) -> Result<ToolResult, LinkError> {
+        let r = self.request("tools/call", json!({"name": tool, "arguments": arguments}), self.call_timeout).await?;
+        Ok(map_result(&r))
+    }
+
+    /// Close stdin, give the server a moment, then end its process group.
+    pub async fn shutdown(&self) {
+        self.pending.lock().unwrap().take();
+        let mut child = self.child.lock().await;
+        drop(child.stdin.take());
+        let _ = self.tx.send(String::new());
+        if tokio::time::timeout(Duration::from_millis(500), child.wait()).await.is_err() {
+            if let Some(pg) = self.pgid {
+                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pg), nix::sys::signal::Signal::SIGTERM);
+            }
+            if tokio::time::timeout(Duration::from_secs(2), child.wait()).await.is_err() {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+            }
+        }
+        if let Some(pg) = self.pgid {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pg), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+
+    pub fn pid(&self) -> Option<i32> {
+        self.pgid
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_follow_annotations_and_spec_defaults() {
+        assert_eq!(class_of(&json!({"annotations": {"readOnlyHint": true}})), ToolClass::Read);
+        assert_eq!(class_of(&json!({"annotations": {"readOnlyHint": false, "destructiveHint": false}})), ToolClass::Write);
+        assert_eq!(class_of(&json!({"annotations": {"readOnlyHint": false}})), ToolClass::Destructive);
+        assert_eq!(class_of(&json!({})), ToolClass::Destructive, "no annotations: the spec's defaults");
+        assert_eq!(class_of(&json!({"annotations": {"readOnlyHint": true}, "execution": {"taskSupport": "required"}})), ToolClass::LongTask);
+        assert_eq!(class_of(&json!({"annotations": {"readOnlyHint": true}, "execution": {"taskSupport": "optional"}})), ToolClass::Read);
+    }
+
+    #[test]
+    fn results_join_text_and_name_other_content() {
+        let r = map_result(&json!({"content": [
+            {"type": "text", "text": "hello"},
+            {"type": "image", "mimeType": "image/png", "data": "AAECAw=="},
+            {"type": "resource_link", "uri": "file:///x"},
+            {"type": "resource", "resource": {"uri": "mem://a", "mimeType": "application/gzip", "blob": "AAAA"}},
+            {"type": "resource", "resource": {"uri": "mem://b", "text": "inline"}}
+        ], "structuredContent": {"a": 1}, "isError": true}));
+        assert_eq!(r.text, "hello\n[image/png, 4 bytes]\n[resource link file:///x]\n[application/gzip, 3 bytes, mem://a]\ninline");
+        assert_eq!(r.structured, Some(json!({"a": 1})));
+        assert!(r.is_error);
+    }
+
+    #[test]
+    fn server_specs_split_like_a_shell() {
+        let s: ServerSpec = "fs=npx -y '@modelcontextprotocol/server-filesystem' \"/srv/my dir\"".parse().unwrap();
+        assert_eq!(s.name, "fs");
+        assert_eq!(s.argv, ["npx", "-y", "@modelcontextprotocol/server-filesystem", "/srv/my dir"]);
+        assert!("noequals".parse::<ServerSpec>().is_err());
+        assert!("a__b=cmd".parse::<ServerSpec>().is_err(), "__ separates server and tool names");
+        assert!("x=".parse::<ServerSpec>().is_err());
+    }
+}
