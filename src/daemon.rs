@@ -154,7 +154,9 @@ impl Daemon {
     pub fn describe(&self, token_str: &str) -> Result<Value, RpcError> {
         let claims = token::verify(token_str, &self.key, true)?;
         let limits = Limits::effective(&self.cfg.scripts, &claims.snapshot.limits);
-        Ok(json!({"text": crate::describe::describe(&claims.snapshot, &limits, self.cfg.scripts.return_max_chars)}))
+        Ok(
+            json!({"text": crate::describe::describe(&claims.snapshot, &limits, self.cfg.scripts.return_max_chars)}),
+        )
     }
 
     /// `script.start`. Refusals are audited (and logged at warning priority).

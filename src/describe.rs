@@ -27,8 +27,17 @@ fn py_type(schema: &Value) -> String {
             None => "list".into(),
         },
         Some(Value::String(t)) => one(t).into(),
-        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).map(one).collect::<Vec<_>>().join(" | "),
-        _ => match schema.get("anyOf").or_else(|| schema.get("oneOf")).and_then(Value::as_array) {
+        Some(Value::Array(ts)) => ts
+            .iter()
+            .filter_map(Value::as_str)
+            .map(one)
+            .collect::<Vec<_>>()
+            .join(" | "),
+        _ => match schema
+            .get("anyOf")
+            .or_else(|| schema.get("oneOf"))
+            .and_then(Value::as_array)
+        {
             Some(alts) => alts.iter().map(py_type).collect::<Vec<_>>().join(" | "),
             None => "Any".into(),
         },
@@ -48,7 +57,10 @@ fn py_default(v: &Value) -> String {
 /// `name(a: str, b: int = 5, c: list[str] = None)`: required arguments first,
 /// frozen ones left out (the engine binds them).
 pub fn signature(tool: &ToolSpec) -> String {
-    let props = tool.input_schema.get("properties").and_then(Value::as_object);
+    let props = tool
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object);
     let required: Vec<&str> = tool
         .input_schema
         .get("required")
@@ -64,7 +76,10 @@ pub fn signature(tool: &ToolSpec) -> String {
         if required.contains(&k.as_str()) {
             req.push(format!("{k}: {}", py_type(s)));
         } else {
-            let d = s.get("default").map(py_default).unwrap_or_else(|| "None".into());
+            let d = s
+                .get("default")
+                .map(py_default)
+                .unwrap_or_else(|| "None".into());
             opt.push(format!("{k}: {} = {d}", py_type(s)));
         }
     }
@@ -75,8 +90,12 @@ pub fn signature(tool: &ToolSpec) -> String {
 pub fn describe(snap: &Snapshot, limits: &Limits, return_max_chars: usize) -> String {
     let enabled = || snap.tools.iter().filter(|t| t.enabled);
     let reads: Vec<_> = enabled().filter(|t| t.class == ToolClass::Read).collect();
-    let writes: Vec<_> = enabled().filter(|t| t.class == ToolClass::Write && !snap.read_only).collect();
-    let direct: Vec<_> = enabled().filter(|t| matches!(t.class, ToolClass::Destructive | ToolClass::LongTask)).collect();
+    let writes: Vec<_> = enabled()
+        .filter(|t| t.class == ToolClass::Write && !snap.read_only)
+        .collect();
+    let direct: Vec<_> = enabled()
+        .filter(|t| matches!(t.class, ToolClass::Destructive | ToolClass::LongTask))
+        .collect();
     let mut d = String::new();
     d.push_str(
         "run_script: run one Python 3 script that calls this run's tools, in loops if need be. \
@@ -127,7 +146,11 @@ No network. The working directory is the workspace, {}; files the script writes 
     if !direct.is_empty() {
         d.push_str("\nNever callable from a script; call these directly as tools:\n");
         for t in &direct {
-            let why = if t.class == ToolClass::Destructive { "destructive, confirmed one call at a time" } else { "runs as a long task" };
+            let why = if t.class == ToolClass::Destructive {
+                "destructive, confirmed one call at a time"
+            } else {
+                "runs as a long task"
+            };
             d.push_str(&format!("    {} ({why})\n", t.name));
         }
     }
@@ -159,8 +182,15 @@ mod tests {
     #[test]
     fn signatures_from_schemas() {
         let s = snap(false);
-        assert_eq!(signature(&s.tools[0]), "fs__read_file(path: str, head: float = None, mode: Literal['a', 'b'] = 'a')");
-        assert_eq!(signature(&s.tools[1]), "fs__mkdir(path: str = None, tags: list[str] = None)", "frozen args are bound");
+        assert_eq!(
+            signature(&s.tools[0]),
+            "fs__read_file(path: str, head: float = None, mode: Literal['a', 'b'] = 'a')"
+        );
+        assert_eq!(
+            signature(&s.tools[1]),
+            "fs__mkdir(path: str = None, tags: list[str] = None)",
+            "frozen args are bound"
+        );
     }
 
     #[test]
@@ -170,7 +200,9 @@ mod tests {
         assert!(d.contains("agent_tools.call_many(tool, args_list, return_errors=False)"));
         assert!(d.contains("at most 2000 tool calls per script (4 at a time), 1800 s, 1024 MiB"));
         assert!(d.contains("Tools the script can call directly:\n    fs__read_file(path: str"));
-        assert!(d.contains("name them in run_script's `tools` argument (the user approves them once"));
+        assert!(
+            d.contains("name them in run_script's `tools` argument (the user approves them once")
+        );
         assert!(d.contains("    fs__mkdir(path: str = None"));
         assert!(d.contains("    fs__write_file (destructive, confirmed one call at a time)\n    x__research (runs as a long task)"));
         assert!(!d.contains("x__off"));

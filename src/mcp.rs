@@ -36,12 +36,21 @@ impl std::str::FromStr for ServerSpec {
     type Err = McpError;
     fn from_str(s: &str) -> Result<Self, McpError> {
         let (name, cmd) = s.split_once('=').ok_or_else(|| McpError::Spec(s.into()))?;
-        let ok_name = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') && !name.contains("__");
-        let argv = shlex::split(cmd).filter(|a| !a.is_empty()).ok_or_else(|| McpError::Spec(s.into()))?;
+        let ok_name = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            && !name.contains("__");
+        let argv = shlex::split(cmd)
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| McpError::Spec(s.into()))?;
         if !ok_name {
             return Err(McpError::Spec(s.into()));
         }
-        Ok(ServerSpec { name: name.into(), argv })
+        Ok(ServerSpec {
+            name: name.into(),
+            argv,
+        })
     }
 }
 
@@ -49,10 +58,18 @@ impl std::str::FromStr for ServerSpec {
 /// `execution.taskSupport: "required"` → long_task; `readOnlyHint: true` → read;
 /// otherwise `destructiveHint` (default true) → destructive; otherwise write.
 pub fn class_of(tool: &Value) -> ToolClass {
-    if tool.pointer("/execution/taskSupport").and_then(Value::as_str) == Some("required") {
+    if tool
+        .pointer("/execution/taskSupport")
+        .and_then(Value::as_str)
+        == Some("required")
+    {
         return ToolClass::LongTask;
     }
-    let hint = |k: &str| tool.get("annotations").and_then(|a| a.get(k)).and_then(Value::as_bool);
+    let hint = |k: &str| {
+        tool.get("annotations")
+            .and_then(|a| a.get(k))
+            .and_then(Value::as_bool)
+    };
     if hint("readOnlyHint") == Some(true) {
         ToolClass::Read
     } else if hint("destructiveHint").unwrap_or(true) {
@@ -66,7 +83,12 @@ pub fn class_of(tool: &Value) -> ToolClass {
 /// other content kinds named with their type and size.
 pub fn map_result(r: &Value) -> ToolResult {
     let mut parts = Vec::new();
-    for c in r.get("content").and_then(Value::as_array).into_iter().flatten() {
+    for c in r
+        .get("content")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let kind = c.get("type").and_then(Value::as_str).unwrap_or("?");
         let mime = c.get("mimeType").and_then(Value::as_str).unwrap_or(kind);
         let size = |b64: Option<&Value>| {
@@ -75,16 +97,30 @@ pub fn map_result(r: &Value) -> ToolResult {
                 .map_or(0, |d| d.len())
         };
         parts.push(match kind {
-            "text" => c.get("text").and_then(Value::as_str).unwrap_or("").to_string(),
+            "text" => c
+                .get("text")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
             "image" | "audio" => format!("[{mime}, {} bytes]", size(c.get("data"))),
-            "resource_link" => format!("[resource link {}]", c.get("uri").and_then(Value::as_str).unwrap_or("")),
+            "resource_link" => format!(
+                "[resource link {}]",
+                c.get("uri").and_then(Value::as_str).unwrap_or("")
+            ),
             "resource" => {
                 let res = c.get("resource").cloned().unwrap_or(Value::Null);
                 match res.get("text").and_then(Value::as_str) {
                     Some(t) => t.to_string(),
                     None => {
-                        let mime = res.get("mimeType").and_then(Value::as_str).unwrap_or("resource");
-                        format!("[{mime}, {} bytes, {}]", size(res.get("blob")), res.get("uri").and_then(Value::as_str).unwrap_or(""))
+                        let mime = res
+                            .get("mimeType")
+                            .and_then(Value::as_str)
+                            .unwrap_or("resource");
+                        format!(
+                            "[{mime}, {} bytes, {}]",
+                            size(res.get("blob")),
+                            res.get("uri").and_then(Value::as_str).unwrap_or("")
+                        )
                     }
                 }
             }
@@ -116,13 +152,26 @@ impl Server {
     /// Start the server and run the MCP handshake. No `roots` capability is
     /// advertised (a server such as server-filesystem would then trade the directories
     /// on its command line for ours); `roots` only answers a server that asks anyway.
-    pub async fn start(spec: &ServerSpec, roots: Vec<String>, call_timeout: Duration) -> Result<Server, McpError> {
-        let err = |message: String| McpError::Server { name: spec.name.clone(), message };
+    pub async fn start(
+        spec: &ServerSpec,
+        roots: Vec<String>,
+        call_timeout: Duration,
+    ) -> Result<Server, McpError> {
+        let err = |message: String| McpError::Server {
+            name: spec.name.clone(),
+            message,
+        };
         let mut cmd = tokio::process::Command::new(&spec.argv[0]);
-        cmd.args(&spec.argv[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+        cmd.args(&spec.argv[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
         // Its own process group, so that shutdown also reaches what it spawned (npx → node).
         cmd.process_group(0);
-        let mut child = cmd.spawn().map_err(|e| err(format!("cannot start {:?}: {e}", spec.argv[0])))?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| err(format!("cannot start {:?}: {e}", spec.argv[0])))?;
         let pgid = child.id().map(|p| p as i32);
         let mut stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
@@ -154,7 +203,9 @@ impl Server {
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let Ok(msg) = serde_json::from_str::<Value>(&line) else { continue };
+                let Ok(msg) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
                 let id = msg.get("id").cloned();
                 match (msg.get("method").and_then(Value::as_str), id) {
                     (Some(method), Some(id)) => {
@@ -163,15 +214,23 @@ impl Server {
                             "ping" => json!({"jsonrpc": "2.0", "id": id, "result": {}}),
                             "roots/list" => json!({"jsonrpc": "2.0", "id": id, "result": {"roots":
                                 roots.iter().map(|r| json!({"uri": format!("file://{r}"), "name": r})).collect::<Vec<_>>()}}),
-                            _ => json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "not supported by scriptgate"}}),
+                            _ => {
+                                json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "not supported by scriptgate"}})
+                            }
                         };
                         let _ = tx2.send(answer.to_string() + "\n");
                     }
                     (None, Some(id)) => {
-                        let slot = id.as_u64().and_then(|i| p2.lock().unwrap().as_mut().and_then(|m| m.remove(&i)));
+                        let slot = id
+                            .as_u64()
+                            .and_then(|i| p2.lock().unwrap().as_mut().and_then(|m| m.remove(&i)));
                         if let Some(s) = slot {
                             let r = match msg.get("error") {
-                                Some(e) => Err(e.get("message").and_then(Value::as_str).unwrap_or("error").to_string()),
+                                Some(e) => Err(e
+                                    .get("message")
+                                    .and_then(Value::as_str)
+                                    .unwrap_or("error")
+                                    .to_string()),
                                 None => Ok(msg.get("result").cloned().unwrap_or(Value::Null)),
                             };
                             let _ = s.send(r);
@@ -202,7 +261,11 @@ impl Server {
             )
             .await
             .map_err(|e| err(format!("initialize failed: {e}{}", server.stderr_note())))?;
-        if init.get("capabilities").and_then(|c| c.get("tools")).is_none() {
+        if init
+            .get("capabilities")
+            .and_then(|c| c.get("tools"))
+            .is_none()
+        {
             return Err(err("the server offers no tools".into()));
         }
         server.notify("notifications/initialized", json!({}));
@@ -216,32 +279,71 @@ impl Server {
         if s.is_empty() {
             String::new()
         } else {
-            format!("; its stderr ends with: {}", s.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | "))
+            format!(
+                "; its stderr ends with: {}",
+                s.lines()
+                    .rev()
+                    .take(5)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            )
         }
     }
 
     fn notify(&self, method: &str, params: Value) {
-        let _ = self.tx.send(json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string() + "\n");
+        let _ = self
+            .tx
+            .send(json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string() + "\n");
     }
 
-    async fn request(&self, method: &str, params: Value, timeout: Duration) -> Result<Value, LinkError> {
+    async fn request(
+        &self,
+        method: &str,
+        params: Value,
+        timeout: Duration,
+    ) -> Result<Value, LinkError> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         match self.pending.lock().unwrap().as_mut() {
             Some(m) => m.insert(id, tx),
-            None => return Err(LinkError::Answered(format!("MCP server {} is not running", self.name))),
+            None => {
+                return Err(LinkError::Answered(format!(
+                    "MCP server {} is not running",
+                    self.name
+                )))
+            }
         };
-        let _ = self.tx.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string() + "\n");
+        let _ = self.tx.send(
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
+                + "\n",
+        );
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(Ok(v))) => Ok(v),
-            Ok(Ok(Err(m))) => Err(LinkError::Answered(format!("MCP server {}: {m}", self.name))),
-            Ok(Err(_)) => Err(LinkError::Answered(format!("MCP server {} exited{}", self.name, self.stderr_note()))),
+            Ok(Ok(Err(m))) => Err(LinkError::Answered(format!(
+                "MCP server {}: {m}",
+                self.name
+            ))),
+            Ok(Err(_)) => Err(LinkError::Answered(format!(
+                "MCP server {} exited{}",
+                self.name,
+                self.stderr_note()
+            ))),
             Err(_) => {
                 if let Some(m) = self.pending.lock().unwrap().as_mut() {
                     m.remove(&id);
                 }
-                self.notify("notifications/cancelled", json!({"requestId": id, "reason": "timeout"}));
-                Err(LinkError::Answered(format!("MCP server {} did not answer within {} s", self.name, timeout.as_secs())))
+                self.notify(
+                    "notifications/cancelled",
+                    json!({"requestId": id, "reason": "timeout"}),
+                );
+                Err(LinkError::Answered(format!(
+                    "MCP server {} did not answer within {} s",
+                    self.name,
+                    timeout.as_secs()
+                )))
             }
         }
     }
@@ -258,8 +360,16 @@ impl Server {
             let r = self
                 .request("tools/list", params, Duration::from_secs(60))
                 .await
-                .map_err(|e| McpError::Server { name: self.name.clone(), message: format!("tools/list: {e}") })?;
-            out.extend(r.get("tools").and_then(Value::as_array).cloned().unwrap_or_default());
+                .map_err(|e| McpError::Server {
+                    name: self.name.clone(),
+                    message: format!("tools/list: {e}"),
+                })?;
+            out.extend(
+                r.get("tools")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default(),
+            );
             cursor = r.get("nextCursor").filter(|c| !c.is_null()).cloned();
             if cursor.is_none() || out.len() > 100_000 {
                 return Ok(out);
@@ -268,7 +378,13 @@ impl Server {
     }
 
     pub async fn call(&self, tool: &str, arguments: Value) -> Result<ToolResult, LinkError> {
-        let r = self.request("tools/call", json!({"name": tool, "arguments": arguments}), self.call_timeout).await?;
+        let r = self
+            .request(
+                "tools/call",
+                json!({"name": tool, "arguments": arguments}),
+                self.call_timeout,
+            )
+            .await?;
         Ok(map_result(&r))
     }
 
@@ -278,17 +394,29 @@ impl Server {
         let mut child = self.child.lock().await;
         drop(child.stdin.take());
         let _ = self.tx.send(String::new());
-        if tokio::time::timeout(Duration::from_millis(500), child.wait()).await.is_err() {
+        if tokio::time::timeout(Duration::from_millis(500), child.wait())
+            .await
+            .is_err()
+        {
             if let Some(pg) = self.pgid {
-                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pg), nix::sys::signal::Signal::SIGTERM);
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pg),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
             }
-            if tokio::time::timeout(Duration::from_secs(2), child.wait()).await.is_err() {
+            if tokio::time::timeout(Duration::from_secs(2), child.wait())
+                .await
+                .is_err()
+            {
                 let _ = child.start_kill();
                 let _ = child.wait().await;
             }
         }
         if let Some(pg) = self.pgid {
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pg), nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pg),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
     }
 
@@ -303,12 +431,35 @@ mod tests {
 
     #[test]
     fn classes_follow_annotations_and_spec_defaults() {
-        assert_eq!(class_of(&json!({"annotations": {"readOnlyHint": true}})), ToolClass::Read);
-        assert_eq!(class_of(&json!({"annotations": {"readOnlyHint": false, "destructiveHint": false}})), ToolClass::Write);
-        assert_eq!(class_of(&json!({"annotations": {"readOnlyHint": false}})), ToolClass::Destructive);
-        assert_eq!(class_of(&json!({})), ToolClass::Destructive, "no annotations: the spec's defaults");
-        assert_eq!(class_of(&json!({"annotations": {"readOnlyHint": true}, "execution": {"taskSupport": "required"}})), ToolClass::LongTask);
-        assert_eq!(class_of(&json!({"annotations": {"readOnlyHint": true}, "execution": {"taskSupport": "optional"}})), ToolClass::Read);
+        assert_eq!(
+            class_of(&json!({"annotations": {"readOnlyHint": true}})),
+            ToolClass::Read
+        );
+        assert_eq!(
+            class_of(&json!({"annotations": {"readOnlyHint": false, "destructiveHint": false}})),
+            ToolClass::Write
+        );
+        assert_eq!(
+            class_of(&json!({"annotations": {"readOnlyHint": false}})),
+            ToolClass::Destructive
+        );
+        assert_eq!(
+            class_of(&json!({})),
+            ToolClass::Destructive,
+            "no annotations: the spec's defaults"
+        );
+        assert_eq!(
+            class_of(
+                &json!({"annotations": {"readOnlyHint": true}, "execution": {"taskSupport": "required"}})
+            ),
+            ToolClass::LongTask
+        );
+        assert_eq!(
+            class_of(
+                &json!({"annotations": {"readOnlyHint": true}, "execution": {"taskSupport": "optional"}})
+            ),
+            ToolClass::Read
+        );
     }
 
     #[test]
@@ -327,11 +478,24 @@ mod tests {
 
     #[test]
     fn server_specs_split_like_a_shell() {
-        let s: ServerSpec = "fs=npx -y '@modelcontextprotocol/server-filesystem' \"/srv/my dir\"".parse().unwrap();
+        let s: ServerSpec = "fs=npx -y '@modelcontextprotocol/server-filesystem' \"/srv/my dir\""
+            .parse()
+            .unwrap();
         assert_eq!(s.name, "fs");
-        assert_eq!(s.argv, ["npx", "-y", "@modelcontextprotocol/server-filesystem", "/srv/my dir"]);
+        assert_eq!(
+            s.argv,
+            [
+                "npx",
+                "-y",
+                "@modelcontextprotocol/server-filesystem",
+                "/srv/my dir"
+            ]
+        );
         assert!("noequals".parse::<ServerSpec>().is_err());
-        assert!("a__b=cmd".parse::<ServerSpec>().is_err(), "__ separates server and tool names");
+        assert!(
+            "a__b=cmd".parse::<ServerSpec>().is_err(),
+            "__ separates server and tool names"
+        );
         assert!("x=".parse::<ServerSpec>().is_err());
     }
 }

@@ -19,7 +19,11 @@ Example:
   scriptgate run --mcp 'fs=npx -y @modelcontextprotocol/server-filesystem /srv/data' report.py";
 
 #[derive(Parser, Debug)]
-#[command(name = "scriptgate", version, about = "Run tool-calling Python scripts in a sandbox; inspect and control scriptgated")]
+#[command(
+    name = "scriptgate",
+    version,
+    about = "Run tool-calling Python scripts in a sandbox; inspect and control scriptgated"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -157,7 +161,10 @@ fn read_input(p: &std::path::Path) -> std::io::Result<String> {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }
 
 fn fail(cmd: &str, f: run::Failure) -> ExitCode {
@@ -178,7 +185,13 @@ pub fn main() -> ExitCode {
                 read_only: c.read_only,
                 workspace: c.workspace,
                 class: c.servers.class,
-                answer: if c.yes { run::Answer::Yes } else if c.no { run::Answer::No } else { run::Answer::Ask },
+                answer: if c.yes {
+                    run::Answer::Yes
+                } else if c.no {
+                    run::Answer::No
+                } else {
+                    run::Answer::Ask
+                },
                 socket: c.socket,
                 embedded: c.embedded,
                 timeout: c.timeout,
@@ -194,7 +207,10 @@ pub fn main() -> ExitCode {
             match r {
                 Ok(result) => {
                     if json {
-                        println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default());
+                        println!(
+                            "{}",
+                            serde_json::to_string_pretty(&result).unwrap_or_default()
+                        );
                     } else {
                         print!("{}", result.text);
                     }
@@ -203,15 +219,23 @@ pub fn main() -> ExitCode {
                 Err(f) => fail("run", f),
             }
         }
-        Cmd::Tools(c) => match runtime().block_on(run::list_tools(&c.servers.mcp, &c.servers.class, c.json)) {
-            Ok(s) => {
-                print!("{s}");
-                ExitCode::SUCCESS
+        Cmd::Tools(c) => {
+            match runtime().block_on(run::list_tools(&c.servers.mcp, &c.servers.class, c.json)) {
+                Ok(s) => {
+                    print!("{s}");
+                    ExitCode::SUCCESS
+                }
+                Err(f) => fail("tools", f),
             }
-            Err(f) => fail("tools", f),
-        },
+        }
         Cmd::Describe(c) => {
-            match runtime().block_on(run::describe(&c.servers.mcp, &c.servers.class, &c.mode, c.read_only, c.config.as_deref())) {
+            match runtime().block_on(run::describe(
+                &c.servers.mcp,
+                &c.servers.class,
+                &c.mode,
+                c.read_only,
+                c.config.as_deref(),
+            )) {
                 Ok(s) => {
                     print!("{s}");
                     ExitCode::SUCCESS
@@ -219,12 +243,21 @@ pub fn main() -> ExitCode {
                 Err(f) => fail("describe", f),
             }
         }
-        Cmd::Token(TokenCmd::Mint { key, run_id, snapshot, ttl, runner }) => {
+        Cmd::Token(TokenCmd::Mint {
+            key,
+            run_id,
+            snapshot,
+            ttl,
+            runner,
+        }) => {
             let r = (|| -> Result<String, String> {
                 let key = crate::config::read_key_file(&key).map_err(|e| e.to_string())?;
-                let text = read_input(&snapshot).map_err(|e| format!("{}: {e}", snapshot.display()))?;
-                let snap: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", snapshot.display()))?;
-                crate::token::mint(&key, &run_id, runner.as_deref(), &snap, ttl).map_err(|e| e.message)
+                let text =
+                    read_input(&snapshot).map_err(|e| format!("{}: {e}", snapshot.display()))?;
+                let snap: serde_json::Value = serde_json::from_str(&text)
+                    .map_err(|e| format!("{}: {e}", snapshot.display()))?;
+                crate::token::mint(&key, &run_id, runner.as_deref(), &snap, ttl)
+                    .map_err(|e| e.message)
             })();
             match r {
                 Ok(t) => {

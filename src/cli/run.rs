@@ -56,12 +56,22 @@ pub struct Failure {
 
 impl Failure {
     fn setup(m: impl Into<String>) -> Self {
-        Failure { code: exit::SETUP, message: m.into() }
+        Failure {
+            code: exit::SETUP,
+            message: m.into(),
+        }
     }
     fn refused(e: &RpcError) -> Self {
-        let code = if e.code == protocol::code::APPROVAL { exit::APPROVAL_DENIED } else { exit::REFUSED };
+        let code = if e.code == protocol::code::APPROVAL {
+            exit::APPROVAL_DENIED
+        } else {
+            exit::REFUSED
+        };
         let detail = e.data.as_ref().map(|d| format!(" {d}")).unwrap_or_default();
-        Failure { code, message: format!("script refused: {} ({}){detail}", e.message, e.code) }
+        Failure {
+            code,
+            message: format!("script refused: {} ({}){detail}", e.message, e.code),
+        }
     }
 }
 
@@ -80,15 +90,30 @@ pub struct Tools {
 }
 
 impl Tools {
-    pub async fn start(specs: &[ServerSpec], roots: Vec<String>, overrides: &[(String, ToolClass)], call_timeout: Duration) -> Result<Tools, Failure> {
+    pub async fn start(
+        specs: &[ServerSpec],
+        roots: Vec<String>,
+        overrides: &[(String, ToolClass)],
+        call_timeout: Duration,
+    ) -> Result<Tools, Failure> {
         if specs.is_empty() {
-            return Err(Failure { code: exit::USAGE, message: "no MCP server: give at least one --mcp NAME=COMMAND".into() });
+            return Err(Failure {
+                code: exit::USAGE,
+                message: "no MCP server: give at least one --mcp NAME=COMMAND".into(),
+            });
         }
-        let mut t = Tools { servers: vec![], route: HashMap::new(), specs: vec![] };
+        let mut t = Tools {
+            servers: vec![],
+            route: HashMap::new(),
+            specs: vec![],
+        };
         for spec in specs {
             if t.servers.iter().any(|s| s.name == spec.name) {
                 t.shutdown().await;
-                return Err(Failure { code: exit::USAGE, message: format!("--mcp {}: the name is used twice", spec.name) });
+                return Err(Failure {
+                    code: exit::USAGE,
+                    message: format!("--mcp {}: the name is used twice", spec.name),
+                });
             }
             let server = match mcp::Server::start(spec, roots.clone(), call_timeout).await {
                 Ok(s) => Arc::new(s),
@@ -106,29 +131,51 @@ impl Tools {
                 }
             };
             for tool in listed {
-                let Some(name) = tool.get("name").and_then(Value::as_str) else { continue };
+                let Some(name) = tool.get("name").and_then(Value::as_str) else {
+                    continue;
+                };
                 let full = format!("{}__{name}", spec.name);
-                let mut schema = tool.get("inputSchema").cloned().unwrap_or_else(|| json!({"type": "object"}));
+                let mut schema = tool
+                    .get("inputSchema")
+                    .cloned()
+                    .unwrap_or_else(|| json!({"type": "object"}));
                 if jsonschema::draft202012::new(&schema).is_err() {
                     eprintln!("scriptgate: warning: {full}: its input schema does not compile; arguments go unchecked to the server");
                     schema = json!({"type": "object"});
                 }
-                let class = overrides.iter().find(|(n, _)| *n == full).map(|(_, c)| *c).unwrap_or_else(|| mcp::class_of(&tool));
-                t.route.insert(full.clone(), (server.clone(), name.to_string()));
-                t.specs.push(ToolSpec { name: full, class, enabled: true, input_schema: schema, frozen: Default::default() });
+                let class = overrides
+                    .iter()
+                    .find(|(n, _)| *n == full)
+                    .map(|(_, c)| *c)
+                    .unwrap_or_else(|| mcp::class_of(&tool));
+                t.route
+                    .insert(full.clone(), (server.clone(), name.to_string()));
+                t.specs.push(ToolSpec {
+                    name: full,
+                    class,
+                    enabled: true,
+                    input_schema: schema,
+                    frozen: Default::default(),
+                });
             }
         }
         for (n, _) in overrides {
             if !t.route.contains_key(n) {
                 t.shutdown().await;
-                return Err(Failure { code: exit::USAGE, message: format!("--class {n}: no such tool") });
+                return Err(Failure {
+                    code: exit::USAGE,
+                    message: format!("--class {n}: no such tool"),
+                });
             }
         }
         Ok(t)
     }
 
     pub async fn call(&self, full: &str, args: Value) -> Result<ToolResult, LinkError> {
-        let (server, name) = self.route.get(full).ok_or_else(|| LinkError::Answered(format!("no tool {full}")))?;
+        let (server, name) = self
+            .route
+            .get(full)
+            .ok_or_else(|| LinkError::Answered(format!("no tool {full}")))?;
         server.call(name, args).await
     }
 
@@ -154,26 +201,51 @@ pub struct CliEngine {
 impl CliEngine {
     async fn tool_call(&self, params: &Value) -> Result<ToolResult, LinkError> {
         let tool = params.get("tool").and_then(Value::as_str).unwrap_or("");
-        self.tools.call(tool, params.get("arguments").cloned().unwrap_or(json!({}))).await
+        self.tools
+            .call(tool, params.get("arguments").cloned().unwrap_or(json!({})))
+            .await
     }
 
     fn approve(&self, p: &Value) -> bool {
-        let tools: Vec<String> = p["tools"].as_array().into_iter().flatten().map(|t| format!("{} ({})", t["name"].as_str().unwrap_or(""), t["class"].as_str().unwrap_or(""))).collect();
+        let tools: Vec<String> = p["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                format!(
+                    "{} ({})",
+                    t["name"].as_str().unwrap_or(""),
+                    t["class"].as_str().unwrap_or("")
+                )
+            })
+            .collect();
         match self.answer {
             Answer::Yes => return true,
             Answer::No => {
-                eprintln!("scriptgate: approval denied (--no) for write tools {}", tools.join(", "));
+                eprintln!(
+                    "scriptgate: approval denied (--no) for write tools {}",
+                    tools.join(", ")
+                );
                 return false;
             }
             Answer::Ask => {}
         }
-        let tty = std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty");
+        let tty = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/tty");
         let Ok(mut tty) = tty else {
             eprintln!("scriptgate: the script declares write tools ({}) and needs approval, but there is no terminal to ask on; denied. Pass --yes to allow them, or --no to deny without asking.", tools.join(", "));
             return false;
         };
         self.clear_progress();
-        let code: String = p["code"].as_str().unwrap_or("").lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
+        let code: String = p["code"]
+            .as_str()
+            .unwrap_or("")
+            .lines()
+            .enumerate()
+            .map(|(i, l)| format!("{:4} | {l}\n", i + 1))
+            .collect();
         let _ = write!(
             tty,
             "\nscriptgate: this script asks to use write tools.\n  description: {}\n  write tools: {}\n--- script ---\n{code}--------------\nAllow once? [y/N] ",
@@ -192,21 +264,32 @@ impl CliEngine {
         let calls = p["calls"].as_u64().unwrap_or(0);
         let failures = p["failures"].as_u64().unwrap_or(0);
         let (done, total, msg) = match p.get("progress").filter(|v| !v.is_null()) {
-            Some(pr) => (pr["done"].as_i64().unwrap_or(0), pr["total"].as_i64().unwrap_or(0), pr["message"].as_str().unwrap_or("").to_string()),
+            Some(pr) => (
+                pr["done"].as_i64().unwrap_or(0),
+                pr["total"].as_i64().unwrap_or(0),
+                pr["message"].as_str().unwrap_or("").to_string(),
+            ),
             None => (0, 0, String::new()),
         };
         let mut err = std::io::stderr().lock();
         if self.progress_tty {
             let bar = if total > 0 {
                 let filled = ((done.clamp(0, total) * 30) / total) as usize;
-                format!("[{}{}] {done}/{total} ", "#".repeat(filled), ".".repeat(30 - filled))
+                format!(
+                    "[{}{}] {done}/{total} ",
+                    "#".repeat(filled),
+                    ".".repeat(30 - filled)
+                )
             } else {
                 String::new()
             };
             let _ = write!(err, "\r\x1b[K{bar}{msg} ({calls} calls, {failures} failed)");
             *self.progress_shown.lock().unwrap() = true;
         } else if total > 0 {
-            let _ = writeln!(err, "progress: {done}/{total} {msg} ({calls} calls, {failures} failed)");
+            let _ = writeln!(
+                err,
+                "progress: {done}/{total} {msg} ({calls} calls, {failures} failed)"
+            );
         } else {
             let _ = writeln!(err, "progress: {calls} calls, {failures} failed");
         }
@@ -231,9 +314,17 @@ impl EngineLink for Embedded {
     fn tool_call(&self, params: Value) -> BoxFuture<'_, Result<ToolResult, LinkError>> {
         Box::pin(async move { self.0.tool_call(&params).await })
     }
-    fn approval(&self, params: Value, _timeout: Duration) -> BoxFuture<'_, Result<bool, LinkError>> {
+    fn approval(
+        &self,
+        params: Value,
+        _timeout: Duration,
+    ) -> BoxFuture<'_, Result<bool, LinkError>> {
         let e = self.0.clone();
-        Box::pin(async move { tokio::task::spawn_blocking(move || e.approve(&params)).await.map_err(|_| LinkError::Disconnected) })
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || e.approve(&params))
+                .await
+                .map_err(|_| LinkError::Disconnected)
+        })
     }
     fn notify(&self, method: &str, params: Value) {
         if method == "script.progress" {
@@ -265,7 +356,9 @@ fn home_state() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
         return PathBuf::from(x).join("scriptgate");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/tmp".into());
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/tmp".into());
     home.join(".local/state/scriptgate")
 }
 
@@ -280,7 +373,11 @@ fn embedded_config(path: Option<&Path>) -> Result<Config, Failure> {
         Some(p) => Config::load(p, true).map_err(|e| Failure::setup(e.to_string()))?,
         None => Config::load(Path::new(crate::config::DEFAULT_PATH), false).unwrap_or_default(),
     };
-    cfg.state.dir = if is_root() { PathBuf::from("/var/lib/scriptgate/cli") } else { home_state() };
+    cfg.state.dir = if is_root() {
+        PathBuf::from("/var/lib/scriptgate/cli")
+    } else {
+        home_state()
+    };
     if cfg.sandbox.backend != BackendChoice::Rlimit {
         cfg.sandbox.backend = BackendChoice::Auto;
     }
@@ -291,42 +388,81 @@ fn embedded_config(path: Option<&Path>) -> Result<Config, Failure> {
 fn script_identity(cfg: &Config) -> Result<crate::sys::Identity, Failure> {
     let me = nix::unistd::getuid().as_raw();
     let gid = nix::unistd::getgid().as_raw();
-    crate::sys::resolve_run_as(me, gid, &cfg.sandbox.run_as).map_err(|e| Failure::setup(e.to_string()))
+    crate::sys::resolve_run_as(me, gid, &cfg.sandbox.run_as)
+        .map_err(|e| Failure::setup(e.to_string()))
 }
 
 /// Create a fresh workspace, or check the given one is usable by the script's uid.
-fn prepare_workspace(given: Option<&Path>, cfg: &Config, read_only: bool) -> Result<PathBuf, Failure> {
+fn prepare_workspace(
+    given: Option<&Path>,
+    cfg: &Config,
+    read_only: bool,
+) -> Result<PathBuf, Failure> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let id = script_identity(cfg)?;
-    let who = format!("uid {}{}", id.uid, if is_root() { format!(" ({}; scripts of root run as sandbox.run_as)", cfg.sandbox.run_as) } else { String::new() });
+    let who = format!(
+        "uid {}{}",
+        id.uid,
+        if is_root() {
+            format!(
+                " ({}; scripts of root run as sandbox.run_as)",
+                cfg.sandbox.run_as
+            )
+        } else {
+            String::new()
+        }
+    );
     let ws = match given {
-        Some(p) => std::fs::canonicalize(p).map_err(|e| Failure::setup(format!("workspace {}: {e}", p.display())))?,
+        Some(p) => std::fs::canonicalize(p)
+            .map_err(|e| Failure::setup(format!("workspace {}: {e}", p.display())))?,
         None => {
-            let base = if is_root() { PathBuf::from("/var/lib/scriptgate/workspaces") } else { home_state().join("workspaces") };
-            std::fs::create_dir_all(&base).map_err(|e| Failure::setup(format!("{}: {e}", base.display())))?;
+            let base = if is_root() {
+                PathBuf::from("/var/lib/scriptgate/workspaces")
+            } else {
+                home_state().join("workspaces")
+            };
+            std::fs::create_dir_all(&base)
+                .map_err(|e| Failure::setup(format!("{}: {e}", base.display())))?;
             let stamp = crate::broker::rfc3339_now().replace([':', '.'], "-");
             let mut r = [0u8; 3];
             let _ = getrandom::getrandom(&mut r);
             let ws = base.join(format!("run-{stamp}-{:02x}{:02x}{:02x}", r[0], r[1], r[2]));
-            std::fs::create_dir(&ws).map_err(|e| Failure::setup(format!("{}: {e}", ws.display())))?;
+            std::fs::create_dir(&ws)
+                .map_err(|e| Failure::setup(format!("{}: {e}", ws.display())))?;
             if is_root() {
                 let _ = std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755));
-                nix::unistd::chown(&ws, Some(nix::unistd::Uid::from_raw(id.uid)), Some(nix::unistd::Gid::from_raw(id.gid)))
-                    .map_err(|e| Failure::setup(format!("chown {}: {e}", ws.display())))?;
+                nix::unistd::chown(
+                    &ws,
+                    Some(nix::unistd::Uid::from_raw(id.uid)),
+                    Some(nix::unistd::Gid::from_raw(id.gid)),
+                )
+                .map_err(|e| Failure::setup(format!("chown {}: {e}", ws.display())))?;
             }
             eprintln!("scriptgate: workspace {}", ws.display());
             ws
         }
     };
-    let meta = std::fs::metadata(&ws).map_err(|e| Failure::setup(format!("workspace {}: {e}", ws.display())))?;
+    let meta = std::fs::metadata(&ws)
+        .map_err(|e| Failure::setup(format!("workspace {}: {e}", ws.display())))?;
     if !meta.is_dir() {
-        return Err(Failure::setup(format!("workspace {} is not a directory", ws.display())));
+        return Err(Failure::setup(format!(
+            "workspace {} is not a directory",
+            ws.display()
+        )));
     }
     // Every ancestor must let the script's uid through; the workspace must be its to write.
     for dir in ws.ancestors() {
-        let Ok(m) = std::fs::metadata(dir) else { continue };
+        let Ok(m) = std::fs::metadata(dir) else {
+            continue;
+        };
         let mode = m.permissions().mode();
-        let through = if m.uid() == id.uid { mode & 0o100 != 0 } else if m.gid() == id.gid { mode & 0o010 != 0 } else { mode & 0o001 != 0 };
+        let through = if m.uid() == id.uid {
+            mode & 0o100 != 0
+        } else if m.gid() == id.gid {
+            mode & 0o010 != 0
+        } else {
+            mode & 0o001 != 0
+        };
         if !through {
             return Err(Failure::setup(format!(
                 "workspace {} is unusable: {} cannot enter {} (mode {:o}); pick a --workspace that {who} can reach",
@@ -360,8 +496,15 @@ fn snapshot(tools: &Tools, ws: &Path, o: &RunOptions) -> Value {
 }
 
 fn read_script(p: &Path) -> Result<String, Failure> {
-    let r = if p.as_os_str() == "-" { std::io::read_to_string(std::io::stdin()) } else { std::fs::read_to_string(p) };
-    r.map_err(|e| Failure { code: exit::USAGE, message: format!("script {}: {e}", p.display()) })
+    let r = if p.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(p)
+    };
+    r.map_err(|e| Failure {
+        code: exit::USAGE,
+        message: format!("script {}: {e}", p.display()),
+    })
 }
 
 enum Target {
@@ -387,21 +530,50 @@ pub async fn run(o: RunOptions) -> Result<ScriptResult, Failure> {
     let target = pick_target(&o);
     let cfg = match &target {
         Target::Embedded => embedded_config(o.config.as_deref())?,
-        Target::Socket(_) => Config::load(o.config.as_deref().unwrap_or(Path::new(crate::config::DEFAULT_PATH)), o.config.is_some()).map_err(|e| Failure::setup(e.to_string()))?,
+        Target::Socket(_) => Config::load(
+            o.config
+                .as_deref()
+                .unwrap_or(Path::new(crate::config::DEFAULT_PATH)),
+            o.config.is_some(),
+        )
+        .map_err(|e| Failure::setup(e.to_string()))?,
     };
     let ws = match (&target, &o.workspace) {
         (Target::Embedded, w) => prepare_workspace(w.as_deref(), &cfg, o.read_only)?,
-        (Target::Socket(_), Some(w)) => std::fs::canonicalize(w).map_err(|e| Failure::setup(format!("workspace {}: {e}", w.display())))?,
-        (Target::Socket(s), None) => return Err(Failure { code: exit::USAGE, message: format!("the daemon at {} needs --workspace DIR under its workspace.roots", s.display()) }),
+        (Target::Socket(_), Some(w)) => std::fs::canonicalize(w)
+            .map_err(|e| Failure::setup(format!("workspace {}: {e}", w.display())))?,
+        (Target::Socket(s), None) => {
+            return Err(Failure {
+                code: exit::USAGE,
+                message: format!(
+                    "the daemon at {} needs --workspace DIR under its workspace.roots",
+                    s.display()
+                ),
+            })
+        }
     };
-    let tools = Tools::start(&o.mcp, vec![ws.display().to_string()], &o.class, Duration::from_secs(o.call_timeout)).await?;
-    let engine = Arc::new(CliEngine { tools, answer: o.answer, progress_tty: std::io::stderr().is_terminal(), progress_shown: Mutex::new(false) });
+    let tools = Tools::start(
+        &o.mcp,
+        vec![ws.display().to_string()],
+        &o.class,
+        Duration::from_secs(o.call_timeout),
+    )
+    .await?;
+    let engine = Arc::new(CliEngine {
+        tools,
+        answer: o.answer,
+        progress_tty: std::io::stderr().is_terminal(),
+        progress_shown: Mutex::new(false),
+    });
     let snap = snapshot(&engine.tools, &ws, &o);
     let params = StartParams {
         token: String::new(),
         code,
         tools: o.tools.clone(),
-        description: o.description.clone().unwrap_or_else(|| format!("scriptgate run {}", o.script.display())),
+        description: o
+            .description
+            .clone()
+            .unwrap_or_else(|| format!("scriptgate run {}", o.script.display())),
     };
     let result = match target {
         Target::Embedded => run_embedded(cfg, snap, params, &o, engine.clone()).await,
@@ -415,12 +587,22 @@ pub async fn run(o: RunOptions) -> Result<ScriptResult, Failure> {
 fn mint(key: &[u8], snap: &Value) -> Result<String, Failure> {
     let mut r = [0u8; 6];
     let _ = getrandom::getrandom(&mut r);
-    let run_id = format!("cli-{}", r.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let run_id = format!(
+        "cli-{}",
+        r.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
     let runner = format!("scriptgate-cli uid {}", nix::unistd::getuid());
-    crate::token::mint(key, &run_id, Some(&runner), snap, 24 * 3600).map_err(|e| Failure::setup(e.message))
+    crate::token::mint(key, &run_id, Some(&runner), snap, 24 * 3600)
+        .map_err(|e| Failure::setup(e.message))
 }
 
-async fn run_embedded(mut cfg: Config, snap: Value, mut params: StartParams, o: &RunOptions, engine: Arc<CliEngine>) -> Result<ScriptResult, Failure> {
+async fn run_embedded(
+    mut cfg: Config,
+    snap: Value,
+    mut params: StartParams,
+    o: &RunOptions,
+    engine: Arc<CliEngine>,
+) -> Result<ScriptResult, Failure> {
     let ws = PathBuf::from(snap["workspace"].as_str().unwrap_or("/"));
     cfg.workspace.roots = vec![ws];
     // The user at the terminal is the sysadmin of an embedded daemon: their limits stand.
@@ -433,26 +615,50 @@ async fn run_embedded(mut cfg: Config, snap: Value, mut params: StartParams, o: 
     let mut key = vec![0u8; 32];
     getrandom::getrandom(&mut key).map_err(|e| Failure::setup(format!("random key: {e}")))?;
     params.token = mint(&key, &snap)?;
-    let (daemon, _) = Daemon::new(cfg, key).map_err(|e| Failure::setup(format!("embedded daemon: {e}")))?;
-    let me = Peer { uid: nix::unistd::getuid().as_raw(), gid: nix::unistd::getgid().as_raw(), pid: Some(std::process::id() as i32), admin: false };
+    let (daemon, _) =
+        Daemon::new(cfg, key).map_err(|e| Failure::setup(format!("embedded daemon: {e}")))?;
+    let me = Peer {
+        uid: nix::unistd::getuid().as_raw(),
+        gid: nix::unistd::getgid().as_raw(),
+        pid: Some(std::process::id() as i32),
+        admin: false,
+    };
     let link: Arc<dyn EngineLink> = Arc::new(Embedded(engine));
-    let started = daemon.start(me, link, params).await.map_err(|e| Failure::refused(&e))?;
+    let started = daemon
+        .start(me, link, params)
+        .await
+        .map_err(|e| Failure::refused(&e))?;
     let script_id = started["script_id"].as_str().unwrap_or("").to_string();
     let r = daemon
-        .wait(Access::Conn(1), ScriptRef { script_id, timeout_s: None, token: None })
+        .wait(
+            Access::Conn(1),
+            ScriptRef {
+                script_id,
+                timeout_s: None,
+                token: None,
+            },
+        )
         .await
         .map_err(|e| Failure::setup(e.message))?;
     serde_json::from_value(r).map_err(|e| Failure::setup(format!("result: {e}")))
 }
 
 /// Act as an engine over the system daemon's socket.
-async fn run_socket(path: &Path, cfg: &Config, snap: Value, mut params: StartParams, engine: Arc<CliEngine>) -> Result<ScriptResult, Failure> {
+async fn run_socket(
+    path: &Path,
+    cfg: &Config,
+    snap: Value,
+    mut params: StartParams,
+    engine: Arc<CliEngine>,
+) -> Result<ScriptResult, Failure> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     let key = cfg.read_key().map_err(|e| {
         Failure::setup(format!("the daemon at {} needs tokens signed with its key, and {e}; run as root or a member of the key's group, or pass --embedded", path.display()))
     })?;
     params.token = mint(&key, &snap)?;
-    let stream = tokio::net::UnixStream::connect(path).await.map_err(|e| Failure::setup(format!("{}: {e}", path.display())))?;
+    let stream = tokio::net::UnixStream::connect(path)
+        .await
+        .map_err(|e| Failure::setup(format!("{}: {e}", path.display())))?;
     let (read, mut write) = stream.into_split();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     tokio::spawn(async move {
@@ -478,18 +684,31 @@ async fn run_socket(path: &Path, cfg: &Config, snap: Value, mut params: StartPar
                     let (e, tx) = (e2.clone(), tx2.clone());
                     tokio::spawn(async move {
                         let r = match method.as_str() {
-                            "tool.call" => e.tool_call(&params).await.map(|r| json!(r)).map_err(|err| RpcError::new(-32000, err.to_string())),
+                            "tool.call" => e
+                                .tool_call(&params)
+                                .await
+                                .map(|r| json!(r))
+                                .map_err(|err| RpcError::new(-32000, err.to_string())),
                             "approval.request" => {
                                 let e = e.clone();
-                                let ok = tokio::task::spawn_blocking(move || e.approve(&params)).await.unwrap_or(false);
+                                let ok = tokio::task::spawn_blocking(move || e.approve(&params))
+                                    .await
+                                    .unwrap_or(false);
                                 Ok(json!({"decision": if ok { "allow_once" } else { "deny" }}))
                             }
-                            _ => Err(RpcError::new(protocol::code::METHOD_NOT_FOUND, "not an engine method")),
+                            _ => Err(RpcError::new(
+                                protocol::code::METHOD_NOT_FOUND,
+                                "not an engine method",
+                            )),
                         };
                         let _ = tx.send(protocol::response_line(&id, &r));
                     });
                 }
-                Ok(protocol::Incoming::Notification { method, params }) if method == "script.progress" => e2.show_progress(&params),
+                Ok(protocol::Incoming::Notification { method, params })
+                    if method == "script.progress" =>
+                {
+                    e2.show_progress(&params)
+                }
                 _ => {}
             }
         }
@@ -514,16 +733,31 @@ async fn run_socket(path: &Path, cfg: &Config, snap: Value, mut params: StartPar
 }
 
 /// `scriptgate tools`: NAME, CLASS, Python signature.
-pub async fn list_tools(mcp: &[ServerSpec], class: &[(String, ToolClass)], json_out: bool) -> Result<String, Failure> {
+pub async fn list_tools(
+    mcp: &[ServerSpec],
+    class: &[(String, ToolClass)],
+    json_out: bool,
+) -> Result<String, Failure> {
     let tools = Tools::start(mcp, vec![], class, Duration::from_secs(60)).await?;
     let out = if json_out {
         let v: Vec<Value> = tools.specs.iter().map(|t| json!({"name": t.name, "class": t.class, "signature": crate::describe::signature(t), "input_schema": t.input_schema})).collect();
         serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
     } else {
-        let w = tools.specs.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
+        let w = tools
+            .specs
+            .iter()
+            .map(|t| t.name.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
         let mut s = format!("{:w$}  {:11}  SIGNATURE\n", "NAME", "CLASS");
         for t in &tools.specs {
-            s.push_str(&format!("{:w$}  {:11}  {}\n", t.name, t.class.as_str(), crate::describe::signature(t)));
+            s.push_str(&format!(
+                "{:w$}  {:11}  {}\n",
+                t.name,
+                t.class.as_str(),
+                crate::describe::signature(t)
+            ));
         }
         s
     };
@@ -532,12 +766,22 @@ pub async fn list_tools(mcp: &[ServerSpec], class: &[(String, ToolClass)], json_
 }
 
 /// `scriptgate describe`: the run_script description for these servers.
-pub async fn describe(mcp: &[ServerSpec], class: &[(String, ToolClass)], mode: &str, read_only: bool, config: Option<&Path>) -> Result<String, Failure> {
+pub async fn describe(
+    mcp: &[ServerSpec],
+    class: &[(String, ToolClass)],
+    mode: &str,
+    read_only: bool,
+    config: Option<&Path>,
+) -> Result<String, Failure> {
     let cfg = embedded_config(config)?;
     let tools = Tools::start(mcp, vec![], class, Duration::from_secs(60)).await?;
     let snap = json!({"workspace": "/", "read_only": read_only, "permission_mode": mode, "tools": tools.specs});
     tools.shutdown().await;
     let snap = crate::token::parse_snapshot(snap).map_err(|e| Failure::setup(e.message))?;
     let limits = crate::policy::Limits::effective(&cfg.scripts, &snap.limits);
-    Ok(crate::describe::describe(&snap, &limits, cfg.scripts.return_max_chars))
+    Ok(crate::describe::describe(
+        &snap,
+        &limits,
+        cfg.scripts.return_max_chars,
+    ))
 }

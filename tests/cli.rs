@@ -1,0 +1,560 @@
+//! `scriptgate run | tools | describe` against real MCP servers: server-everything
+//! and server-filesystem (npm) and mcp-server-time (PyPI), installed by
+//! tools/install-deps (run by .ci/run), never vendored.
+mod common;
+use common::*;
+use serde_json::Value;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+fn mcp_bin(name: &str) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
+    let p = if name == "mcp-server-time" {
+        root.join("venv/bin").join(name)
+    } else {
+        root.join("node_modules/.bin").join(name)
+    };
+    assert!(
+        p.exists(),
+        "{} is missing: run tools/install-deps (or .ci/run) first",
+        p.display()
+    );
+    p.display().to_string()
+}
+
+struct Cli {
+    dir: tempfile::TempDir,
+    data: PathBuf,
+    workspace: PathBuf,
+}
+
+impl Cli {
+    fn new() -> Cli {
+        let dir = tempfile::Builder::new()
+            .prefix("sg-cli-")
+            .tempdir()
+            .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("a.txt"), "alpha\nbeta\n").unwrap();
+        std::fs::write(data.join("b.txt"), "gamma\n").unwrap();
+        let workspace = dir.path().join("ws");
+        std::fs::create_dir(&workspace).unwrap();
+        chown_to_script_uid(&workspace);
+        Cli {
+            dir,
+            data,
+            workspace,
+        }
+    }
+
+    fn servers(&self) -> Vec<String> {
+        vec![
+            "--mcp".into(),
+            format!(
+                "fs={} {}",
+                mcp_bin("mcp-server-filesystem"),
+                self.data.display()
+            ),
+            "--mcp".into(),
+            format!("time={}", mcp_bin("mcp-server-time")),
+            "--mcp".into(),
+            format!("everything={}", mcp_bin("mcp-server-everything")),
+        ]
+    }
+
+    fn script(&self, code: &str) -> PathBuf {
+        let p = self.dir.path().join(format!("s{}.py", rand_suffix()));
+        std::fs::write(&p, code).unwrap();
+        p
+    }
+
+    /// `scriptgate run` with no controlling terminal (setsid), stdin closed.
+    fn run(&self, code: &str, extra: &[&str]) -> Output {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
+        c.arg("run")
+            .args(self.servers())
+            .arg("--workspace")
+            .arg(&self.workspace)
+            .args(extra)
+            .arg(self.script(code));
+        no_tty(&mut c);
+        c.stdin(Stdio::null()).output().unwrap()
+    }
+}
+
+fn no_tty(c: &mut Command) {
+    // SAFETY: setsid is async-signal-safe; it detaches from the controlling terminal.
+    unsafe {
+        c.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+}
+
+fn rand_suffix() -> u64 {
+    let mut b = [0u8; 8];
+    getrandom::getrandom(&mut b).unwrap();
+    u64::from_le_bytes(b)
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn tools_have_the_class_their_annotations_give() {
+    let c = Cli::new();
+    let out = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
+        .arg("tools")
+        .args(c.servers())
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let tools: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let class = |n: &str| {
+        tools
+            .iter()
+            .find(|t| t["name"] == n)
+            .unwrap_or_else(|| panic!("no {n}"))["class"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(class("fs__read_text_file"), "read");
+    assert_eq!(class("fs__write_file"), "destructive");
+    assert_eq!(class("fs__move_file"), "destructive");
+    assert_eq!(class("fs__create_directory"), "write");
+    assert_eq!(class("time__get_current_time"), "read");
+    assert_eq!(class("everything__echo"), "read");
+    assert_eq!(class("everything__toggle-simulated-logging"), "write");
+    assert_eq!(class("everything__simulate-research-query"), "long_task");
+    // --class overrides; the table form shows class and signature.
+    let out = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
+        .arg("tools")
+        .args(c.servers())
+        .args(["--class", "fs__create_directory=destructive"])
+        .output()
+        .unwrap();
+    let table = stdout(&out);
+    assert!(table.starts_with("NAME"), "{table}");
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("fs__create_directory "))
+        .unwrap();
+    assert!(
+        line.contains("destructive") && line.contains("fs__create_directory(path: str)"),
+        "{line}"
+    );
+    assert!(
+        table.contains("time__convert_time(source_timezone: str, target_timezone: str, time: str)"),
+        "{table}"
+    );
+}
+
+#[test]
+fn read_calls_give_text_and_structured_content() {
+    let c = Cli::new();
+    let code = r#"
+import agent_tools as t, json
+print(t.call("fs__read_text_file", {"path": DATA + "/a.txt"})["content"].split())
+print(t.call("time__get_current_time", {"timezone": "UTC"})["timezone"])
+print(json.dumps(t.call("everything__get-structured-content", {"location": "New York"}), sort_keys=True))
+raw = t.call_raw("everything__get-tiny-image", {})
+print(raw["is_error"], [l for l in raw["text"].splitlines() if l.startswith("[image/png")])
+print(t.call("everything__get-sum", {"a": 2, "b": 40}))
+"#
+    .replace("DATA", &format!("{:?}", c.data.display().to_string()));
+    let o = c.run(&code, &["--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let lines: Vec<&str> = r["output"].as_str().unwrap().lines().collect();
+    assert_eq!(lines[0], "['alpha', 'beta']");
+    assert_eq!(lines[1], "UTC");
+    let structured: Value = serde_json::from_str(lines[2]).unwrap();
+    assert!(structured.get("temperature").is_some(), "{structured}");
+    assert!(
+        lines[3].starts_with("False ['[image/png, ") && lines[3].ends_with(" bytes]']"),
+        "{}",
+        lines[3]
+    );
+    assert!(lines[4].contains("42"), "{}", lines[4]);
+    assert_eq!(r["calls"], 5);
+}
+
+#[test]
+fn declared_write_with_yes_runs_and_with_no_is_refused() {
+    let c = Cli::new();
+    let code = format!("import agent_tools as t\nt.call('fs__create_directory', {{'path': {:?}}})\nprint('made')\n", c.data.join("made-by-script").display().to_string());
+    let o = c.run(&code, &["--tools", "fs__create_directory", "--yes"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(c.data.join("made-by-script").is_dir());
+    let code2 = code.replace("made-by-script", "not-made");
+    let o = c.run(&code2, &["--tools", "fs__create_directory", "--no"]);
+    assert_eq!(o.status.code(), Some(8), "approval denied: {}", stderr(&o));
+    assert!(stderr(&o).contains("approval denied"), "{}", stderr(&o));
+    assert!(!c.data.join("not-made").exists());
+    // No terminal and no --yes: denied, with a message saying so.
+    let o = c.run(&code2, &["--tools", "fs__create_directory"]);
+    assert_eq!(o.status.code(), Some(8));
+    assert!(
+        stderr(&o).contains("no terminal to ask on"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!c.data.join("not-made").exists());
+}
+
+#[test]
+fn destructive_tools_are_refused_at_start_and_in_the_script() {
+    let c = Cli::new();
+    let target = c.data.join("overwritten.txt");
+    let code = format!(
+        "import agent_tools as t\ntry:\n    t.call('fs__write_file', {{'path': {:?}, 'content': 'x'}})\nexcept t.ToolError as e:\n    print(e.code, e.message)\n",
+        target.display().to_string()
+    );
+    let o = c.run(&code, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("denied tool fs__write_file is destructive"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(!target.exists());
+    let o = c.run(&code, &["--tools", "fs__write_file", "--yes"]);
+    assert_eq!(o.status.code(), Some(9), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("\"reason\":\"destructive\""),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn read_only_runs_provide_no_write_tools_and_no_writable_workspace() {
+    let c = Cli::new();
+    let code = "import agent_tools as t\ntry:\n    t.call('fs__create_directory', {'path': '/nope'})\nexcept t.ToolError as e:\n    print(e.code)\ntry:\n    open('out.txt', 'w')\nexcept OSError as e:\n    print(type(e).__name__)\n";
+    let o = c.run(code, &["--read-only"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).ends_with("denied\nOSError\n"), "{}", stdout(&o));
+    let o = c.run(code, &["--read-only", "--tools", "fs__create_directory"]);
+    assert_eq!(
+        o.status.code(),
+        Some(9),
+        "declaring a write tool in a read-only run is refused: {}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn server_side_errors_are_tool_errors() {
+    let c = Cli::new();
+    let code = format!(
+        "import agent_tools as t\ntry:\n    t.call('fs__read_text_file', {{'path': {:?}}})\nexcept t.ToolError as e:\n    print(e.code)\n",
+        c.data.join("missing.txt").display().to_string()
+    );
+    let o = c.run(&code, &[]);
+    assert_eq!(
+        stdout(&o).lines().last(),
+        Some("tool_error"),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_server_killed_mid_script_gives_engine_errors_and_the_script_goes_on() {
+    let c = Cli::new();
+    let code = r#"
+import agent_tools as t, time
+print(t.call("time__get_current_time", {"timezone": "UTC"})["timezone"], flush=True)
+try:
+    t.call("everything__trigger-long-running-operation", {"duration": 30, "steps": 30})
+except t.ToolError as e:
+    print("long:", e.code, flush=True)
+try:
+    t.call("everything__echo", {"message": "hi"})
+except t.ToolError as e:
+    print("after:", e.code)
+print("time still works:", t.call("time__get_current_time", {"timezone": "UTC"})["timezone"])
+"#;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
+    cmd.arg("run")
+        .args(c.servers())
+        .arg("--workspace")
+        .arg(&c.workspace)
+        .arg("--json")
+        .arg(c.script(code));
+    no_tty(&mut cmd);
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let cli_pid = child.id() as i32;
+    // The everything server is a child of the CLI; kill it once the long call is in flight.
+    let everything = || -> Vec<i32> {
+        processes_with("mcp-server-everything")
+            .into_iter()
+            .filter(|&p| ppid(p) == Some(cli_pid))
+            .collect()
+    };
+    eventually("the everything server", Duration::from_secs(30), || {
+        !everything().is_empty()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    for p in everything() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        r["output"], "UTC\nlong: engine\nafter: engine\ntime still works: UTC\n",
+        "{r}"
+    );
+}
+
+fn ppid(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn approval_prompt_on_a_terminal() {
+    let c = Cli::new();
+    for (answer, code, made) in [("y", 0, true), ("n", 8, false)] {
+        let dir = c.data.join(format!("tty-{answer}"));
+        let script = c.script(&format!("import agent_tools as t\nt.call('fs__create_directory', {{'path': {:?}}})\nprint('done')\n", dir.display().to_string()));
+        let mut argv = vec![env!("CARGO_BIN_EXE_scriptgate").to_string(), "run".into()];
+        argv.extend(c.servers());
+        argv.extend([
+            "--workspace".into(),
+            c.workspace.display().to_string(),
+            "--tools".into(),
+            "fs__create_directory".into(),
+        ]);
+        argv.extend([
+            "--description".into(),
+            "make a directory".into(),
+            script.display().to_string(),
+        ]);
+        // A pseudo-terminal: wait for the prompt, answer, collect the rest.
+        let driver = r#"
+import os, pty, sys, json, time
+argv, answer = json.loads(sys.argv[1]), sys.argv[2]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(argv[0], argv)
+buf = b""
+deadline = time.time() + 60
+while b"Allow once? [y/N]" not in buf and time.time() < deadline:
+    try:
+        buf += os.read(fd, 4096)
+    except OSError:
+        break
+os.write(fd, (answer + "\n").encode())
+while True:
+    try:
+        chunk = os.read(fd, 4096)
+    except OSError:
+        break
+    if not chunk:
+        break
+    buf += chunk
+_, st = os.waitpid(pid, 0)
+sys.stdout.write(buf.decode(errors="replace"))
+sys.exit(os.waitstatus_to_exitcode(st))
+"#;
+        let o = Command::new("python3")
+            .arg("-c")
+            .arg(driver)
+            .arg(serde_json::to_string(&argv).unwrap())
+            .arg(answer)
+            .output()
+            .unwrap();
+        let screen = stdout(&o);
+        assert_eq!(o.status.code(), Some(code), "{screen}");
+        assert!(screen.contains("description: make a directory"), "{screen}");
+        assert!(
+            screen.contains("write tools: fs__create_directory (write)"),
+            "{screen}"
+        );
+        assert!(
+            screen.contains("   2 | t.call('fs__create_directory'"),
+            "the script is shown: {screen}"
+        );
+        assert_eq!(dir.is_dir(), made, "{screen}");
+    }
+}
+
+#[test]
+fn exit_statuses_are_distinct() {
+    let c = Cli::new();
+    assert_eq!(c.run("print('fine')", &[]).status.code(), Some(0));
+    let o = c.run("raise ValueError('boom')", &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stdout(&o).contains("ValueError: boom"),
+        "the error tail is in the text: {}",
+        stdout(&o)
+    );
+    assert_eq!(
+        c.run("import time\ntime.sleep(30)", &["--timeout", "1"])
+            .status
+            .code(),
+        Some(3)
+    );
+    let budget = "import agent_tools as t\nfor i in range(5):\n    t.call('time__get_current_time', {'timezone': 'UTC'})\n";
+    assert_eq!(c.run(budget, &["--max-calls", "2"]).status.code(), Some(6));
+    assert_eq!(
+        c.run("print(1)", &["--tools", "fs__nope"]).status.code(),
+        Some(9)
+    );
+    let mut bad = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
+    bad.args(["run", "--mcp", "x=/nonexistent/server", "--workspace"])
+        .arg(&c.workspace)
+        .arg(c.script("print(1)"));
+    let o = bad.output().unwrap();
+    assert_eq!(o.status.code(), Some(10), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("MCP server x: cannot start"),
+        "{}",
+        stderr(&o)
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
+        .args(["run", "--bogus"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn describe_gives_the_run_script_description() {
+    let c = Cli::new();
+    let o = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
+        .arg("describe")
+        .args(c.servers())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let d = stdout(&o);
+    assert!(
+        d.contains("agent_tools.call_many(tool, args_list, return_errors=False)"),
+        "{d}"
+    );
+    assert!(
+        d.contains("at most 2000 tool calls per script (4 at a time)"),
+        "{d}"
+    );
+    assert!(
+        d.contains("    time__get_current_time(timezone: str)\n"),
+        "{d}"
+    );
+    assert!(d.contains("Write tools: the script may call these only if you name them in run_script's `tools` argument"), "{d}");
+    assert!(d.contains("    fs__create_directory(path: str)\n"), "{d}");
+    assert!(
+        d.contains("    fs__write_file (destructive, confirmed one call at a time)"),
+        "{d}"
+    );
+    assert!(
+        d.contains("    everything__simulate-research-query (runs as a long task)"),
+        "{d}"
+    );
+}
+
+#[test]
+fn embedded_default_without_a_daemon_and_a_fresh_workspace() {
+    assert!(
+        !Path::new("/run/scriptgate/scriptgate.sock").exists(),
+        "this test expects no system daemon"
+    );
+    let c = Cli::new();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
+    cmd.arg("run")
+        .args(c.servers())
+        .arg(c.script("import os\nopen('here.txt','w').write('x')\nprint(os.getcwd())\n"));
+    no_tty(&mut cmd);
+    let o = cmd.stdin(Stdio::null()).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    let ws = err
+        .lines()
+        .find_map(|l| l.strip_prefix("scriptgate: workspace "))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        stdout(&o).ends_with(&format!("{ws}\n")),
+        "the script ran in the printed workspace"
+    );
+    assert!(Path::new(ws).join("here.txt").exists());
+    let _ = std::fs::remove_dir_all(ws);
+}
+
+#[test]
+fn an_unusable_workspace_gets_a_clear_message() {
+    if !is_root() {
+        eprintln!("skipped: needs root (scripts of root run as nobody)");
+        return;
+    }
+    let c = Cli::new();
+    let root_owned = c.dir.path().join("root-owned");
+    std::fs::create_dir(&root_owned).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
+        .arg("run")
+        .args(c.servers())
+        .arg("--workspace")
+        .arg(&root_owned)
+        .arg(c.script("print(1)"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(10));
+    assert!(
+        stderr(&o).contains("not writable by uid 65534 (nobody"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn run_through_a_daemon_socket() {
+    let rig = Rig::new();
+    let c = Cli::new();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
+    cmd.arg("run").args(c.servers()).arg("--socket").arg(&rig.socket).arg("--config").arg(&rig.config)
+        .arg("--workspace").arg(&rig.workspace).arg("--json").arg("--tools").arg("fs__create_directory").arg("--yes")
+        .arg(c.script(&format!("import agent_tools as t\nt.call('fs__create_directory', {{'path': {:?}}})\nprint(t.call('time__get_current_time', {{'timezone': 'UTC'}})['timezone'])\n", c.data.join("via-socket").display().to_string())));
+    no_tty(&mut cmd);
+    let o = cmd.stdin(Stdio::null()).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (r["output"].as_str(), r["calls"].as_u64()),
+        (Some("UTC\n"), Some(2))
+    );
+    assert!(c.data.join("via-socket").is_dir());
+    assert!(
+        rig.details(r["script_id"].as_str().unwrap())
+            .join("calls.jsonl")
+            .exists(),
+        "the daemon kept the record in its workspace"
+    );
+}
