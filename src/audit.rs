@@ -126,7 +126,10 @@ impl Store {
     /// Open (creating and migrating) the store. Rows left `running` by a daemon that
     /// died are turned `interrupted`; their results are returned so the caller can
     /// log them.
-    pub fn open(path: &Path) -> Result<(Store, Vec<ScriptResult>), StoreError> {
+    pub fn open(
+        path: &Path,
+        reader_gid: Option<u32>,
+    ) -> Result<(Store, Vec<ScriptResult>), StoreError> {
         let sql = |op| {
             move |source| StoreError::Sql {
                 path: path.to_path_buf(),
@@ -159,6 +162,7 @@ impl Store {
         }
         let interrupted =
             recover_interrupted(&mut w).map_err(sql("recover interrupted scripts"))?;
+        restrict_access(path, reader_gid);
         let reader = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -287,6 +291,18 @@ impl Store {
         })
     }
 
+    /// Delete finished scripts and refusals older than `retain_days`. Running
+    /// scripts are never touched. Returns (scripts, refusals) deleted.
+    pub async fn prune(&self, retain_days: u64) -> Result<(usize, usize), StoreError> {
+        let cutoff = now_ms() - (retain_days as i64).saturating_mul(86_400_000);
+        self.write("prune", move |c| {
+            let s = c.execute("DELETE FROM scripts WHERE status != 'running' AND ended_at IS NOT NULL AND ended_at < ?1", [cutoff])?;
+            let r = c.execute("DELETE FROM refusals WHERE at < ?1", [cutoff])?;
+            Ok((s, r))
+        })
+        .await
+    }
+
     pub fn revoked_runs(&self) -> Result<Vec<String>, StoreError> {
         self.read("list revoked runs", |c| {
             let mut s = c.prepare("SELECT run_id FROM revoked_runs")?;
@@ -307,6 +323,144 @@ impl Store {
         })
         .map(|o| o.and_then(|s| serde_json::from_str(&s).ok()))
     }
+}
+
+/// The store holds every script's code: readable by its owner and `reader_gid`
+/// (the admin group, for `scriptgate audit` while the daemon is down), nobody else.
+fn restrict_access(path: &Path, reader_gid: Option<u32>) {
+    use std::os::unix::fs::PermissionsExt;
+    for suffix in ["", "-wal", "-shm"] {
+        let p = PathBuf::from(format!("{}{suffix}", path.display()));
+        let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640));
+        if let Some(g) = reader_gid {
+            let _ = nix::unistd::chown(&p, None, Some(nix::unistd::Gid::from_raw(g)));
+        }
+    }
+}
+
+/// Filters of `scriptgate audit`.
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    pub since_ms: Option<i64>,
+    pub run_id: Option<String>,
+    pub status: Option<String>,
+    pub limit: usize,
+}
+
+const ROW_COLUMNS: &str = "script_id, run_id, runner, peer_uid, peer_pid, run_uid, description, code, tools, approval,
+    workspace, backend, unit, started_at, ended_at, status, exit_code, calls, failures, tool_counts, duration_ms,
+    details_dir, memory_peak_bytes, cpu_usec, result";
+
+/// Read-only access for the CLI, also while the daemon is down.
+pub struct Reader(Connection);
+
+impl Reader {
+    pub fn open(path: &Path) -> Result<Reader, StoreError> {
+        let sql = |op| {
+            move |source| StoreError::Sql {
+                path: path.to_path_buf(),
+                op,
+                source,
+            }
+        };
+        if !path.exists() {
+            return Err(StoreError::Sql {
+                path: path.to_path_buf(),
+                op: "open",
+                source: rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                    Some("no audit store here yet".into()),
+                ),
+            });
+        }
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI;
+        let c = Connection::open_with_flags(path, flags).map_err(sql("open read-only"))?;
+        // A WAL store read by a user who cannot create its -shm file (the daemon is
+        // down and the directory is not theirs): read the file as it stands.
+        let c = match c.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+            r.get::<_, i64>(0)
+        }) {
+            Ok(_) => c,
+            Err(_) => {
+                Connection::open_with_flags(format!("file:{}?immutable=1", path.display()), flags)
+                    .map_err(sql("open immutable"))?
+            }
+        };
+        Ok(Reader(c))
+    }
+
+    pub fn scripts(&self, q: &Query) -> rusqlite::Result<Vec<Value>> {
+        let mut sql = format!("SELECT {ROW_COLUMNS} FROM scripts WHERE 1=1");
+        let mut args: Vec<rusqlite::types::Value> = vec![];
+        if let Some(s) = q.since_ms {
+            sql.push_str(" AND started_at >= ?");
+            args.push(s.into());
+        }
+        if let Some(r) = &q.run_id {
+            sql.push_str(" AND run_id = ?");
+            args.push(r.clone().into());
+        }
+        if let Some(st) = &q.status {
+            sql.push_str(" AND status = ?");
+            args.push(st.clone().into());
+        }
+        sql.push_str(" ORDER BY started_at DESC, script_id LIMIT ?");
+        args.push((q.limit.max(1) as i64).into());
+        let mut s = self.0.prepare(&sql)?;
+        let rows = s.query_map(rusqlite::params_from_iter(args), row_json)?;
+        rows.collect()
+    }
+
+    pub fn script(&self, id: &str) -> rusqlite::Result<Option<Value>> {
+        self.0
+            .query_row(
+                &format!("SELECT {ROW_COLUMNS} FROM scripts WHERE script_id = ?1"),
+                [id],
+                row_json,
+            )
+            .optional()
+    }
+
+    pub fn refusals(&self, q: &Query) -> rusqlite::Result<Vec<Value>> {
+        let mut s = self.0.prepare(
+            "SELECT at, run_id, runner, peer_uid, peer_pid, code, reason, message FROM refusals
+             WHERE at >= ?1 AND (?2 IS NULL OR run_id = ?2) ORDER BY at DESC LIMIT ?3",
+        )?;
+        let rows = s.query_map(rusqlite::params![q.since_ms.unwrap_or(0), q.run_id, q.limit.max(1) as i64], |r| {
+            Ok(serde_json::json!({
+                "at": r.get::<_, i64>(0)?, "run_id": r.get::<_, Option<String>>(1)?, "runner": r.get::<_, Option<String>>(2)?,
+                "peer_uid": r.get::<_, Option<i64>>(3)?, "peer_pid": r.get::<_, Option<i64>>(4)?, "code": r.get::<_, i64>(5)?,
+                "reason": r.get::<_, Option<String>>(6)?, "message": r.get::<_, String>(7)?,
+            }))
+        })?;
+        rows.collect()
+    }
+}
+
+/// One `scripts` row as JSON; JSON-valued columns are parsed.
+fn row_json(r: &rusqlite::Row) -> rusqlite::Result<Value> {
+    let mut m = serde_json::Map::new();
+    for (i, name) in ROW_COLUMNS.split(',').map(str::trim).enumerate() {
+        let v = match r.get_ref(i)? {
+            rusqlite::types::ValueRef::Null => Value::Null,
+            rusqlite::types::ValueRef::Integer(n) => Value::from(n),
+            rusqlite::types::ValueRef::Real(f) => Value::from(f),
+            rusqlite::types::ValueRef::Text(t) => {
+                let t = String::from_utf8_lossy(t).into_owned();
+                match name {
+                    "tools" | "tool_counts" | "result" => {
+                        serde_json::from_str(&t).unwrap_or(Value::String(t))
+                    }
+                    _ => Value::String(t),
+                }
+            }
+            rusqlite::types::ValueRef::Blob(_) => Value::Null,
+        };
+        m.insert(name.to_string(), v);
+    }
+    Ok(Value::Object(m))
 }
 
 /// Rows still `running` belong to a daemon that died: they become `interrupted`.
@@ -392,13 +546,13 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("a.db");
         {
-            let (s, rec) = Store::open(&p).unwrap();
+            let (s, rec) = Store::open(&p, None).unwrap();
             assert!(rec.is_empty());
             s.insert_started(row("s1")).await.unwrap();
             s.revoke("run-9").await.unwrap();
             assert!(s.result("s1").unwrap().is_none(), "no result while running");
         }
-        let (s, rec) = Store::open(&p).unwrap();
+        let (s, rec) = Store::open(&p, None).unwrap();
         assert_eq!(rec.len(), 1);
         assert_eq!(rec[0].status, Status::Interrupted);
         let r = s.result("s1").unwrap().unwrap();
@@ -412,5 +566,83 @@ mod tests {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(v, SCHEMA_VERSION);
+    }
+
+    #[tokio::test]
+    async fn prune_keeps_running_and_recent_rows() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.db");
+        let (s, _) = Store::open(&p, None).unwrap();
+        for id in ["old", "new", "running"] {
+            s.insert_started(row(id)).await.unwrap();
+        }
+        for id in ["old", "new"] {
+            s.finish(&interrupted_result(id), serde_json::json!({}))
+                .await
+                .unwrap();
+        }
+        s.write("age rows", |c| {
+            c.execute("UPDATE scripts SET ended_at = 0, started_at = 0 WHERE script_id IN ('old', 'running')", [])
+        })
+        .await
+        .unwrap();
+        s.refusal(Refusal {
+            run_id: None,
+            runner: None,
+            peer_uid: 1,
+            peer_pid: None,
+            code: -32010,
+            reason: None,
+            message: "m".into(),
+        })
+        .await
+        .unwrap();
+        assert_eq!(s.prune(90).await.unwrap(), (1, 0));
+        let reader = Reader::open(&p).unwrap();
+        let all = Query {
+            limit: 10,
+            ..Default::default()
+        };
+        let ids: Vec<String> = reader
+            .scripts(&all)
+            .unwrap()
+            .iter()
+            .map(|r| r["script_id"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(ids.len(), 2);
+        assert!(
+            ids.contains(&"new".to_string()) && ids.contains(&"running".to_string()),
+            "{ids:?}"
+        );
+        assert_eq!(reader.refusals(&all).unwrap().len(), 1);
+        let r = reader.script("new").unwrap().unwrap();
+        assert_eq!(r["status"], "interrupted");
+        assert_eq!(r["result"]["status"], "interrupted");
+        assert_eq!(r["tools"], serde_json::json!([]));
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o640,
+            "the store holds code: not world-readable"
+        );
+    }
+
+    fn interrupted_result(id: &str) -> ScriptResult {
+        ScriptResult {
+            script_id: id.into(),
+            run_id: "run-1".into(),
+            status: Status::Interrupted,
+            exit_code: None,
+            calls: 0,
+            failures: 0,
+            duration_ms: 1,
+            details_dir: "d".into(),
+            output: String::new(),
+            output_truncated: false,
+            error: None,
+            text: String::new(),
+            memory_peak_bytes: None,
+            cpu_usec: None,
+        }
     }
 }

@@ -38,6 +38,7 @@ struct Running {
     run_id: String,
     owner: u64,
     peer_uid: u32,
+    run_uid: u32,
     started: Instant,
     live: Arc<Live>,
     stop: watch::Sender<Option<Stop>>,
@@ -107,14 +108,20 @@ impl Daemon {
         std::fs::set_permissions(&runtime_dir, std::fs::Permissions::from_mode(0o755))
             .map_err(io("chmod", &runtime_dir))?;
         std::fs::rename(&tmp, &module).map_err(io("rename", &module))?;
-        let (store, interrupted) = Store::open(&state.join("scriptgate.db"))?;
+        let admin_gid = cfg
+            .auth
+            .admin_groups
+            .iter()
+            .find_map(|g| nix::unistd::Group::from_name(g).ok().flatten())
+            .map(|g| g.gid.as_raw());
+        let (store, interrupted) = Store::open(&state.join("scriptgate.db"), admin_gid)?;
         let revoked: RevokedRuns =
             Arc::new(RwLock::new(store.revoked_runs()?.into_iter().collect()));
         let d = Daemon {
             key,
             store,
             backend,
-            spawner: Spawner::start(tokio::runtime::Handle::current()),
+            spawner: Spawner::start(),
             runtime_dir,
             running: Mutex::new(HashMap::new()),
             finished_owner: Mutex::new(HashMap::new()),
@@ -167,8 +174,16 @@ impl Daemon {
         p: StartParams,
     ) -> Result<Value, RpcError> {
         let mut run: (Option<String>, Option<String>) = (None, None);
+        let token = p.token.clone();
         let r = self.start_inner(peer, engine, p, &mut run).await;
         if let Err(e) = &r {
+            if run.0.is_none() {
+                // Refused before the claims were read (expired, say): a token whose
+                // signature holds still names its run, and the audit keeps it.
+                if let Ok(c) = token::verify(&token, &self.key, false) {
+                    run = (Some(c.run_id), c.runner);
+                }
+            }
             tracing::warn!(
                 run_id = run.0.as_deref().unwrap_or(""),
                 peer_uid = peer.uid,
@@ -353,6 +368,7 @@ impl Daemon {
             run_id: claims.run_id.clone(),
             owner: engine.id(),
             peer_uid: peer.uid,
+            run_uid: identity.uid,
             started: Instant::now(),
             live: live.clone(),
             stop: stop_tx,
@@ -425,6 +441,8 @@ impl Daemon {
             output: String::new(),
             output_truncated: false,
             error: Some(format!("the sandbox could not start: {e}")),
+            memory_peak_bytes: None,
+            cpu_usec: None,
         });
         let note = e.output_truncated.then(|| {
             format!("[output truncated to return_max_chars = {} characters; all of it is in {details_dir}/output.txt]", self.cfg.scripts.return_max_chars)
@@ -446,8 +464,8 @@ impl Daemon {
                 e.error
             },
             text: String::new(),
-            memory_peak_bytes: None,
-            cpu_usec: None,
+            memory_peak_bytes: e.memory_peak_bytes,
+            cpu_usec: e.cpu_usec,
         }
         .with_text(note.as_deref())
     }
@@ -623,6 +641,8 @@ impl Daemon {
                 let mut v = status_value(id, r);
                 v["run_id"] = json!(r.run_id);
                 v["peer_uid"] = json!(r.peer_uid);
+                v["uid"] = json!(r.run_uid);
+                v["unit"] = Value::Null;
                 v["age_ms"] = json!(now.duration_since(r.started).as_millis() as u64);
                 v
             })

@@ -5,7 +5,9 @@ use crate::limits::Backend;
 use crate::policy::Limits;
 use crate::protocol::Status;
 use crate::sandbox::{bwrap_args, RealHost, SandboxSpec};
-use crate::sys::{channel_pipe, install_pre_exec, ChildSetup, Identity, PidFd, Spawner};
+use crate::sys::{
+    channel_pipe, install_pre_exec, wait_child, ChildSetup, Exit, Identity, PidFd, Spawner,
+};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -42,6 +44,9 @@ pub struct Ended {
     pub output: String,
     pub output_truncated: bool,
     pub error: Option<String>,
+    /// rlimit backend: the largest resident set of any process of the script.
+    pub memory_peak_bytes: Option<u64>,
+    pub cpu_usec: Option<u64>,
 }
 
 /// How much of stderr is kept for the result's `error`.
@@ -142,12 +147,11 @@ pub async fn run(
     let (req_r, req_w) = channel_pipe()?; // script writes fd 3, we read
     let (rep_r, rep_w) = channel_pipe()?; // we write, script reads fd 4
     let (info_r, info_w) = channel_pipe()?; // bwrap writes the sandbox init's pid on fd 5
-    let mut cmd = tokio::process::Command::new(&launch.bwrap);
+    let mut cmd = std::process::Command::new(&launch.bwrap);
     cmd.args(bwrap_args(&launch.sandbox, &RealHost))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .stderr(Stdio::piped());
     install_pre_exec(
         &mut cmd,
         ChildSetup {
@@ -166,6 +170,10 @@ pub async fn run(
             return Err(e);
         }
     };
+    // Until the reaper below reaps it, this pid cannot be reused: the pidfd is exact.
+    let pid = child.id() as i32;
+    let bwrap = PidFd::open(pid);
+    let mut exited = wait_child(pid);
     let _ = started.send(Ok(()));
     // Our copies of the child's ends must go, or fd 3 would never reach EOF.
     drop(req_w);
@@ -175,15 +183,18 @@ pub async fn run(
     let output = tokio::net::unix::pipe::Sender::from_owned_fd(rep_w)?;
     let broker_task = tokio::spawn(broker.clone().serve(input, output));
     let head_max = launch.return_max_chars.saturating_mul(4).saturating_add(4);
+    let pipe = |fd: Option<std::os::fd::OwnedFd>| {
+        tokio::net::unix::pipe::Receiver::from_owned_fd(fd.expect("piped"))
+    };
     let out_task = tokio::spawn(capture(
-        child.stdout.take().expect("piped"),
+        pipe(child.stdout.take().map(Into::into))?,
         launch.stdout_file,
         launch.output_max_bytes,
         head_max,
         0,
     ));
     let err_task = tokio::spawn(capture(
-        child.stderr.take().expect("piped"),
+        pipe(child.stderr.take().map(Into::into))?,
         launch.stderr_file,
         launch.output_max_bytes,
         0,
@@ -209,7 +220,7 @@ pub async fn run(
         }
     };
     let (early, exit) = tokio::select! {
-        st = child.wait() => (None, st.ok()),
+        st = &mut exited => (None, st.ok().and_then(Result::ok)),
         _ = tokio::time::sleep(timeout) => (Some(None), None),
         s = stopped => (Some(Some(s)), None),
     };
@@ -223,8 +234,10 @@ pub async fn run(
                     tracing::warn!(script_id = %broker.script_id, "cannot kill the sandbox init: {e}");
                 }
             }
-            let _ = child.start_kill();
-            child.wait().await.ok()
+            if let Ok(b) = &bwrap {
+                let _ = b.kill();
+            }
+            exited.await.ok().and_then(Result::ok)
         }
     };
     // The namespace is gone, so the pipes reach EOF promptly; bound the wait anyway.
@@ -240,7 +253,7 @@ pub async fn run(
     if tokio::time::timeout(grace, broker_task).await.is_err() {
         tracing::warn!(script_id = %broker.script_id, "broker did not stop after the script ended");
     }
-    let exit_code = exit.and_then(|e| e.code());
+    let exit_code = exit.and_then(|e| e.code);
     let stderr_tail = err
         .map(|c| String::from_utf8_lossy(&c.tail).trim_end().to_string())
         .unwrap_or_default();
@@ -271,11 +284,11 @@ pub async fn run(
             };
             let error = if stderr_tail.is_empty() {
                 match exit {
-                    Some(e) if e.code().is_some() => {
-                        format!("exit code {}", e.code().unwrap_or(-1))
-                    }
-                    Some(e) => format!("killed by {e}"),
-                    None => "the sandbox ended without an exit status".into(),
+                    Some(Exit { code: Some(c), .. }) => format!("exit code {c}"),
+                    Some(Exit {
+                        signal: Some(s), ..
+                    }) => format!("killed by signal {s}"),
+                    _ => "the sandbox ended without an exit status".into(),
                 }
             } else {
                 stderr_tail
@@ -290,6 +303,8 @@ pub async fn run(
         output,
         output_truncated,
         error,
+        memory_peak_bytes: exit.map(|e| e.max_rss_bytes),
+        cpu_usec: exit.map(|e| e.cpu_usec),
     })
 }
 

@@ -161,6 +161,24 @@ async fn run(
             sd_notify::NotifyState::Status("0 scripts running"),
         ],
     );
+    let d3 = daemon.clone();
+    let pruner = tokio::spawn(async move {
+        let days = d3.cfg.audit.retain_days;
+        if days == 0 {
+            return; // retain_days = 0 keeps everything
+        }
+        let mut t = tokio::time::interval(Duration::from_secs(3600));
+        loop {
+            t.tick().await;
+            match d3.store.prune(days).await {
+                Ok((0, 0)) => {}
+                Ok((s, r)) => tracing::info!(
+                    "audit retention ({days} days): pruned {s} scripts and {r} refusals"
+                ),
+                Err(e) => tracing::warn!("audit retention: {e}"),
+            }
+        }
+    });
     let d2 = daemon.clone();
     let status = tokio::spawn(async move {
         loop {
@@ -193,6 +211,7 @@ async fn run(
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     daemon.interrupt_all(Duration::from_secs(10)).await;
     status.abort();
+    pruner.abort();
     if let Some(w) = wd {
         w.abort();
     }

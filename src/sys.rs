@@ -210,7 +210,7 @@ pub struct ChildSetup {
 
 /// Install the child setup as a `pre_exec` hook. Everything in the hook is a raw,
 /// async-signal-safe syscall: no allocation, no locks.
-pub fn install_pre_exec(cmd: &mut tokio::process::Command, s: ChildSetup) {
+pub fn install_pre_exec(cmd: &mut std::process::Command, s: ChildSetup) {
     assert!(
         s.fd3 > 4 && s.fd4 > 4,
         "channel fds must not collide with 0..=4"
@@ -264,7 +264,7 @@ pub fn install_pre_exec(cmd: &mut tokio::process::Command, s: ChildSetup) {
     };
     // SAFETY: the hook only makes async-signal-safe syscalls (see above).
     unsafe {
-        cmd.pre_exec(hook);
+        std::os::unix::process::CommandExt::pre_exec(cmd, hook);
     }
 }
 
@@ -360,23 +360,26 @@ pub fn drop_daemon_capabilities() -> Result<(), String> {
 /// bwrap's `--die-with-parent` and our PDEATHSIG fire when the spawning *thread*
 /// exits, so spawning from tokio's blocking pool (whose threads come and go) would
 /// kill running scripts at random. This thread lives as long as the process.
+///
+/// Children are plain `std` children: tokio never reaps them, so their pid stays
+/// ours until `wait_child` reaps it (a pidfd on it can then never hit another
+/// process), and `wait4` gives the tree's resource usage.
 #[derive(Clone)]
 pub struct Spawner {
     tx: std::sync::mpsc::Sender<SpawnJob>,
 }
 
 type SpawnJob = (
-    tokio::process::Command,
-    tokio::sync::oneshot::Sender<io::Result<tokio::process::Child>>,
+    std::process::Command,
+    tokio::sync::oneshot::Sender<io::Result<std::process::Child>>,
 );
 
 impl Spawner {
-    pub fn start(rt: tokio::runtime::Handle) -> Spawner {
+    pub fn start() -> Spawner {
         let (tx, rx) = std::sync::mpsc::channel::<SpawnJob>();
         std::thread::Builder::new()
             .name("scriptgate-spawner".into())
             .spawn(move || {
-                let _guard = rt.enter();
                 for (mut cmd, reply) in rx {
                     let _ = reply.send(cmd.spawn());
                 }
@@ -385,7 +388,7 @@ impl Spawner {
         Spawner { tx }
     }
 
-    pub async fn spawn(&self, cmd: tokio::process::Command) -> io::Result<tokio::process::Child> {
+    pub async fn spawn(&self, cmd: std::process::Command) -> io::Result<std::process::Child> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.tx
             .send((cmd, tx))
@@ -393,4 +396,47 @@ impl Spawner {
         rx.await
             .map_err(|_| io::Error::other("spawner thread is gone"))?
     }
+}
+
+/// How a reaped child ended, with the resources it and its reaped descendants used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    /// Largest resident set of any single process of the tree.
+    pub max_rss_bytes: u64,
+    /// User plus system CPU time of the tree.
+    pub cpu_usec: u64,
+}
+
+/// Reap `pid` (our child) on a thread of its own; resolves when it has exited.
+pub fn wait_child(pid: i32) -> tokio::sync::oneshot::Receiver<io::Result<Exit>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("scriptgate-reaper".into())
+        .spawn(move || {
+            let r = loop {
+                let mut status = 0;
+                // SAFETY: an all-zero rusage is a valid value for wait4 to fill.
+                let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+                // SAFETY: wait4 on our own child with valid out-pointers.
+                let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+                if rc == pid {
+                    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+                    break Ok(Exit {
+                        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+                        signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+                        max_rss_bytes: ru.ru_maxrss as u64 * 1024,
+                        cpu_usec: tv(ru.ru_utime) + tv(ru.ru_stime),
+                    });
+                }
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINTR) {
+                    break Err(e);
+                }
+            };
+            let _ = tx.send(r);
+        })
+        .expect("spawn a reaper thread");
+    rx
 }

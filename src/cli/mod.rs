@@ -1,6 +1,7 @@
 //! `scriptgate`, the command-line tool: run scripts against real MCP servers (with
 //! the system daemon or an embedded one), mint tokens, and administer the daemon.
 
+pub mod admin;
 pub mod run;
 
 use crate::mcp::ServerSpec;
@@ -41,7 +42,65 @@ pub enum Cmd {
     /// Run tokens (the reference for engine authors).
     #[command(subcommand)]
     Token(TokenCmd),
+    /// The daemon: version, backend, limits, running scripts.
+    Status(AdminArgs),
+    /// Running scripts (admin).
+    Ps(AdminArgs),
+    /// One script's whole record, artifact paths and result text (admin).
+    Show {
+        id: String,
+        #[command(flatten)]
+        a: AdminArgs,
+    },
+    /// Cancel a running script (admin).
+    Cancel {
+        id: String,
+        #[command(flatten)]
+        a: AdminArgs,
+    },
+    /// Query the audit store; works with the daemon down (admin).
+    Audit(AuditCmd),
 }
+
+/// Options of the admin commands.
+#[derive(Args, Debug)]
+#[command(after_help = ADMIN_AFTER_HELP)]
+pub struct AdminArgs {
+    /// The daemon's socket.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// The daemon's configuration (state.dir, auth.admin_groups).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// JSON for machines instead of a table for people.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct AuditCmd {
+    /// Only scripts started since: a duration (30m, 2h, 7d) or a date (2026-11-30, 2026-11-30T07:00:00Z).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only this run.
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Only this status (ok, error, timeout, cancelled, oom, limit, interrupted, running).
+    #[arg(long)]
+    pub status: Option<String>,
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+    /// Refused starts instead of scripts.
+    #[arg(long)]
+    pub refusals: bool,
+    #[command(flatten)]
+    pub a: AdminArgs,
+}
+
+const ADMIN_AFTER_HELP: &str = "\
+For root and members of auth.admin_groups. Exit status: 0 ok; 2 usage; 10 set-up
+failed (config, audit store); 11 the daemon does not answer; 12 permission denied;
+13 no such script.";
 
 #[derive(Args, Debug)]
 pub struct ServersArgs {
@@ -160,6 +219,23 @@ fn read_input(p: &std::path::Path) -> std::io::Result<String> {
     }
 }
 
+fn admin_cmd(
+    name: &str,
+    a: &AdminArgs,
+    f: impl FnOnce(&admin::Ctx) -> Result<String, admin::AdminError>,
+) -> ExitCode {
+    match admin::Ctx::load(a.socket.clone(), a.config.clone()).and_then(|ctx| f(&ctx)) {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("scriptgate {name}: {}", e.message);
+            ExitCode::from(e.code)
+        }
+    }
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -242,6 +318,42 @@ pub fn main() -> ExitCode {
                 }
                 Err(f) => fail("describe", f),
             }
+        }
+        Cmd::Status(a) => admin_cmd("status", &a, |ctx| admin::status(ctx, a.json)),
+        Cmd::Ps(a) => admin_cmd("ps", &a, |ctx| admin::ps(ctx, a.json)),
+        Cmd::Show { id, a } => admin_cmd("show", &a, |ctx| admin::show(ctx, &id, a.json)),
+        Cmd::Cancel { id, a } => admin_cmd("cancel", &a, |ctx| admin::cancel(ctx, &id, a.json)),
+        Cmd::Audit(c) => {
+            let now = crate::audit::now_ms();
+            let since = match c
+                .since
+                .as_deref()
+                .map(|v| admin::parse_since(v, now))
+                .transpose()
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("scriptgate audit: {e}");
+                    return ExitCode::from(exit::USAGE);
+                }
+            };
+            if let Some(st) = c
+                .status
+                .as_deref()
+                .filter(|s| crate::protocol::Status::parse(s).is_none())
+            {
+                eprintln!("scriptgate audit: --status {st:?}: one of ok, error, timeout, cancelled, oom, limit, interrupted, running");
+                return ExitCode::from(exit::USAGE);
+            }
+            let q = crate::audit::Query {
+                since_ms: since,
+                run_id: c.run.clone(),
+                status: c.status.clone(),
+                limit: c.limit,
+            };
+            admin_cmd("audit", &c.a, |ctx| {
+                admin::audit(ctx, q, c.refusals, c.a.json)
+            })
         }
         Cmd::Token(TokenCmd::Mint {
             key,

@@ -33,6 +33,12 @@ pub mod exit {
     pub const APPROVAL_DENIED: u8 = 8;
     pub const REFUSED: u8 = 9;
     pub const SETUP: u8 = 10;
+    /// Admin commands: the daemon does not answer on its socket.
+    pub const DAEMON_DOWN: u8 = 11;
+    /// Admin commands: not root, not in auth.admin_groups (or not allowed to connect).
+    pub const NOT_PERMITTED: u8 = 12;
+    /// Admin commands: no such script.
+    pub const NOT_FOUND: u8 = 13;
 }
 
 pub fn exit_for(status: Status) -> u8 {

@@ -1,0 +1,474 @@
+//! The audit store and the sysadmin CLI, end to end.
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+fn db(rig: &Rig) -> rusqlite::Connection {
+    rusqlite::Connection::open(rig.state.join("scriptgate.db")).unwrap()
+}
+
+fn row(rig: &Rig, id: &str) -> Value {
+    let o = admin(rig, &["show", id, "--json"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn admin(rig: &Rig, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_scriptgate"))
+        .args(args)
+        .arg("--socket")
+        .arg(&rig.socket)
+        .arg("--config")
+        .arg(&rig.config)
+        .output()
+        .unwrap()
+}
+
+fn out(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn every_ending_leaves_a_complete_row() {
+    let mut rig = Rig::new();
+    let e = rig.engine();
+    let mut snap = rig.snapshot("approval");
+    snap["limits"] = json!({"timeout_s": 2, "max_calls": 1});
+    let token = rig.token(&snap);
+    let ok = e.run(
+        &token,
+        "import agent_tools as t\nt.call('fleet__list_devices', {})\nprint('fine')",
+        &[],
+    );
+    let error = e.run(&token, "raise SystemExit(3)", &[]);
+    let timeout = e.run(&token, "import time\ntime.sleep(30)", &[]);
+    let limit = e.run(&token, "import agent_tools as t\nt.call('fleet__list_devices', {})\nt.call('fleet__list_devices', {})", &[]);
+    let write = e.run(
+        &token,
+        "import agent_tools as t\nt.call('fleet__reboot_device', {'sn': 'A'})",
+        &["fleet__reboot_device"],
+    );
+    let cancelled_id = e.start(&token, "import time\ntime.sleep(30)", &[]).unwrap();
+    e.request("script.cancel", json!({"script_id": cancelled_id}))
+        .unwrap();
+    let interrupted_id = e.start(&token, "import time\ntime.sleep(30)", &[]).unwrap();
+    rig.stop(nix::sys::signal::Signal::SIGTERM);
+    rig.start();
+
+    let r = row(&rig, ok["script_id"].as_str().unwrap());
+    assert_eq!(r["status"], "ok");
+    assert_eq!(r["run_id"], "run-1");
+    assert_eq!(r["runner"], "test-runner");
+    assert_eq!(
+        r["peer_uid"].as_u64().unwrap() as u32,
+        nix::unistd::getuid().as_raw()
+    );
+    assert_eq!(r["peer_pid"].as_u64().unwrap() as u32, std::process::id());
+    assert_eq!(r["run_uid"].as_u64().unwrap() as u32, script_uid());
+    assert_eq!(r["description"], "test script");
+    assert!(r["code"].as_str().unwrap().contains("print('fine')"));
+    assert_eq!(r["approval"], "not_needed");
+    assert_eq!(r["backend"], "rlimit");
+    assert_eq!(
+        (
+            r["calls"].as_u64(),
+            r["failures"].as_u64(),
+            r["exit_code"].as_i64()
+        ),
+        (Some(1), Some(0), Some(0))
+    );
+    assert_eq!(r["tool_counts"], json!({"fleet__list_devices": 1}));
+    assert!(r["ended_at"].as_i64().unwrap() >= r["started_at"].as_i64().unwrap());
+    assert!(r["duration_ms"].as_u64().is_some());
+    assert!(
+        r["memory_peak_bytes"].as_u64().unwrap() > 1 << 20,
+        "rusage gives the peak RSS: {r}"
+    );
+    assert!(r["cpu_usec"].as_u64().unwrap() > 0);
+    assert_eq!(r["result"], ok);
+    assert!(r["artifacts"][0].as_str().unwrap().ends_with(&format!(
+        ".agent/scripts/{}/script.py",
+        ok["script_id"].as_str().unwrap()
+    )));
+
+    let status = |v: &Value| {
+        row(&rig, v["script_id"].as_str().unwrap())["status"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(status(&error), "error");
+    assert_eq!(
+        row(&rig, error["script_id"].as_str().unwrap())["exit_code"],
+        3
+    );
+    assert_eq!(status(&timeout), "timeout");
+    assert_eq!(status(&limit), "limit");
+    let w = row(&rig, write["script_id"].as_str().unwrap());
+    assert_eq!(
+        (w["approval"].as_str(), w["tools"].clone()),
+        (Some("allow_once"), json!(["fleet__reboot_device"]))
+    );
+    assert_eq!(status(&json!({"script_id": cancelled_id})), "cancelled");
+    assert_eq!(status(&json!({"script_id": interrupted_id})), "interrupted");
+}
+
+#[test]
+fn refused_starts_are_recorded_with_reason_run_and_peer() {
+    let rig = Rig::new();
+    let e = rig.engine();
+    *e.approval.lock().unwrap() = "deny".into();
+    let _ = e.start(
+        &rig.token_for("run-x", &rig.snapshot("auto"), -5),
+        "print(1)",
+        &[],
+    );
+    let _ = e.start(
+        &rig.token_for("run-y", &rig.snapshot("approval"), 60),
+        "print(1)",
+        &["fleet__reboot_device"],
+    );
+    let _ = e.start(
+        &rig.token_for("run-z", &rig.snapshot("approval"), 60),
+        "print(1)",
+        &["fleet__wipe_device"],
+    );
+    let o = admin(&rig, &["audit", "--refusals", "--json"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let rows: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let find = |run: &str| {
+        rows.iter()
+            .find(|r| r["run_id"] == run)
+            .unwrap_or_else(|| panic!("no refusal of {run}: {rows:?}"))
+            .clone()
+    };
+    assert_eq!(
+        (
+            find("run-x")["code"].as_i64(),
+            find("run-x")["reason"].as_str()
+        ),
+        (Some(-32010), Some("expired"))
+    );
+    assert_eq!(
+        (
+            find("run-y")["code"].as_i64(),
+            find("run-y")["reason"].as_str()
+        ),
+        (Some(-32013), Some("denied"))
+    );
+    assert_eq!(
+        (
+            find("run-z")["code"].as_i64(),
+            find("run-z")["reason"].as_str()
+        ),
+        (Some(-32012), Some("destructive"))
+    );
+    assert_eq!(
+        find("run-y")["peer_uid"].as_u64().unwrap() as u32,
+        nix::unistd::getuid().as_raw()
+    );
+    let table = out(&admin(&rig, &["audit", "--refusals"]));
+    assert!(
+        table.starts_with("AT ") && table.contains("denied"),
+        "{table}"
+    );
+    let scripts: i64 = db(&rig)
+        .query_row("SELECT count(*) FROM scripts", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(scripts, 0, "a refused start runs nothing");
+}
+
+#[test]
+fn a_disconnected_engine_leaves_a_cancelled_record() {
+    let rig = Rig::new();
+    let e = rig.engine();
+    let id = e
+        .start(
+            &rig.token(&rig.snapshot("auto")),
+            "import time\ntime.sleep(60)",
+            &[],
+        )
+        .unwrap();
+    e.close();
+    eventually("the record", Duration::from_secs(10), || {
+        db(&rig)
+            .query_row(
+                "SELECT status FROM scripts WHERE script_id = ?1",
+                [&id],
+                |r| r.get::<_, String>(0),
+            )
+            .unwrap()
+            == "cancelled"
+    });
+    assert_eq!(row(&rig, &id)["result"]["error"], "engine disconnected");
+}
+
+#[test]
+fn two_hundred_scripts_sixteen_at_a_time_lose_nothing() {
+    let rig = Rig::new();
+    let token = rig.token(&rig.snapshot("auto"));
+    let ids = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for w in 0..16 {
+            let (rig, token, ids) = (&rig, &token, &ids);
+            s.spawn(move || {
+                let e = rig.engine();
+                for i in 0..200 / 16 + usize::from(w < 200 % 16) {
+                    let code = format!("import agent_tools as t\nt.call('fleet__list_devices', {{}})\nprint('{w}-{i}')");
+                    let r = e.run(token, &code, &[]);
+                    assert_eq!(r["status"], "ok", "{r}");
+                    assert_eq!(r["output"], format!("{w}-{i}\n"));
+                    ids.lock().unwrap().push(r["script_id"].as_str().unwrap().to_string());
+                }
+            });
+        }
+    });
+    let mut ids = ids.into_inner().unwrap();
+    assert_eq!(ids.len(), 200);
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 200, "script ids are unique");
+    let c = db(&rig);
+    let (rows, distinct, ok): (i64, i64, i64) = c
+        .query_row("SELECT count(*), count(DISTINCT script_id), sum(status = 'ok' AND calls = 1) FROM scripts", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap();
+    assert_eq!((rows, distinct, ok), (200, 200, 200));
+    let dirs = std::fs::read_dir(rig.workspace.join(".agent/scripts"))
+        .unwrap()
+        .count();
+    assert_eq!(dirs, 200);
+    for id in &ids {
+        let calls = std::fs::read_to_string(rig.details(id).join("calls.jsonl")).unwrap();
+        assert_eq!(calls.lines().count(), 1, "{id}");
+    }
+    let ok: String = c
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+}
+
+#[test]
+fn retention_prunes_old_rows_at_start() {
+    let mut rig = Rig::with_config("[audit]\nretain_days = 30\n");
+    let e = rig.engine();
+    let token = rig.token(&rig.snapshot("auto"));
+    let old = e.run(&token, "print('old')", &[]);
+    let new = e.run(&token, "print('new')", &[]);
+    let _ = e.start(
+        &rig.token_for("run-r", &rig.snapshot("auto"), -5),
+        "print(1)",
+        &[],
+    );
+    drop(e);
+    rig.stop(nix::sys::signal::Signal::SIGTERM);
+    let day = 86_400_000i64;
+    let c = db(&rig);
+    let now = scriptgate::audit::now_ms();
+    c.execute(
+        "UPDATE scripts SET started_at = ?1, ended_at = ?1 WHERE script_id = ?2",
+        rusqlite::params![now - 31 * day, old["script_id"].as_str().unwrap()],
+    )
+    .unwrap();
+    c.execute("UPDATE refusals SET at = ?1", [now - 31 * day])
+        .unwrap();
+    drop(c);
+    rig.start();
+    eventually("pruning", Duration::from_secs(10), || {
+        db(&rig)
+            .query_row("SELECT count(*) FROM scripts", [], |r| r.get::<_, i64>(0))
+            .unwrap()
+            == 1
+    });
+    let left: String = db(&rig)
+        .query_row("SELECT script_id FROM scripts", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(left, new["script_id"].as_str().unwrap());
+    assert_eq!(
+        db(&rig)
+            .query_row("SELECT count(*) FROM refusals", [], |r| r.get::<_, i64>(0))
+            .unwrap(),
+        0
+    );
+    assert!(
+        rig.log_text().contains("pruned 1 scripts and 1 refusals"),
+        "{}",
+        rig.log_text()
+    );
+}
+
+#[test]
+fn admin_cli_tables_and_json() {
+    let mut rig = Rig::new();
+    let e = rig.engine();
+    let token = rig.token(&rig.snapshot("auto"));
+    let done = e.run(&token, "print('done')", &[]);
+    let done_id = done["script_id"].as_str().unwrap();
+    let running = e
+        .start(&token, "import agent_tools as t, time\nt.call('fleet__list_devices', {})\nt.progress(1, 4, 'first')\ntime.sleep(60)", &[])
+        .unwrap();
+    eventually("progress", Duration::from_secs(10), || {
+        e.request("script.status", json!({"script_id": running}))
+            .unwrap()["progress"]["done"]
+            == 1
+    });
+
+    // status
+    let o = admin(&rig, &["status"]);
+    assert_eq!(o.status.code(), Some(0));
+    let t = out(&o);
+    assert!(
+        t.contains("daemon   running at")
+            && t.contains("backend  rlimit")
+            && t.contains("running  1 of 64"),
+        "{t}"
+    );
+    assert!(
+        t.contains("max_calls 2000, max_concurrency 4, timeout_s 1800, memory 1024 MiB"),
+        "{t}"
+    );
+    let j: Value = serde_json::from_slice(&admin(&rig, &["status", "--json"]).stdout).unwrap();
+    assert_eq!(
+        (
+            j["daemon"]["protocol"].as_u64(),
+            j["daemon"]["running"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+
+    // ps
+    let t = out(&admin(&rig, &["ps"]));
+    let mut lines = t.lines();
+    assert_eq!(
+        lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
+        ["ID", "RUN", "UID", "AGE", "CALLS", "FAILS", "PROGRESS", "UNIT"]
+    );
+    let l = lines.next().unwrap();
+    assert!(
+        l.starts_with(&running) && l.contains("run-1") && l.contains("1/4 first"),
+        "{t}"
+    );
+    let j: Value = serde_json::from_slice(&admin(&rig, &["ps", "--json"]).stdout).unwrap();
+    assert_eq!(j["scripts"][0]["script_id"], running.as_str());
+    assert_eq!(j["scripts"][0]["calls"], 1);
+
+    // show
+    let t = out(&admin(&rig, &["show", done_id]));
+    assert!(
+        t.contains("status ")
+            && t.contains("--- script ---\nprint('done')\n--- result text ---\nrun_script ok:"),
+        "{t}"
+    );
+
+    // audit: filters, table and JSON
+    let t = out(&admin(&rig, &["audit"]));
+    assert!(
+        t.starts_with("STARTED") && t.contains(done_id) && t.contains(&running),
+        "{t}"
+    );
+    let j: Vec<Value> =
+        serde_json::from_slice(&admin(&rig, &["audit", "--status", "ok", "--json"]).stdout)
+            .unwrap();
+    assert_eq!(j.len(), 1);
+    assert_eq!(j[0]["script_id"], done_id);
+    let j: Vec<Value> =
+        serde_json::from_slice(&admin(&rig, &["audit", "--run", "nope", "--json"]).stdout).unwrap();
+    assert!(j.is_empty());
+    let j: Vec<Value> = serde_json::from_slice(
+        &admin(&rig, &["audit", "--since", "1h", "--limit", "1", "--json"]).stdout,
+    )
+    .unwrap();
+    assert_eq!(j.len(), 1);
+    assert_eq!(
+        admin(&rig, &["audit", "--since", "whenever"]).status.code(),
+        Some(2)
+    );
+
+    // cancel, and the errors
+    let o = admin(&rig, &["cancel", &running]);
+    assert_eq!(
+        (o.status.code(), out(&o)),
+        (Some(0), format!("{running}: cancelled\n"))
+    );
+    assert_eq!(
+        row(&rig, &running)["result"]["error"].as_str().unwrap(),
+        format!(
+            "cancelled by an administrator (uid {})",
+            nix::unistd::getuid()
+        )
+    );
+    let o = admin(&rig, &["cancel", "0000000000000000"]);
+    assert_eq!(
+        o.status.code(),
+        Some(13),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        admin(&rig, &["show", "0000000000000000"]).status.code(),
+        Some(13)
+    );
+
+    // With the daemon down: status says so; the audit store still answers.
+    rig.stop(nix::sys::signal::Signal::SIGTERM);
+    let o = admin(&rig, &["status"]);
+    assert_eq!(o.status.code(), Some(11));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).starts_with("scriptgate status: daemon not running: "),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let j: Vec<Value> = serde_json::from_slice(&admin(&rig, &["audit", "--json"]).stdout).unwrap();
+    assert_eq!(j.len(), 2);
+}
+
+#[test]
+fn non_admins_are_refused() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run the CLI as another uid");
+        return;
+    }
+    let rig = Rig::new();
+    use std::os::unix::process::CommandExt;
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_scriptgate"))
+            .args(args)
+            .arg("--socket")
+            .arg(&rig.socket)
+            .arg("--config")
+            .arg(&rig.config)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+            .unwrap()
+    };
+    for cmd in [
+        &["audit"][..],
+        &["ps"][..],
+        &["show", "x"][..],
+        &["cancel", "x"][..],
+    ] {
+        let o = run(cmd);
+        assert_eq!(
+            o.status.code(),
+            Some(12),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("permission denied"),
+            "{cmd:?}"
+        );
+    }
+}
