@@ -129,7 +129,7 @@ impl Store {
     pub fn open(
         path: &Path,
         reader_gid: Option<u32>,
-    ) -> Result<(Store, Vec<ScriptResult>), StoreError> {
+    ) -> Result<(Store, Vec<Recovered>), StoreError> {
         let sql = |op| {
             move |source| StoreError::Sql {
                 path: path.to_path_buf(),
@@ -463,13 +463,21 @@ fn row_json(r: &rusqlite::Row) -> rusqlite::Result<Value> {
     Ok(Value::Object(m))
 }
 
+/// A script a dead daemon left `running`, now recorded as `interrupted`.
+#[derive(Debug, Clone)]
+pub struct Recovered {
+    pub result: ScriptResult,
+    pub runner: Option<String>,
+    pub run_uid: u32,
+}
+
 /// Rows still `running` belong to a daemon that died: they become `interrupted`.
-fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<ScriptResult>> {
+fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<Recovered>> {
     let tx = c.transaction()?;
     let mut out = Vec::new();
     {
         let mut s = tx.prepare(
-            "SELECT script_id, run_id, started_at, details_dir, calls, failures FROM scripts WHERE status = 'running'",
+            "SELECT script_id, run_id, started_at, details_dir, calls, failures, runner, run_uid FROM scripts WHERE status = 'running'",
         )?;
         let rows = s.query_map([], |r| {
             Ok((
@@ -479,15 +487,19 @@ fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<ScriptResult>
                 r.get::<_, String>(3)?,
                 r.get::<_, i64>(4)?,
                 r.get::<_, i64>(5)?,
+                (r.get::<_, Option<String>>(6)?, r.get::<_, Option<i64>>(7)?),
             ))
         })?;
         let now = now_ms();
         for row in rows {
-            let (script_id, run_id, started, details_dir, calls, failures) = row?;
+            let (script_id, run_id, started, details_dir, calls, failures, (runner, run_uid)) =
+                row?;
             let duration_ms = (now - started).max(0) as u64;
             let error = "the daemon stopped while the script ran".to_string();
-            out.push(
-                ScriptResult {
+            out.push(Recovered {
+                runner,
+                run_uid: run_uid.unwrap_or(0) as u32,
+                result: ScriptResult {
                     script_id,
                     run_id,
                     status: Status::Interrupted,
@@ -504,10 +516,10 @@ fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<ScriptResult>
                     cpu_usec: None,
                 }
                 .with_text(None),
-            );
+            });
         }
     }
-    for r in &out {
+    for r in out.iter().map(|r| &r.result) {
         tx.execute(
             "UPDATE scripts SET status = 'interrupted', ended_at = ?2, duration_ms = ?3, result = ?4 WHERE script_id = ?1",
             params![r.script_id, now_ms(), r.duration_ms as i64, serde_json::to_string(r).unwrap_or_default()],
@@ -554,7 +566,11 @@ mod tests {
         }
         let (s, rec) = Store::open(&p, None).unwrap();
         assert_eq!(rec.len(), 1);
-        assert_eq!(rec[0].status, Status::Interrupted);
+        assert_eq!(rec[0].result.status, Status::Interrupted);
+        assert_eq!(
+            (rec[0].runner.as_deref(), rec[0].run_uid),
+            (Some("r"), 65534)
+        );
         let r = s.result("s1").unwrap().unwrap();
         assert_eq!(r.status, Status::Interrupted);
         assert!(r.text.starts_with("run_script interrupted: 0 calls"));

@@ -80,6 +80,9 @@ pub struct Scripts {
     pub return_max_chars: usize,
     pub approval_timeout_s: u64,
     pub python: PathBuf,
+    /// CPU time per wall-clock second, in percent of one CPU (0: no quota);
+    /// systemd and cgroup backends (extension).
+    pub cpu_quota_percent: u32,
 }
 impl Default for Scripts {
     fn default() -> Self {
@@ -93,6 +96,7 @@ impl Default for Scripts {
             return_max_chars: 20000,
             approval_timeout_s: 600,
             python: "/usr/bin/python3".into(),
+            cpu_quota_percent: 100,
         }
     }
 }

@@ -36,6 +36,8 @@ pub struct Peer {
 
 struct Running {
     run_id: String,
+    runner: Option<String>,
+    unit: Option<String>,
     owner: u64,
     peer_uid: u32,
     run_uid: u32,
@@ -85,15 +87,20 @@ fn new_script_id() -> String {
 impl Daemon {
     /// Open state, pick the backend, write the runtime module. Must run inside a
     /// tokio runtime (the spawner thread enters it).
-    pub fn new(
+    pub async fn new(
         cfg: Config,
         key: Vec<u8>,
-    ) -> Result<(Arc<Daemon>, Vec<ScriptResult>), StartupError> {
+    ) -> Result<(Arc<Daemon>, Vec<crate::audit::Recovered>), StartupError> {
         let io = |op, path: &Path| {
             let path = path.to_path_buf();
             move |source| StartupError::Io { op, path, source }
         };
-        let backend = Backend::pick(cfg.sandbox.backend)?;
+        let backend = Backend::pick(
+            cfg.sandbox.backend,
+            &crate::limits::Host::real(),
+            cfg.scripts.cpu_quota_percent,
+        )
+        .await?;
         let state = cfg.state.dir.clone();
         std::fs::create_dir_all(&state).map_err(io("create state dir", &state))?;
         // The runtime dir must be readable by script uids: bwrap binds it as them.
@@ -184,13 +191,12 @@ impl Daemon {
                     run = (Some(c.run_id), c.runner);
                 }
             }
-            tracing::warn!(
-                run_id = run.0.as_deref().unwrap_or(""),
-                peer_uid = peer.uid,
-                code = e.code,
-                reason = e.reason().unwrap_or(""),
-                "script.start refused: {}",
-                e.message
+            crate::journal::start_refused(
+                e,
+                run.0.as_deref(),
+                run.1.as_deref(),
+                peer.uid,
+                peer.pid,
             );
             let _ = self
                 .store
@@ -322,7 +328,7 @@ impl Daemon {
                 approval: approval.into(),
                 workspace: workspace.display().to_string(),
                 backend: self.backend.kind.as_str().into(),
-                unit: None,
+                unit: self.backend.unit_for(&script_id),
                 started_at_ms: now_ms(),
                 details_dir: details_dir.clone(),
             })
@@ -366,6 +372,8 @@ impl Daemon {
         let (result_tx, result_rx) = watch::channel(None);
         let running = Arc::new(Running {
             run_id: claims.run_id.clone(),
+            runner: claims.runner.clone(),
+            unit: self.backend.unit_for(&script_id),
             owner: engine.id(),
             peer_uid: peer.uid,
             run_uid: identity.uid,
@@ -384,7 +392,6 @@ impl Daemon {
         let sid = script_id.clone();
         let run_id = claims.run_id.clone();
         tokio::spawn(async move {
-            let _slot = slot;
             let ticker = tokio::spawn(progress_ticker(
                 sid.clone(),
                 engine.clone(),
@@ -398,16 +405,24 @@ impl Daemon {
             if let Err(e) = this.store.finish(&result, counts).await {
                 tracing::error!(script_id = %sid, "cannot record the result: {e}");
             }
-            log_finished(&result, &running, identity.uid);
-            engine.notify(
-                "script.finished",
-                serde_json::to_value(&result).unwrap_or_default(),
-            );
+            // Recorded first, then deregistered and the slot freed, and only then
+            // told: whoever hears of the end can start the next script at once.
             this.finished_owner
                 .lock()
                 .unwrap()
                 .insert(sid.clone(), running.owner);
             this.running.lock().unwrap().remove(&sid);
+            drop(slot);
+            crate::journal::script_finished(
+                &result,
+                running.runner.as_deref(),
+                identity.uid,
+                running.unit.as_deref(),
+            );
+            engine.notify(
+                "script.finished",
+                serde_json::to_value(&result).unwrap_or_default(),
+            );
             let _ = result_tx.send(Some(result));
             this.changed.notify_waiters();
         });
@@ -642,7 +657,7 @@ impl Daemon {
                 v["run_id"] = json!(r.run_id);
                 v["peer_uid"] = json!(r.peer_uid);
                 v["uid"] = json!(r.run_uid);
-                v["unit"] = Value::Null;
+                v["unit"] = json!(r.unit);
                 v["age_ms"] = json!(now.duration_since(r.started).as_millis() as u64);
                 v
             })
@@ -695,12 +710,4 @@ async fn progress_ticker(script_id: String, engine: Arc<dyn EngineLink>, run: Ar
             engine.notify("script.progress", status_value(&script_id, &run));
         }
     }
-}
-
-fn log_finished(r: &ScriptResult, run: &Running, uid: u32) {
-    tracing::info!(
-        script_id = %r.script_id, run_id = %r.run_id, status = r.status.as_str(), calls = r.calls,
-        failures = r.failures, duration_ms = r.duration_ms, uid, peer_uid = run.peer_uid,
-        "script {} finished: {}", r.script_id, r.status.as_str()
-    );
 }

@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod describe;
 pub mod engine;
 pub mod framing;
+pub mod journal;
 pub mod limits;
 pub mod mcp;
 pub mod policy;

@@ -1,7 +1,7 @@
 //! Spawning and supervising one script: the sandbox child, its output, its end.
 
 use crate::broker::Broker;
-use crate::limits::Backend;
+use crate::limits::{Backend, Placement};
 use crate::policy::Limits;
 use crate::protocol::Status;
 use crate::sandbox::{bwrap_args, RealHost, SandboxSpec};
@@ -134,6 +134,35 @@ fn head_chars(bytes: &[u8], total_bytes: u64, max: usize) -> (String, bool) {
     }
 }
 
+/// The gate: a shell that waits for "go" on fd 6 before it execs bwrap, so that the
+/// sandbox's first instruction already runs inside its unit. (A gate in `pre_exec`
+/// would deadlock: spawning waits for the exec.) Closed without "go", it exits 125.
+const GATE: &str =
+    r#"IFS= read -r go <&6 && [ "$go" = go ] || exit 125; exec 6<&-; exec "$0" "$@""#;
+
+/// A process that holds a systemd scope (and its counters) until they are read.
+fn keeper(identity: Option<Identity>) -> std::process::Command {
+    let sleep = ["/usr/bin/sleep", "/bin/sleep"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or("sleep");
+    let mut k = std::process::Command::new(sleep);
+    k.arg("infinity")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    install_pre_exec(
+        &mut k,
+        ChildSetup {
+            identity,
+            rlimits: vec![],
+            dups: vec![],
+            parent_pid: std::process::id() as libc::pid_t,
+        },
+    );
+    k
+}
+
 /// Start the sandbox and supervise it to its end. `started` is answered once the
 /// child exists (the script is then `running`) or could not be spawned.
 pub async fn run(
@@ -143,24 +172,43 @@ pub async fn run(
     mut stop: watch::Receiver<Option<Stop>>,
     started: tokio::sync::oneshot::Sender<Result<(), String>>,
 ) -> Result<Ended, std::io::Error> {
+    use std::os::fd::AsRawFd;
     let t0 = Instant::now();
+    let script_id = broker.script_id.clone();
     let (req_r, req_w) = channel_pipe()?; // script writes fd 3, we read
     let (rep_r, rep_w) = channel_pipe()?; // we write, script reads fd 4
     let (info_r, info_w) = channel_pipe()?; // bwrap writes the sandbox init's pid on fd 5
-    let mut cmd = std::process::Command::new(&launch.bwrap);
+    let mut dups = vec![
+        (req_w.as_raw_fd(), 3),
+        (rep_r.as_raw_fd(), 4),
+        (info_w.as_raw_fd(), 5),
+    ];
+    let gate = if launch.backend.needs_gate() {
+        Some(channel_pipe()?)
+    } else {
+        None
+    };
+    let mut cmd = match &gate {
+        Some((gate_r, _)) => {
+            dups.push((gate_r.as_raw_fd(), 6));
+            let mut c = std::process::Command::new("/bin/sh");
+            c.arg("-c").arg(GATE).arg(&launch.bwrap);
+            c
+        }
+        None => std::process::Command::new(&launch.bwrap),
+    };
     cmd.args(bwrap_args(&launch.sandbox, &RealHost))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let parent_pid = std::process::id() as libc::pid_t;
     install_pre_exec(
         &mut cmd,
         ChildSetup {
             identity: launch.identity,
             rlimits: launch.backend.rlimits(&launch.limits),
-            fd3: std::os::fd::AsRawFd::as_raw_fd(&req_w),
-            fd4: std::os::fd::AsRawFd::as_raw_fd(&rep_r),
-            fd5: std::os::fd::AsRawFd::as_raw_fd(&info_w),
-            parent_pid: std::process::id() as libc::pid_t,
+            dups,
+            parent_pid,
         },
     );
     let mut child = match spawner.spawn(cmd).await {
@@ -176,9 +224,7 @@ pub async fn run(
     let mut exited = wait_child(pid);
     let _ = started.send(Ok(()));
     // Our copies of the child's ends must go, or fd 3 would never reach EOF.
-    drop(req_w);
-    drop(rep_r);
-    drop(info_w);
+    drop((req_w, rep_r, info_w));
     let input = tokio::net::unix::pipe::Receiver::from_owned_fd(req_r)?;
     let output = tokio::net::unix::pipe::Sender::from_owned_fd(rep_w)?;
     let broker_task = tokio::spawn(broker.clone().serve(input, output));
@@ -200,6 +246,45 @@ pub async fn run(
         0,
         STDERR_TAIL_BYTES,
     ));
+
+    // Into the unit, then through the gate. A keeper holds a systemd scope open.
+    let mut keeper_proc = None;
+    let mut setup_error = None;
+    let mut placement = Placement::None;
+    if let Some((gate_r, gate_w)) = gate {
+        drop(gate_r);
+        let mut pids = vec![pid as u32];
+        if launch.backend.needs_keeper() {
+            match spawner.spawn(keeper(launch.identity)).await {
+                Ok(k) => {
+                    let kpid = k.id() as i32;
+                    pids.push(kpid as u32);
+                    keeper_proc = Some((PidFd::open(kpid), wait_child(kpid)));
+                }
+                Err(e) => setup_error = Some(format!("cannot start the scope keeper: {e}")),
+            }
+        }
+        if setup_error.is_none() {
+            match launch
+                .backend
+                .place(&script_id, &launch.limits, &pids)
+                .await
+            {
+                Ok(p) => {
+                    placement = p;
+                    let mut w = std::fs::File::from(gate_w);
+                    let _ = std::io::Write::write_all(&mut w, b"go\n");
+                }
+                Err(e) => {
+                    setup_error = Some(format!(
+                        "cannot place the script in its {} unit: {e}",
+                        launch.backend.kind.as_str()
+                    ))
+                }
+            }
+        }
+        // gate_w is dropped here: without "go" the gate exits 125.
+    }
 
     // bwrap reports the sandbox's PID 1 once it exists; hold it by pidfd. If bwrap
     // fails before that, the pipe closes and its stderr says why.
@@ -228,18 +313,27 @@ pub async fn run(
         Some(e) => Some(e),
         None => {
             // Killing the sandbox's PID 1 makes the kernel kill every process in its
-            // namespace, setsid'd ones included; then the outer bwrap.
+            // namespace, setsid'd ones included; then the outer bwrap, then the unit.
             if let Some(init) = &sandbox_init {
                 if let Err(e) = init.kill() {
-                    tracing::warn!(script_id = %broker.script_id, "cannot kill the sandbox init: {e}");
+                    tracing::warn!(script_id = %script_id, "cannot kill the sandbox init: {e}");
                 }
             }
             if let Ok(b) = &bwrap {
                 let _ = b.kill();
             }
+            placement.kill();
             exited.await.ok().and_then(Result::ok)
         }
     };
+    // The unit's word on how it ended, read while the keeper still holds it.
+    let outcome = placement.finish().await;
+    if let Some((kfd, kexit)) = keeper_proc {
+        if let Ok(k) = kfd {
+            let _ = k.kill();
+        }
+        let _ = kexit.await;
+    }
     // The namespace is gone, so the pipes reach EOF promptly; bound the wait anyway.
     let grace = Duration::from_secs(5);
     let out = tokio::time::timeout(grace, out_task)
@@ -251,7 +345,7 @@ pub async fn run(
         .ok()
         .and_then(Result::ok);
     if tokio::time::timeout(grace, broker_task).await.is_err() {
-        tracing::warn!(script_id = %broker.script_id, "broker did not stop after the script ended");
+        tracing::warn!(script_id = %script_id, "broker did not stop after the script ended");
     }
     let exit_code = exit.and_then(|e| e.code);
     let stderr_tail = err
@@ -262,6 +356,7 @@ pub async fn run(
         None => (String::new(), false),
     };
     let uncaught = broker.live.uncaught.lock().unwrap().clone();
+    let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
     let (status, error) = match early {
         Some(None) => (
             Status::Timeout,
@@ -274,6 +369,21 @@ pub async fn run(
         Some(Some(Stop::Interrupt)) => (
             Status::Interrupted,
             Some("the daemon stopped while the script ran".into()),
+        ),
+        None if setup_error.is_some() => (Status::Error, setup_error),
+        // The unit's counters decide, not the exit signal.
+        None if outcome.stats.oom_killed => (
+            Status::Oom,
+            Some(format!(
+                "the script ran out of memory (memory_max_bytes = {}) and was killed",
+                launch.limits.memory_max_bytes
+            )),
+        ),
+        None if outcome.stopped_externally => (
+            Status::Cancelled,
+            Some(format!(
+                "stopped from outside scriptgate (systemctl stop {unit})"
+            )),
         ),
         None if exit_code == Some(0) => (Status::Ok, None),
         None => {
@@ -303,8 +413,12 @@ pub async fn run(
         output,
         output_truncated,
         error,
-        memory_peak_bytes: exit.map(|e| e.max_rss_bytes),
-        cpu_usec: exit.map(|e| e.cpu_usec),
+        // The unit's counters when it has them, else the reaped tree's rusage.
+        memory_peak_bytes: outcome
+            .stats
+            .memory_peak_bytes
+            .or(exit.map(|e| e.max_rss_bytes)),
+        cpu_usec: outcome.stats.cpu_usec.or(exit.map(|e| e.cpu_usec)),
     })
 }
 

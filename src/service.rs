@@ -116,12 +116,14 @@ async fn run(
 ) -> ExitCode {
     let idle_exit = (!activated.is_empty() && cfg.server.idle_exit_s > 0)
         .then(|| Duration::from_secs(cfg.server.idle_exit_s));
-    let (daemon, interrupted) = match Daemon::new(cfg, key) {
+    let (daemon, interrupted) = match Daemon::new(cfg, key).await {
         Ok(d) => d,
         Err(e) => return fail(&e),
     };
+    // Scripts a killed daemon left running: their record is completed now, and so is
+    // their journal entry.
     for r in &interrupted {
-        tracing::warn!(script_id = %r.script_id, run_id = %r.run_id, "script {} was interrupted by a daemon stop", r.script_id);
+        crate::journal::script_finished(&r.result, r.runner.as_deref(), r.run_uid, None);
     }
     let listener = match activated.first() {
         Some(&fd) => {

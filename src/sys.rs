@@ -199,11 +199,9 @@ pub struct ChildSetup {
     pub identity: Option<Identity>,
     /// `(resource, limit)` pairs applied with setrlimit.
     pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
-    /// Descriptors to place at fd 3 and fd 4 (must be > 4).
-    pub fd3: RawFd,
-    pub fd4: RawFd,
-    /// Descriptor to place at fd 5: bwrap's `--info-fd` (the sandbox init's pid).
-    pub fd5: RawFd,
+    /// `(from, to)`: descriptors to place at fixed numbers (the tool channel at 3
+    /// and 4, bwrap's info fd at 5, the gate at 6). Every `from` must be above 6.
+    pub dups: Vec<(RawFd, RawFd)>,
     /// The daemon's pid, to notice a parent that died before PDEATHSIG was armed.
     pub parent_pid: libc::pid_t,
 }
@@ -212,8 +210,8 @@ pub struct ChildSetup {
 /// async-signal-safe syscall: no allocation, no locks.
 pub fn install_pre_exec(cmd: &mut std::process::Command, s: ChildSetup) {
     assert!(
-        s.fd3 > 4 && s.fd4 > 4,
-        "channel fds must not collide with 0..=4"
+        s.dups.iter().all(|&(from, to)| from > 6 && to <= 6),
+        "fixed fds must not collide with their sources"
     );
     let hook = move || -> io::Result<()> {
         let check = |rc: libc::c_int| {
@@ -226,10 +224,10 @@ pub fn install_pre_exec(cmd: &mut std::process::Command, s: ChildSetup) {
         // SAFETY: plain syscalls on integers and stack data between fork and exec;
         // none allocates or takes a lock, so they are async-signal-safe.
         unsafe {
-            // 1. The tool channel: dup2 clears close-on-exec on 3 and 4 only.
-            check(libc::dup2(s.fd3, 3))?;
-            check(libc::dup2(s.fd4, 4))?;
-            check(libc::dup2(s.fd5, 5))?;
+            // 1. The fixed descriptors: dup2 clears close-on-exec on these only.
+            for &(from, to) in &s.dups {
+                check(libc::dup2(from, to))?;
+            }
             // 2. Limits, while we may still lower them as root.
             for &(res, lim) in &s.rlimits {
                 let r = libc::rlimit {
@@ -268,7 +266,7 @@ pub fn install_pre_exec(cmd: &mut std::process::Command, s: ChildSetup) {
     }
 }
 
-/// A pipe whose ends are close-on-exec and numbered above 5 (so `dup2` onto 3..=5
+/// A pipe whose ends are close-on-exec and numbered above 6 (so `dup2` onto 3..=6
 /// cannot clobber a twin).
 pub fn channel_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
@@ -276,7 +274,7 @@ pub fn channel_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 fn raise_fd(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() > 5 {
+    if fd.as_raw_fd() > 6 {
         return Ok(fd);
     }
     // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd we then own.

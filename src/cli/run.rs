@@ -621,8 +621,9 @@ async fn run_embedded(
     let mut key = vec![0u8; 32];
     getrandom::getrandom(&mut key).map_err(|e| Failure::setup(format!("random key: {e}")))?;
     params.token = mint(&key, &snap)?;
-    let (daemon, _) =
-        Daemon::new(cfg, key).map_err(|e| Failure::setup(format!("embedded daemon: {e}")))?;
+    let (daemon, _) = Daemon::new(cfg, key)
+        .await
+        .map_err(|e| Failure::setup(format!("embedded daemon: {e}")))?;
     let me = Peer {
         uid: nix::unistd::getuid().as_raw(),
         gid: nix::unistd::getgid().as_raw(),

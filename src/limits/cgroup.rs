@@ -1,0 +1,368 @@
+//! cgroup v2: the `cgroup` backend (a leaf per script in the daemon's delegated
+//! subtree) and reading a unit's counters (also for the `systemd` backend, on v2 or
+//! on a hybrid v1/v2 host). Every path is passed in, so tests run against a fake
+//! cgroupfs tree in a TempDir.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::policy::Limits;
+
+/// What a script's cgroup says after its end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// The kernel's OOM killer killed a process in it.
+    pub oom_killed: bool,
+    pub memory_peak_bytes: Option<u64>,
+    pub cpu_usec: Option<u64>,
+}
+
+fn read(p: &Path) -> Option<String> {
+    std::fs::read_to_string(p).ok()
+}
+
+/// The value of `key` in a flat-keyed cgroup file (`oom_kill 1`, `usage_usec 1500`).
+fn key_value(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        if it.next()? == key {
+            it.next()?.parse().ok()
+        } else {
+            None
+        }
+    })
+}
+
+/// Counters of cgroup `cg` (a path like `/scriptgate.slice/scriptgate-x.scope`)
+/// under `fs` (normally /sys/fs/cgroup): cgroup v2 files first (at `fs/cg`, or
+/// `fs/unified/cg` on a hybrid host), then the v1 memory and cpuacct controllers.
+pub fn stats(fs: &Path, cg: &str) -> Stats {
+    let rel = cg.trim_start_matches('/');
+    let mut s = Stats::default();
+    for v2 in [fs.join(rel), fs.join("unified").join(rel)] {
+        if let Some(ev) = read(&v2.join("memory.events")) {
+            s.oom_killed |= key_value(&ev, "oom_kill").unwrap_or(0) > 0;
+        }
+        s.memory_peak_bytes = s
+            .memory_peak_bytes
+            .or_else(|| read(&v2.join("memory.peak"))?.trim().parse().ok());
+        s.cpu_usec = s
+            .cpu_usec
+            .or_else(|| key_value(&read(&v2.join("cpu.stat"))?, "usage_usec"));
+    }
+    let v1 = fs.join("memory").join(rel);
+    if let Some(oc) = read(&v1.join("memory.oom_control")) {
+        s.oom_killed |= key_value(&oc, "oom_kill").unwrap_or(0) > 0;
+    }
+    s.memory_peak_bytes = s.memory_peak_bytes.or_else(|| {
+        read(&v1.join("memory.max_usage_in_bytes"))?
+            .trim()
+            .parse()
+            .ok()
+    });
+    for acct in ["cpuacct", "cpu,cpuacct"] {
+        s.cpu_usec = s.cpu_usec.or_else(|| {
+            read(&fs.join(acct).join(rel).join("cpuacct.usage"))?
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .map(|ns| ns / 1000)
+        });
+    }
+    s
+}
+
+/// The daemon's delegated cgroup v2 subtree.
+#[derive(Debug, Clone)]
+pub struct Tree {
+    /// The subtree's directory (the daemon's own cgroup when it started).
+    pub root: PathBuf,
+}
+
+/// The cgroup v2 path of a process from its /proc/PID/cgroup text (`0::/path`).
+pub fn own_v2_path(proc_cgroup: &str) -> Option<String> {
+    proc_cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+impl Tree {
+    /// Find a usable delegated subtree: the daemon's v2 cgroup, with the memory and
+    /// pids controllers available and writable by us.
+    pub fn detect(fs: &Path, proc_cgroup: &str) -> Result<Tree, String> {
+        let path = own_v2_path(proc_cgroup).ok_or("no cgroup v2 entry in /proc/self/cgroup")?;
+        let root = fs.join(path.trim_start_matches('/'));
+        let controllers = read(&root.join("cgroup.controllers"))
+            .ok_or_else(|| format!("{} is not a cgroup v2 directory", root.display()))?;
+        for c in ["memory", "pids"] {
+            if !controllers.split_whitespace().any(|x| x == c) {
+                return Err(format!(
+                    "the {c} controller is not delegated to {} (controllers: {:?})",
+                    root.display(),
+                    controllers.trim()
+                ));
+            }
+        }
+        let probe = root.join("cgroup.subtree_control");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&probe)
+            .map_err(|e| format!("{}: {e} (not delegated to us)", probe.display()))?;
+        Ok(Tree { root })
+    }
+
+    /// Move the daemon into a leaf of its own (cgroup v2 has no processes in inner
+    /// nodes that have controllers enabled), then enable the controllers for leaves.
+    /// The order matters: the subtree_control write fails while we sit in the root.
+    pub fn init(&self, own_pid: u32) -> io::Result<()> {
+        let leaf = self.root.join("daemon");
+        mkdir(&leaf)?;
+        write(&leaf.join("cgroup.procs"), &own_pid.to_string())?;
+        let controllers = read(&self.root.join("cgroup.controllers")).unwrap_or_default();
+        let enable: Vec<String> = ["memory", "pids", "cpu"]
+            .iter()
+            .filter(|c| controllers.split_whitespace().any(|x| x == **c))
+            .map(|c| format!("+{c}"))
+            .collect();
+        write(&self.root.join("cgroup.subtree_control"), &enable.join(" "))
+    }
+
+    /// A leaf for one script, with its limits written.
+    pub fn leaf(&self, script_id: &str, l: &Limits, cpu_quota_percent: u32) -> io::Result<Leaf> {
+        let dir = self.root.join(format!("script-{script_id}"));
+        mkdir(&dir)?;
+        let leaf = Leaf { dir };
+        write(
+            &leaf.dir.join("memory.max"),
+            &l.memory_max_bytes.to_string(),
+        )?;
+        write(&leaf.dir.join("pids.max"), &l.tasks_max.to_string())?;
+        let _ = write(&leaf.dir.join("memory.swap.max"), "0");
+        if cpu_quota_percent > 0 {
+            let _ = write(
+                &leaf.dir.join("cpu.max"),
+                &format!("{} 100000", u64::from(cpu_quota_percent) * 1000),
+            );
+        }
+        Ok(leaf)
+    }
+}
+
+/// One script's cgroup.
+#[derive(Debug)]
+pub struct Leaf {
+    pub dir: PathBuf,
+}
+
+impl Leaf {
+    pub fn add(&self, pid: u32) -> io::Result<()> {
+        write(&self.dir.join("cgroup.procs"), &pid.to_string())
+    }
+
+    /// Kill every process in it at once (cgroup.kill, Linux 5.14+).
+    pub fn kill(&self) -> io::Result<()> {
+        write(&self.dir.join("cgroup.kill"), "1")
+    }
+
+    pub fn stats(&self) -> Stats {
+        let mut s = Stats::default();
+        if let Some(ev) = read(&self.dir.join("memory.events")) {
+            s.oom_killed = key_value(&ev, "oom_kill").unwrap_or(0) > 0;
+        }
+        s.memory_peak_bytes =
+            read(&self.dir.join("memory.peak")).and_then(|v| v.trim().parse().ok());
+        s.cpu_usec = read(&self.dir.join("cpu.stat")).and_then(|v| key_value(&v, "usage_usec"));
+        s
+    }
+
+    /// Remove the (empty) leaf; the kernel may need a moment after the last exit.
+    pub async fn remove(self) {
+        for _ in 0..20 {
+            match std::fs::remove_dir(&self.dir) {
+                Ok(()) => return,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(25)).await
+                }
+                Err(e) => {
+                    tracing::debug!("rmdir {}: {e}", self.dir.display());
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn mkdir(p: &Path) -> io::Result<()> {
+    match std::fs::create_dir(p) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(io::Error::new(
+            e.kind(),
+            format!("mkdir {}: {e}", p.display()),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn write(p: &Path, v: &str) -> io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(p)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
+    f.write_all(v.as_bytes())
+        .map_err(|e| io::Error::new(e.kind(), format!("write {v:?} to {}: {e}", p.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Scripts;
+
+    fn fake_tree() -> (tempfile::TempDir, PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("system.slice/scriptgate.service");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(
+            root.join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .unwrap();
+        std::fs::write(root.join("cgroup.subtree_control"), "").unwrap();
+        std::fs::write(root.join("cgroup.procs"), "").unwrap();
+        (d, root)
+    }
+
+    #[test]
+    fn detects_the_delegated_subtree_from_proc_self_cgroup() {
+        let (d, root) = fake_tree();
+        let t = Tree::detect(d.path(), "0::/system.slice/scriptgate.service\n").unwrap();
+        assert_eq!(t.root, root);
+        let hybrid = "12:memory:/system.slice\n0::/system.slice/scriptgate.service\n";
+        assert!(Tree::detect(d.path(), hybrid).is_ok());
+        assert!(Tree::detect(d.path(), "4:memory:/x\n")
+            .unwrap_err()
+            .contains("no cgroup v2"));
+        std::fs::write(root.join("cgroup.controllers"), "cpu io\n").unwrap();
+        assert!(
+            Tree::detect(d.path(), "0::/system.slice/scriptgate.service")
+                .unwrap_err()
+                .contains("memory controller is not delegated")
+        );
+    }
+
+    #[test]
+    fn init_moves_the_daemon_out_then_enables_controllers() {
+        let (d, root) = fake_tree();
+        let t = Tree::detect(d.path(), "0::/system.slice/scriptgate.service").unwrap();
+        t.init(4242).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(root.join("daemon/cgroup.procs")).unwrap(),
+            "4242"
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap(),
+            "+memory +pids +cpu"
+        );
+    }
+
+    #[test]
+    fn a_leaf_gets_limits_processes_kill_and_counters() {
+        let (d, root) = fake_tree();
+        let t = Tree::detect(d.path(), "0::/system.slice/scriptgate.service").unwrap();
+        let l = Limits::effective(&Scripts::default(), &Default::default());
+        let leaf = t
+            .leaf(
+                "abc",
+                &Limits {
+                    memory_max_bytes: 1 << 20,
+                    tasks_max: 32,
+                    ..l
+                },
+                50,
+            )
+            .unwrap();
+        let dir = root.join("script-abc");
+        assert_eq!(leaf.dir, dir);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("memory.max")).unwrap(),
+            "1048576"
+        );
+        assert_eq!(std::fs::read_to_string(dir.join("pids.max")).unwrap(), "32");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("cpu.max")).unwrap(),
+            "50000 100000"
+        );
+        leaf.add(77).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.join("cgroup.procs")).unwrap(),
+            "77"
+        );
+        leaf.kill().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.join("cgroup.kill")).unwrap(),
+            "1"
+        );
+        std::fs::write(
+            dir.join("memory.events"),
+            "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("memory.peak"), "268435456\n").unwrap();
+        std::fs::write(
+            dir.join("cpu.stat"),
+            "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n",
+        )
+        .unwrap();
+        assert_eq!(
+            leaf.stats(),
+            Stats {
+                oom_killed: true,
+                memory_peak_bytes: Some(268435456),
+                cpu_usec: Some(1500)
+            }
+        );
+    }
+
+    #[test]
+    fn unit_counters_on_v2_and_on_a_hybrid_host() {
+        let d = tempfile::tempdir().unwrap();
+        let cg = "/scriptgate.slice/scriptgate-x.scope";
+        let v2 = d.path().join("scriptgate.slice/scriptgate-x.scope");
+        std::fs::create_dir_all(&v2).unwrap();
+        std::fs::write(v2.join("memory.events"), "oom 0\noom_kill 0\n").unwrap();
+        std::fs::write(v2.join("memory.peak"), "100\n").unwrap();
+        assert_eq!(
+            stats(d.path(), cg),
+            Stats {
+                oom_killed: false,
+                memory_peak_bytes: Some(100),
+                cpu_usec: None
+            }
+        );
+        // Hybrid: memory in v1, cpuacct in v1.
+        let h = tempfile::tempdir().unwrap();
+        let mem = h.path().join("memory/scriptgate.slice/scriptgate-x.scope");
+        std::fs::create_dir_all(&mem).unwrap();
+        std::fs::write(
+            mem.join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+        )
+        .unwrap();
+        std::fs::write(mem.join("memory.max_usage_in_bytes"), "4096\n").unwrap();
+        let acct = h
+            .path()
+            .join("cpu,cpuacct/scriptgate.slice/scriptgate-x.scope");
+        std::fs::create_dir_all(&acct).unwrap();
+        std::fs::write(acct.join("cpuacct.usage"), "7000000\n").unwrap();
+        assert_eq!(
+            stats(h.path(), cg),
+            Stats {
+                oom_killed: true,
+                memory_peak_bytes: Some(4096),
+                cpu_usec: Some(7000)
+            }
+        );
+    }
+}
