@@ -49,7 +49,7 @@ impl Manager {
                 &(iface, name),
             )
             .await?;
-        reply.body().deserialize::<OwnedValue>().map_err(Into::into)
+        reply.body().deserialize::<OwnedValue>()
     }
 
     async fn unit_path(&self, unit: &str) -> zbus::Result<OwnedObjectPath> {
@@ -60,7 +60,6 @@ impl Manager {
         reply
             .body()
             .deserialize::<OwnedObjectPath>()
-            .map_err(Into::into)
     }
 
     /// `ActiveState` of a unit; `None` when it is gone.
