@@ -57,9 +57,7 @@ impl Manager {
             .bus
             .call_method(Some(DEST), PATH, Some(MANAGER), "GetUnit", &(unit,))
             .await?;
-        reply
-            .body()
-            .deserialize::<OwnedObjectPath>()
+        reply.body().deserialize::<OwnedObjectPath>()
     }
 
     /// `ActiveState` of a unit; `None` when it is gone.

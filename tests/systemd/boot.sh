@@ -30,4 +30,8 @@ for u in systemd-tmpfiles-setup.service systemd-tmpfiles-setup-dev.service \
   ln -s /dev/null /run/systemd/system/$u
 done
 export container=other
-exec /lib/systemd/systemd --unit=multi-user.target
+# basic.target, not multi-user.target: the rig shares the host's network and /var,
+# and must not start the host's own services (a second PostgreSQL on the host's data
+# directory, say). journald and dbus.socket come with basic.target; the tests start
+# the rest themselves.
+exec /lib/systemd/systemd --unit=basic.target

@@ -1,0 +1,519 @@
+//! systemd integration, proven in a real systemd booted as PID 1 of a private PID
+//! namespace (tests/systemd/boot.sh; see DESIGN.md): socket activation, the notify
+//! protocol and watchdog, idle exit and re-activation, transient scopes with
+//! MemoryMax/TasksMax, `systemctl stop` of a scope, journald entries, and the
+//! hardening figure. The rig shares the host's root file system, so everything it
+//! needs lives in /var/lib/scriptgate-rig-<pid>, removed afterwards; its /run, /tmp
+//! and /var/tmp are private, and the units that would touch host state are masked.
+mod common;
+use common::*;
+use serde_json::{json, Value};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const FINISHED: &str = "346f6012b1654d13bd185a7cfc0553cb";
+const REFUSED: &str = "e1b3fc3a8d8142699a4d42cc4f6acfcb";
+
+struct SystemdRig {
+    dir: PathBuf,
+    unshare: Child,
+    pid1: i32,
+}
+
+fn skip_reason() -> Option<String> {
+    if !is_root() {
+        return Some("not root".into());
+    }
+    for tool in ["unshare", "nsenter", "setsid"] {
+        if !Command::new(tool)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            return Some(format!("no {tool}"));
+        }
+    }
+    if !Path::new("/lib/systemd/systemd").exists() {
+        return Some("no /lib/systemd/systemd".into());
+    }
+    None
+}
+
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        if stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1))
+            .and_then(|x| x.parse::<i32>().ok())
+            == Some(pid)
+        {
+            out.push(p);
+        }
+    }
+    out
+}
+
+impl SystemdRig {
+    /// Boot a systemd, install the project's units with drop-ins pointing at the
+    /// freshly built binary and at this rig's directory. `None` (with the reason
+    /// printed) where the machine cannot do it.
+    fn boot(extra_config: &str) -> Option<SystemdRig> {
+        if let Some(why) = skip_reason() {
+            eprintln!("SKIPPED systemd rig: {why}");
+            return None;
+        }
+        let dir = PathBuf::from(format!(
+            "/var/lib/scriptgate-rig-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ));
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        std::fs::create_dir_all(dir.join("units")).unwrap();
+        std::fs::create_dir_all(dir.join("ws")).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        chown_to_script_uid(&dir.join("ws"));
+        for b in [
+            env!("CARGO_BIN_EXE_scriptgated"),
+            env!("CARGO_BIN_EXE_scriptgate"),
+        ] {
+            std::fs::copy(b, dir.join("bin").join(Path::new(b).file_name().unwrap())).unwrap();
+        }
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"));
+        for u in [
+            "scriptgate.socket",
+            "scriptgate.service",
+            "scriptgate.slice",
+        ] {
+            std::fs::copy(src.join("systemd").join(u), dir.join("units").join(u)).unwrap();
+        }
+        std::fs::copy(src.join("tests/systemd/boot.sh"), dir.join("boot.sh")).unwrap();
+        std::fs::write(dir.join("token.key"), KEY).unwrap();
+        std::fs::set_permissions(
+            dir.join("token.key"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        let d = dir.display();
+        std::fs::write(
+            dir.join("scriptgate.toml"),
+            format!("[auth]\ntoken_key_file = \"{d}/token.key\"\n[workspace]\nroots = [\"{d}/ws\"]\n[state]\ndir = \"{d}/state\"\n{extra_config}"),
+        )
+        .unwrap();
+        let unshare = Command::new("setsid")
+            .args([
+                "unshare",
+                "--pid",
+                "--fork",
+                "--mount",
+                "--uts",
+                "--ipc",
+                "--mount-proc",
+                "--propagation",
+                "private",
+            ])
+            .arg(dir.join("boot.sh"))
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.join("boot.log")).unwrap())
+            .stderr(Stdio::from(
+                std::fs::File::create(dir.join("boot.err")).unwrap(),
+            ))
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        let pid1 = loop {
+            // setsid forks when it is a group leader: look one level deeper if need be.
+            let mut frontier = vec![unshare.id() as i32];
+            let mut found = None;
+            for _ in 0..3 {
+                let next: Vec<i32> = frontier.iter().flat_map(|p| children_of(*p)).collect();
+                if let Some(p) = next.iter().find(|p| {
+                    std::fs::read_to_string(format!("/proc/{p}/comm"))
+                        .is_ok_and(|c| c.trim() == "systemd")
+                }) {
+                    found = Some(*p);
+                    break;
+                }
+                frontier = next;
+            }
+            if let Some(p) = found {
+                break p;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "systemd did not start: {}",
+                std::fs::read_to_string(dir.join("boot.err")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let rig = SystemdRig { dir, unshare, pid1 };
+        let t0 = Instant::now();
+        loop {
+            let s = rig.sh("systemctl is-system-running");
+            let state = String::from_utf8_lossy(&s.stdout).trim().to_string();
+            if state == "running" || state == "degraded" {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the rig's systemd did not come up: {state}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        rig.install();
+        Some(rig)
+    }
+
+    fn sh(&self, cmd: &str) -> Output {
+        Command::new("nsenter")
+            .args([
+                "-t",
+                &self.pid1.to_string(),
+                "-m",
+                "-p",
+                "-u",
+                "-i",
+                "sh",
+                "-c",
+                cmd,
+            ])
+            .output()
+            .unwrap()
+    }
+
+    fn sh_ok(&self, cmd: &str) -> String {
+        let o = self.sh(cmd);
+        assert!(
+            o.status.success(),
+            "{cmd}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// The project's units, unchanged, plus drop-ins: the binary under test, this
+    /// rig's config and directory, and a socket in that directory (reachable from
+    /// the host) owned by root (the rig must not add groups to the host's /etc).
+    fn install(&self) {
+        let d = self.dir.display();
+        self.sh_ok(&format!(
+            "cp {d}/units/* /run/systemd/system/ && \
+             mkdir -p /run/systemd/system/scriptgate.socket.d /run/systemd/system/scriptgate.service.d && \
+             printf '[Socket]\\nListenStream=\\nListenStream={d}/sock\\nSocketGroup=root\\n' > /run/systemd/system/scriptgate.socket.d/rig.conf && \
+             printf '[Service]\\nExecStart=\\nExecStart={d}/bin/scriptgated --config {d}/scriptgate.toml\\nReadWritePaths={d}\\n' > /run/systemd/system/scriptgate.service.d/rig.conf && \
+             systemctl daemon-reload && systemctl start scriptgate.socket"
+        ));
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("sock")
+    }
+
+    fn workspace(&self) -> PathBuf {
+        self.dir.join("ws")
+    }
+
+    fn is_active(&self, unit: &str) -> String {
+        String::from_utf8_lossy(&self.sh(&format!("systemctl is-active {unit}")).stdout)
+            .trim()
+            .to_string()
+    }
+
+    fn token(&self, limits: Value) -> String {
+        let mut snap = fleet_snapshot(&self.workspace(), "auto");
+        snap["limits"] = limits;
+        scriptgate::token::mint(KEY, "rig-run", Some("rig"), &snap, 600).unwrap()
+    }
+
+    fn journal(&self, message_id: &str) -> Vec<Value> {
+        let out = self.sh_ok(&format!(
+            "journalctl --no-pager -o json MESSAGE_ID={message_id}"
+        ));
+        out.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+impl Drop for SystemdRig {
+    fn drop(&mut self) {
+        // Killing PID 1 of the namespace makes the kernel end every process in it.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid1),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = self.unshare.kill();
+        let _ = self.unshare.wait();
+        let t0 = Instant::now();
+        while Path::new(&format!("/proc/{}", self.pid1)).exists()
+            && t0.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn rand_suffix() -> u32 {
+    let mut b = [0u8; 4];
+    getrandom::getrandom(&mut b).unwrap();
+    u32::from_le_bytes(b)
+}
+
+#[test]
+fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
+    // The rig must leave the host alone: a file in the host's /tmp survives it.
+    let marker = PathBuf::from(format!("/tmp/scriptgate-rig-marker-{}", std::process::id()));
+    std::fs::write(&marker, "still here").unwrap();
+    {
+        let Some(rig) = SystemdRig::boot("[server]\nidle_exit_s = 2\n") else {
+            return;
+        };
+        let figure =
+            rig.sh_ok("systemd-analyze security scriptgate.service --no-pager 2>&1 | tail -1");
+        println!("systemd-analyze security: {}", figure.trim());
+        let exposure: f64 = figure
+            .split("scriptgate.service:")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap();
+        assert!(exposure <= 4.5, "exposure {exposure} above the 4.5 target");
+
+        assert_eq!(rig.is_active("scriptgate.socket"), "active");
+        assert_eq!(
+            rig.is_active("scriptgate.service"),
+            "inactive",
+            "not running before the first connection"
+        );
+        let e = Engine::connect(&rig.socket());
+        let info = e.request("daemon.info", json!({})).unwrap();
+        assert_eq!(
+            rig.is_active("scriptgate.service"),
+            "active",
+            "the first connection activated it"
+        );
+        assert_eq!(info["backend"], "systemd", "{info}");
+
+        let token = rig.token(json!({}));
+        let id = e.start(&token, "import time, agent_tools\nagent_tools.call('fleet__list_devices', {})\nprint('in a scope', flush=True)\ntime.sleep(3)\n", &[]).unwrap();
+        let unit = format!("scriptgate-{id}.scope");
+        eventually("the scope", Duration::from_secs(10), || {
+            rig.sh_ok("systemctl list-units 'scriptgate-*' --no-legend --plain")
+                .contains(&unit)
+        });
+        assert_eq!(
+            rig.sh_ok(&format!("systemctl show -p Slice --value {unit}"))
+                .trim(),
+            "scriptgate.slice"
+        );
+        assert_eq!(
+            rig.sh_ok(&format!("systemctl show -p TasksMax --value {unit}"))
+                .trim(),
+            "256"
+        );
+        assert_eq!(
+            rig.sh_ok(&format!("systemctl show -p MemoryMax --value {unit}"))
+                .trim(),
+            "1073741824"
+        );
+        let status_text = rig.sh_ok("systemctl show -p StatusText --value scriptgate.service");
+        assert!(status_text.contains("1 scripts running"), "{status_text}");
+        let admin_ps = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
+            .arg("ps")
+            .arg("--json")
+            .arg("--socket")
+            .arg(rig.socket())
+            .output()
+            .unwrap();
+        let ps: Value = serde_json::from_slice(&admin_ps.stdout).unwrap();
+        assert_eq!(ps["scripts"][0]["unit"], unit.as_str());
+        let r = e.wait(&id);
+        assert_eq!(r["status"], "ok", "{r}");
+        assert!(r["memory_peak_bytes"].as_u64().unwrap() > 1 << 20, "{r}");
+
+        // The journal entry, with its fields, explained by the catalog.
+        eventually("the journal entry", Duration::from_secs(10), || {
+            rig.journal(FINISHED)
+                .iter()
+                .any(|j| j["SCRIPTGATE_SCRIPT_ID"] == id.as_str())
+        });
+        let j = rig
+            .journal(FINISHED)
+            .into_iter()
+            .find(|j| j["SCRIPTGATE_SCRIPT_ID"] == id.as_str())
+            .unwrap();
+        assert_eq!(j["SCRIPTGATE_RUN_ID"], "rig-run");
+        assert_eq!(j["SCRIPTGATE_RUNNER"], "rig");
+        assert_eq!(j["SCRIPTGATE_UID"], NOBODY.to_string());
+        assert_eq!(j["SCRIPTGATE_STATUS"], "ok");
+        assert_eq!(j["SCRIPTGATE_CALLS"], "1");
+        assert_eq!(j["SCRIPTGATE_FAILURES"], "0");
+        assert!(
+            j["SCRIPTGATE_DURATION_MS"]
+                .as_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+                >= 3000
+        );
+        assert_eq!(j["SCRIPTGATE_DETAILS_DIR"], format!(".agent/scripts/{id}"));
+        assert_eq!(j["SCRIPTGATE_UNIT"], unit.as_str());
+        assert_eq!(j["_SYSTEMD_UNIT"], "scriptgate.service");
+        let _ = e.start(
+            &scriptgate::token::mint(
+                KEY,
+                "late-run",
+                None,
+                &fleet_snapshot(&rig.workspace(), "auto"),
+                -5,
+            )
+            .unwrap(),
+            "print(1)",
+            &[],
+        );
+        eventually("the refusal entry", Duration::from_secs(10), || {
+            rig.journal(REFUSED)
+                .iter()
+                .any(|j| j["SCRIPTGATE_RUN_ID"] == "late-run")
+        });
+        let j = rig
+            .journal(REFUSED)
+            .into_iter()
+            .find(|j| j["SCRIPTGATE_RUN_ID"] == "late-run")
+            .unwrap();
+        assert_eq!(
+            (
+                j["PRIORITY"].as_str(),
+                j["SCRIPTGATE_REASON"].as_str(),
+                j["SCRIPTGATE_CODE"].as_str()
+            ),
+            (Some("4"), Some("expired"), Some("-32010"))
+        );
+
+        // The watchdog is armed and fed.
+        assert_eq!(
+            rig.sh_ok("systemctl show -p WatchdogUSec --value scriptgate.service")
+                .trim(),
+            "30s"
+        );
+        let fed =
+            rig.sh_ok("systemctl show -p WatchdogTimestampMonotonic --value scriptgate.service");
+        assert_ne!(fed.trim(), "0", "no WATCHDOG=1 ping seen");
+
+        // Idle: no connection, no script → it exits 0; the next connection brings it
+        // back with nothing lost.
+        e.close();
+        eventually("idle exit", Duration::from_secs(20), || {
+            rig.is_active("scriptgate.service") == "inactive"
+        });
+        assert_eq!(
+            rig.sh_ok("systemctl show -p Result --value scriptgate.service")
+                .trim(),
+            "success"
+        );
+        let e = Engine::connect(&rig.socket());
+        let again = e
+            .request("script.wait", json!({"script_id": id, "token": token}))
+            .unwrap();
+        assert_eq!(again, r);
+        assert_eq!(rig.is_active("scriptgate.service"), "active");
+    }
+    assert!(marker.exists(), "the rig emptied the host's /tmp");
+    std::fs::remove_file(marker).unwrap();
+}
+
+#[test]
+fn memory_and_task_limits_and_systemctl_stop_in_scopes() {
+    let Some(rig) = SystemdRig::boot("") else {
+        return;
+    };
+    let e = Engine::connect(&rig.socket());
+
+    // MemoryMax: the kernel's OOM killer ends it, and the unit's counters say so.
+    let hog = "x = []\nwhile True:\n    x.append(bytearray(16 << 20))\n";
+    let r = e.run(
+        &rig.token(json!({"memory_max_bytes": 64u64 << 20})),
+        hog,
+        &[],
+    );
+    assert_eq!(r["status"], "oom", "{r}");
+    assert!(
+        r["error"].as_str().unwrap().contains("out of memory"),
+        "{r}"
+    );
+
+    // TasksMax: a fork bomb is contained.
+    let bomb = "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(60)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('contained after', n, type(e).__name__)\n";
+    let r = e.run(&rig.token(json!({"tasks_max": 32})), bomb, &[]);
+    assert_eq!(r["status"], "ok", "{r}");
+    let n: u32 = r["output"]
+        .as_str()
+        .unwrap()
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(n < 32, "{r}");
+
+    // A sysadmin's systemctl stop of the scope: cancelled.
+    let id = e
+        .start(
+            &rig.token(json!({})),
+            "import time\nprint('up', flush=True)\ntime.sleep(60)\n",
+            &[],
+        )
+        .unwrap();
+    let unit = format!("scriptgate-{id}.scope");
+    let output = rig
+        .workspace()
+        .join(".agent/scripts")
+        .join(&id)
+        .join("output.txt");
+    eventually("the script to run", Duration::from_secs(10), || {
+        std::fs::read_to_string(&output).unwrap_or_default() == "up\n"
+    });
+    assert_eq!(rig.is_active(&unit), "active");
+    rig.sh_ok(&format!("systemctl stop {unit}"));
+    let r = e.wait(&id);
+    assert_eq!(r["status"], "cancelled", "{r}");
+    assert_eq!(
+        r["error"],
+        format!("stopped from outside scriptgate (systemctl stop {unit})")
+    );
+    assert_eq!(r["output"], "up\n");
+
+    // SIGTERM to the daemon (systemctl stop): running scripts end as interrupted,
+    // recorded; the next activation serves the record.
+    let token = rig.token(json!({}));
+    let id = e
+        .start(&token, "import time\ntime.sleep(60)\n", &[])
+        .unwrap();
+    eventually("the scope", Duration::from_secs(10), || {
+        rig.is_active(&format!("scriptgate-{id}.scope")) == "active"
+    });
+    rig.sh_ok("systemctl stop scriptgate.service");
+    assert_eq!(
+        rig.is_active(&format!("scriptgate-{id}.scope")),
+        "inactive",
+        "no scope outlives the daemon's stop"
+    );
+    let e = Engine::connect(&rig.socket());
+    let r = e
+        .request("script.wait", json!({"script_id": id, "token": token}))
+        .unwrap();
+    assert_eq!(r["status"], "interrupted", "{r}");
+}
