@@ -326,7 +326,9 @@ impl PidFd {
 
 /// Keep only the capabilities the daemon needs, when it runs as root: switching to
 /// the script's uid, owning its record files, writing into workspaces it does not
-/// own, and killing sandboxes.
+/// own, and killing sandboxes. (bwrap needs none: it builds the sandbox in a user
+/// namespace of its own, as the script's uid.) The unit's CapabilityBoundingSet
+/// is the same list.
 pub fn drop_daemon_capabilities() -> Result<(), String> {
     use caps::{CapSet, Capability as C};
     if !Uid::effective().is_root() {
@@ -340,8 +342,6 @@ pub fn drop_daemon_capabilities() -> Result<(), String> {
         C::CAP_DAC_OVERRIDE,
         C::CAP_DAC_READ_SEARCH,
         C::CAP_KILL,
-        C::CAP_SYS_RESOURCE,
-        C::CAP_SYS_ADMIN, // cgroup and D-Bus scope management
     ]
     .into_iter()
     .collect();
