@@ -124,12 +124,7 @@ impl Broker {
                         }
                         Some("call") => {
                             tasks.spawn(async move {
-                                let id = req.get("id").cloned().unwrap_or(Value::Null);
-                                let tool = req
-                                    .get("tool")
-                                    .and_then(Value::as_str)
-                                    .unwrap_or("")
-                                    .to_string();
+                                let (id, tool) = id_and_tool(&req);
                                 let args = req.get("args").cloned().unwrap_or_else(|| json!({}));
                                 let mut reply = this.call(&tool, &args).await;
                                 reply["id"] = id;
@@ -138,12 +133,7 @@ impl Broker {
                         }
                         Some("call_many") => {
                             tasks.spawn(async move {
-                                let id = req.get("id").cloned().unwrap_or(Value::Null);
-                                let tool = req
-                                    .get("tool")
-                                    .and_then(Value::as_str)
-                                    .unwrap_or("")
-                                    .to_string();
+                                let (id, tool) = id_and_tool(&req);
                                 let list = match req.get("args_list") {
                                     Some(Value::Array(a)) => a.clone(),
                                     _ => {
@@ -297,6 +287,17 @@ impl Broker {
         let mut f = self.calls_log.lock().unwrap();
         let _ = writeln!(f, "{line}");
     }
+}
+
+/// A request's `id` (echoed in the reply) and `tool`.
+fn id_and_tool(req: &Value) -> (Value, String) {
+    let id = req.get("id").cloned().unwrap_or(Value::Null);
+    let tool = req
+        .get("tool")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    (id, tool)
 }
 
 fn result_value(r: ToolResult, code: Option<&str>) -> Value {

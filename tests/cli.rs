@@ -564,9 +564,19 @@ fn progress_goes_to_stderr_as_lines_and_servers_are_shut_down() {
     let c = Cli::new();
     let o = c.run("import agent_tools as t, time\nt.progress(3, 10, 'warming up')\ntime.sleep(1.6)\nprint('ok')\n", &[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert_eq!(stdout(&o).lines().last(), Some("ok"), "stdout gets the result text only");
-    assert!(stderr(&o).contains("progress: 3/10 warming up (0 calls, 0 failed)\n"), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o).lines().last(),
+        Some("ok"),
+        "stdout gets the result text only"
+    );
+    assert!(
+        stderr(&o).contains("progress: 3/10 warming up (0 calls, 0 failed)\n"),
+        "{}",
+        stderr(&o)
+    );
     // The filesystem server's command line names this test's data directory.
     let marker = c.data.display().to_string();
-    eventually("the MCP servers to be gone", Duration::from_secs(5), || processes_with(&marker).is_empty());
+    eventually("the MCP servers to be gone", Duration::from_secs(5), || {
+        processes_with(&marker).is_empty()
+    });
 }
