@@ -527,3 +527,73 @@ fn memory_and_task_limits_and_systemctl_stop_in_scopes() {
         .unwrap();
     assert_eq!(r["status"], "interrupted", "{r}");
 }
+
+/// The sysusers file and the message catalog, read by systemd's own tools against a
+/// scratch root (nothing on the host changes).
+#[test]
+fn sysusers_and_catalog_are_valid_for_systemd() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd");
+    let root = tempfile::tempdir().unwrap();
+    let etc = root.path().join("etc");
+    std::fs::create_dir_all(&etc).unwrap();
+    for f in ["passwd", "group", "shadow", "gshadow"] {
+        std::fs::write(etc.join(f), "").unwrap();
+    }
+    let o = Command::new("systemd-sysusers")
+        .arg("--root")
+        .arg(root.path())
+        .arg(src.join("scriptgate.sysusers"))
+        .output();
+    let Ok(o) = o else {
+        eprintln!("SKIPPED: no systemd-sysusers");
+        return;
+    };
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let groups = std::fs::read_to_string(etc.join("group")).unwrap();
+    assert!(
+        groups.lines().any(|l| l.starts_with("scriptgate:")),
+        "{groups}"
+    );
+    assert!(
+        groups.lines().any(|l| l.starts_with("scriptgate-admin:")),
+        "{groups}"
+    );
+
+    let cat = root.path().join("usr/lib/systemd/catalog");
+    std::fs::create_dir_all(&cat).unwrap();
+    std::fs::copy(
+        src.join("scriptgate.catalog"),
+        cat.join("scriptgate.catalog"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(root.path().join("var/lib/systemd/catalog")).unwrap();
+    let o = Command::new("journalctl")
+        .arg("--root")
+        .arg(root.path())
+        .arg("--update-catalog")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for (id, subject) in [
+        (
+            FINISHED,
+            "Subject: scriptgate script @SCRIPTGATE_SCRIPT_ID@ finished",
+        ),
+        (REFUSED, "Subject: scriptgate refused to start a script"),
+    ] {
+        let o = Command::new("journalctl")
+            .arg("--root")
+            .arg(root.path())
+            .args(["--dump-catalog", id])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.contains(subject),
+            "{id}: {text}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    assert_eq!(scriptgate::journal::SCRIPT_FINISHED, FINISHED);
+    assert_eq!(scriptgate::journal::START_REFUSED, REFUSED);
+}

@@ -228,6 +228,16 @@ fn kill_9_mid_script_leaves_an_interrupted_record_and_no_process() {
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
         .unwrap();
     assert_eq!(ok, "ok");
+    // Its journal entry is written at the restart (stderr here: no journal socket).
+    let log = rig.log_text();
+    assert!(
+        log.contains(&format!("script {id} of run run-1 finished: interrupted")),
+        "{log}"
+    );
+    assert!(
+        log.contains(scriptgate::journal::SCRIPT_FINISHED),
+        "the entry carries its MESSAGE_ID: {log}"
+    );
 }
 
 #[test]
