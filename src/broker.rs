@@ -59,6 +59,10 @@ pub struct Broker {
     pub revoked: RevokedRuns,
     pub max_line: usize,
     pub next_call: AtomicU64,
+    /// calls.jsonl gets at most this many lines (max_calls + 1000): refused calls
+    /// cost no budget, so a loop of them must not fill the disk.
+    pub max_log_lines: u64,
+    pub logged: AtomicU64,
 }
 
 fn refusal(r: Refusal) -> Value {
@@ -284,8 +288,17 @@ impl Broker {
             "ts": rfc3339_now(), "tool": tool, "arguments": arguments, "duration_ms": duration_ms,
             "is_error": is_error, "summary": summary,
         });
+        let n = self.logged.fetch_add(1, Ordering::Relaxed);
         let mut f = self.calls_log.lock().unwrap();
-        let _ = writeln!(f, "{line}");
+        if n < self.max_log_lines {
+            let _ = writeln!(f, "{line}");
+        } else if n == self.max_log_lines {
+            let _ = writeln!(
+                f,
+                "{}",
+                json!({"ts": rfc3339_now(), "summary": format!("calls.jsonl is full ({n} lines); later calls are counted but not logged")})
+            );
+        }
     }
 }
 

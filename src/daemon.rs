@@ -349,6 +349,8 @@ impl Daemon {
             revoked: self.revoked.clone(),
             max_line: self.cfg.server.max_message_bytes,
             next_call: Default::default(),
+            max_log_lines: limits.max_calls.saturating_add(1000),
+            logged: Default::default(),
         });
         let launch = Launch {
             bwrap: self.cfg.sandbox.bwrap.clone(),

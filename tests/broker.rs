@@ -318,3 +318,31 @@ time.sleep(30)
         .unwrap();
     assert_eq!(s["state"], "cancelled");
 }
+
+#[test]
+fn a_loop_of_refused_calls_cannot_fill_the_disk() {
+    let rig = Rig::new();
+    let e = rig.engine();
+    let mut snap = rig.snapshot("auto");
+    snap["limits"] = json!({"max_calls": 10});
+    let code = "import agent_tools\nfor i in range(3000):\n    try:\n        agent_tools.call('fleet__wipe_device', {})\n    except agent_tools.ToolError:\n        pass\n";
+    let r = e.run(&rig.token(&snap), code, &[]);
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["calls"], 3000, "every call is counted");
+    let log = std::fs::read_to_string(
+        rig.details(r["script_id"].as_str().unwrap())
+            .join("calls.jsonl"),
+    )
+    .unwrap();
+    assert_eq!(
+        log.lines().count(),
+        10 + 1000 + 1,
+        "max_calls + 1000 lines, then one line saying so"
+    );
+    assert!(log
+        .lines()
+        .last()
+        .unwrap()
+        .contains("calls.jsonl is full (1010 lines)"));
+    assert!(e.calls_seen().is_empty());
+}
