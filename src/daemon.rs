@@ -23,6 +23,8 @@ use tokio::sync::watch;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 const AGENT_TOOLS_PY: &str = include_str!("runtime/agent_tools.py");
+/// How many finished scripts keep "visible to the connection that started them".
+const FINISHED_OWNERS_MAX: usize = 100_000;
 
 /// Who is on the other end of a connection (from SO_PEERCRED).
 #[derive(Debug, Clone, Copy)]
@@ -388,6 +390,14 @@ impl Daemon {
             .lock()
             .unwrap()
             .insert(script_id.clone(), running.clone());
+        // run.revoke adds the run before it scans the running scripts; checking again
+        // after registering means one of the two always sees the other.
+        if self.revoked.read().unwrap().contains(&claims.run_id) {
+            let _ = running.stop.send(Some(Stop::Cancel(format!(
+                "run {} was revoked",
+                claims.run_id
+            ))));
+        }
         self.changed.notify_waiters();
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let this = self.clone();
@@ -409,10 +419,15 @@ impl Daemon {
             }
             // Recorded first, then deregistered and the slot freed, and only then
             // told: whoever hears of the end can start the next script at once.
-            this.finished_owner
-                .lock()
-                .unwrap()
-                .insert(sid.clone(), running.owner);
+            {
+                let mut owners = this.finished_owner.lock().unwrap();
+                // Bounded: past this many, results are reached with the run's token,
+                // as after a restart.
+                if owners.len() >= FINISHED_OWNERS_MAX {
+                    owners.clear();
+                }
+                owners.insert(sid.clone(), running.owner);
+            }
             this.running.lock().unwrap().remove(&sid);
             drop(slot);
             crate::journal::script_finished(
