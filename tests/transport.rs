@@ -323,3 +323,43 @@ fn token_mint_cli_makes_tokens_the_daemon_accepts() {
         (Some("ok"), Some("cli-run"))
     );
 }
+
+#[test]
+fn run_describe_gives_the_model_facing_description() {
+    let rig = Rig::new();
+    let e = rig.engine();
+    let mut snap = rig.snapshot("approval");
+    snap["limits"] = json!({"max_calls": 300});
+    let d = e
+        .request("run.describe", json!({"token": rig.token(&snap)}))
+        .unwrap();
+    let text = d["text"].as_str().unwrap();
+    assert!(
+        text.contains("at most 300 tool calls per script (4 at a time)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("    fleet__get_device_status(sn: str)\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("    fleet__reboot_device(sn: str = None)\n"),
+        "frozen tenant left out: {text}"
+    );
+    assert!(
+        text.contains("    fleet__wipe_device (destructive, confirmed one call at a time)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("    fleet__export_all (runs as a long task)"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("fleet__retired"),
+        "disabled tools are not provided"
+    );
+    let bad = e
+        .request("run.describe", json!({"token": "x.y.z"}))
+        .unwrap_err();
+    assert_eq!(code_reason(&bad), (-32010, "malformed".into()));
+}
