@@ -16,6 +16,7 @@ pub mod policy;
 pub mod protocol;
 pub mod runner;
 pub mod sandbox;
+pub mod seccomp;
 pub mod server;
 pub mod service;
 pub mod sys;

@@ -178,10 +178,15 @@ pub async fn run(
     let (req_r, req_w) = channel_pipe()?; // script writes fd 3, we read
     let (rep_r, rep_w) = channel_pipe()?; // we write, script reads fd 4
     let (info_r, info_w) = channel_pipe()?; // bwrap writes the sandbox init's pid on fd 5
+                                            // fd 7: the seccomp program, already in the pipe (a few KiB) for bwrap to read.
+    let (seccomp_r, seccomp_w) = channel_pipe()?;
+    let program = crate::seccomp::cached().map_err(std::io::Error::other)?;
+    std::io::Write::write_all(&mut std::fs::File::from(seccomp_w), program)?;
     let mut dups = vec![
         (req_w.as_raw_fd(), 3),
         (rep_r.as_raw_fd(), 4),
         (info_w.as_raw_fd(), 5),
+        (seccomp_r.as_raw_fd(), 7),
     ];
     let gate = if launch.backend.needs_gate() {
         Some(channel_pipe()?)
@@ -224,7 +229,7 @@ pub async fn run(
     let mut exited = wait_child(pid);
     let _ = started.send(Ok(()));
     // Our copies of the child's ends must go, or fd 3 would never reach EOF.
-    drop((req_w, rep_r, info_w));
+    drop((req_w, rep_r, info_w, seccomp_r));
     let input = tokio::net::unix::pipe::Receiver::from_owned_fd(req_r)?;
     let output = tokio::net::unix::pipe::Sender::from_owned_fd(rep_w)?;
     let broker_task = tokio::spawn(broker.clone().serve(input, output));

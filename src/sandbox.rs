@@ -37,6 +37,8 @@ pub struct SandboxSpec {
     pub script: PathBuf,
     /// Size of the private `/tmp`.
     pub tmp_size_bytes: u64,
+    /// The descriptor bwrap reads the seccomp program from (see `seccomp`).
+    pub seccomp_fd: Option<i32>,
 }
 
 /// What a host path is, as far as the sandbox layout cares.
@@ -158,6 +160,9 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
     ] {
         push(&mut a, &[&"--setenv", &k, &v]);
     }
+    if let Some(fd) = spec.seccomp_fd {
+        push(&mut a, &[&"--seccomp", &fd.to_string()]);
+    }
     // -s: no user site-packages; -B: no .pyc writes. PYTHONPATH is ours alone
     // because the environment was cleared.
     push(&mut a, &[&"--", &spec.python, &"-s", &"-B", &spec.script]);
@@ -188,6 +193,7 @@ mod tests {
             python: "/usr/bin/python3".into(),
             script: "/srv/ws/run-42/.agent/scripts/abc/script.py".into(),
             tmp_size_bytes: 1 << 20,
+            seccomp_fd: Some(7),
         }
     }
 
@@ -231,6 +237,7 @@ mod tests {
         assert!(has(&a, &["--chdir", "/srv/ws/run-42"]));
         assert!(has(&a, &["--remount-ro", "/"]));
         assert!(has(&a, &["--info-fd", "5"]));
+        assert!(has(&a, &["--seccomp", "7"]));
         assert_eq!(
             &a[a.len() - 5..],
             [

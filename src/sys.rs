@@ -200,7 +200,8 @@ pub struct ChildSetup {
     /// `(resource, limit)` pairs applied with setrlimit.
     pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
     /// `(from, to)`: descriptors to place at fixed numbers (the tool channel at 3
-    /// and 4, bwrap's info fd at 5, the gate at 6). Every `from` must be above 6.
+    /// and 4, bwrap's info fd at 5, the gate at 6, the seccomp program at 7).
+    /// Every `from` must be above 7.
     pub dups: Vec<(RawFd, RawFd)>,
     /// The daemon's pid, to notice a parent that died before PDEATHSIG was armed.
     pub parent_pid: libc::pid_t,
@@ -210,7 +211,7 @@ pub struct ChildSetup {
 /// async-signal-safe syscall: no allocation, no locks.
 pub fn install_pre_exec(cmd: &mut std::process::Command, s: ChildSetup) {
     assert!(
-        s.dups.iter().all(|&(from, to)| from > 6 && to <= 6),
+        s.dups.iter().all(|&(from, to)| from > 7 && to <= 7),
         "fixed fds must not collide with their sources"
     );
     let hook = move || -> io::Result<()> {
@@ -266,7 +267,7 @@ pub fn install_pre_exec(cmd: &mut std::process::Command, s: ChildSetup) {
     }
 }
 
-/// A pipe whose ends are close-on-exec and numbered above 6 (so `dup2` onto 3..=6
+/// A pipe whose ends are close-on-exec and numbered above 7 (so `dup2` onto 3..=7
 /// cannot clobber a twin).
 pub fn channel_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
@@ -274,7 +275,7 @@ pub fn channel_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 fn raise_fd(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() > 6 {
+    if fd.as_raw_fd() > 7 {
         return Ok(fd);
     }
     // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd we then own.

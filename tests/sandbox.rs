@@ -317,3 +317,43 @@ fn cancel_right_after_start_leaves_no_process() {
         });
     }
 }
+
+#[test]
+fn the_seccomp_filter_refuses_kernel_attack_surface() {
+    // Each of these succeeds for an unprivileged process outside the sandbox.
+    let rig = Rig::new();
+    let code = format!(
+        r#"
+import ctypes, json, os, threading, subprocess, sqlite3
+libc = ctypes.CDLL(None, use_errno=True)
+def sc(nr, *a):
+    r = libc.syscall(nr, *[ctypes.c_long(x) for x in a])
+    return r if r >= 0 else -ctypes.get_errno()
+buf = ctypes.create_string_buffer(120)
+out = {{
+    "keyctl": sc({keyctl}, 0, -3, 1),
+    "io_uring_setup": sc({io_uring}, 1, ctypes.addressof(buf)),
+    "personality": sc({personality}, 0xffffffff),
+    "unshare": sc({unshare}, 0x00020000),
+}}
+# Ordinary work is untouched: threads, a subprocess, sqlite in /tmp.
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+out["subprocess"] = subprocess.run(["/bin/echo", "fine"], capture_output=True, text=True).stdout.strip()
+db = sqlite3.connect("/tmp/x.db"); db.execute("create table t(x)"); out["sqlite"] = "ok"
+print(json.dumps(out))
+"#,
+        keyctl = libc::SYS_keyctl,
+        io_uring = libc::SYS_io_uring_setup,
+        personality = libc::SYS_personality,
+        unshare = libc::SYS_unshare,
+    );
+    let (_, out) = run_json(&rig, &rig.snapshot("auto"), &code);
+    let eperm = -libc::EPERM as i64;
+    for k in ["keyctl", "io_uring_setup", "personality", "unshare"] {
+        assert_eq!(out[k].as_i64(), Some(eperm), "{k}: {out}");
+    }
+    assert_eq!(
+        (out["subprocess"].as_str(), out["sqlite"].as_str()),
+        (Some("fine"), Some("ok"))
+    );
+}
