@@ -580,3 +580,31 @@ fn progress_goes_to_stderr_as_lines_and_servers_are_shut_down() {
         processes_with(&marker).is_empty()
     });
 }
+
+#[test]
+fn through_a_socket_without_workspace_a_fresh_one_is_made_under_the_daemon_root() {
+    let rig = Rig::new();
+    let c = Cli::new();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
+    cmd.arg("run")
+        .args(c.servers())
+        .arg("--socket")
+        .arg(&rig.socket)
+        .arg("--config")
+        .arg(&rig.config)
+        .arg(c.script("import os\nprint(os.getcwd())\n"));
+    no_tty(&mut cmd);
+    let o = cmd.stdin(Stdio::null()).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let err = stderr(&o);
+    let ws = err
+        .lines()
+        .find_map(|l| l.strip_prefix("scriptgate: workspace "))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        Path::new(ws).starts_with(&rig.root),
+        "{ws} is under the daemon's root {}",
+        rig.root.display()
+    );
+    assert!(stdout(&o).ends_with(&format!("{ws}\n")));
+}

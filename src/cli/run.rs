@@ -398,9 +398,20 @@ fn script_identity(cfg: &Config) -> Result<crate::sys::Identity, Failure> {
         .map_err(|e| Failure::setup(e.to_string()))
 }
 
-/// Create a fresh workspace, or check the given one is usable by the script's uid.
+/// Where fresh workspaces go with the embedded daemon.
+fn embedded_workspaces() -> PathBuf {
+    if is_root() {
+        PathBuf::from("/var/lib/scriptgate/workspaces")
+    } else {
+        home_state().join("workspaces")
+    }
+}
+
+/// Create a fresh workspace under `fresh_base`, or check the given one is usable
+/// by the script's uid.
 fn prepare_workspace(
     given: Option<&Path>,
+    fresh_base: &Path,
     cfg: &Config,
     read_only: bool,
 ) -> Result<PathBuf, Failure> {
@@ -422,21 +433,21 @@ fn prepare_workspace(
         Some(p) => std::fs::canonicalize(p)
             .map_err(|e| Failure::setup(format!("workspace {}: {e}", p.display())))?,
         None => {
-            let base = if is_root() {
-                PathBuf::from("/var/lib/scriptgate/workspaces")
-            } else {
-                home_state().join("workspaces")
+            let base = fresh_base;
+            let cannot = |e: std::io::Error| {
+                Failure::setup(format!(
+                    "cannot create a workspace under {}: {e}; pass --workspace DIR (under the daemon's workspace.roots), or --embedded",
+                    base.display()
+                ))
             };
-            std::fs::create_dir_all(&base)
-                .map_err(|e| Failure::setup(format!("{}: {e}", base.display())))?;
+            std::fs::create_dir_all(base).map_err(cannot)?;
             let stamp = crate::broker::rfc3339_now().replace([':', '.'], "-");
             let mut r = [0u8; 3];
             let _ = getrandom::getrandom(&mut r);
             let ws = base.join(format!("run-{stamp}-{:02x}{:02x}{:02x}", r[0], r[1], r[2]));
-            std::fs::create_dir(&ws)
-                .map_err(|e| Failure::setup(format!("{}: {e}", ws.display())))?;
+            std::fs::create_dir(&ws).map_err(cannot)?;
             if is_root() {
-                let _ = std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755));
+                let _ = std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o755));
                 nix::unistd::chown(
                     &ws,
                     Some(nix::unistd::Uid::from_raw(id.uid)),
@@ -544,20 +555,17 @@ pub async fn run(o: RunOptions) -> Result<ScriptResult, Failure> {
         )
         .map_err(|e| Failure::setup(e.to_string()))?,
     };
-    let ws = match (&target, &o.workspace) {
-        (Target::Embedded, w) => prepare_workspace(w.as_deref(), &cfg, o.read_only)?,
-        (Target::Socket(_), Some(w)) => std::fs::canonicalize(w)
-            .map_err(|e| Failure::setup(format!("workspace {}: {e}", w.display())))?,
-        (Target::Socket(s), None) => {
-            return Err(Failure {
-                code: exit::USAGE,
-                message: format!(
-                    "the daemon at {} needs --workspace DIR under its workspace.roots",
-                    s.display()
-                ),
-            })
-        }
+    // A fresh workspace goes under the daemon's first root (socket), or ours.
+    let fresh_base = match &target {
+        Target::Embedded => embedded_workspaces(),
+        Target::Socket(s) => cfg.workspace.roots.first().cloned().ok_or_else(|| {
+            Failure::setup(format!(
+                "the daemon at {} has no workspace.roots",
+                s.display()
+            ))
+        })?,
     };
+    let ws = prepare_workspace(o.workspace.as_deref(), &fresh_base, &cfg, o.read_only)?;
     let tools = Tools::start(
         &o.mcp,
         vec![ws.display().to_string()],
