@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use serde_json::Value;
+use std::ffi::OsStr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -73,17 +74,24 @@ impl Cli {
         p
     }
 
-    /// `scriptgate run` with no controlling terminal (setsid), stdin closed.
-    fn run(&self, code: &str, extra: &[&str]) -> Output {
+    /// `scriptgate run <servers> ARGS <script>`, with no controlling terminal
+    /// (setsid) and stdin closed.
+    fn command(&self, code: &str, args: &[&OsStr]) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
         c.arg("run")
             .args(self.servers())
-            .arg("--workspace")
-            .arg(&self.workspace)
-            .args(extra)
-            .arg(self.script(code));
+            .args(args)
+            .arg(self.script(code))
+            .stdin(Stdio::null());
         no_tty(&mut c);
-        c.stdin(Stdio::null()).output().unwrap()
+        c
+    }
+
+    /// `scriptgate run` in this test's workspace.
+    fn run(&self, code: &str, extra: &[&str]) -> Output {
+        let mut args: Vec<&OsStr> = vec!["--workspace".as_ref(), self.workspace.as_os_str()];
+        args.extend(extra.iter().map(OsStr::new));
+        self.command(code, &args).output().unwrap()
     }
 }
 
@@ -288,16 +296,15 @@ except t.ToolError as e:
     print("after:", e.code)
 print("time still works:", t.call("time__get_current_time", {"timezone": "UTC"})["timezone"])
 "#;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
-    cmd.arg("run")
-        .args(c.servers())
-        .arg("--workspace")
-        .arg(&c.workspace)
-        .arg("--json")
-        .arg(c.script(code));
-    no_tty(&mut cmd);
+    let mut cmd = c.command(
+        code,
+        &[
+            "--workspace".as_ref(),
+            c.workspace.as_os_str(),
+            "--json".as_ref(),
+        ],
+    );
     let child = cmd
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -489,12 +496,13 @@ fn embedded_default_without_a_daemon_and_a_fresh_workspace() {
         "this test expects no system daemon"
     );
     let c = Cli::new();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
-    cmd.arg("run")
-        .args(c.servers())
-        .arg(c.script("import os\nopen('here.txt','w').write('x')\nprint(os.getcwd())\n"));
-    no_tty(&mut cmd);
-    let o = cmd.stdin(Stdio::null()).output().unwrap();
+    let o = c
+        .command(
+            "import os\nopen('here.txt','w').write('x')\nprint(os.getcwd())\n",
+            &[],
+        )
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let err = stderr(&o);
     let ws = err
@@ -538,12 +546,23 @@ fn an_unusable_workspace_gets_a_clear_message() {
 fn run_through_a_daemon_socket() {
     let rig = Rig::new();
     let c = Cli::new();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
-    cmd.arg("run").args(c.servers()).arg("--socket").arg(&rig.socket).arg("--config").arg(&rig.config)
-        .arg("--workspace").arg(&rig.workspace).arg("--json").arg("--tools").arg("fs__create_directory").arg("--yes")
-        .arg(c.script(&format!("import agent_tools as t\nt.call('fs__create_directory', {{'path': {:?}}})\nprint(t.call('time__get_current_time', {{'timezone': 'UTC'}})['timezone'])\n", c.data.join("via-socket").display().to_string())));
-    no_tty(&mut cmd);
-    let o = cmd.stdin(Stdio::null()).output().unwrap();
+    let code = format!(
+        "import agent_tools as t\nt.call('fs__create_directory', {{'path': {:?}}})\nprint(t.call('time__get_current_time', {{'timezone': 'UTC'}})['timezone'])\n",
+        c.data.join("via-socket").display().to_string()
+    );
+    let args: [&OsStr; 10] = [
+        "--socket".as_ref(),
+        rig.socket.as_os_str(),
+        "--config".as_ref(),
+        rig.config.as_os_str(),
+        "--workspace".as_ref(),
+        rig.workspace.as_os_str(),
+        "--json".as_ref(),
+        "--tools".as_ref(),
+        "fs__create_directory".as_ref(),
+        "--yes".as_ref(),
+    ];
+    let o = c.command(&code, &args).output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
@@ -585,16 +604,16 @@ fn progress_goes_to_stderr_as_lines_and_servers_are_shut_down() {
 fn through_a_socket_without_workspace_a_fresh_one_is_made_under_the_daemon_root() {
     let rig = Rig::new();
     let c = Cli::new();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
-    cmd.arg("run")
-        .args(c.servers())
-        .arg("--socket")
-        .arg(&rig.socket)
-        .arg("--config")
-        .arg(&rig.config)
-        .arg(c.script("import os\nprint(os.getcwd())\n"));
-    no_tty(&mut cmd);
-    let o = cmd.stdin(Stdio::null()).output().unwrap();
+    let args: [&OsStr; 4] = [
+        "--socket".as_ref(),
+        rig.socket.as_os_str(),
+        "--config".as_ref(),
+        rig.config.as_os_str(),
+    ];
+    let o = c
+        .command("import os\nprint(os.getcwd())\n", &args)
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     let err = stderr(&o);
     let ws = err
