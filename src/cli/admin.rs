@@ -378,18 +378,29 @@ pub fn parse_since(v: &str, now_ms: i64) -> Result<i64, String> {
     Ok(((days * 86400) + hh * 3600 + mm * 60 + ss) * 1000)
 }
 
+/// Rows as pretty JSON, or as a table with one cell per column function.
+fn rows_out(
+    rows: &[Value],
+    json_out: bool,
+    headers: &[&str],
+    row: impl Fn(&Value) -> Vec<String>,
+) -> String {
+    if json_out {
+        return pretty(&json!(rows));
+    }
+    table(headers, &rows.iter().map(row).collect::<Vec<_>>())
+}
+
 pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<String, AdminError> {
     let reader = ctx.reader()?;
+    let store = |e: rusqlite::Error| err(exit::SETUP, e.to_string());
     if refusals {
-        let rows = reader
-            .refusals(&q)
-            .map_err(|e| err(exit::SETUP, e.to_string()))?;
-        if json_out {
-            return Ok(pretty(&json!(rows)));
-        }
-        let t: Vec<Vec<String>> = rows
-            .iter()
-            .map(|r| {
+        let rows = reader.refusals(&q).map_err(store)?;
+        return Ok(rows_out(
+            &rows,
+            json_out,
+            &["AT", "RUN", "PEER_UID", "CODE", "REASON", "MESSAGE"],
+            |r| {
                 vec![
                     crate::broker::rfc3339(r["at"].as_i64().unwrap_or(0)),
                     s(&r["run_id"]),
@@ -398,22 +409,25 @@ pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<Stri
                     s(&r["reason"]),
                     s(&r["message"]),
                 ]
-            })
-            .collect();
-        return Ok(table(
-            &["AT", "RUN", "PEER_UID", "CODE", "REASON", "MESSAGE"],
-            &t,
+            },
         ));
     }
-    let rows = reader
-        .scripts(&q)
-        .map_err(|e| err(exit::SETUP, e.to_string()))?;
-    if json_out {
-        return Ok(pretty(&json!(rows)));
-    }
-    let t: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
+    let rows = reader.scripts(&q).map_err(store)?;
+    Ok(rows_out(
+        &rows,
+        json_out,
+        &[
+            "STARTED",
+            "SCRIPT",
+            "RUN",
+            "UID",
+            "STATUS",
+            "CALLS",
+            "FAILS",
+            "DURATION",
+            "DESCRIPTION",
+        ],
+        |r| {
             vec![
                 crate::broker::rfc3339(r["started_at"].as_i64().unwrap_or(0)),
                 s(&r["script_id"]),
@@ -433,21 +447,7 @@ pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<Stri
                     .take(40)
                     .collect(),
             ]
-        })
-        .collect();
-    Ok(table(
-        &[
-            "STARTED",
-            "SCRIPT",
-            "RUN",
-            "UID",
-            "STATUS",
-            "CALLS",
-            "FAILS",
-            "DURATION",
-            "DESCRIPTION",
-        ],
-        &t,
+        },
     ))
 }
 
