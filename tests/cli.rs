@@ -526,12 +526,11 @@ fn an_unusable_workspace_gets_a_clear_message() {
     let c = Cli::new();
     let root_owned = c.dir.path().join("root-owned");
     std::fs::create_dir(&root_owned).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .arg("run")
-        .args(c.servers())
-        .arg("--workspace")
-        .arg(&root_owned)
-        .arg(c.script("print(1)"))
+    let o = c
+        .command(
+            "print(1)",
+            &["--workspace".as_ref(), root_owned.as_os_str()],
+        )
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(10));
