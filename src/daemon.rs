@@ -363,7 +363,6 @@ impl Daemon {
                 python: self.cfg.scripts.python.clone(),
                 script: art.path.join("script.py"),
                 tmp_size_bytes: self.cfg.sandbox.tmp_size_bytes,
-                seccomp_fd: Some(7),
             },
             identity: (nix::unistd::Uid::effective().as_raw() != identity.uid).then_some(identity),
             limits: limits.clone(),

@@ -4,7 +4,9 @@ use crate::broker::Broker;
 use crate::limits::{Backend, Placement};
 use crate::policy::Limits;
 use crate::protocol::Status;
-use crate::sandbox::{bwrap_args, RealHost, SandboxSpec};
+use crate::sandbox::{
+    bwrap_args, RealHost, SandboxSpec, FD_GATE, FD_INFO, FD_REPLIES, FD_REQUESTS, FD_SECCOMP,
+};
 use crate::sys::{
     channel_pipe, install_pre_exec, wait_child, ChildSetup, Exit, Identity, PidFd, Spawner,
 };
@@ -134,11 +136,15 @@ fn head_chars(bytes: &[u8], total_bytes: u64, max: usize) -> (String, bool) {
     }
 }
 
-/// The gate: a shell that waits for "go" on fd 6 before it execs bwrap, so that the
-/// sandbox's first instruction already runs inside its unit. (A gate in `pre_exec`
-/// would deadlock: spawning waits for the exec.) Closed without "go", it exits 125.
-const GATE: &str =
-    r#"IFS= read -r go <&6 && [ "$go" = go ] || exit 125; exec 6<&-; exec "$0" "$@""#;
+/// The gate: a shell that waits for "go" on `FD_GATE` before it execs bwrap, so
+/// that the sandbox's first instruction already runs inside its unit. (A gate in
+/// `pre_exec` would deadlock: spawning waits for the exec.) Closed without "go", it
+/// exits 125.
+fn gate_script() -> String {
+    format!(
+        r#"IFS= read -r go <&{FD_GATE} && [ "$go" = go ] || exit 125; exec {FD_GATE}<&-; exec "$0" "$@""#
+    )
+}
 
 /// A process that holds a systemd scope (and its counters) until they are read.
 fn keeper(identity: Option<Identity>) -> std::process::Command {
@@ -183,10 +189,10 @@ pub async fn run(
     let program = crate::seccomp::cached().map_err(std::io::Error::other)?;
     std::io::Write::write_all(&mut std::fs::File::from(seccomp_w), program)?;
     let mut dups = vec![
-        (req_w.as_raw_fd(), 3),
-        (rep_r.as_raw_fd(), 4),
-        (info_w.as_raw_fd(), 5),
-        (seccomp_r.as_raw_fd(), 7),
+        (req_w.as_raw_fd(), FD_REQUESTS),
+        (rep_r.as_raw_fd(), FD_REPLIES),
+        (info_w.as_raw_fd(), FD_INFO),
+        (seccomp_r.as_raw_fd(), FD_SECCOMP),
     ];
     let gate = if launch.backend.needs_gate() {
         Some(channel_pipe()?)
@@ -195,9 +201,9 @@ pub async fn run(
     };
     let mut cmd = match &gate {
         Some((gate_r, _)) => {
-            dups.push((gate_r.as_raw_fd(), 6));
+            dups.push((gate_r.as_raw_fd(), FD_GATE));
             let mut c = std::process::Command::new("/bin/sh");
-            c.arg("-c").arg(GATE).arg(&launch.bwrap);
+            c.arg("-c").arg(gate_script()).arg(&launch.bwrap);
             c
         }
         None => std::process::Command::new(&launch.bwrap),

@@ -7,6 +7,15 @@ use std::path::{Path, PathBuf};
 /// Where the embedded `agent_tools.py` is mounted inside the sandbox.
 pub const RUNTIME_MOUNT: &str = "/run/scriptgate";
 
+/// The fixed descriptors the sandbox child gets. 3 and 4 are the tool channel
+/// (protocol §8) and reach the script; 5 and 7 are read by bwrap itself; 6 is the
+/// placement gate, closed before bwrap runs.
+pub const FD_REQUESTS: i32 = 3;
+pub const FD_REPLIES: i32 = 4;
+pub const FD_INFO: i32 = 5;
+pub const FD_GATE: i32 = 6;
+pub const FD_SECCOMP: i32 = 7;
+
 /// Host directories mounted read-only when they exist (symlinks are recreated as
 /// symlinks, so merged-/usr systems get `/lib -> usr/lib`).
 const SYSTEM_DIRS: &[&str] = &[
@@ -37,8 +46,6 @@ pub struct SandboxSpec {
     pub script: PathBuf,
     /// Size of the private `/tmp`.
     pub tmp_size_bytes: u64,
-    /// The descriptor bwrap reads the seccomp program from (see `seccomp`).
-    pub seccomp_fd: Option<i32>,
 }
 
 /// What a host path is, as far as the sandbox layout cares.
@@ -96,9 +103,9 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
             &"--clearenv",
         ],
     );
-    // fd 5: bwrap writes {"child-pid": N}, the sandbox's PID 1, so the supervisor
-    // can kill the whole namespace even before --die-with-parent is armed.
-    push(&mut a, &[&"--info-fd", &"5"]);
+    // bwrap writes {"child-pid": N}, the sandbox's PID 1, so the supervisor can
+    // kill the whole namespace even before --die-with-parent is armed.
+    push(&mut a, &[&"--info-fd", &FD_INFO.to_string()]);
     for dir in SYSTEM_DIRS {
         match host.entry(Path::new(dir)) {
             Entry::Symlink(target) => push(&mut a, &[&"--symlink", &target, dir]),
@@ -160,9 +167,8 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
     ] {
         push(&mut a, &[&"--setenv", &k, &v]);
     }
-    if let Some(fd) = spec.seccomp_fd {
-        push(&mut a, &[&"--seccomp", &fd.to_string()]);
-    }
+    // The seccomp program (see `seccomp`), loaded just before the script's exec.
+    push(&mut a, &[&"--seccomp", &FD_SECCOMP.to_string()]);
     // -s: no user site-packages; -B: no .pyc writes. PYTHONPATH is ours alone
     // because the environment was cleared.
     push(&mut a, &[&"--", &spec.python, &"-s", &"-B", &spec.script]);
@@ -193,7 +199,6 @@ mod tests {
             python: "/usr/bin/python3".into(),
             script: "/srv/ws/run-42/.agent/scripts/abc/script.py".into(),
             tmp_size_bytes: 1 << 20,
-            seccomp_fd: Some(7),
         }
     }
 

@@ -211,7 +211,9 @@ pub struct ChildSetup {
 /// async-signal-safe syscall: no allocation, no locks.
 pub fn install_pre_exec(cmd: &mut std::process::Command, s: ChildSetup) {
     assert!(
-        s.dups.iter().all(|&(from, to)| from > 7 && to <= 7),
+        s.dups
+            .iter()
+            .all(|&(from, to)| from > HIGHEST_FIXED_FD && to <= HIGHEST_FIXED_FD),
         "fixed fds must not collide with their sources"
     );
     let hook = move || -> io::Result<()> {
@@ -267,6 +269,9 @@ pub fn install_pre_exec(cmd: &mut std::process::Command, s: ChildSetup) {
     }
 }
 
+/// The highest descriptor number a child gets fixed (see `sandbox::FD_*`).
+const HIGHEST_FIXED_FD: RawFd = crate::sandbox::FD_SECCOMP;
+
 /// A pipe whose ends are close-on-exec and numbered above 7 (so `dup2` onto 3..=7
 /// cannot clobber a twin).
 pub fn channel_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -275,7 +280,7 @@ pub fn channel_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 fn raise_fd(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() > 7 {
+    if fd.as_raw_fd() > HIGHEST_FIXED_FD {
         return Ok(fd);
     }
     // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd we then own.
