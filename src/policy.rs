@@ -172,6 +172,11 @@ impl Policy {
         ))
     }
 
+    /// Is `tool` a tool of the snapshot (enabled or not)?
+    pub fn knows(&self, tool: &str) -> bool {
+        self.tools.contains_key(tool)
+    }
+
     /// Decide one call from the script. On success returns the arguments to send to
     /// the engine: the script's, with the frozen ones merged in, schema-checked.
     pub fn check_call(&self, tool: &str, args: &Value) -> Result<Value, Refusal> {
