@@ -83,7 +83,9 @@ pub enum Request {
     },
     Progress(Progress),
     /// The script is ending on an uncaught `ToolError` with this code.
-    Uncaught { code: String },
+    Uncaught {
+        code: String,
+    },
 }
 
 /// A request line that cannot be served; answered as `{"id", "error"}`.
@@ -251,7 +253,7 @@ impl Broker {
         loop {
             while tasks.try_join_next().is_some() {}
             match read_line(&mut reader, &mut buf, self.max_line).await {
-                Ok(Line::Eof) | Err(_) => break,
+                Ok(Line::Eof | Line::TimedOut) | Err(_) => break,
                 Ok(Line::TooLong) => {
                     let line = error_line(
                         &Value::Null,
@@ -270,7 +272,11 @@ impl Broker {
                     let req = match parse_request(&buf) {
                         Ok(r) => r,
                         Err(b) => {
-                            if tx.send(error_line(&b.id, b.code, &b.message)).await.is_err() {
+                            if tx
+                                .send(error_line(&b.id, b.code, &b.message))
+                                .await
+                                .is_err()
+                            {
                                 break;
                             }
                             continue;
@@ -456,7 +462,10 @@ impl Broker {
             line.insert("tool".into(), json!(tool));
             let args = arguments.to_string();
             if args.len() > MAX_LOGGED_ARGS_BYTES {
-                line.insert("arguments".into(), json!(clip(&args, MAX_LOGGED_ARGS_BYTES)));
+                line.insert(
+                    "arguments".into(),
+                    json!(clip(&args, MAX_LOGGED_ARGS_BYTES)),
+                );
                 line.insert("arguments_bytes".into(), json!(args.len()));
             } else {
                 line.insert("arguments".into(), arguments.clone());

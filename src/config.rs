@@ -26,6 +26,13 @@ pub struct Server {
     pub max_message_bytes: usize,
     pub max_running: usize,
     pub idle_exit_s: u64,
+    /// Engine connections served at once; one more is refused (-32015).
+    pub max_connections: usize,
+    /// A line from an engine must end within this many seconds of its first byte.
+    pub line_timeout_s: u64,
+    /// Bytes of partly received lines held for all connections together, beyond
+    /// the first 64 KiB of each line.
+    pub max_buffered_bytes: usize,
 }
 impl Default for Server {
     fn default() -> Self {
@@ -33,6 +40,9 @@ impl Default for Server {
             max_message_bytes: 16 << 20,
             max_running: 64,
             idle_exit_s: 300,
+            max_connections: 256,
+            line_timeout_s: 30,
+            max_buffered_bytes: 32 << 20,
         }
     }
 }
@@ -225,8 +235,20 @@ impl Config {
                 s.python
             ));
         }
-        if self.server.max_message_bytes < 1024 {
+        let sv = &self.server;
+        if sv.max_message_bytes < 1024 {
             return bad("server.max_message_bytes must be at least 1024".into());
+        }
+        if sv.max_buffered_bytes < sv.max_message_bytes {
+            return bad(format!(
+                "server.max_buffered_bytes ({}) must be at least server.max_message_bytes ({}), or no message of the largest size could ever be read",
+                sv.max_buffered_bytes, sv.max_message_bytes
+            ));
+        }
+        if sv.max_connections == 0 || sv.line_timeout_s == 0 || sv.max_running == 0 {
+            return bad(
+                "server.max_connections, line_timeout_s and max_running must be > 0".into(),
+            );
         }
         for r in &self.workspace.roots {
             if !r.is_absolute() {

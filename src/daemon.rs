@@ -9,9 +9,10 @@ use crate::engine::{EngineLink, LinkError};
 use crate::limits::Backend;
 use crate::policy::{Budget, Limits, Policy};
 use crate::protocol::{code, RpcError, ScriptRef, ScriptResult, StartParams, Status};
+use crate::ratelimit::{RefusalLimiter, Verdict};
 use crate::runner::{Launch, Stop};
 use crate::sandbox::SandboxSpec;
-use crate::sys::{resolve_run_as, ArtifactDir, Spawner};
+use crate::sys::{resolve_run_as, ArtifactDir, Spawner, WorkspaceDir};
 use crate::token;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -60,6 +61,12 @@ pub struct Daemon {
     /// Finished scripts started in this daemon's lifetime: script id → connection id.
     finished_owner: Mutex<HashMap<String, u64>>,
     slots: AtomicUsize,
+    /// Starts waiting for the engine's approval, per connection. They hold no
+    /// `max_running` slot; a connection may have `max_running / 4` (at least 1)
+    /// of them, and the daemon `max_running` in all.
+    approvals: Mutex<HashMap<u64, usize>>,
+    /// Refused starts past a rate are counted, not recorded one by one.
+    refusals: Mutex<RefusalLimiter>,
     revoked: RevokedRuns,
     changed: tokio::sync::Notify,
 }
@@ -135,11 +142,24 @@ impl Daemon {
             running: Mutex::new(HashMap::new()),
             finished_owner: Mutex::new(HashMap::new()),
             slots: AtomicUsize::new(0),
+            approvals: Mutex::new(HashMap::new()),
+            refusals: Mutex::new(RefusalLimiter::default()),
             revoked,
             changed: tokio::sync::Notify::new(),
             cfg,
         };
-        Ok((Arc::new(d), interrupted))
+        let d = Arc::new(d);
+        // Counted refusals are written as a summary at least every 10 s.
+        let weak = Arc::downgrade(&d);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(10));
+            loop {
+                tick.tick().await;
+                let Some(d) = weak.upgrade() else { break };
+                d.flush_refusals().await;
+            }
+        });
+        Ok((d, interrupted))
     }
 
     pub fn running_count(&self) -> usize {
@@ -193,27 +213,62 @@ impl Daemon {
                     run = (Some(c.run_id), c.runner);
                 }
             }
-            crate::journal::start_refused(
-                e,
-                run.0.as_deref(),
-                run.1.as_deref(),
-                peer.uid,
-                peer.pid,
-            );
-            let _ = self
-                .store
-                .refusal(RefusalRow {
-                    run_id: run.0,
-                    runner: run.1,
-                    peer_uid: peer.uid,
-                    peer_pid: peer.pid,
-                    code: e.code,
-                    reason: e.reason().map(str::to_string),
-                    message: e.message.clone(),
-                })
-                .await;
+            self.record_refusal(e, run, peer).await;
         }
         r
+    }
+
+    /// A refused start: a journal entry and an audit row, unless refusals come
+    /// faster than the rate limit; then they are counted and summarised.
+    async fn record_refusal(
+        &self,
+        e: &RpcError,
+        run: (Option<String>, Option<String>),
+        peer: Peer,
+    ) {
+        let verdict = self
+            .refusals
+            .lock()
+            .unwrap()
+            .admit(now_ms(), e.reason().unwrap_or("other"));
+        if verdict == Verdict::Count {
+            return;
+        }
+        self.flush_refusals().await;
+        crate::journal::start_refused(e, run.0.as_deref(), run.1.as_deref(), peer.uid, peer.pid);
+        let _ = self
+            .store
+            .refusal(RefusalRow {
+                run_id: run.0,
+                runner: run.1,
+                peer_uid: peer.uid,
+                peer_pid: peer.pid,
+                code: e.code,
+                reason: e.reason().map(str::to_string),
+                message: e.message.clone(),
+            })
+            .await;
+    }
+
+    /// Write the summary of refusals that were only counted, if there are any.
+    pub async fn flush_refusals(&self) {
+        let Some(s) = self.refusals.lock().unwrap().take() else {
+            return;
+        };
+        let message = s.message(now_ms());
+        crate::journal::refusals_counted(s.count, &message);
+        let _ = self
+            .store
+            .refusal(RefusalRow {
+                run_id: None,
+                runner: None,
+                peer_uid: u32::MAX,
+                peer_pid: None,
+                code: 0,
+                reason: Some("rate_limited".into()),
+                message,
+            })
+            .await;
     }
 
     async fn start_inner(
@@ -234,7 +289,16 @@ impl Daemon {
             ));
         }
         let snap = &claims.snapshot;
-        let workspace = token::check_workspace(&snap.workspace, &self.cfg.workspace.roots)?;
+        // Opened once, beneath its root, never following symlinks; everything
+        // later (the record, the sandbox's bind mount) uses this descriptor.
+        let workspace =
+            WorkspaceDir::open(&snap.workspace, &self.cfg.workspace.roots).map_err(|e| {
+                RpcError::with_data(
+                    code::SNAPSHOT,
+                    e.to_string(),
+                    json!({"reason": e.reason(), "field": "workspace"}),
+                )
+            })?;
         let (policy, plan) = Policy::plan(snap, &p.tools)?;
         if p.code.len() > self.cfg.server.max_message_bytes {
             return Err(RpcError::invalid_params(
@@ -245,25 +309,12 @@ impl Daemon {
             resolve_run_as(peer.uid, peer.gid, &self.cfg.sandbox.run_as).map_err(|e| {
                 RpcError::with_data(code::INTERNAL, e.to_string(), json!({"reason": "identity"}))
             })?;
-        // 2. A slot, reserved before approval so a burst cannot overshoot max_running.
-        let max = self.cfg.server.max_running;
-        if self
-            .slots
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_err()
-        {
-            return Err(RpcError::with_data(
-                code::BUSY,
-                format!("the daemon already runs max_running = {max} scripts"),
-                json!({"reason": "busy"}),
-            ));
-        }
-        let slot = SlotGuard(self.clone());
         let script_id = new_script_id();
-        // 3. One approval for all declared write tools.
+        // 2. One approval for all declared write tools. A start waiting for it
+        //    holds no max_running slot, so an engine that never answers blocks
+        //    only its own starts.
         let approval = if plan.needs_approval {
+            let _waiting = self.await_approval_slot(engine.id())?;
             let params = json!({
                 "script_id": script_id, "run_id": claims.run_id, "description": p.description, "code": p.code,
                 "tools": plan.declared.iter().map(|(n, c)| json!({"name": n, "class": c.as_str()})).collect::<Vec<_>>(),
@@ -295,6 +346,22 @@ impl Daemon {
         } else {
             "session_allowed"
         };
+        // 3. A max_running slot.
+        let max = self.cfg.server.max_running;
+        if self
+            .slots
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return Err(RpcError::with_data(
+                code::BUSY,
+                format!("the daemon already runs max_running = {max} scripts"),
+                json!({"reason": "busy"}),
+            ));
+        }
+        let slot = SlotGuard(self.clone());
         // 4. The record directory and the audit row, before anything runs.
         let internal =
             |what: &str, e: &dyn std::fmt::Display| RpcError::internal(format!("{what}: {e}"));
@@ -328,7 +395,7 @@ impl Daemon {
                 code: p.code.clone(),
                 tools: plan.declared.iter().map(|(n, _)| n.clone()).collect(),
                 approval: approval.into(),
-                workspace: workspace.display().to_string(),
+                workspace: workspace.path.display().to_string(),
                 backend: self.backend.kind.as_str().into(),
                 unit: self.backend.unit_for(&script_id),
                 started_at_ms: now_ms(),
@@ -357,13 +424,15 @@ impl Daemon {
         let launch = Launch {
             bwrap: self.cfg.sandbox.bwrap.clone(),
             sandbox: SandboxSpec {
-                workspace: workspace.clone(),
+                workspace: workspace.path.clone(),
                 read_only: snap.read_only,
                 runtime_dir: self.runtime_dir.clone(),
                 python: self.cfg.scripts.python.clone(),
                 script: art.path.join("script.py"),
                 tmp_size_bytes: self.cfg.sandbox.tmp_size_bytes,
             },
+            workspace_dir: workspace.dir,
+            agent_dir: art.agent,
             identity: (nix::unistd::Uid::effective().as_raw() != identity.uid).then_some(identity),
             limits: limits.clone(),
             backend: self.backend.clone(),
@@ -694,6 +763,44 @@ pub enum Access {
 enum Lookup {
     Running(Arc<Running>),
     Done(Box<ScriptResult>),
+}
+
+/// A start waiting for approval; dropped when the wait ends.
+struct ApprovalGuard<'a>(&'a Daemon, u64);
+impl Drop for ApprovalGuard<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self.0.approvals.lock().unwrap();
+        if let Some(n) = waiting.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                waiting.remove(&self.1);
+            }
+        }
+    }
+}
+
+impl Daemon {
+    /// Count a start of connection `conn` as waiting for approval, within the
+    /// per-connection and daemon-wide bounds.
+    fn await_approval_slot(&self, conn: u64) -> Result<ApprovalGuard<'_>, RpcError> {
+        let max = self.cfg.server.max_running;
+        let per_conn = (max / 4).max(1);
+        let mut waiting = self.approvals.lock().unwrap();
+        let total: usize = waiting.values().sum();
+        let mine = waiting.get(&conn).copied().unwrap_or(0);
+        if mine >= per_conn || total >= max {
+            return Err(RpcError::with_data(
+                code::BUSY,
+                format!(
+                    "too many starts wait for approval ({mine} on this connection, {total} in all; \
+                     at most {per_conn} per connection and max_running = {max} in all): answer the pending approval.request first"
+                ),
+                json!({"reason": "approvals_pending"}),
+            ));
+        }
+        *waiting.entry(conn).or_default() += 1;
+        Ok(ApprovalGuard(self, conn))
+    }
 }
 
 struct SlotGuard(Arc<Daemon>);

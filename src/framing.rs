@@ -1,6 +1,10 @@
-//! Newline-delimited framing with a hard bound on line length.
+//! Newline-delimited framing with a hard bound on line length, and, for the
+//! engine socket, bounds on the time and the shared memory a partial line takes.
 
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
+use tokio::sync::Semaphore;
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Line {
@@ -8,6 +12,8 @@ pub enum Line {
     Data,
     /// The line exceeded the bound; `buf` holds a prefix and the rest is unread.
     TooLong,
+    /// A line was started and not finished in time (`read_line_limited`).
+    TimedOut,
     Eof,
 }
 
@@ -43,6 +49,86 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(
             return Ok(Line::TooLong);
         }
         buf.extend_from_slice(body);
+        r.consume(take);
+        if done {
+            return Ok(Line::Data);
+        }
+    }
+}
+
+/// Bytes of one line that need no share of the common budget.
+pub const FREE_LINE_BYTES: usize = 64 * 1024;
+
+/// The bounds of `read_line_limited`.
+pub struct LineLimits<'a> {
+    /// The longest line.
+    pub max: usize,
+    /// Bytes of partial lines, shared by every connection: past `FREE_LINE_BYTES`
+    /// a line draws on it, and waits while it is used up.
+    pub budget: &'a Arc<Semaphore>,
+    /// Once a line has started, it must end within this time.
+    pub timeout: Duration,
+}
+
+/// `read_line` for a peer that may be hostile: besides its length, a line is
+/// bounded in time once its first byte has come, and beyond `FREE_LINE_BYTES`
+/// in the memory it may hold from the shared budget (released when it returns),
+/// so many connections that each send a large line without its newline cannot
+/// make the daemon hold more than the budget.
+pub async fn read_line_limited<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    lim: &LineLimits<'_>,
+) -> std::io::Result<Line> {
+    buf.clear();
+    let mut deadline = None;
+    let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
+    loop {
+        let chunk = match deadline {
+            None => r.fill_buf().await?,
+            Some(d) => match tokio::time::timeout_at(d, r.fill_buf()).await {
+                Ok(c) => c?,
+                Err(_) => return Ok(Line::TimedOut),
+            },
+        };
+        if chunk.is_empty() {
+            return Ok(if buf.is_empty() {
+                Line::Eof
+            } else {
+                Line::Data
+            });
+        }
+        let d = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + lim.timeout);
+        let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        let body_len = if done { take - 1 } else { take };
+        if buf.len() + body_len > lim.max {
+            let room = lim.max - buf.len();
+            buf.extend_from_slice(&chunk[..room]);
+            r.consume(room);
+            return Ok(Line::TooLong);
+        }
+        let have = held.as_ref().map_or(0, |p| p.num_permits());
+        let need = (buf.len() + body_len).saturating_sub(FREE_LINE_BYTES);
+        if need > have {
+            let more = u32::try_from(need - have).unwrap_or(u32::MAX);
+            let p = match tokio::time::timeout_at(d, lim.budget.clone().acquire_many_owned(more))
+                .await
+            {
+                Ok(Ok(p)) => p,
+                Ok(Err(_)) | Err(_) => return Ok(Line::TimedOut),
+            };
+            match &mut held {
+                Some(h) => h.merge(p),
+                None => held = Some(p),
+            }
+            // The chunk may have changed while we waited; read it again.
+            continue;
+        }
+        let chunk = r.fill_buf().await?;
+        buf.extend_from_slice(&chunk[..body_len]);
         r.consume(take);
         if done {
             return Ok(Line::Data);

@@ -58,3 +58,13 @@ pub fn start_refused(
         e.code
     );
 }
+
+/// Refused starts that came faster than the rate limit, counted and summarised
+/// (under the same MESSAGE_ID as one refusal, with their number).
+pub fn refusals_counted(count: u64, message: &str) {
+    tracing::warn!(
+        message_id = START_REFUSED,
+        scriptgate_suppressed = count,
+        "{message}"
+    );
+}

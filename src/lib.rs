@@ -14,6 +14,7 @@ pub mod limits;
 pub mod mcp;
 pub mod policy;
 pub mod protocol;
+pub mod ratelimit;
 pub mod runner;
 pub mod sandbox;
 pub mod seccomp;

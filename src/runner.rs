@@ -5,10 +5,12 @@ use crate::limits::{Backend, Placement};
 use crate::policy::Limits;
 use crate::protocol::Status;
 use crate::sandbox::{
-    bwrap_args, RealHost, SandboxSpec, FD_GATE, FD_INFO, FD_REPLIES, FD_REQUESTS, FD_SECCOMP,
+    bwrap_args, RealHost, SandboxSpec, FD_AGENT, FD_GATE, FD_INFO, FD_REPLIES, FD_REQUESTS,
+    FD_SECCOMP, FD_WORKSPACE,
 };
 use crate::sys::{
-    channel_pipe, install_pre_exec, wait_child, ChildSetup, Exit, Identity, PidFd, Spawner,
+    channel_pipe, dup_high, install_pre_exec, wait_child, ChildSetup, Exit, Identity, PidFd,
+    Spawner,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -28,6 +30,9 @@ pub enum Stop {
 pub struct Launch {
     pub bwrap: PathBuf,
     pub sandbox: SandboxSpec,
+    /// The workspace and its `.agent`, opened by the daemon; bwrap binds these.
+    pub workspace_dir: std::os::fd::OwnedFd,
+    pub agent_dir: std::os::fd::OwnedFd,
     pub identity: Option<Identity>,
     pub limits: Limits,
     pub backend: Backend,
@@ -188,11 +193,17 @@ pub async fn run(
     let (seccomp_r, seccomp_w) = channel_pipe()?;
     let program = crate::seccomp::cached().map_err(std::io::Error::other)?;
     std::io::Write::write_all(&mut std::fs::File::from(seccomp_w), program)?;
+    let (ws_fd, agent_fd) = (
+        dup_high(&launch.workspace_dir)?,
+        dup_high(&launch.agent_dir)?,
+    );
     let mut dups = vec![
         (req_w.as_raw_fd(), FD_REQUESTS),
         (rep_r.as_raw_fd(), FD_REPLIES),
         (info_w.as_raw_fd(), FD_INFO),
         (seccomp_r.as_raw_fd(), FD_SECCOMP),
+        (ws_fd.as_raw_fd(), FD_WORKSPACE),
+        (agent_fd.as_raw_fd(), FD_AGENT),
     ];
     let gate = if launch.backend.needs_gate() {
         Some(channel_pipe()?)
@@ -235,10 +246,11 @@ pub async fn run(
     let mut exited = wait_child(pid);
     let _ = started.send(Ok(()));
     // Our copies of the child's ends must go, or fd 3 would never reach EOF.
-    drop((req_w, rep_r, info_w, seccomp_r));
+    drop((req_w, rep_r, info_w, seccomp_r, ws_fd, agent_fd));
+    drop((launch.workspace_dir, launch.agent_dir));
     let input = tokio::net::unix::pipe::Receiver::from_owned_fd(req_r)?;
     let output = tokio::net::unix::pipe::Sender::from_owned_fd(rep_w)?;
-    let broker_task = tokio::spawn(broker.clone().serve(input, output));
+    let mut broker_task = tokio::spawn(broker.clone().serve(input, output));
     let head_max = launch.return_max_chars.saturating_mul(4).saturating_add(4);
     let pipe = |fd: Option<std::os::fd::OwnedFd>| {
         tokio::net::unix::pipe::Receiver::from_owned_fd(fd.expect("piped"))
@@ -355,8 +367,16 @@ pub async fn run(
         .await
         .ok()
         .and_then(Result::ok);
-    if tokio::time::timeout(grace, broker_task).await.is_err() {
+    // The broker ends by itself once fd 3 is closed (after a short grace for
+    // calls still at the engine); if it does not, abort it: its cancelled calls are
+    // still logged and counted.
+    if tokio::time::timeout(grace * 2, &mut broker_task)
+        .await
+        .is_err()
+    {
         tracing::warn!(script_id = %script_id, "broker did not stop after the script ended");
+        broker_task.abort();
+        let _ = broker_task.await;
     }
     let exit_code = exit.and_then(|e| e.code);
     let stderr_tail = err

@@ -8,13 +8,17 @@ use std::path::{Path, PathBuf};
 pub const RUNTIME_MOUNT: &str = "/run/scriptgate";
 
 /// The fixed descriptors the sandbox child gets. 3 and 4 are the tool channel
-/// (protocol §8) and reach the script; 5 and 7 are read by bwrap itself; 6 is the
-/// placement gate, closed before bwrap runs.
+/// (protocol §8) and reach the script; 5, 7, 8 and 9 are read by bwrap itself
+/// (8 and 9 are the workspace and its `.agent`, opened once by the daemon and
+/// bound by descriptor, never by path; bwrap closes them); 6 is the placement
+/// gate, closed before bwrap runs.
 pub const FD_REQUESTS: i32 = 3;
 pub const FD_REPLIES: i32 = 4;
 pub const FD_INFO: i32 = 5;
 pub const FD_GATE: i32 = 6;
 pub const FD_SECCOMP: i32 = 7;
+pub const FD_WORKSPACE: i32 = 8;
+pub const FD_AGENT: i32 = 9;
 
 /// Host directories mounted read-only when they exist (symlinks are recreated as
 /// symlinks, so merged-/usr systems get `/lib -> usr/lib`).
@@ -35,7 +39,8 @@ const ETC_FILES: &[&str] = &[
 
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
-    /// Canonical workspace path; mounted at the same path, and the working directory.
+    /// The workspace's path: where the directory open at `FD_WORKSPACE` is mounted,
+    /// and the working directory.
     pub workspace: PathBuf,
     pub read_only: bool,
     /// Host directory holding `agent_tools.py` (mounted read-only at RUNTIME_MOUNT).
@@ -136,21 +141,17 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
         ],
     );
     push(&mut a, &[&"--ro-bind", &spec.runtime_dir, &RUNTIME_MOUNT]);
+    // The workspace and its `.agent` come as descriptors the daemon opened without
+    // following symlinks: what is mounted is what was checked.
     let ws = &spec.workspace;
     let agent = ws.join(".agent");
-    push(
-        &mut a,
-        &[
-            if spec.read_only {
-                &"--ro-bind"
-            } else {
-                &"--bind"
-            },
-            ws,
-            ws,
-        ],
-    );
-    push(&mut a, &[&"--ro-bind", &agent, &agent]);
+    let bind = if spec.read_only {
+        "--ro-bind-fd"
+    } else {
+        "--bind-fd"
+    };
+    push(&mut a, &[&bind, &FD_WORKSPACE.to_string(), ws]);
+    push(&mut a, &[&"--ro-bind-fd", &FD_AGENT.to_string(), &agent]);
     // The root tmpfs bwrap builds the tree on goes read-only: writable are only the
     // workspace (unless read-only) and the private /tmp.
     push(&mut a, &[&"--remount-ro", &"/"]);
@@ -258,29 +259,29 @@ mod tests {
     #[test]
     fn workspace_rw_with_agent_read_only_on_top() {
         let a = argv(false);
-        let ws = a.iter().position(|s| s == "--bind").unwrap();
-        assert_eq!(a[ws + 1], "/srv/ws/run-42");
+        let ws = a
+            .windows(3)
+            .position(|w| w == ["--bind-fd", "8", "/srv/ws/run-42"])
+            .expect("the workspace is bound from its descriptor");
         let agent = a
             .windows(3)
-            .position(|w| {
-                w == [
-                    "--ro-bind",
-                    "/srv/ws/run-42/.agent",
-                    "/srv/ws/run-42/.agent",
-                ]
-            })
-            .unwrap();
+            .position(|w| w == ["--ro-bind-fd", "9", "/srv/ws/run-42/.agent"])
+            .expect(".agent is bound read-only from its descriptor");
         assert!(
             agent > ws,
             ".agent must be mounted after (over) the workspace"
+        );
+        assert!(
+            !a.iter().any(|s| s == "--bind"),
+            "nothing is bound writable by path"
         );
     }
 
     #[test]
     fn read_only_run_mounts_the_workspace_read_only() {
         let a = argv(true);
-        assert!(!a.contains(&"--bind".to_string()));
-        assert!(has(&a, &["--ro-bind", "/srv/ws/run-42", "/srv/ws/run-42"]));
+        assert!(!a.iter().any(|s| s == "--bind-fd" || s == "--bind"));
+        assert!(has(&a, &["--ro-bind-fd", "8", "/srv/ws/run-42"]));
     }
 
     #[test]

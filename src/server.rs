@@ -4,7 +4,7 @@
 
 use crate::daemon::{Access, Daemon, Peer};
 use crate::engine::{BoxFuture, EngineLink, LinkError};
-use crate::framing::{read_line, Line};
+use crate::framing::{read_line_limited, Line, LineLimits, FREE_LINE_BYTES};
 use crate::protocol::{self, code, Incoming, RpcError, ScriptRef, StartParams, ToolResult};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -19,9 +19,19 @@ static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
 type Pending = Mutex<HashMap<u64, oneshot::Sender<Result<Value, RpcError>>>>;
 
+/// Requests of one engine being answered, counting answers not yet written to
+/// its socket: an engine that floods requests and never reads its answers stops
+/// being read itself once this many are outstanding.
+const MAX_OUTSTANDING: usize = 1024;
+
+/// A line for the engine, with the permit of the request it answers (if any),
+/// released once the line is written.
+type Outgoing = (String, Option<tokio::sync::OwnedSemaphorePermit>);
+
 pub struct Conn {
     id: u64,
-    tx: mpsc::UnboundedSender<String>,
+    tx: mpsc::UnboundedSender<Outgoing>,
+    outstanding: Arc<tokio::sync::Semaphore>,
     pending: Pending,
     next_id: AtomicU64,
     closed: AtomicBool,
@@ -29,7 +39,13 @@ pub struct Conn {
 
 impl Conn {
     fn send(&self, line: String) {
-        let _ = self.tx.send(line);
+        let _ = self.tx.send((line, None));
+    }
+
+    /// Send the answer to one of the engine's requests; `permit` is released
+    /// once it is written.
+    fn answer(&self, line: String, permit: tokio::sync::OwnedSemaphorePermit) {
+        let _ = self.tx.send((line, Some(permit)));
     }
 
     async fn request(
@@ -105,6 +121,10 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let conns = Arc::new(AtomicUsize::new(0));
     let activity = Arc::new(tokio::sync::Notify::new());
+    let budget = Arc::new(tokio::sync::Semaphore::new(
+        daemon.cfg.server.max_buffered_bytes,
+    ));
+    let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
         let idle = async {
             match idle_exit {
@@ -129,11 +149,30 @@ pub async fn serve(
         };
         tokio::select! {
             acc = listener.accept() => {
-                let (stream, _) = acc?;
+                let stream = match acc {
+                    Ok((stream, _)) => {
+                        backoff = ACCEPT_BACKOFF_MIN;
+                        stream
+                    }
+                    // Out of descriptors or buffers, or a peer that left before
+                    // we took it: the daemon and its running scripts go on.
+                    Err(e) if accept_error_is_transient(&e) => {
+                        tracing::warn!("accept failed: {e}; retrying in {backoff:?}");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                let max = daemon.cfg.server.max_connections;
+                if conns.load(Ordering::SeqCst) >= max {
+                    refuse_connection(&stream, max);
+                    continue;
+                }
                 conns.fetch_add(1, Ordering::SeqCst);
-                let (d, c, a) = (daemon.clone(), conns.clone(), activity.clone());
+                let (d, c, a, b) = (daemon.clone(), conns.clone(), activity.clone(), budget.clone());
                 tokio::spawn(async move {
-                    connection(d, stream).await;
+                    connection(d, stream, b).await;
                     c.fetch_sub(1, Ordering::SeqCst);
                     a.notify_waiters();
                 });
@@ -146,7 +185,39 @@ pub async fn serve(
     }
 }
 
-async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Errors of `accept` that say nothing about the listener itself.
+fn accept_error_is_transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOBUFS
+                | libc::ENOMEM
+                | libc::ECONNABORTED
+                | libc::EPROTO
+                | libc::EPERM
+                | libc::EINTR
+        )
+    )
+}
+
+/// One connection over `server.max_connections`: a clear error, then closed. The
+/// new socket's send buffer is empty, so the line goes out without waiting.
+fn refuse_connection(stream: &UnixStream, max: usize) {
+    tracing::warn!("connection refused: server.max_connections = {max} connections are open");
+    let e = RpcError::with_data(
+        code::BUSY,
+        format!("scriptgated already serves server.max_connections = {max} connections; close one and retry"),
+        json!({"reason": "too_many_connections"}),
+    );
+    let _ = stream.try_write(protocol::response_line(&Value::Null, &Err(e)).as_bytes());
+}
+
+async fn connection(daemon: Arc<Daemon>, stream: UnixStream, budget: Arc<tokio::sync::Semaphore>) {
     let cred = match stream.peer_cred() {
         Ok(c) => c,
         Err(e) => {
@@ -182,26 +253,38 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
         pid: cred.pid(),
         admin: crate::sys::peer_in_groups(uid, gid, &auth.admin_groups),
     };
-    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
     let conn = Arc::new(Conn {
         id: NEXT_CONN.fetch_add(1, Ordering::Relaxed),
         tx,
+        outstanding: Arc::new(tokio::sync::Semaphore::new(MAX_OUTSTANDING)),
         pending: Mutex::new(HashMap::new()),
         next_id: AtomicU64::new(1),
         closed: AtomicBool::new(false),
     });
     let writer = tokio::spawn(async move {
-        while let Some(line) = rx.recv().await {
+        while let Some((line, permit)) = rx.recv().await {
             if write.write_all(line.as_bytes()).await.is_err() {
                 break;
             }
+            drop(permit);
         }
     });
-    let max = daemon.cfg.server.max_message_bytes;
+    let sv = &daemon.cfg.server;
+    let max = sv.max_message_bytes;
+    let limits = LineLimits {
+        max,
+        budget: &budget,
+        timeout: Duration::from_secs(sv.line_timeout_s),
+    };
     let mut reader = BufReader::with_capacity(64 * 1024, read);
     let mut buf = Vec::new();
     loop {
-        match read_line(&mut reader, &mut buf, max).await {
+        // A large line's buffer is not kept for the connection's lifetime.
+        if buf.capacity() > FREE_LINE_BYTES {
+            buf = Vec::new();
+        }
+        match read_line_limited(&mut reader, &mut buf, &limits).await {
             Ok(Line::Eof) | Err(_) => break,
             Ok(Line::TooLong) => {
                 let e = RpcError::new(
@@ -213,9 +296,25 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
                 conn.send(protocol::response_line(&Value::Null, &Err(e)));
                 break;
             }
+            Ok(Line::TimedOut) => {
+                let e = RpcError::new(
+                    code::INVALID_REQUEST,
+                    format!(
+                        "a message was not completed within server.line_timeout_s = {} s; closing the connection",
+                        sv.line_timeout_s
+                    ),
+                );
+                conn.send(protocol::response_line(&Value::Null, &Err(e)));
+                break;
+            }
             Ok(Line::Data) if buf.iter().all(u8::is_ascii_whitespace) => {}
             Ok(Line::Data) => match protocol::parse_line(&buf) {
-                Err((id, e)) => conn.send(protocol::response_line(&id, &Err(e))),
+                Err((id, e)) => {
+                    let Ok(permit) = conn.outstanding.clone().acquire_owned().await else {
+                        break;
+                    };
+                    conn.answer(protocol::response_line(&id, &Err(e)), permit);
+                }
                 Ok(Incoming::Response { id, result }) => {
                     let slot = id
                         .as_u64()
@@ -226,10 +325,13 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
                 }
                 Ok(Incoming::Notification { .. }) => {}
                 Ok(Incoming::Request { id, method, params }) => {
+                    let Ok(permit) = conn.outstanding.clone().acquire_owned().await else {
+                        break;
+                    };
                     let (d, c) = (daemon.clone(), conn.clone());
                     tokio::spawn(async move {
                         let r = dispatch(&d, peer, &c, &method, params).await;
-                        c.send(protocol::response_line(&id, &r));
+                        c.answer(protocol::response_line(&id, &r), permit);
                     });
                 }
             },

@@ -83,6 +83,10 @@ pub fn main() -> ExitCode {
         );
     }
     init_logging();
+    match crate::sys::raise_nofile() {
+        Ok(n) => tracing::debug!("open descriptors: up to {n}"),
+        Err(e) => tracing::warn!("cannot raise the open-descriptor limit: {e}"),
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -93,11 +93,115 @@ pub fn peer_in_groups(uid: u32, gid: u32, groups: &[String]) -> bool {
         .unwrap_or(false)
 }
 
+/// A workspace, opened once beneath its root without following symlinks. Every
+/// later use (the record directory, bwrap's bind mount) goes through `dir`, so
+/// swapping a path component for a symlink afterwards (during the approval wait,
+/// say) changes nothing: the daemon never resolves the path again.
+pub struct WorkspaceDir {
+    pub dir: OwnedFd,
+    /// The directory's path: the root's canonical path plus the components walked.
+    pub path: PathBuf,
+}
+
+/// Why a workspace cannot be used (protocol §2: error -32011, `data.reason`).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    #[error("workspace {0} is not under any of workspace.roots")]
+    OutsideRoots(PathBuf),
+    #[error("workspace {0} is a workspace root itself; give each run a directory below it")]
+    IsRoot(PathBuf),
+    #[error("workspace {path}: {component} is a symbolic link; name the directory itself")]
+    Symlink { path: PathBuf, component: PathBuf },
+    #[error("workspace {path}: {component} is not a directory")]
+    NotDirectory { path: PathBuf, component: PathBuf },
+    #[error("workspace {path}: {source}")]
+    Unusable { path: PathBuf, source: io::Error },
+}
+
+impl WorkspaceError {
+    /// The `data.reason` of the refusal.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            WorkspaceError::OutsideRoots(_) => "outside_roots",
+            WorkspaceError::IsRoot(_) => "is_root",
+            WorkspaceError::Symlink { .. } => "symlink",
+            WorkspaceError::NotDirectory { .. } => "not_directory",
+            WorkspaceError::Unusable { .. } => "workspace_missing",
+        }
+    }
+}
+
+impl WorkspaceDir {
+    /// Open `path` beneath one of `roots`. The roots are the sysadmin's and are
+    /// taken as configured or canonical; below a root, every component is opened
+    /// relative to its parent with `O_NOFOLLOW`, and `..` is refused, so the result
+    /// lies beneath the root whatever the tree looks like.
+    pub fn open(path: &Path, roots: &[PathBuf]) -> Result<WorkspaceDir, WorkspaceError> {
+        use std::path::Component;
+        let outside = || WorkspaceError::OutsideRoots(path.to_path_buf());
+        if !path.is_absolute() || path.components().any(|c| c == Component::ParentDir) {
+            return Err(outside());
+        }
+        for root in roots {
+            let Ok(canonical) = std::fs::canonicalize(root) else {
+                continue;
+            };
+            let rest = [root.as_path(), canonical.as_path()]
+                .into_iter()
+                .find_map(|r| path.strip_prefix(r).ok());
+            let Some(rest) = rest else { continue };
+            if rest.as_os_str().is_empty() {
+                return Err(WorkspaceError::IsRoot(path.to_path_buf()));
+            }
+            let unusable = |source: io::Error| WorkspaceError::Unusable {
+                path: path.to_path_buf(),
+                source,
+            };
+            let mut dir: OwnedFd = File::open(&canonical).map_err(unusable)?.into();
+            let mut walked = canonical.clone();
+            for c in rest.components() {
+                let Component::Normal(name) = c else {
+                    return Err(outside());
+                };
+                walked.push(name);
+                let fd = openat(
+                    Some(dir.as_raw_fd()),
+                    name,
+                    OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
+                    Mode::empty(),
+                );
+                dir = match fd {
+                    // SAFETY: openat returned a fresh descriptor that nothing else owns.
+                    Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
+                    Err(nix::Error::ELOOP) => {
+                        return Err(WorkspaceError::Symlink {
+                            path: path.to_path_buf(),
+                            component: walked,
+                        })
+                    }
+                    Err(nix::Error::ENOTDIR) => {
+                        return Err(WorkspaceError::NotDirectory {
+                            path: path.to_path_buf(),
+                            component: walked,
+                        })
+                    }
+                    Err(e) => return Err(unusable(io::Error::from(e))),
+                };
+            }
+            return Ok(WorkspaceDir { dir, path: walked });
+        }
+        Err(outside())
+    }
+}
+
 /// The per-script record directory `<workspace>/.agent/scripts/<id>/`, created
-/// without following symlinks (a script may have planted `.agent` as a link before
-/// it was first protected) and owned by the uid the script runs as.
+/// relative to the opened workspace without following symlinks (a script may have
+/// planted `.agent` as a link before it was first protected) and owned by the uid
+/// the script runs as.
 pub struct ArtifactDir {
     pub path: PathBuf,
+    /// `<workspace>/.agent`, which the sandbox gets read-only over the workspace.
+    pub agent: OwnedFd,
     dir: OwnedFd,
     owner: Identity,
 }
@@ -151,23 +255,22 @@ fn mkdir_owned(
 
 impl ArtifactDir {
     pub fn create(
-        workspace: &Path,
+        workspace: &WorkspaceDir,
         script_id: &str,
         owner: Identity,
     ) -> Result<ArtifactDir, SysError> {
-        let ws = File::open(workspace).map_err(|e| SysError::Path {
-            op: "open",
-            path: workspace.into(),
-            source: e,
-        })?;
-        let ws: OwnedFd = ws.into();
-        let agent_path = workspace.join(".agent");
-        let agent = mkdir_owned(&ws, ".agent", &agent_path, owner, false)?;
+        let agent_path = workspace.path.join(".agent");
+        let agent = mkdir_owned(&workspace.dir, ".agent", &agent_path, owner, false)?;
         let scripts_path = agent_path.join("scripts");
         let scripts = mkdir_owned(&agent, "scripts", &scripts_path, owner, false)?;
         let path = scripts_path.join(script_id);
         let dir = mkdir_owned(&scripts, script_id, &path, owner, true)?;
-        Ok(ArtifactDir { path, dir, owner })
+        Ok(ArtifactDir {
+            path,
+            agent,
+            dir,
+            owner,
+        })
     }
 
     /// Create a new file in the record directory, owned by the script's uid.
@@ -199,9 +302,10 @@ pub struct ChildSetup {
     pub identity: Option<Identity>,
     /// `(resource, limit)` pairs applied with setrlimit.
     pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
-    /// `(from, to)`: descriptors to place at fixed numbers (the tool channel at 3
-    /// and 4, bwrap's info fd at 5, the gate at 6, the seccomp program at 7).
-    /// Every `from` must be above 7.
+    /// `(from, to)`: descriptors to place at fixed numbers (`sandbox::FD_*`: the
+    /// tool channel at 3 and 4, bwrap's info fd at 5, the gate at 6, the seccomp
+    /// program at 7, the workspace at 8 and its `.agent` at 9). Every `from` must
+    /// be above 9.
     pub dups: Vec<(RawFd, RawFd)>,
     /// The daemon's pid, to notice a parent that died before PDEATHSIG was armed.
     pub parent_pid: libc::pid_t,
@@ -270,10 +374,28 @@ pub fn install_pre_exec(cmd: &mut std::process::Command, s: ChildSetup) {
 }
 
 /// The highest descriptor number a child gets fixed (see `sandbox::FD_*`).
-const HIGHEST_FIXED_FD: RawFd = crate::sandbox::FD_SECCOMP;
+const HIGHEST_FIXED_FD: RawFd = crate::sandbox::FD_AGENT;
 
-/// A pipe whose ends are close-on-exec and numbered above 7 (so `dup2` onto 3..=7
-/// cannot clobber a twin).
+/// A close-on-exec duplicate of `fd` numbered above the fixed descriptors, to be
+/// placed at one of them in a child (`ChildSetup::dups`).
+pub fn dup_high(fd: &impl std::os::fd::AsFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd we then own.
+    let n = unsafe {
+        libc::fcntl(
+            fd.as_fd().as_raw_fd(),
+            libc::F_DUPFD_CLOEXEC,
+            HIGHEST_FIXED_FD + 1,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: n is a fresh descriptor from fcntl.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+/// A pipe whose ends are close-on-exec and numbered above the fixed descriptors
+/// (so `dup2` onto them cannot clobber a twin).
 pub fn channel_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
     Ok((raise_fd(r)?, raise_fd(w)?))
@@ -357,6 +479,19 @@ pub fn drop_daemon_capabilities() -> Result<(), String> {
     caps::set(None, CapSet::Permitted, &keep).map_err(|e| e.to_string())?;
     caps::clear(None, CapSet::Inheritable).map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// Raise the soft limit on open descriptors to the hard limit: each connection
+/// and each running script holds descriptors, and the usual soft default of 1024
+/// is far below what `server.max_connections` and `max_running` need. Returns
+/// the new soft limit.
+pub fn raise_nofile() -> io::Result<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(io::Error::from)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(io::Error::from)?;
+    }
+    Ok(hard)
 }
 
 /// A long-lived thread that performs every sandbox spawn.
