@@ -176,6 +176,7 @@ impl Daemon {
         json!({
             "version": VERSION, "protocol": crate::protocol::PROTOCOL_VERSION,
             "backend": self.backend.kind.as_str(), "backend_notes": self.backend.notes,
+            "limits_per_script": self.backend.limits_per_script(),
             "running": self.running_count(),
             "limits": {
                 "max_calls": s.max_calls, "max_concurrency": s.max_concurrency, "timeout_s": s.timeout_s,

@@ -149,17 +149,26 @@ async fn run(
     if let Err(e) = crate::sys::drop_daemon_capabilities() {
         tracing::warn!("could not drop capabilities: {e}");
     }
-    tracing::info!(
-        version = crate::daemon::VERSION,
-        backend = daemon.backend.kind.as_str(),
-        "scriptgated ready (backend {}; {})",
-        daemon.backend.kind.as_str(),
-        if daemon.backend.notes.is_empty() {
-            "as configured".to_string()
-        } else {
-            daemon.backend.notes.join("; ")
-        }
-    );
+    let notes = if daemon.backend.notes.is_empty() {
+        "as configured".to_string()
+    } else {
+        daemon.backend.notes.join("; ")
+    };
+    let backend = daemon.backend.kind.as_str();
+    if daemon.backend.limits_per_script() {
+        tracing::info!(
+            version = crate::daemon::VERSION,
+            backend,
+            "scriptgated ready (backend {backend}; {notes})"
+        );
+    } else {
+        // Loud: scripts of one uid share their limits on this backend.
+        tracing::warn!(
+            version = crate::daemon::VERSION,
+            backend,
+            "scriptgated ready (backend {backend}; {notes})"
+        );
+    }
     let _ = sd_notify::notify(
         false,
         &[
@@ -216,6 +225,7 @@ async fn run(
     };
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     daemon.interrupt_all(Duration::from_secs(10)).await;
+    daemon.flush_refusals().await;
     status.abort();
     pruner.abort();
     if let Some(w) = wd {

@@ -173,17 +173,21 @@ impl WorkspaceDir {
                 dir = match fd {
                     // SAFETY: openat returned a fresh descriptor that nothing else owns.
                     Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
-                    Err(nix::Error::ELOOP) => {
-                        return Err(WorkspaceError::Symlink {
-                            path: path.to_path_buf(),
-                            component: walked,
-                        })
-                    }
-                    Err(nix::Error::ENOTDIR) => {
-                        return Err(WorkspaceError::NotDirectory {
-                            path: path.to_path_buf(),
-                            component: walked,
-                        })
+                    // O_DIRECTORY | O_NOFOLLOW on a symlink gives ENOTDIR (or
+                    // ELOOP): look at the entry itself to say which it is.
+                    Err(nix::Error::ELOOP | nix::Error::ENOTDIR) => {
+                        let link = nix::sys::stat::fstatat(
+                            Some(dir.as_raw_fd()),
+                            name,
+                            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                        )
+                        .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK);
+                        let (path, component) = (path.to_path_buf(), walked);
+                        return Err(if link {
+                            WorkspaceError::Symlink { path, component }
+                        } else {
+                            WorkspaceError::NotDirectory { path, component }
+                        });
                     }
                     Err(e) => return Err(unusable(io::Error::from(e))),
                 };

@@ -18,6 +18,11 @@ use crate::config::BackendChoice;
 use crate::policy::Limits;
 use std::path::PathBuf;
 
+/// What the rlimit backend cannot do, said wherever the backend is shown.
+pub const RLIMIT_SHARED: &str = "rlimit: limits are per process and per uid, not per script: \
+memory_max_bytes caps each process's address space, and tasks_max is shared by every \
+script of one uid, so one script can take another's processes";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Systemd,
@@ -110,11 +115,7 @@ impl Backend {
                 Err(why) => b.notes.push(format!("cgroup: {why}")),
             }
         }
-        if choice == BackendChoice::Auto {
-            b.notes.push(
-                "rlimit: memory is an address-space cap and tasks_max is shared per uid".into(),
-            );
-        }
+        b.notes.push(RLIMIT_SHARED.into());
         Ok(b)
     }
 
@@ -128,6 +129,11 @@ impl Backend {
             ],
             _ => vec![(libc::RLIMIT_CORE, 0)],
         }
+    }
+
+    /// Are memory and tasks bounded for each script as a whole?
+    pub fn limits_per_script(&self) -> bool {
+        self.kind != Kind::Rlimit
     }
 
     /// The sandbox waits at a gate until it is placed in its unit.

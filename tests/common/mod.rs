@@ -84,21 +84,26 @@ impl Rig {
     }
 
     pub fn start(&mut self) {
+        self.start_with(|_| {});
+    }
+
+    /// Start the daemon with `adjust` applied to its command first.
+    pub fn start_with(&mut self, adjust: impl FnOnce(&mut Command)) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_scriptgated"))
-            .arg("--listen")
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_scriptgated"));
+        cmd.arg("--listen")
             .arg(&self.socket)
             .arg("--config")
             .arg(&self.config)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+            .stderr(log);
+        adjust(&mut cmd);
+        let child = cmd.spawn().unwrap();
         self.daemon = Some(child);
         let t0 = Instant::now();
         while UnixStream::connect(&self.socket).is_err() {
@@ -439,6 +444,19 @@ pub fn processes_with(marker: &str) -> Vec<i32> {
         }
     }
     out
+}
+
+/// The daemon's peak resident set so far (VmHWM), in bytes.
+pub fn peak_rss(pid: u32) -> u64 {
+    proc_status_kib(pid, "VmHWM:") * 1024
+}
+
+fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
 pub fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
