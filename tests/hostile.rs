@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,11 @@ fn warm_peak(rig: &Rig) -> u64 {
 
 fn assert_bounded(rig: &Rig, before: u64, what: &str) {
     let after = peak_rss(daemon_pid(rig));
+    eprintln!(
+        "{what}: daemon peak RSS {:.1} MiB -> {:.1} MiB",
+        before as f64 / MIB as f64,
+        after as f64 / MIB as f64
+    );
     assert!(
         after.saturating_sub(before) < ATTACK_RSS_BOUND,
         "{what}: the daemon's peak RSS grew by {} MiB (from {} to {} MiB)",
@@ -198,6 +203,7 @@ fn calls_the_engine_never_answers_are_still_logged_after_the_script_ends() {
 #[test]
 fn calls_jsonl_is_bounded_in_bytes() {
     let rig = Rig::new();
+    let before = warm_peak(&rig);
     let code = r#"
 import agent_tools
 big = "A" * 1_000_000
@@ -226,6 +232,7 @@ print(agent_tools.call("fleet__get_device_status", {"sn": "SN" + "1" * 100_000})
     assert!(log[50]["arguments_bytes"].as_u64().unwrap() > 100_000);
     // The engine got the whole argument: only the log is cut.
     assert_eq!(e.calls_seen()[0].1["sn"].as_str().unwrap().len(), 100_002);
+    assert_bounded(&rig, before, "50 refused calls of 1 MB");
 }
 
 #[test]
@@ -314,15 +321,16 @@ fn connections_over_max_connections_get_a_clear_refusal() {
     for e in &engines {
         e.request("daemon.info", json!({})).unwrap();
     }
-    let refused = || {
+    // The first line a new connection gets in answer to daemon.info.
+    let first_line = || {
         let mut s = UnixStream::connect(&rig.socket).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        text
+        let _ = s.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"daemon.info\"}\n");
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).unwrap();
+        serde_json::from_str::<Value>(&line).unwrap()
     };
-    let text = refused();
-    let msg: Value = serde_json::from_str(text.trim()).unwrap();
+    let msg = first_line();
     assert_eq!(
         code_reason(&msg["error"]),
         (-32015, "too_many_connections".to_string()),
@@ -335,9 +343,7 @@ fn connections_over_max_connections_get_a_clear_refusal() {
     // One engine leaves; a new one is served.
     engines.into_iter().next().unwrap().close();
     eventually("a free connection", Duration::from_secs(20), || {
-        let e = rig.engine();
-        let m = e.request_msg("daemon.info", json!({}), Duration::from_secs(30));
-        m.get("result").is_some()
+        first_line().get("result").is_some()
     });
 }
 
