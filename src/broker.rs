@@ -167,6 +167,8 @@ pub struct Live {
     pub progress: Mutex<Option<Progress>>,
     /// Set when progress or counters changed since the last `script.progress`.
     pub dirty: AtomicBool,
+    /// Woken on every such change.
+    pub changed: tokio::sync::Notify,
     /// The `ToolError` code of an uncaught exception the script reported.
     pub uncaught: Mutex<Option<String>>,
     /// Calls per tool; names outside the snapshot share the key `OTHER_TOOLS`.
@@ -193,6 +195,8 @@ pub struct Broker {
     /// cost no budget, so a loop of them must not fill the disk.
     pub max_log_lines: u64,
     pub logged: AtomicU64,
+    /// A malformed answer from the engine is logged once per script.
+    pub malformed_logged: AtomicBool,
 }
 
 fn refusal(r: Refusal) -> Value {
@@ -336,6 +340,7 @@ impl Broker {
     fn progress(&self, p: Progress) {
         *self.live.progress.lock().unwrap() = Some(p);
         self.live.dirty.store(true, Ordering::Relaxed);
+        self.live.changed.notify_one();
     }
 
     /// One call from the script: `{"result": …}` or `{"error": …}`.
@@ -373,6 +378,14 @@ impl Broker {
                 result_value(r, code)
             }
             Err(e) => {
+                if matches!(e, LinkError::Malformed(_))
+                    && !self.malformed_logged.swap(true, Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        script_id = %self.script_id,
+                        "{tool}: {e} (the call failed with ToolError `engine`; logged once per script)"
+                    );
+                }
                 let text = match e {
                     LinkError::Answered(m) => m,
                     other => other.to_string(),
@@ -455,6 +468,7 @@ impl Broker {
             .entry(key.to_string())
             .or_default() += 1;
         self.live.dirty.store(true, Ordering::Relaxed);
+        self.live.changed.notify_one();
         let n = self.logged.fetch_add(1, Ordering::Relaxed);
         let line = if n < self.max_log_lines {
             let mut line = Map::new();

@@ -310,6 +310,28 @@ impl Daemon {
             resolve_run_as(peer.uid, peer.gid, &self.cfg.sandbox.run_as).map_err(|e| {
                 RpcError::with_data(code::INTERNAL, e.to_string(), json!({"reason": "identity"}))
             })?;
+        // The workspace is the script's to write (protocol §2), unless read-only.
+        let writable = workspace
+            .writable_by(identity)
+            .map_err(|e| RpcError::internal(e.to_string()))?;
+        if !snap.read_only && !writable {
+            return Err(RpcError::with_data(
+                code::SNAPSHOT,
+                format!(
+                    "workspace {} is not writable by uid {} (gid {}), the identity this run's scripts have{}; \
+                     chown the directory to that uid (or make it writable for it), or make the run read_only",
+                    workspace.path.display(),
+                    identity.uid,
+                    identity.gid,
+                    if peer.uid == 0 {
+                        format!(": scripts of root engines run as sandbox.run_as = {:?}", self.cfg.sandbox.run_as)
+                    } else {
+                        ", the engine's own".to_string()
+                    }
+                ),
+                json!({"reason": "not_writable", "field": "workspace"}),
+            ));
+        }
         let script_id = new_script_id();
         // 2. One approval for all declared write tools. A start waiting for it
         //    holds no max_running slot, so an engine that never answers blocks
@@ -421,6 +443,7 @@ impl Daemon {
             next_call: Default::default(),
             max_log_lines: limits.max_calls.saturating_add(1000),
             logged: Default::default(),
+            malformed_logged: Default::default(),
         });
         let launch = Launch {
             bwrap: self.cfg.sandbox.bwrap.clone(),
@@ -482,6 +505,11 @@ impl Daemon {
             let outcome =
                 crate::runner::run(&this.spawner, launch, broker, stop_rx, started_tx).await;
             ticker.abort();
+            // The last state always goes out before script.finished, so that a
+            // progress bar reaches its end.
+            if live.dirty.swap(false, Ordering::Relaxed) {
+                engine.notify("script.progress", status_value(&sid, &running));
+            }
             let result = this.build_result(&sid, &run_id, &details_dir, &live, outcome);
             let counts = json!(*live.tool_counts.lock().unwrap());
             if let Err(e) = this.store.finish(&result, counts).await {
@@ -824,15 +852,18 @@ fn status_value(script_id: &str, r: &Running) -> Value {
     })
 }
 
-/// `script.progress`, at most once per second, only when something changed.
+/// `script.progress`: the first as soon as something changed, then at most one per
+/// second, each only when something changed since the last.
 async fn progress_ticker(script_id: String, engine: Arc<dyn EngineLink>, run: Arc<Running>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
+    let mut last: Option<tokio::time::Instant> = None;
     loop {
-        tick.tick().await;
+        run.live.changed.notified().await;
+        if let Some(t) = last {
+            tokio::time::sleep_until(t + Duration::from_secs(1)).await;
+        }
         if run.live.dirty.swap(false, Ordering::Relaxed) {
             engine.notify("script.progress", status_value(&script_id, &run));
+            last = Some(tokio::time::Instant::now());
         }
     }
 }

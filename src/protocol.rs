@@ -114,6 +114,24 @@ pub fn parse_line(line: &[u8]) -> Result<Incoming, (Value, RpcError)> {
         ));
     };
     let id = m.remove("id");
+    // JSON-RPC 2.0: every message says so. A request without it is refused; an
+    // answer without it fails the request it answers (so the failure is seen).
+    let versioned = m.remove("jsonrpc").is_some_and(|v| v == "2.0");
+    let unversioned = || RpcError::new(code::INVALID_REQUEST, "`jsonrpc` must be \"2.0\"");
+    if !versioned
+        && !m.contains_key("method")
+        && (m.contains_key("result") || m.contains_key("error"))
+    {
+        if let Some(id) = id.as_ref().filter(|i| !i.is_null()) {
+            return Ok(Incoming::Response {
+                id: id.clone(),
+                result: Err(unversioned()),
+            });
+        }
+    }
+    if !versioned {
+        return Err((id.unwrap_or(Value::Null), unversioned()));
+    }
     if let Some(method) = m.remove("method") {
         let Value::String(method) = method else {
             return Err((
@@ -214,12 +232,141 @@ pub struct ScriptRef {
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolResult {
-    #[serde(default)]
     pub text: String,
-    #[serde(default)]
     pub structured: Option<Value>,
-    #[serde(default)]
     pub is_error: bool,
+}
+
+impl ToolResult {
+    /// The engine's answer to `tool.call`, in exactly one of its two shapes (§5):
+    ///
+    /// ```json
+    /// {"text": "SN1 online", "structured": {"online": true}, "is_error": false}
+    /// {"content": [{"type": "text", "text": "boom"}], "isError": true}
+    /// ```
+    ///
+    /// The first needs `text` and `is_error` (`structured` may be left out: null);
+    /// the second is an MCP `CallToolResult` (`content`, optional
+    /// `structuredContent`, `isError`, `_meta`), converted as `scriptgate run`
+    /// converts MCP results. Anything else — an unknown key, a wrong type, neither
+    /// `text` nor `content` — is an error naming the problem: a failed call, never
+    /// an empty success.
+    pub fn from_answer(v: &Value) -> Result<ToolResult, String> {
+        let Value::Object(m) = v else {
+            return Err("the answer must be a JSON object".into());
+        };
+        let unknown = |allowed: &[&str]| {
+            m.keys()
+                .find(|k| !allowed.contains(&k.as_str()))
+                .map(|k| format!("unknown field `{k}`"))
+        };
+        if m.contains_key("content") {
+            if let Some(e) = unknown(&["content", "structuredContent", "isError", "_meta"]) {
+                return Err(format!("{e} in an MCP CallToolResult"));
+            }
+            let Some(items) = m["content"].as_array() else {
+                return Err("`content` must be an array of content items".into());
+            };
+            if let Some(i) = items
+                .iter()
+                .position(|c| !c.get("type").is_some_and(Value::is_string))
+            {
+                return Err(format!("content[{i}] has no string `type`"));
+            }
+            if m.get("isError").is_some_and(|e| !e.is_boolean()) {
+                return Err("`isError` must be a boolean".into());
+            }
+            return Ok(ToolResult::from_mcp(v));
+        }
+        if !m.contains_key("text") {
+            return Err(
+                "neither `text` ({text, structured, is_error}) nor `content` (an MCP CallToolResult)"
+                    .into(),
+            );
+        }
+        if let Some(e) = unknown(&["text", "structured", "is_error"]) {
+            return Err(e);
+        }
+        let Some(text) = m["text"].as_str() else {
+            return Err("`text` must be a string".into());
+        };
+        let Some(is_error) = m.get("is_error").and_then(Value::as_bool) else {
+            return Err("`is_error` must be present and a boolean".into());
+        };
+        Ok(ToolResult {
+            text: text.to_string(),
+            structured: m.get("structured").cloned().filter(|s| !s.is_null()),
+            is_error,
+        })
+    }
+
+    /// An MCP `tools/call` result as `{text, structured, is_error}`: text contents
+    /// joined, other content kinds named with their type and size.
+    pub fn from_mcp(r: &Value) -> ToolResult {
+        use base64::Engine as _;
+        let mut parts = Vec::new();
+        for c in r
+            .get("content")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let kind = c.get("type").and_then(Value::as_str).unwrap_or("?");
+            let mime = c.get("mimeType").and_then(Value::as_str).unwrap_or(kind);
+            let size = |b64: Option<&Value>| {
+                b64.and_then(Value::as_str)
+                    .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
+                    .map_or(0, |d| d.len())
+            };
+            let text = |v: &Value| v.get("text").and_then(Value::as_str).map(str::to_string);
+            parts.push(match kind {
+                "text" => text(c).unwrap_or_default(),
+                "image" | "audio" => format!("[{mime}, {} bytes]", size(c.get("data"))),
+                "resource_link" => format!(
+                    "[resource link {}]",
+                    c.get("uri").and_then(Value::as_str).unwrap_or("")
+                ),
+                "resource" => {
+                    let res = c.get("resource").cloned().unwrap_or(Value::Null);
+                    text(&res).unwrap_or_else(|| {
+                        let mime = res
+                            .get("mimeType")
+                            .and_then(Value::as_str)
+                            .unwrap_or("resource");
+                        format!(
+                            "[{mime}, {} bytes, {}]",
+                            size(res.get("blob")),
+                            res.get("uri").and_then(Value::as_str).unwrap_or("")
+                        )
+                    })
+                }
+                other => format!("[{other} content]"),
+            });
+        }
+        ToolResult {
+            text: parts.join("\n"),
+            structured: r.get("structuredContent").cloned().filter(|v| !v.is_null()),
+            is_error: r.get("isError").and_then(Value::as_bool).unwrap_or(false),
+        }
+    }
+}
+
+/// The engine's answer to `approval.request`.
+///
+/// ```json
+/// {"decision": "allow_once"}
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalAnswer {
+    pub decision: Decision,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    AllowOnce,
+    Deny,
 }
 
 /// Why a script ended (§6 `status`).

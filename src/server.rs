@@ -89,8 +89,8 @@ impl EngineLink for Conn {
     fn tool_call(&self, params: Value) -> BoxFuture<'_, Result<ToolResult, LinkError>> {
         Box::pin(async move {
             let v = self.request("tool.call", params, None).await?;
-            serde_json::from_value(v)
-                .map_err(|e| LinkError::Malformed(format!("tool.call result: {e}")))
+            ToolResult::from_answer(&v)
+                .map_err(|e| LinkError::Malformed(format!("tool.call answer: {e}")))
         })
     }
     fn approval(&self, params: Value, timeout: Duration) -> BoxFuture<'_, Result<bool, LinkError>> {
@@ -98,12 +98,11 @@ impl EngineLink for Conn {
             let v = self
                 .request("approval.request", params, Some(timeout))
                 .await?;
-            match v.get("decision").and_then(Value::as_str) {
-                Some("allow_once") => Ok(true),
-                Some("deny") => Ok(false),
-                _ => Err(LinkError::Malformed(
-                    "approval.request answer needs decision allow_once|deny".into(),
-                )),
+            match serde_json::from_value::<protocol::ApprovalAnswer>(v) {
+                Ok(a) => Ok(a.decision == protocol::Decision::AllowOnce),
+                Err(e) => Err(LinkError::Malformed(format!(
+                    "approval.request answer: {e}; expected {{\"decision\": \"allow_once\" | \"deny\"}}"
+                ))),
             }
         })
     }

@@ -198,6 +198,29 @@ impl WorkspaceDir {
     }
 }
 
+/// Do a file's owner, group and mode give `id` the permission bits `want` (0o7
+/// bits: 4 read, 2 write, 1 execute/search)? The classic owner/group/other rule,
+/// with the script's primary gid only (scripts run with no supplementary groups);
+/// ACLs are not consulted.
+pub fn mode_permits(owner: u32, group: u32, mode: u32, id: Identity, want: u32) -> bool {
+    let bits = if owner == id.uid {
+        mode >> 6
+    } else if group == id.gid {
+        mode >> 3
+    } else {
+        mode
+    };
+    bits & want & 0o7 == want & 0o7
+}
+
+impl WorkspaceDir {
+    /// May `id` create files in the workspace (write and search)?
+    pub fn writable_by(&self, id: Identity) -> Result<bool, SysError> {
+        let st = fstat(self.dir.as_raw_fd()).map_err(path_err("stat", &self.path))?;
+        Ok(mode_permits(st.st_uid, st.st_gid, st.st_mode, id, 0o3))
+    }
+}
+
 /// The per-script record directory `<workspace>/.agent/scripts/<id>/`, created
 /// relative to the opened workspace without following symlinks (a script may have
 /// planted `.agent` as a link before it was first protected) and owned by the uid
