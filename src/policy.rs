@@ -500,6 +500,32 @@ fn subschemas(map: &Map<String, Value>) -> Vec<(Vec<String>, &Value, Applies)> {
     out
 }
 
+/// A URI fragment with its `%XX` escapes decoded (a JSON pointer in a `$ref` is
+/// percent-encoded); `None` if that is not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).and_then(|c| hex(*c)),
+            b.get(i + 2).and_then(|c| hex(*c)),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 fn escape_pointer(segment: &str) -> String {
     segment.replace('~', "~0").replace('/', "~1")
 }
@@ -539,14 +565,21 @@ impl<'a> Doc<'a> {
     /// The JSON pointer (from the document root) that `reference`, found in the
     /// schema object at `at`, points to; `None` for what is not followed.
     fn resolve(&self, at: &str, reference: &str) -> Option<String> {
-        let fragment = reference.strip_prefix('#')?;
+        let fragment = percent_decode(reference.strip_prefix('#')?)?;
+        let fragment = fragment.as_str();
         if fragment.is_empty() || fragment.starts_with('/') {
             // Relative to the nearest enclosing schema resource (`$id`).
             let segments: Vec<&str> = at.split('/').skip(1).collect();
             let mut base = String::new();
             for n in (1..=segments.len()).rev() {
                 let p: String = segments[..n].iter().map(|s| format!("/{s}")).collect();
-                if self.root.pointer(&p).and_then(|v| v.get("$id")).is_some() {
+                if self
+                    .root
+                    .pointer(&p)
+                    .and_then(|v| v.get("$id"))
+                    .and_then(Value::as_str)
+                    .is_some()
+                {
                     base = p;
                     break;
                 }
@@ -1041,6 +1074,19 @@ mod tests {
         );
         assert!(m.contains("key `bad` at /tree/children/0"), "{m}");
         assert!(refused(refs, json!({"tags": {"zip": "1", "x": 1}})).contains("`x`"));
+        // A percent-encoded pointer, and an anchor.
+        let refs = json!({"type": "object", "properties": {
+                "a": {"$ref": "#/$defs/My%20Addr"},
+                "b": {"$ref": "#addr"}},
+            "$defs": {"My Addr": {"$anchor": "addr", "properties": {"zip": {}}}}});
+        assert!(check(
+            refs.clone(),
+            json!({}),
+            json!({"a": {"zip": 1}, "b": {"zip": 2}})
+        )
+        .is_ok());
+        assert!(refused(refs.clone(), json!({"a": {"x": 1}})).contains("key `x` at /a"));
+        assert!(refused(refs, json!({"b": {"x": 1}})).contains("key `x` at /b"));
         // The snapshot's schema itself is never changed: only the compiled copy.
         let s = parse_snapshot(json!({"workspace": "/w", "permission_mode": "auto",
             "tools": [{"name": "t", "class": "read", "input_schema": {"type": "object"}}]}))
