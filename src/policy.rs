@@ -681,35 +681,30 @@ fn speaks_of_extra_keys(map: &Map<String, Value>) -> bool {
 
 /// The closed copy of a tool's `input_schema` (see the comment above).
 pub fn closed_schema(schema: &Value) -> Value {
+    /// Close `v` (the copy of the schema object at `at`) and what it holds, in place;
+    /// the decisions are taken on the author's schema in `doc`.
     fn rewrite(
         doc: &Doc,
         inverted_targets: &HashSet<String>,
-        v: &Value,
+        v: &mut Value,
         at: &str,
         entry: bool,
         inverted: bool,
-    ) -> Value {
-        let Value::Object(map) = v else {
-            return v.clone();
-        };
+    ) {
+        let Value::Object(map) = v else { return };
         let inverted = inverted
             || inverted_targets
                 .iter()
-                .any(|t| at == t || at.starts_with(&format!("{t}/")) || t.is_empty());
-        let mut out = map.clone();
-        for (segs, s, applies) in subschemas(map) {
-            let p = join_pointer(at, &segs);
-            let new = rewrite(
-                doc,
-                inverted_targets,
-                s,
-                &p,
-                applies == Applies::Entry,
-                inverted || applies == Applies::Inverted,
-            );
+                .any(|t| t.is_empty() || at == t || at.starts_with(&format!("{t}/")));
+        let close = entry && !inverted && !speaks_of_extra_keys(map) && doc.declared(at).is_some();
+        let children: Vec<(Vec<String>, Applies)> = subschemas(map)
+            .into_iter()
+            .map(|(segs, _, applies)| (segs, applies))
+            .collect();
+        for (segs, applies) in children {
             let slot = match segs.as_slice() {
-                [k] => out.get_mut(k),
-                [k, i] => match out.get_mut(k) {
+                [k] => map.get_mut(k),
+                [k, i] => match map.get_mut(k) {
                     Some(Value::Array(a)) => i.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
                     Some(Value::Object(m)) => m.get_mut(i),
                     _ => None,
@@ -717,13 +712,19 @@ pub fn closed_schema(schema: &Value) -> Value {
                 _ => None,
             };
             if let Some(slot) = slot {
-                *slot = new;
+                rewrite(
+                    doc,
+                    inverted_targets,
+                    slot,
+                    &join_pointer(at, &segs),
+                    applies == Applies::Entry,
+                    inverted || applies == Applies::Inverted,
+                );
             }
         }
-        if entry && !inverted && !speaks_of_extra_keys(map) && doc.declared(at).is_some() {
-            out.insert("unevaluatedProperties".into(), Value::Bool(false));
+        if close {
+            map.insert("unevaluatedProperties".into(), Value::Bool(false));
         }
-        Value::Object(out)
     }
     // `true` accepts anything, like `{}`; `false` nothing, and stays so.
     let empty = Value::Object(Map::new());
@@ -734,7 +735,8 @@ pub fn closed_schema(schema: &Value) -> Value {
     };
     let doc = Doc::new(schema);
     let inverted = doc.inverted_targets();
-    let mut out = rewrite(&doc, &inverted, schema, "", false, false);
+    let mut out = schema.clone();
+    rewrite(&doc, &inverted, &mut out, "", false, false);
     if let Value::Object(map) = &mut out {
         if !speaks_of_extra_keys(map) {
             map.insert("unevaluatedProperties".into(), Value::Bool(false));
@@ -1093,6 +1095,32 @@ mod tests {
         .unwrap();
         Policy::plan(&s, &[]).unwrap();
         assert_eq!(s.tools[0].input_schema, Some(json!({"type": "object"})));
+    }
+
+    #[test]
+    fn the_closed_copy_says_unevaluated_properties_where_a_value_begins() {
+        let s = json!({"type": "object",
+            "allOf": [{"properties": {"a": {}}}],
+            "properties": {
+                "o": {"properties": {"b": {}}},
+                "m": {"type": "object"},
+                "x": {"properties": {}, "additionalProperties": true},
+                "l": {"items": {"allOf": [{"properties": {"c": {}}}]}}}});
+        assert_eq!(
+            closed_schema(&s),
+            json!({"type": "object",
+                "allOf": [{"properties": {"a": {}}}],
+                "properties": {
+                    "o": {"properties": {"b": {}}, "unevaluatedProperties": false},
+                    "m": {"type": "object"},
+                    "x": {"properties": {}, "additionalProperties": true},
+                    "l": {"items": {"allOf": [{"properties": {"c": {}}}], "unevaluatedProperties": false}}},
+                "unevaluatedProperties": false})
+        );
+        assert_eq!(
+            closed_schema(&json!({"type": "object", "additionalProperties": true})),
+            json!({"type": "object", "additionalProperties": true})
+        );
     }
 
     #[test]
