@@ -57,13 +57,12 @@ fn py_default(v: &Value) -> String {
 /// `name(a: str, b: int = 5, c: list[str] = None)`: required arguments first,
 /// frozen ones left out (the engine binds them).
 pub fn signature(tool: &ToolSpec) -> String {
-    let props = tool
-        .input_schema
-        .get("properties")
+    let schema = tool.input_schema.as_ref();
+    let props = schema
+        .and_then(|s| s.get("properties"))
         .and_then(Value::as_object);
-    let required: Vec<&str> = tool
-        .input_schema
-        .get("required")
+    let required: Vec<&str> = schema
+        .and_then(|s| s.get("required"))
         .and_then(Value::as_array)
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();

@@ -4,7 +4,7 @@
 
 use crate::engine::LinkError;
 use crate::protocol::ToolResult;
-use crate::token::ToolClass;
+use crate::token::{ToolClass, ToolSpec};
 use base64::Engine as _;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -77,6 +77,52 @@ pub fn class_of(tool: &Value) -> ToolClass {
     } else {
         ToolClass::Write
     }
+}
+
+/// The snapshot entry for one listed MCP tool, and a warning for the user when the
+/// tool's schema had to be replaced.
+///
+/// The daemon checks a script's arguments against the schema as a closed one (a key
+/// the schema does not declare is refused; see `policy::closed_schema`), so the
+/// server's `inputSchema` is passed on as it is. Two cases need a decision:
+/// - no `inputSchema` (the MCP spec requires one): the tool declares no arguments, so
+///   it gets `{"type": "object", "properties": {}}` and scripts may call it with `{}`
+///   only;
+/// - an `inputSchema` that does not compile as JSON Schema 2020-12: the arguments
+///   cannot be checked, so a `read` or `write` tool is switched off for scripts
+///   (`enabled: false`); a `destructive` or `long_task` tool, never called from a
+///   script anyway, just goes without a schema.
+pub fn tool_spec(full: String, tool: &Value, class: ToolClass) -> (ToolSpec, Option<String>) {
+    let callable = matches!(class, ToolClass::Read | ToolClass::Write);
+    let (input_schema, enabled, warning) = match tool.get("inputSchema").filter(|s| !s.is_null())
+    {
+        None => (
+            Some(json!({"type": "object", "properties": {}})),
+            true,
+            callable.then(|| {
+                format!("{full}: the server gives no input schema; scripts may call it with no arguments only")
+            }),
+        ),
+        Some(s) => match jsonschema::draft202012::new(s) {
+            Ok(_) => (Some(s.clone()), true, None),
+            Err(e) if callable => (
+                None,
+                false,
+                Some(format!(
+                    "{full}: its input schema does not compile ({e}); its arguments cannot be checked, so scripts cannot call it"
+                )),
+            ),
+            Err(_) => (None, true, None),
+        },
+    };
+    let spec = ToolSpec {
+        name: full,
+        class,
+        enabled,
+        input_schema,
+        frozen: Default::default(),
+    };
+    (spec, warning)
 }
 
 /// Map a `tools/call` result to `{text, structured, is_error}`: text contents joined,
@@ -460,6 +506,50 @@ mod tests {
             ),
             ToolClass::Read
         );
+    }
+
+    #[test]
+    fn tool_specs_keep_the_schema_and_decide_when_there_is_none() {
+        let schema = json!({"type": "object", "properties": {"tz": {"type": "string"}}});
+        let (s, w) = tool_spec(
+            "t__now".into(),
+            &json!({"name": "now", "inputSchema": schema}),
+            ToolClass::Read,
+        );
+        assert_eq!((s.input_schema, s.enabled, w), (Some(schema), true, None));
+        // No inputSchema: no arguments.
+        let (s, w) = tool_spec("t__ping".into(), &json!({"name": "ping"}), ToolClass::Read);
+        assert_eq!(
+            s.input_schema,
+            Some(json!({"type": "object", "properties": {}}))
+        );
+        assert!(s.enabled);
+        assert!(w.unwrap().contains("no arguments only"));
+        let (_, w) = tool_spec(
+            "t__rm".into(),
+            &json!({"name": "rm"}),
+            ToolClass::Destructive,
+        );
+        assert_eq!(w, None, "never called from a script: nothing to warn about");
+        // A schema that does not compile: not callable from scripts.
+        let bad = json!({"name": "x", "inputSchema": {"type": 12}});
+        let (s, w) = tool_spec("t__x".into(), &bad, ToolClass::Write);
+        assert_eq!((s.input_schema, s.enabled), (None, false));
+        assert!(w.unwrap().contains("scripts cannot call it"));
+        let (s, w) = tool_spec("t__x".into(), &bad, ToolClass::LongTask);
+        assert_eq!((s.input_schema, s.enabled, w), (None, true, None));
+        // Whatever the case, the snapshot built from them is accepted.
+        let tools: Vec<ToolSpec> = [
+            tool_spec("a__1".into(), &json!({}), ToolClass::Read).0,
+            tool_spec("a__2".into(), &bad, ToolClass::Read).0,
+            tool_spec("a__3".into(), &bad, ToolClass::Destructive).0,
+        ]
+        .into();
+        let snap = crate::token::parse_snapshot(
+            json!({"workspace": "/w", "permission_mode": "auto", "tools": tools}),
+        )
+        .unwrap();
+        assert!(crate::policy::Policy::plan(&snap, &[]).is_ok());
     }
 
     #[test]

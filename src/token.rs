@@ -42,8 +42,14 @@ pub enum PermissionMode {
 ///
 /// ```json
 /// {"name": "fleet__reboot_device", "class": "write", "enabled": true,
-///  "input_schema": {"type": "object"}, "frozen": {"tenant": "acme"}}
+///  "input_schema": {"type": "object", "properties": {"sn": {"type": "string"}}},
+///  "frozen": {"tenant": "acme"}}
 /// ```
+///
+/// `input_schema` is required for every tool a script can call (enabled `read` and
+/// `write` tools; [`parse_snapshot`] refuses a snapshot without it); `destructive`,
+/// `long_task` and disabled tools may leave it out. The daemon treats the schema as
+/// closed: see `policy::closed_schema`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolSpec {
@@ -51,17 +57,37 @@ pub struct ToolSpec {
     pub class: ToolClass,
     #[serde(default = "yes")]
     pub enabled: bool,
-    #[serde(default = "any_object")]
-    pub input_schema: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<Value>,
     #[serde(default)]
     pub frozen: Map<String, Value>,
+}
+
+impl ToolSpec {
+    /// Can a script ever call this tool? Enabled `read` and `write` tools only (a
+    /// `write` tool in a read-only run is still counted: the snapshot's validity
+    /// does not depend on `read_only`).
+    pub fn script_callable(&self) -> bool {
+        self.enabled && matches!(self.class, ToolClass::Read | ToolClass::Write)
+    }
 }
 
 fn yes() -> bool {
     true
 }
-fn any_object() -> Value {
-    json!({"type": "object"})
+
+/// The snapshot error for a script-callable tool without `input_schema`.
+pub fn missing_schema_error(i: usize, tool: &ToolSpec) -> RpcError {
+    snapshot_error(
+        "missing_field",
+        &format!("tools[{i}].input_schema"),
+        format!(
+            "snapshot: tools[{i}].input_schema: {} tool {} has no input_schema; every tool a script can call needs one \
+             (to accept any object: {{\"type\": \"object\", \"additionalProperties\": true}})",
+            tool.class.as_str(),
+            tool.name
+        ),
+    )
 }
 
 /// Optional per-run limits; each can only tighten the daemon's configured value.
@@ -318,6 +344,9 @@ pub fn parse_snapshot(v: Value) -> Result<Snapshot, RpcError> {
                 format!("tool {} is listed twice", t.name),
             ));
         }
+        if t.input_schema.is_none() && t.script_callable() {
+            return Err(missing_schema_error(i, t));
+        }
     }
     if !snap.workspace.is_absolute() {
         return Err(snapshot_error(
@@ -394,7 +423,7 @@ mod tests {
 
     fn snap() -> Value {
         json!({"workspace": "/tmp", "permission_mode": "auto", "tools": [
-            {"name": "a__read", "class": "read"}]})
+            {"name": "a__read", "class": "read", "input_schema": {"type": "object"}}]})
     }
 
     fn b64(v: &Value) -> String {
@@ -498,8 +527,50 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.reason(), Some("unknown_field"));
-        let e = parse_snapshot(json!({"workspace": "/w", "permission_mode": "auto", "tools": [{"name": "x", "class": "read"}, {"name": "x", "class": "read"}]})).unwrap_err();
+        let e = parse_snapshot(json!({"workspace": "/w", "permission_mode": "auto", "tools": [{"name": "x", "class": "destructive"}, {"name": "x", "class": "destructive"}]})).unwrap_err();
         assert_eq!(e.reason(), Some("duplicate_tool"));
+    }
+
+    #[test]
+    fn callable_tools_need_an_input_schema() {
+        let tools = |t: Value| json!({"workspace": "/w", "permission_mode": "auto", "tools": [t]});
+        for class in ["read", "write"] {
+            for schema in [None, Some(Value::Null)] {
+                let mut t = json!({"name": "x", "class": class});
+                if let Some(s) = &schema {
+                    t["input_schema"] = s.clone();
+                }
+                let e = parse_snapshot(tools(t)).unwrap_err();
+                assert_eq!(e.code, code::SNAPSHOT);
+                assert_eq!(
+                    e.data,
+                    Some(json!({"reason": "missing_field", "field": "tools[0].input_schema"}))
+                );
+            }
+            assert!(parse_snapshot(tools(
+                json!({"name": "x", "class": class, "enabled": false})
+            ))
+            .is_ok());
+        }
+        for class in ["destructive", "long_task"] {
+            assert!(parse_snapshot(tools(json!({"name": "x", "class": class}))).is_ok());
+        }
+        // mint checks the snapshot too: no token for a snapshot the daemon refuses.
+        let e = mint(
+            KEY,
+            "r",
+            None,
+            &tools(json!({"name": "x", "class": "read"})),
+            60,
+        )
+        .unwrap_err();
+        assert_eq!(e.reason(), Some("missing_field"));
+        // A missing schema is not written back as null.
+        let s = parse_snapshot(tools(json!({"name": "x", "class": "long_task"}))).unwrap();
+        assert_eq!(
+            serde_json::to_value(&s.tools[0]).unwrap(),
+            json!({"name": "x", "class": "long_task", "enabled": true, "frozen": {}})
+        );
     }
 
     #[test]

@@ -157,13 +157,13 @@ try:
 except ToolError as e:
     print("many raises:", e.code)
 try:
-    agent_tools.call("fleet__list_devices", {"boom": 1})
+    agent_tools.call("fleet__list_devices", {"site": "boom"})
 except ToolError as e:
     print("engine:", e.code, e.message)
-print("raw engine:", agent_tools.call_raw("fleet__list_devices", {"boom": 1})["is_error"])
+print("raw engine:", agent_tools.call_raw("fleet__list_devices", {"site": "boom"})["is_error"])
 "#;
     e.set_handler(std::sync::Arc::new(|tool, args| {
-        if tool == "fleet__list_devices" && args.get("boom").is_some() {
+        if tool == "fleet__list_devices" && args["site"] == "boom" {
             return Err("backend exploded".into());
         }
         fleet_handler()(tool, args)

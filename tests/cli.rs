@@ -180,6 +180,10 @@ print(json.dumps(t.call("everything__get-structured-content", {"location": "New 
 raw = t.call_raw("everything__get-tiny-image", {})
 print(raw["is_error"], [l for l in raw["text"].splitlines() if l.startswith("[image/png")])
 print(t.call("everything__get-sum", {"a": 2, "b": 40}))
+try:
+    t.call("time__get_current_time", {"timezone": "UTC", "tz": "CET"})
+except t.ToolError as e:
+    print(e.code, e.message)
 "#
     .replace("DATA", &format!("{:?}", c.data.display().to_string()));
     let o = c.run(&code, &["--json"]);
@@ -196,7 +200,16 @@ print(t.call("everything__get-sum", {"a": 2, "b": 40}))
         lines[3]
     );
     assert!(lines[4].contains("42"), "{}", lines[4]);
-    assert_eq!(r["calls"], 5);
+    // The server's schema is open (no additionalProperties); the daemon closes it,
+    // so the undeclared key is refused before the server is asked.
+    assert_eq!(
+        lines[5],
+        "invalid_arguments time__get_current_time: argument `tz` is not declared in the tool's schema (its arguments are: timezone)"
+    );
+    assert_eq!(
+        (r["calls"].as_u64(), r["failures"].as_u64()),
+        (Some(6), Some(1))
+    );
 }
 
 #[test]

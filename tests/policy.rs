@@ -325,6 +325,125 @@ print(json.dumps(out))
 }
 
 #[test]
+fn undeclared_arguments_never_reach_the_engine() {
+    let rig = Rig::new();
+    let e = rig.engine();
+    let mut snap = rig.snapshot("auto");
+    // Open schemas, as MCP servers publish them: no additionalProperties anywhere;
+    // the frozen `tenant` is not even listed.
+    snap["tools"][0]["input_schema"] = json!({"type": "object", "required": ["sn"], "properties": {
+        "sn": {"type": "string"},
+        "filter": {"type": "object", "properties": {"fw": {"type": "string"}}}}});
+    snap["tools"][3]["input_schema"] =
+        json!({"type": "object", "properties": {"sn": {"type": "string"}}});
+    let code = r#"
+import agent_tools, json
+out = []
+for tool, args in [
+    ("fleet__get_device_status", {"sn": "SN1", "extra": 1}),
+    ("fleet__get_device_status", {"sn": "SN1", "filter": {"fw": "1.2", "deep": True}}),
+    ("fleet__list_devices", {"everything": True}),
+    ("fleet__reboot_device", {"sn": "SN2", "force": True}),
+    ("fleet__get_device_status", {"sn": "SN3", "filter": {"fw": "1.3"}}),
+    ("fleet__reboot_device", {"sn": "SN4"}),
+]:
+    try:
+        agent_tools.call(tool, args)
+        out.append("called")
+    except agent_tools.ToolError as e:
+        out.append([e.tool, e.code, e.message])
+items = agent_tools.call_many("fleet__list_devices", [{"site": "a"}, {"site": "b", "limit": 5}], return_errors=True)
+out.append([i if isinstance(i, dict) else [i.code, i.message] for i in items])
+print(json.dumps(out))
+"#;
+    let r = e.run(&rig.token(&snap), code, &["fleet__reboot_device"]);
+    assert_eq!(r["status"], "ok", "{r}");
+    let out: Value = serde_json::from_str(r["output"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        out[0],
+        json!(["fleet__get_device_status", "invalid_arguments",
+               "fleet__get_device_status: argument `extra` is not declared in the tool's schema (its arguments are: filter, sn)"])
+    );
+    assert_eq!(
+        out[1],
+        json!([
+            "fleet__get_device_status",
+            "invalid_arguments",
+            "fleet__get_device_status: key `deep` at /filter is not declared in the tool's schema"
+        ])
+    );
+    assert_eq!(
+        out[2],
+        json!(["fleet__list_devices", "invalid_arguments",
+               "fleet__list_devices: argument `everything` is not declared in the tool's schema (its arguments are: site)"])
+    );
+    assert_eq!(
+        out[3],
+        json!(["fleet__reboot_device", "invalid_arguments",
+               "fleet__reboot_device: argument `force` is not declared in the tool's schema (its arguments are: sn)"])
+    );
+    assert_eq!((&out[4], &out[5]), (&json!("called"), &json!("called")));
+    assert_eq!(out[6][0]["devices"], json!(["SN1", "SN2", "SN3"]));
+    assert_eq!(out[6][1][0], "invalid_arguments");
+    assert!(
+        out[6][1][1].as_str().unwrap().contains("argument `limit`"),
+        "{out}"
+    );
+    // The engine saw exactly the calls whose every key is declared (or frozen).
+    assert_eq!(
+        e.calls_seen(),
+        vec![
+            (
+                "fleet__get_device_status".to_string(),
+                json!({"sn": "SN3", "filter": {"fw": "1.3"}})
+            ),
+            (
+                "fleet__reboot_device".to_string(),
+                json!({"sn": "SN4", "tenant": "acme"})
+            ),
+            ("fleet__list_devices".to_string(), json!({"site": "a"})),
+        ]
+    );
+    assert_eq!(r["failures"], 5);
+}
+
+#[test]
+fn a_callable_tool_without_a_schema_refuses_the_snapshot() {
+    let rig = Rig::new();
+    let e = rig.engine();
+    let sign = |snap: &Value| {
+        // Signed by hand: token::mint refuses such a snapshot itself.
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &json!({"run_id": "r", "exp": 4102444800u64, "iat": 0, "snapshot": snap}),
+            &jsonwebtoken::EncodingKey::from_secret(KEY),
+        )
+        .unwrap()
+    };
+    for i in [1, 4] {
+        // fleet__list_devices (read), fleet__tag_device (write)
+        let mut snap = rig.snapshot("auto");
+        snap["tools"][i]
+            .as_object_mut()
+            .unwrap()
+            .remove("input_schema");
+        let err = e
+            .start(&sign(&snap), "print('never runs')", &[])
+            .unwrap_err();
+        assert_eq!(code_reason(&err), (-32011, "missing_field".into()), "{err}");
+        assert_eq!(err["data"]["field"], format!("tools[{i}].input_schema"));
+    }
+    // The fleet's destructive, long-task and disabled tools have none, and run.
+    let snap = rig.snapshot("auto");
+    for i in [5, 6, 7] {
+        assert!(snap["tools"][i].get("input_schema").is_none());
+    }
+    let r = e.run(&sign(&snap), "print('runs')", &[]);
+    assert_eq!(r["status"], "ok", "{r}");
+    assert!(e.calls_seen().is_empty());
+}
+
+#[test]
 fn revoking_a_run_cancels_its_scripts_and_refuses_new_ones() {
     let rig = Rig::new();
     let e = rig.engine();

@@ -141,14 +141,6 @@ impl Tools {
                     continue;
                 };
                 let full = format!("{}__{name}", spec.name);
-                let mut schema = tool
-                    .get("inputSchema")
-                    .cloned()
-                    .unwrap_or_else(|| json!({"type": "object"}));
-                if jsonschema::draft202012::new(&schema).is_err() {
-                    eprintln!("scriptgate: warning: {full}: its input schema does not compile; arguments go unchecked to the server");
-                    schema = json!({"type": "object"});
-                }
                 let class = overrides
                     .iter()
                     .find(|(n, _)| *n == full)
@@ -156,13 +148,11 @@ impl Tools {
                     .unwrap_or_else(|| mcp::class_of(&tool));
                 t.route
                     .insert(full.clone(), (server.clone(), name.to_string()));
-                t.specs.push(ToolSpec {
-                    name: full,
-                    class,
-                    enabled: true,
-                    input_schema: schema,
-                    frozen: Default::default(),
-                });
+                let (tool_spec, warning) = mcp::tool_spec(full, &tool, class);
+                if let Some(w) = warning {
+                    eprintln!("scriptgate: warning: {w}");
+                }
+                t.specs.push(tool_spec);
             }
         }
         for (n, _) in overrides {

@@ -169,6 +169,11 @@ pub fn chown_to_script_uid(p: &Path) {
     }
 }
 
+/// Every read and write tool has an `input_schema` (the daemon refuses a snapshot
+/// without); the destructive, long-task and disabled ones go without, as they may.
+/// `fleet__get_device_status` and `fleet__reboot_device` say
+/// `additionalProperties: false` like the protocol's example; the others leave it
+/// out, as MCP servers usually do, and are closed by the daemon all the same.
 pub fn fleet_snapshot(ws: &Path, mode: &str) -> Value {
     json!({
         "workspace": ws, "read_only": false, "permission_mode": mode,
@@ -177,13 +182,16 @@ pub fn fleet_snapshot(ws: &Path, mode: &str) -> Value {
             {"name": "fleet__get_device_status", "class": "read", "enabled": true,
              "input_schema": {"type": "object", "properties": {"sn": {"type": "string"}},
                               "required": ["sn"], "additionalProperties": false}},
-            {"name": "fleet__list_devices", "class": "read"},
-            {"name": "fleet__fail", "class": "read"},
+            {"name": "fleet__list_devices", "class": "read",
+             "input_schema": {"type": "object", "properties": {"site": {"type": "string"}}}},
+            {"name": "fleet__fail", "class": "read",
+             "input_schema": {"type": "object", "properties": {}}},
             {"name": "fleet__reboot_device", "class": "write", "enabled": true,
              "input_schema": {"type": "object", "properties": {"sn": {"type": "string"}, "tenant": {"type": "string"}},
                               "additionalProperties": false},
              "frozen": {"tenant": "acme"}},
-            {"name": "fleet__tag_device", "class": "write"},
+            {"name": "fleet__tag_device", "class": "write",
+             "input_schema": {"type": "object", "properties": {"sn": {"type": "string"}, "tag": {"type": "string"}}}},
             {"name": "fleet__wipe_device", "class": "destructive"},
             {"name": "fleet__export_all", "class": "long_task"},
             {"name": "fleet__retired", "class": "read", "enabled": false}
