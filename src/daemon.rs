@@ -208,10 +208,11 @@ impl Daemon {
         let r = self.start_inner(peer, engine, p, &mut run).await;
         if let Err(e) = &r {
             if run.0.is_none() {
-                // Refused before the claims were read (expired, say): a token whose
-                // signature holds still names its run, and the audit keeps it.
-                if let Ok(c) = token::verify(&token, &self.key, false) {
-                    run = (Some(c.run_id), c.runner);
+                // Refused before the claims were read (expired, a bad snapshot): a
+                // token whose signature holds still names its run, and the audit
+                // keeps it.
+                if let Some((run_id, runner)) = token::signed_run(&token, &self.key) {
+                    run = (Some(run_id), runner);
                 }
             }
             self.record_refusal(e, run, peer).await;

@@ -5,7 +5,6 @@
 use crate::engine::LinkError;
 use crate::protocol::ToolResult;
 use crate::token::{ToolClass, ToolSpec};
-use base64::Engine as _;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -123,61 +122,6 @@ pub fn tool_spec(full: String, tool: &Value, class: ToolClass) -> (ToolSpec, Opt
         frozen: Default::default(),
     };
     (spec, warning)
-}
-
-/// Map a `tools/call` result to `{text, structured, is_error}`: text contents joined,
-/// other content kinds named with their type and size.
-pub fn map_result(r: &Value) -> ToolResult {
-    let mut parts = Vec::new();
-    for c in r
-        .get("content")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let kind = c.get("type").and_then(Value::as_str).unwrap_or("?");
-        let mime = c.get("mimeType").and_then(Value::as_str).unwrap_or(kind);
-        let size = |b64: Option<&Value>| {
-            b64.and_then(Value::as_str)
-                .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
-                .map_or(0, |d| d.len())
-        };
-        parts.push(match kind {
-            "text" => c
-                .get("text")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-            "image" | "audio" => format!("[{mime}, {} bytes]", size(c.get("data"))),
-            "resource_link" => format!(
-                "[resource link {}]",
-                c.get("uri").and_then(Value::as_str).unwrap_or("")
-            ),
-            "resource" => {
-                let res = c.get("resource").cloned().unwrap_or(Value::Null);
-                match res.get("text").and_then(Value::as_str) {
-                    Some(t) => t.to_string(),
-                    None => {
-                        let mime = res
-                            .get("mimeType")
-                            .and_then(Value::as_str)
-                            .unwrap_or("resource");
-                        format!(
-                            "[{mime}, {} bytes, {}]",
-                            size(res.get("blob")),
-                            res.get("uri").and_then(Value::as_str).unwrap_or("")
-                        )
-                    }
-                }
-            }
-            other => format!("[{other} content]"),
-        });
-    }
-    ToolResult {
-        text: parts.join("\n"),
-        structured: r.get("structuredContent").cloned().filter(|v| !v.is_null()),
-        is_error: r.get("isError").and_then(Value::as_bool).unwrap_or(false),
-    }
 }
 
 type Pending = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<Result<Value, String>>>>>>;
@@ -431,7 +375,7 @@ impl Server {
                 self.call_timeout,
             )
             .await?;
-        Ok(map_result(&r))
+        Ok(ToolResult::from_mcp(&r))
     }
 
     /// Close stdin, give the server a moment, then end its process group.
@@ -554,7 +498,7 @@ mod tests {
 
     #[test]
     fn results_join_text_and_name_other_content() {
-        let r = map_result(&json!({"content": [
+        let r = ToolResult::from_mcp(&json!({"content": [
             {"type": "text", "text": "hello"},
             {"type": "image", "mimeType": "image/png", "data": "AAECAw=="},
             {"type": "resource_link", "uri": "file:///x"},

@@ -9,7 +9,7 @@ use base64::Engine as _;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -223,6 +223,18 @@ pub fn verify(token: &str, key: &[u8], check_exp: bool) -> Result<RunClaims, Rpc
     })
 }
 
+/// The run a token names when its signature holds, whatever else is wrong with
+/// it (expired, a bad snapshot): refusals are audited under that run.
+pub fn signed_run(token: &str, key: &[u8]) -> Option<(String, Option<String>)> {
+    let claims = verify_signature(token, key).ok()?;
+    let run_id = claims.get("run_id")?.as_str()?.to_string();
+    let runner = claims
+        .get("runner")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    Some((run_id, runner))
+}
+
 fn claim_error(reason: &str, claim: &str, message: &str) -> RpcError {
     RpcError::with_data(
         code::TOKEN,
@@ -314,13 +326,13 @@ pub fn parse_snapshot(v: Value) -> Result<Snapshot, RpcError> {
         } else {
             "invalid_value"
         };
+        // The path of an unknown field already ends with its name; that of a
+        // missing one is its parent's.
         let field = match (reason, inner.split('`').nth(1)) {
             ("missing_field", Some(name)) | ("unknown_field", Some(name)) if field == "." => {
                 name.to_string()
             }
-            ("missing_field", Some(name)) | ("unknown_field", Some(name)) => {
-                format!("{field}.{name}")
-            }
+            ("missing_field", Some(name)) => format!("{field}.{name}"),
             _ => field,
         };
         snapshot_error(reason, &field, format!("snapshot: {field}: {inner}"))
@@ -356,40 +368,6 @@ pub fn parse_snapshot(v: Value) -> Result<Snapshot, RpcError> {
         ));
     }
     Ok(snap)
-}
-
-/// Resolve the workspace and check that it is a directory under one of `roots`
-/// (both sides with symlinks resolved). Returns the canonical path.
-pub fn check_workspace(workspace: &Path, roots: &[PathBuf]) -> Result<PathBuf, RpcError> {
-    let real = std::fs::canonicalize(workspace).map_err(|e| {
-        snapshot_error(
-            "workspace_missing",
-            "workspace",
-            format!("workspace {}: {e}", workspace.display()),
-        )
-    })?;
-    if !real.is_dir() {
-        return Err(snapshot_error(
-            "not_directory",
-            "workspace",
-            format!("workspace {} is not a directory", real.display()),
-        ));
-    }
-    let inside = roots
-        .iter()
-        .filter_map(|r| std::fs::canonicalize(r).ok())
-        .any(|r| real.starts_with(&r));
-    if !inside {
-        return Err(snapshot_error(
-            "outside_roots",
-            "workspace",
-            format!(
-                "workspace {} is not under any of workspace.roots",
-                real.display()
-            ),
-        ));
-    }
-    Ok(real)
 }
 
 /// Mint a token (the reference for engine authors; `scriptgate token mint`).
@@ -527,6 +505,33 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.reason(), Some("unknown_field"));
+        assert_eq!(e.data.as_ref().unwrap()["field"], "root");
+        assert!(
+            e.message
+                .starts_with("snapshot: root: unknown field `root`"),
+            "{}",
+            e.message
+        );
+        for (snap, field) in [
+            (
+                json!({"workspace": "/w", "permission_mode": "auto", "tools": [
+                    {"name": "x", "class": "destructive", "foo": 1}]}),
+                "tools[0].foo",
+            ),
+            (
+                json!({"workspace": "/w", "permission_mode": "auto", "tools": [],
+                    "limits": {"bogus": 1}}),
+                "limits.bogus",
+            ),
+            (
+                json!({"workspace": "/w", "permission_mode": "auto", "tools": [{"class": "destructive"}]}),
+                "tools[0].name",
+            ),
+        ] {
+            let e = parse_snapshot(snap).unwrap_err();
+            assert_eq!(e.data.as_ref().unwrap()["field"], field, "{}", e.message);
+            assert!(!e.message.contains(&format!("{field}.")), "{}", e.message);
+        }
         let e = parse_snapshot(json!({"workspace": "/w", "permission_mode": "auto", "tools": [{"name": "x", "class": "destructive"}, {"name": "x", "class": "destructive"}]})).unwrap_err();
         assert_eq!(e.reason(), Some("duplicate_tool"));
     }
@@ -570,37 +575,6 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&s.tools[0]).unwrap(),
             json!({"name": "x", "class": "long_task", "enabled": true, "frozen": {}})
-        );
-    }
-
-    #[test]
-    fn workspace_must_lie_under_a_root() {
-        let d = tempfile::tempdir().unwrap();
-        let root = d.path().join("root");
-        let ws = root.join("ws");
-        std::fs::create_dir_all(&ws).unwrap();
-        let outside = d.path().join("out");
-        std::fs::create_dir_all(&outside).unwrap();
-        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
-        assert!(check_workspace(&ws, std::slice::from_ref(&root)).is_ok());
-        assert_eq!(
-            check_workspace(&outside, std::slice::from_ref(&root))
-                .unwrap_err()
-                .reason(),
-            Some("outside_roots")
-        );
-        // A symlink inside the root that points out is judged by its target.
-        assert_eq!(
-            check_workspace(&root.join("link"), std::slice::from_ref(&root))
-                .unwrap_err()
-                .reason(),
-            Some("outside_roots")
-        );
-        assert_eq!(
-            check_workspace(&root.join("nope"), &[root])
-                .unwrap_err()
-                .reason(),
-            Some("workspace_missing")
         );
     }
 }

@@ -159,13 +159,13 @@ fn messages_without_jsonrpc_2_0_are_refused() {
 
 #[test]
 fn a_workspace_the_script_cannot_write_is_refused_at_start() {
-    if !is_root() {
-        // As a non-root engine, scripts run as the engine's uid, which owns its dirs.
-        return;
-    }
+    use std::os::unix::fs::PermissionsExt;
     let rig = Rig::new();
-    let ws = rig.root.join("root-owned");
-    std::fs::create_dir(&ws).unwrap(); // 0755 root:root: nobody cannot write
+    // Read-only for everyone: neither nobody (a root engine's scripts) nor the
+    // engine's own uid may write it.
+    let ws = rig.root.join("read-only");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o555)).unwrap();
     let mut snap = rig.snapshot("auto");
     snap["workspace"] = json!(ws);
     let e = rig.engine();
@@ -177,7 +177,7 @@ fn a_workspace_the_script_cannot_write_is_refused_at_start() {
     );
     assert_eq!(err["data"]["field"], "workspace");
     let msg = err["message"].as_str().unwrap();
-    assert!(msg.contains(&format!("uid {NOBODY}")), "{msg}");
+    assert!(msg.contains(&format!("uid {}", script_uid())), "{msg}");
     // A read-only run needs no write access.
     snap["read_only"] = json!(true);
     let r = e.run(&rig.token(&snap), "print('read')", &[]);
