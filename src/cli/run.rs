@@ -607,8 +607,10 @@ async fn run_embedded(
     o: &RunOptions,
     engine: Arc<CliEngine>,
 ) -> Result<ScriptResult, Failure> {
+    // The embedded daemon's one root is the workspace's parent: a workspace lies
+    // below its root, never is one (the path is canonical, so no symlink is in it).
     let ws = PathBuf::from(snap["workspace"].as_str().unwrap_or("/"));
-    cfg.workspace.roots = vec![ws];
+    cfg.workspace.roots = vec![ws.parent().unwrap_or(&ws).to_path_buf()];
     // The user at the terminal is the sysadmin of an embedded daemon: their limits stand.
     if let Some(t) = o.timeout {
         cfg.scripts.timeout_s = t;
