@@ -57,6 +57,9 @@ pub fn init_logging() {
 }
 
 pub fn main() -> ExitCode {
+    // 0. Descriptors inherited above stdio (a shell's, a test harness's) must not
+    //    reach the sandboxes: close-on-exec, before anything is spawned.
+    let cloexec = crate::sys::cloexec_inherited_fds();
     let args = Args::parse();
     // 1. Before any thread exists: take (and unset) LISTEN_FDS / WATCHDOG_USEC.
     let activated: Vec<i32> = sd_notify::listen_fds()
@@ -83,6 +86,9 @@ pub fn main() -> ExitCode {
         );
     }
     init_logging();
+    if let Err(e) = cloexec {
+        tracing::warn!("cannot mark inherited descriptors close-on-exec: {e}");
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
