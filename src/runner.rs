@@ -5,12 +5,12 @@ use crate::limits::{Backend, Placement};
 use crate::policy::Limits;
 use crate::protocol::Status;
 use crate::sandbox::{
-    bwrap_args, RealHost, SandboxSpec, FD_AGENT, FD_GATE, FD_INFO, FD_REPLIES, FD_REQUESTS,
-    FD_SECCOMP, FD_WORKSPACE,
+    bwrap_args, parse_usage_report, RealHost, SandboxSpec, FD_AGENT, FD_GATE, FD_INFO, FD_REPLIES,
+    FD_REQUESTS, FD_SECCOMP, FD_USAGE, FD_WORKSPACE,
 };
 use crate::sys::{
-    channel_pipe, dup_high, install_pre_exec, wait_child, ChildSetup, Exit, Identity, PidFd,
-    Spawner,
+    channel_pipe, dup_high, give_pipe, install_cloexec_above_fixed, install_pre_exec, wait_child,
+    ChildSetup, Exit, Identity, PidFd, Spawner,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -51,7 +51,11 @@ pub struct Ended {
     pub output: String,
     pub output_truncated: bool,
     pub error: Option<String>,
-    /// rlimit backend: the largest resident set of any process of the script.
+    /// The unit's peak; else (rlimit backend) the largest resident set of any
+    /// process of the script's tree, as the sandbox init reports it. None when the
+    /// script was killed (timeout, cancel) before the init could report: the
+    /// outer bwrap's rusage is no substitute, as it counts the daemon's own
+    /// resident set at the fork.
     pub memory_peak_bytes: Option<u64>,
     pub cpu_usec: Option<u64>,
 }
@@ -174,6 +178,21 @@ fn keeper(identity: Option<Identity>) -> std::process::Command {
     k
 }
 
+/// Read the sandbox init's usage report (see `sandbox::INIT`). Only the init holds
+/// the write end, so EOF comes when it exits; it writes nothing when it is killed.
+async fn read_usage(fd: std::os::fd::OwnedFd) -> Option<u64> {
+    let mut r = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 256];
+    while buf.len() < 1024 {
+        match r.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    parse_usage_report(&buf)
+}
+
 /// Start the sandbox and supervise it to its end. `started` is answered once the
 /// child exists (the script is then `running`) or could not be spawned.
 pub async fn run(
@@ -197,10 +216,12 @@ pub async fn run(
         dup_high(&launch.workspace_dir)?,
         dup_high(&launch.agent_dir)?,
     );
+    let (usage_r, usage_w) = channel_pipe()?; // the sandbox init reports on fd 7
     let mut dups = vec![
         (req_w.as_raw_fd(), FD_REQUESTS),
         (rep_r.as_raw_fd(), FD_REPLIES),
         (info_w.as_raw_fd(), FD_INFO),
+        (usage_w.as_raw_fd(), FD_USAGE),
         (seccomp_r.as_raw_fd(), FD_SECCOMP),
         (ws_fd.as_raw_fd(), FD_WORKSPACE),
         (agent_fd.as_raw_fd(), FD_AGENT),
@@ -219,10 +240,20 @@ pub async fn run(
         }
         None => std::process::Command::new(&launch.bwrap),
     };
-    cmd.args(bwrap_args(&launch.sandbox, &RealHost))
+    // stdout/stderr: pipes the script's uid owns, so /dev/stdout works inside.
+    let (out_r, out_w) = channel_pipe()?;
+    let (err_r, err_w) = channel_pipe()?;
+    if let Some(id) = launch.identity {
+        give_pipe(&out_w, id)?;
+        give_pipe(&err_w, id)?;
+    }
+    // No environment: bwrap (and the gate shell) would otherwise carry the
+    // daemon's, and bwrap's --clearenv clears only the sandboxed child's.
+    cmd.env_clear()
+        .args(bwrap_args(&launch.sandbox, &RealHost))
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stdout(Stdio::from(out_w))
+        .stderr(Stdio::from(err_w));
     let parent_pid = std::process::id() as libc::pid_t;
     install_pre_exec(
         &mut cmd,
@@ -233,7 +264,8 @@ pub async fn run(
             parent_pid,
         },
     );
-    let mut child = match spawner.spawn(cmd).await {
+    install_cloexec_above_fixed(&mut cmd);
+    let child = match spawner.spawn(cmd).await {
         Ok(c) => c,
         Err(e) => {
             let _ = started.send(Err(format!("{}: {e}", launch.bwrap.display())));
@@ -246,24 +278,24 @@ pub async fn run(
     let mut exited = wait_child(pid);
     let _ = started.send(Ok(()));
     // Our copies of the child's ends must go, or fd 3 would never reach EOF.
-    drop((req_w, rep_r, info_w, seccomp_r, ws_fd, agent_fd));
+    // (`cmd`, holding stdout/stderr's write ends, was consumed by the spawn.)
+    drop((req_w, rep_r, info_w, seccomp_r, usage_w, ws_fd, agent_fd));
     drop((launch.workspace_dir, launch.agent_dir));
+    drop(child);
     let input = tokio::net::unix::pipe::Receiver::from_owned_fd(req_r)?;
     let output = tokio::net::unix::pipe::Sender::from_owned_fd(rep_w)?;
     let mut broker_task = tokio::spawn(broker.clone().serve(input, output));
     let head_max = launch.return_max_chars.saturating_mul(4).saturating_add(4);
-    let pipe = |fd: Option<std::os::fd::OwnedFd>| {
-        tokio::net::unix::pipe::Receiver::from_owned_fd(fd.expect("piped"))
-    };
+    let pipe = tokio::net::unix::pipe::Receiver::from_owned_fd;
     let out_task = tokio::spawn(capture(
-        pipe(child.stdout.take().map(Into::into))?,
+        pipe(out_r)?,
         launch.stdout_file,
         launch.output_max_bytes,
         head_max,
         0,
     ));
     let err_task = tokio::spawn(capture(
-        pipe(child.stderr.take().map(Into::into))?,
+        pipe(err_r)?,
         launch.stderr_file,
         launch.output_max_bytes,
         0,
@@ -336,19 +368,40 @@ pub async fn run(
         Some(e) => Some(e),
         None => {
             // Killing the sandbox's PID 1 makes the kernel kill every process in its
-            // namespace, setsid'd ones included; then the outer bwrap, then the unit.
-            if let Some(init) = &sandbox_init {
-                if let Err(e) = init.kill() {
-                    tracing::warn!(script_id = %script_id, "cannot kill the sandbox init: {e}");
+            // namespace, setsid'd ones included; the outer bwrap then reaps it and
+            // exits. Killing bwrap as well would orphan the dying init (a zombie of
+            // whoever inherits it), so bwrap is killed only when the init is
+            // unknown or bwrap outlasts it; then the unit.
+            let init_killed = match &sandbox_init {
+                Some(init) => match init.kill() {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(script_id = %script_id, "cannot kill the sandbox init: {e}");
+                        false
+                    }
+                },
+                None => false,
+            };
+            let grace = Duration::from_secs(if init_killed { 5 } else { 0 });
+            let exit = match tokio::time::timeout(grace, &mut exited).await {
+                Ok(r) => r.ok().and_then(Result::ok),
+                Err(_) => {
+                    if let Ok(b) = &bwrap {
+                        let _ = b.kill();
+                    }
+                    placement.kill();
+                    exited.await.ok().and_then(Result::ok)
                 }
-            }
-            if let Ok(b) = &bwrap {
-                let _ = b.kill();
-            }
+            };
             placement.kill();
-            exited.await.ok().and_then(Result::ok)
+            exit
         }
     };
+    // The init has exited (bwrap waited for it), so its report is complete.
+    let usage = tokio::time::timeout(Duration::from_secs(5), read_usage(usage_r))
+        .await
+        .ok()
+        .flatten();
     // The unit's word on how it ended, read while the keeper still holds it.
     let outcome = placement.finish().await;
     if let Some((kfd, kexit)) = keeper_proc {
@@ -444,11 +497,11 @@ pub async fn run(
         output,
         output_truncated,
         error,
-        // The unit's counters when it has them, else the reaped tree's rusage.
-        memory_peak_bytes: outcome
-            .stats
-            .memory_peak_bytes
-            .or(exit.map(|e| e.max_rss_bytes)),
+        // The unit's counters when it has them, else the init's report (never the
+        // outer bwrap's ru_maxrss: that is the daemon's size at the fork).
+        memory_peak_bytes: outcome.stats.memory_peak_bytes.or(usage),
+        // bwrap reaps the init, which reaps the whole namespace: its rusage covers
+        // every process of the sandbox.
         cpu_usec: outcome.stats.cpu_usec.or(exit.map(|e| e.cpu_usec)),
     })
 }

@@ -8,17 +8,20 @@ use std::path::{Path, PathBuf};
 pub const RUNTIME_MOUNT: &str = "/run/scriptgate";
 
 /// The fixed descriptors the sandbox child gets. 3 and 4 are the tool channel
-/// (protocol §8) and reach the script; 5, 7, 8 and 9 are read by bwrap itself
-/// (8 and 9 are the workspace and its `.agent`, opened once by the daemon and
+/// (protocol §8) and reach the script; 5, 8, 9 and 10 are read by bwrap itself
+/// (9 and 10 are the workspace and its `.agent`, opened once by the daemon and
 /// bound by descriptor, never by path; bwrap closes them); 6 is the placement
-/// gate, closed before bwrap runs.
+/// gate, closed before bwrap runs; 7 is the init's usage report, which the init
+/// keeps from the script. FD_AGENT is the highest (`sys` bounds the fixed numbers
+/// by it).
 pub const FD_REQUESTS: i32 = 3;
 pub const FD_REPLIES: i32 = 4;
 pub const FD_INFO: i32 = 5;
 pub const FD_GATE: i32 = 6;
-pub const FD_SECCOMP: i32 = 7;
-pub const FD_WORKSPACE: i32 = 8;
-pub const FD_AGENT: i32 = 9;
+pub const FD_USAGE: i32 = 7;
+pub const FD_SECCOMP: i32 = 8;
+pub const FD_WORKSPACE: i32 = 9;
+pub const FD_AGENT: i32 = 10;
 
 /// Host directories mounted read-only when they exist (symlinks are recreated as
 /// symlinks, so merged-/usr systems get `/lib -> usr/lib`).
@@ -36,6 +39,98 @@ const ETC_FILES: &[&str] = &[
     "/etc/mime.types",
     "/etc/ssl/certs/ca-certificates.crt",
 ];
+
+/// Host device nodes bound into the sandbox's `/dev` (bwrap's `--dev` set, less
+/// `/dev/tty`, `/dev/ptmx` and `/dev/pts`: scripts get no terminal, and ptys come
+/// from one host-wide pool, `kernel.pty.max`, that a script could drain).
+const DEV_NODES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+
+/// The `/dev` tmpfs holds only mount points and symlinks and is remounted
+/// read-only; the size is a backstop.
+const DEV_TMPFS_BYTES: u64 = 64 << 10;
+
+/// glibc malloc arenas a script's processes may create. Each reserves 64 MiB of
+/// address space, and up to 8 per CPU are made for threads; under the rlimit
+/// backend's RLIMIT_AS (1 GiB by default) that allowed only ~14 Python threads.
+/// Python holds the GIL, so two arenas cost it nothing.
+pub const MALLOC_ARENA_MAX: &str = "2";
+
+/// The sandbox's PID 1, run by the configured Python (`-I -S`: no environment, no
+/// site), with argv `REPORT_FD PROGRAM ARGS...`. bwrap runs it with `--as-pid-1`
+/// in place of its own init, which was dumpable by the script's uid (so
+/// `/proc/1/environ` showed bwrap's environment and `/proc/1/mem` opened for
+/// writing) and did not always carry the seccomp filter. This one:
+///
+/// - carries the filter (bwrap loads it before the exec) and makes itself
+///   non-dumpable before the script exists, which closes `/proc/1/{mem,environ,fd}`
+///   and ptrace to the script's uid (it has no capability in the namespace);
+/// - forks the script, which is then an ordinary process (PID 1 drops signals it
+///   has no handler for: a script could not even SIGTERM itself), and reaps
+///   orphans, which would otherwise pile up as zombies against tasks_max;
+/// - when the script exits, kills what is left in the namespace (as bwrap's init
+///   did), reaps it, and writes the tree's largest resident set,
+///   `getrusage(RUSAGE_CHILDREN)`, to REPORT_FD (close-on-exec, never the
+///   script's) as `{"max_rss_kib": N}`; then exits with the script's status
+///   (128 + signal when killed by one).
+///
+/// The child is forked before anything is imported, so that the resident set it
+/// starts with (and that `ru_maxrss` counts) is below any script's.
+pub const INIT: &str = r#"import os, sys
+report, argv = int(sys.argv[1]), sys.argv[2:]
+os.set_inheritable(report, False)
+go_r, go_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(go_w)
+    try:
+        if os.read(go_r, 1) == b"g":
+            import signal
+            for s in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(s, signal.SIG_DFL)
+            os.execv(argv[0], argv)
+    except BaseException as e:
+        os.write(2, ("scriptgate init: cannot start %s: %s\n" % (argv[0], e)).encode())
+        os._exit(127)
+    os._exit(125)
+os.close(go_r)
+import ctypes, resource, signal
+n = ctypes.c_ulong(0)
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(4, n, n, n, n) != 0 or libc.prctl(3, n, n, n, n) != 0:
+    os.write(2, b"scriptgate init: cannot make the sandbox init non-dumpable\n")
+    os._exit(125)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+os.write(go_w, b"g")
+os.close(go_w)
+os.closerange(0, 2)
+os.closerange(3, report)
+main = None
+while True:
+    try:
+        p, st = os.waitpid(-1, 0)
+    except ChildProcessError:
+        break
+    if p == pid:
+        main = st
+    if main is not None:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+os.write(report, b'{"max_rss_kib": %d}\n' % peak)
+if main is not None and os.WIFEXITED(main):
+    os._exit(os.WEXITSTATUS(main))
+if main is not None and os.WIFSIGNALED(main):
+    os._exit(128 + os.WTERMSIG(main))
+os._exit(255)
+"#;
 
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
@@ -108,6 +203,11 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
             &"--clearenv",
         ],
     );
+    // No bwrap process inside the sandbox: its PID 1 is our INIT (see there).
+    // bwrap then waits for that child itself, so nothing of the sandbox outlives
+    // the outer bwrap (bwrap's own init was left behind, a zombie of whoever
+    // inherited it, and its rusage never reached the daemon).
+    push(&mut a, &[&"--as-pid-1"]);
     // bwrap writes {"child-pid": N}, the sandbox's PID 1, so the supervisor can
     // kill the whole namespace even before --die-with-parent is armed.
     push(&mut a, &[&"--info-fd", &FD_INFO.to_string()]);
@@ -130,7 +230,31 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
             push(&mut a, &[&"--ro-bind", &prefix, &prefix]);
         }
     }
-    push(&mut a, &[&"--proc", &"/proc", &"--dev", &"/dev"]);
+    push(&mut a, &[&"--proc", &"/proc"]);
+    // /dev is built by hand, not with --dev (an unbounded tmpfs writable by the
+    // script, and a devpts that hands out ptys from the host-wide pool): a small
+    // tmpfs with the device nodes bound in, the /proc/self/fd links, and
+    // /dev/shm as a link to /tmp, so that POSIX shared memory and semaphores
+    // (Python's multiprocessing) share /tmp's bound. Then /dev goes read-only.
+    // --remount-ro is not recursive (checked): the device binds stay usable, and
+    // a read-only mount does not stop writes to device nodes anyway.
+    push(
+        &mut a,
+        &[&"--size", &DEV_TMPFS_BYTES.to_string(), &"--tmpfs", &"/dev"],
+    );
+    for node in DEV_NODES {
+        push(&mut a, &[&"--dev-bind-try", node, node]);
+    }
+    for (target, link) in [
+        ("/proc/self/fd", "/dev/fd"),
+        ("/proc/self/fd/0", "/dev/stdin"),
+        ("/proc/self/fd/1", "/dev/stdout"),
+        ("/proc/self/fd/2", "/dev/stderr"),
+        ("/tmp", "/dev/shm"),
+    ] {
+        push(&mut a, &[&"--symlink", &target, &link]);
+    }
+    push(&mut a, &[&"--remount-ro", &"/dev"]);
     push(
         &mut a,
         &[
@@ -165,15 +289,38 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
         ("PYTHONDONTWRITEBYTECODE", "1"),
         ("PYTHONIOENCODING", "utf-8"),
         ("PYTHONUNBUFFERED", "1"),
+        ("MALLOC_ARENA_MAX", MALLOC_ARENA_MAX),
     ] {
         push(&mut a, &[&"--setenv", &k, &v]);
     }
-    // The seccomp program (see `seccomp`), loaded just before the script's exec.
+    // The seccomp program (see `seccomp`), loaded just before INIT's exec, so the
+    // init and everything it starts carry it.
     push(&mut a, &[&"--seccomp", &FD_SECCOMP.to_string()]);
-    // -s: no user site-packages; -B: no .pyc writes. PYTHONPATH is ours alone
-    // because the environment was cleared.
-    push(&mut a, &[&"--", &spec.python, &"-s", &"-B", &spec.script]);
+    // PID 1 is INIT, which runs the script. The script's Python: -s, no user
+    // site-packages; -B, no .pyc writes. PYTHONPATH is ours alone because the
+    // environment was cleared.
+    push(
+        &mut a,
+        &[
+            &"--",
+            &spec.python,
+            &"-I",
+            &"-S",
+            &"-B",
+            &"-c",
+            &INIT,
+            &FD_USAGE.to_string(),
+        ],
+    );
+    push(&mut a, &[&spec.python, &"-s", &"-B", &spec.script]);
     a
+}
+
+/// Parse the init's report (see INIT): the largest resident set of any process
+/// of the script's tree, in bytes.
+pub fn parse_usage_report(bytes: &[u8]) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    v.get("max_rss_kib")?.as_u64()?.checked_mul(1024)
 }
 
 #[cfg(test)]
@@ -243,17 +390,91 @@ mod tests {
         assert!(has(&a, &["--chdir", "/srv/ws/run-42"]));
         assert!(has(&a, &["--remount-ro", "/"]));
         assert!(has(&a, &["--info-fd", "5"]));
-        assert!(has(&a, &["--seccomp", "7"]));
+        assert!(has(&a, &["--seccomp", "8"]));
+        assert!(has(&a, &["--setenv", "MALLOC_ARENA_MAX", "2"]));
+    }
+
+    #[test]
+    fn the_init_is_pid_1_and_runs_the_script() {
+        let a = argv(false);
+        assert!(a.contains(&"--as-pid-1".to_string()));
+        let dashdash = a.iter().position(|s| s == "--").unwrap();
         assert_eq!(
-            &a[a.len() - 5..],
+            &a[dashdash..],
             [
                 "--",
+                "/usr/bin/python3",
+                "-I",
+                "-S",
+                "-B",
+                "-c",
+                INIT,
+                "7",
                 "/usr/bin/python3",
                 "-s",
                 "-B",
                 "/srv/ws/run-42/.agent/scripts/abc/script.py"
             ]
         );
+        assert_eq!(FD_USAGE, 7);
+        assert!(
+            [
+                FD_REQUESTS,
+                FD_REPLIES,
+                FD_INFO,
+                FD_GATE,
+                FD_USAGE,
+                FD_SECCOMP,
+                FD_WORKSPACE
+            ]
+            .iter()
+            .all(|&fd| fd < FD_AGENT),
+            "sys bounds the fixed descriptors by FD_AGENT"
+        );
+    }
+
+    #[test]
+    fn dev_is_built_by_hand_and_read_only() {
+        let a = argv(false);
+        assert!(!a.contains(&"--dev".to_string()), "no bwrap --dev");
+        assert!(has(&a, &["--size", "65536", "--tmpfs", "/dev"]));
+        for n in [
+            "/dev/null",
+            "/dev/zero",
+            "/dev/full",
+            "/dev/random",
+            "/dev/urandom",
+        ] {
+            assert!(has(&a, &["--dev-bind-try", n, n]), "{n}");
+        }
+        assert!(has(&a, &["--symlink", "/proc/self/fd", "/dev/fd"]));
+        assert!(has(&a, &["--symlink", "/proc/self/fd/2", "/dev/stderr"]));
+        assert!(has(&a, &["--symlink", "/tmp", "/dev/shm"]));
+        assert!(
+            !a.iter()
+                .any(|s| s.starts_with("/dev/pt") || s == "/dev/tty"),
+            "no terminals"
+        );
+        // Read-only after everything under /dev is in place.
+        let ro = a
+            .windows(2)
+            .position(|w| w == ["--remount-ro", "/dev"])
+            .unwrap();
+        let last_dev = a
+            .iter()
+            .rposition(|s| s.starts_with("/dev/") && s != "/dev/shm")
+            .unwrap();
+        assert!(ro > last_dev);
+    }
+
+    #[test]
+    fn usage_report() {
+        assert_eq!(
+            parse_usage_report(b"{\"max_rss_kib\": 2048}\n"),
+            Some(2 << 20)
+        );
+        assert_eq!(parse_usage_report(b""), None);
+        assert_eq!(parse_usage_report(b"{\"max_rss_kib\": -1}"), None);
     }
 
     #[test]
@@ -261,11 +482,11 @@ mod tests {
         let a = argv(false);
         let ws = a
             .windows(3)
-            .position(|w| w == ["--bind-fd", "8", "/srv/ws/run-42"])
+            .position(|w| w == ["--bind-fd", "9", "/srv/ws/run-42"])
             .expect("the workspace is bound from its descriptor");
         let agent = a
             .windows(3)
-            .position(|w| w == ["--ro-bind-fd", "9", "/srv/ws/run-42/.agent"])
+            .position(|w| w == ["--ro-bind-fd", "10", "/srv/ws/run-42/.agent"])
             .expect(".agent is bound read-only from its descriptor");
         assert!(
             agent > ws,
@@ -281,7 +502,7 @@ mod tests {
     fn read_only_run_mounts_the_workspace_read_only() {
         let a = argv(true);
         assert!(!a.iter().any(|s| s == "--bind-fd" || s == "--bind"));
-        assert!(has(&a, &["--ro-bind-fd", "8", "/srv/ws/run-42"]));
+        assert!(has(&a, &["--ro-bind-fd", "9", "/srv/ws/run-42"]));
     }
 
     #[test]

@@ -1,14 +1,31 @@
-//! The sandbox's seccomp filter, in the spirit of Flatpak's: a denylist of system
-//! calls a script has no use for and that widen the kernel's attack surface (key
-//! rings, mounts and namespaces, kernel modules, BPF, io_uring, perf, userfaultfd,
-//! ptrace, NUMA policy, terminal injection). They fail with EPERM; everything else
-//! is allowed. A syscall of another architecture (i386 on x86_64) kills the
-//! process, so the denylist cannot be walked around. Pure: it returns the compiled
-//! BPF program as the bytes bwrap's `--seccomp FD` reads.
+//! The sandbox's seccomp filter, in the spirit of Flatpak's. Pure: it returns the
+//! compiled BPF program as the bytes bwrap's `--seccomp FD` reads. Three parts,
+//! run in this order:
+//!
+//! 1. x32 guard (x86_64 only): a system call number with bit 0x40000000 set is the
+//!    x32 ABI, which shares x86_64's audit arch, so the arch check below cannot see
+//!    it and the denylist's numbers would not match it. Such a call kills the
+//!    process, like a call of a foreign arch does.
+//! 2. Denylist: system calls a script has no use for and that widen the kernel's
+//!    attack surface (key rings, mounts and namespaces, kernel modules, BPF,
+//!    io_uring, perf, userfaultfd, ptrace, NUMA policy, terminal injection) fail
+//!    with EPERM. A call of another architecture (i386 on x86_64) kills the
+//!    process, so the denylist cannot be walked around.
+//! 3. Socket families: `socket` and `socketpair` work for AF_UNIX, AF_INET and
+//!    AF_INET6 only (the network namespace is empty); every other family fails with
+//!    EAFNOSUPPORT. Families that a network namespace does not isolate (AF_VSOCK
+//!    reaches the hypervisor's ports) or that are kernel attack surface (AF_ALG,
+//!    AF_NETLINK, AF_PACKET, ...) are unreachable.
+//!
+//! seccompiler compiles parts 2 and 3 (one match action per filter, so one filter
+//! each); `then` joins them and the guard is prepended. Classic BPF jumps are
+//! relative to the next instruction and only go forward, and seccompiler's
+//! programs end every path with a return, so a program can be prefixed, and its
+//! `RET ALLOW`s replaced by a jump of the same size, without moving any target.
 
 use seccompiler::{
-    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
-    TargetArch,
+    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
+    SeccompFilter, SeccompRule, TargetArch,
 };
 use std::collections::BTreeMap;
 
@@ -94,6 +111,13 @@ fn arch() -> Result<TargetArch, String> {
     }
 }
 
+/// The address families `socket` and `socketpair` may create.
+pub const ALLOWED_FAMILIES: &[(&str, i32)] = &[
+    ("AF_UNIX", libc::AF_UNIX),
+    ("AF_INET", libc::AF_INET),
+    ("AF_INET6", libc::AF_INET6),
+];
+
 /// The program, compiled once per process.
 pub fn cached() -> Result<&'static [u8], String> {
     static PROGRAM: std::sync::OnceLock<Result<Vec<u8>, String>> = std::sync::OnceLock::new();
@@ -103,8 +127,66 @@ pub fn cached() -> Result<&'static [u8], String> {
         .map_err(Clone::clone)
 }
 
-/// The compiled program, as bwrap reads it: `struct sock_filter` records.
-pub fn program() -> Result<Vec<u8>, String> {
+// Classic BPF, as in <linux/filter.h> and <linux/seccomp.h>.
+const LD_W_ABS: u16 = 0x20; // BPF_LD (0) | BPF_W (0) | BPF_ABS
+const JMP_JA: u16 = 0x05; // BPF_JMP | BPF_JA
+const JMP_JEQ_K: u16 = 0x05 | 0x10; // BPF_JMP | BPF_JEQ | BPF_K
+const JMP_JGE_K: u16 = 0x05 | 0x30; // BPF_JMP | BPF_JGE | BPF_K
+const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+/// Offsets in `struct seccomp_data`.
+const DATA_NR: u32 = 0;
+const DATA_ARCH: u32 = 4;
+const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+fn ins(code: u16, jt: u8, jf: u8, k: u32) -> sock_filter {
+    sock_filter { code, jt, jf, k }
+}
+
+/// x86_64: kill a call of the x32 ABI before anything else looks at its number.
+/// Elsewhere empty (aarch64 and riscv64 have no such alias ABI; their compat
+/// ABIs have an audit arch of their own, which the arch check kills).
+fn x32_guard() -> Vec<sock_filter> {
+    if !cfg!(target_arch = "x86_64") {
+        return vec![];
+    }
+    vec![
+        ins(LD_W_ABS, 0, 0, DATA_ARCH),
+        // Not x86_64: leave it to the arch check that starts the next part.
+        ins(JMP_JEQ_K, 0, 3, AUDIT_ARCH_X86_64),
+        ins(LD_W_ABS, 0, 0, DATA_NR),
+        ins(JMP_JGE_K, 0, 1, X32_SYSCALL_BIT),
+        ins(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
+    ]
+}
+
+/// `first`, then `second` for what `first` allows: every `RET ALLOW` of `first`
+/// becomes a jump to the start of `second` (same size, so `first`'s own jumps keep
+/// their targets).
+fn then(mut first: BpfProgram, second: BpfProgram) -> BpfProgram {
+    let n = first.len();
+    for (i, f) in first.iter_mut().enumerate() {
+        if f.code == RET_K && f.k == libc::SECCOMP_RET_ALLOW {
+            *f = ins(JMP_JA, 0, 0, (n - i - 1) as u32);
+        }
+    }
+    first.extend(second);
+    first
+}
+
+fn compile(
+    rules: BTreeMap<i64, Vec<SeccompRule>>,
+    on_match: SeccompAction,
+) -> Result<BpfProgram, String> {
+    let filter = SeccompFilter::new(rules, SeccompAction::Allow, on_match, arch()?)
+        .map_err(|e| e.to_string())?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| e.to_string())
+}
+
+/// Part 2: the denylist and the terminal-injection ioctls, EPERM.
+fn denylist() -> Result<BpfProgram, String> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied_syscalls()
         .into_iter()
         .map(|(_, nr)| (nr, vec![]))
@@ -121,16 +203,45 @@ pub fn program() -> Result<Vec<u8>, String> {
         })
         .collect::<Result<Vec<_>, String>>()?;
     rules.insert(libc::SYS_ioctl, ioctl);
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch()?,
-    )
-    .map_err(|e| e.to_string())?;
-    let prog: seccompiler::BpfProgram = filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| e.to_string())?;
+    compile(rules, SeccompAction::Errno(libc::EPERM as u32))
+}
+
+/// Part 3: `socket`/`socketpair` of a family not in ALLOWED_FAMILIES, EAFNOSUPPORT.
+/// The kernel reads the family as an `int`, so only the low 32 bits of the
+/// argument are compared (`Dword`): high bits can neither smuggle a family in nor
+/// get an allowed one refused.
+fn families() -> Result<BpfProgram, String> {
+    let not_allowed = ALLOWED_FAMILIES
+        .iter()
+        .map(|&(_, fam)| {
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, fam as u64)
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let rule = SeccompRule::new(not_allowed).map_err(|e| e.to_string())?;
+    let rules = [libc::SYS_socket, libc::SYS_socketpair]
+        .into_iter()
+        .map(|nr| (nr, vec![rule.clone()]))
+        .collect();
+    compile(rules, SeccompAction::Errno(libc::EAFNOSUPPORT as u32))
+}
+
+/// The whole filter as instructions.
+fn instructions() -> Result<BpfProgram, String> {
+    let mut prog = x32_guard();
+    prog.extend(then(denylist()?, families()?));
+    if prog.len() >= 4096 {
+        return Err(format!(
+            "seccomp program of {} instructions; the kernel takes at most 4095",
+            prog.len()
+        ));
+    }
+    Ok(prog)
+}
+
+/// The compiled program, as bwrap reads it: `struct sock_filter` records.
+pub fn program() -> Result<Vec<u8>, String> {
+    let prog = instructions()?;
     let mut bytes = Vec::with_capacity(prog.len() * 8);
     for ins in prog {
         bytes.extend_from_slice(&ins.code.to_ne_bytes());
@@ -143,6 +254,62 @@ pub fn program() -> Result<Vec<u8>, String> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// What the kernel would do with one system call: a classic-BPF interpreter for
+    /// the instructions these programs use (anything else fails the test).
+    fn run(prog: &[sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
+        let mut data = Vec::with_capacity(64);
+        data.extend_from_slice(&nr.to_ne_bytes());
+        data.extend_from_slice(&arch.to_ne_bytes());
+        data.extend_from_slice(&0u64.to_ne_bytes()); // instruction pointer
+        for a in args {
+            data.extend_from_slice(&a.to_ne_bytes());
+        }
+        let (mut pc, mut acc) = (0usize, 0u32);
+        loop {
+            let i = &prog[pc];
+            let jump = |cond: bool| pc + 1 + if cond { i.jt } else { i.jf } as usize;
+            pc = match i.code {
+                LD_W_ABS => {
+                    let at = i.k as usize;
+                    acc = u32::from_ne_bytes(data[at..at + 4].try_into().unwrap());
+                    pc + 1
+                }
+                0x54 => {
+                    acc &= i.k; // BPF_ALU | BPF_AND | BPF_K
+                    pc + 1
+                }
+                JMP_JA => pc + 1 + i.k as usize,
+                JMP_JEQ_K => jump(acc == i.k),
+                JMP_JGE_K => jump(acc >= i.k),
+                0x25 => jump(acc > i.k),      // BPF_JGT
+                0x45 => jump(acc & i.k != 0), // BPF_JSET
+                RET_K => return i.k,
+                c => panic!("unexpected BPF instruction {c:#x} at {pc}"),
+            };
+            assert!(pc < prog.len(), "ran off the end of the program");
+        }
+    }
+
+    const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
+    const KILL: u32 = libc::SECCOMP_RET_KILL_PROCESS;
+    fn errno(e: i32) -> u32 {
+        libc::SECCOMP_RET_ERRNO | e as u32
+    }
+    fn native() -> u32 {
+        if cfg!(target_arch = "x86_64") {
+            AUDIT_ARCH_X86_64
+        } else if cfg!(target_arch = "aarch64") {
+            0xC000_00B7
+        } else {
+            0xC000_00F3 // riscv64
+        }
+    }
+    fn call(nr: i64, args: [u64; 6]) -> u32 {
+        run(&instructions().unwrap(), native(), nr as u32, args)
+    }
+
     #[test]
     fn compiles_to_whole_instructions() {
         let p = super::program().unwrap();
@@ -152,5 +319,94 @@ mod tests {
             p.len() / 8 < 4096,
             "BPF programs are limited to 4096 instructions"
         );
+    }
+
+    #[test]
+    fn ordinary_calls_pass_and_denied_ones_get_eperm() {
+        for nr in [
+            libc::SYS_getpid,
+            libc::SYS_read,
+            libc::SYS_clone,
+            libc::SYS_openat,
+        ] {
+            assert_eq!(call(nr, [0; 6]), ALLOW, "{nr}");
+        }
+        for (name, nr) in denied_syscalls() {
+            assert_eq!(call(nr, [0; 6]), errno(libc::EPERM), "{name}");
+        }
+        // libc's ioctl request type is u64 on some targets and i32 on others.
+        #[allow(clippy::unnecessary_cast)]
+        let tiocsti = libc::TIOCSTI as u64;
+        assert_eq!(
+            call(libc::SYS_ioctl, [0, tiocsti, 0, 0, 0, 0]),
+            errno(libc::EPERM)
+        );
+        assert_eq!(call(libc::SYS_ioctl, [0, 0x5401, 0, 0, 0, 0]), ALLOW); // TCGETS
+    }
+
+    #[test]
+    fn only_allowed_socket_families() {
+        for nr in [libc::SYS_socket, libc::SYS_socketpair] {
+            for (name, fam) in ALLOWED_FAMILIES {
+                assert_eq!(call(nr, [*fam as u64, 1, 0, 0, 0, 0]), ALLOW, "{name}");
+                // High bits are ignored by the kernel and by the filter alike.
+                let high = (1u64 << 32) | *fam as u64;
+                assert_eq!(call(nr, [high, 1, 0, 0, 0, 0]), ALLOW, "{name} | 1<<32");
+            }
+            for fam in [
+                libc::AF_UNSPEC,
+                libc::AF_VSOCK,
+                libc::AF_NETLINK,
+                libc::AF_PACKET,
+                libc::AF_ALG,
+                libc::AF_BLUETOOTH,
+                libc::AF_XDP,
+                1000,
+            ] {
+                assert_eq!(
+                    call(nr, [fam as u64, 1, 0, 0, 0, 0]),
+                    errno(libc::EAFNOSUPPORT),
+                    "family {fam}"
+                );
+                let high = (7u64 << 32) | fam as u64;
+                assert_eq!(
+                    call(nr, [high, 1, 0, 0, 0, 0]),
+                    errno(libc::EAFNOSUPPORT),
+                    "family {fam} with high bits"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn foreign_arches_and_x32_are_killed() {
+        let prog = instructions().unwrap();
+        assert_eq!(
+            run(&prog, 0x4000_0003, libc::SYS_getpid as u32, [0; 6]),
+            KILL,
+            "i386"
+        );
+        if cfg!(target_arch = "x86_64") {
+            for nr in [libc::SYS_getpid, libc::SYS_keyctl, libc::SYS_socket] {
+                let x32 = nr as u32 | X32_SYSCALL_BIT;
+                assert_eq!(run(&prog, native(), x32, [40, 1, 0, 0, 0, 0]), KILL, "{nr}");
+            }
+            assert_eq!(run(&prog, native(), u32::MAX, [0; 6]), KILL, "nr -1");
+        }
+    }
+
+    #[test]
+    fn then_keeps_the_first_programs_jumps() {
+        // Every RET ALLOW of the denylist became a forward jump to the families part.
+        let first = denylist().unwrap();
+        let joined = then(first.clone(), families().unwrap());
+        for (i, (a, b)) in first.iter().zip(&joined).enumerate() {
+            if a.code == RET_K && a.k == ALLOW {
+                assert_eq!(b.code, JMP_JA);
+                assert_eq!(i + 1 + b.k as usize, first.len());
+            } else {
+                assert_eq!((a.code, a.jt, a.jf, a.k), (b.code, b.jt, b.jf, b.k));
+            }
+        }
     }
 }

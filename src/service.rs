@@ -57,6 +57,9 @@ pub fn init_logging() {
 }
 
 pub fn main() -> ExitCode {
+    // 0. Descriptors inherited above stdio (a shell's, a test harness's) must not
+    //    reach the sandboxes: close-on-exec, before anything is spawned.
+    let cloexec = crate::sys::cloexec_inherited_fds();
     let args = Args::parse();
     // 1. Before any thread exists: take (and unset) LISTEN_FDS / WATCHDOG_USEC.
     let activated: Vec<i32> = sd_notify::listen_fds()
@@ -86,6 +89,9 @@ pub fn main() -> ExitCode {
     match crate::sys::raise_nofile() {
         Ok(n) => tracing::debug!("open descriptors: up to {n}"),
         Err(e) => tracing::warn!("cannot raise the open-descriptor limit: {e}"),
+    }
+    if let Err(e) = cloexec {
+        tracing::warn!("cannot mark inherited descriptors close-on-exec: {e}");
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -330,9 +330,9 @@ pub struct ChildSetup {
     /// `(resource, limit)` pairs applied with setrlimit.
     pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
     /// `(from, to)`: descriptors to place at fixed numbers (`sandbox::FD_*`: the
-    /// tool channel at 3 and 4, bwrap's info fd at 5, the gate at 6, the seccomp
-    /// program at 7, the workspace at 8 and its `.agent` at 9). Every `from` must
-    /// be above 9.
+    /// tool channel at 3 and 4, bwrap's info fd at 5, the gate at 6, the init's
+    /// usage report at 7, the seccomp program at 8, the workspace at 9 and its
+    /// `.agent` at 10). Every `from` must be above `HIGHEST_FIXED_FD`.
     pub dups: Vec<(RawFd, RawFd)>,
     /// The daemon's pid, to notice a parent that died before PDEATHSIG was armed.
     pub parent_pid: libc::pid_t,
@@ -433,7 +433,7 @@ fn raise_fd(fd: OwnedFd) -> io::Result<OwnedFd> {
         return Ok(fd);
     }
     // SAFETY: F_DUPFD_CLOEXEC on a valid fd returns a new fd we then own.
-    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, HIGHEST_FIXED_FD + 1) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -605,4 +605,74 @@ pub fn wait_child(pid: i32) -> tokio::sync::oneshot::Receiver<io::Result<Exit>> 
         })
         .expect("spawn a reaper thread");
     rx
+}
+
+/// `close_range(2)` flag: mark close-on-exec instead of closing.
+const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+
+/// Mark every descriptor numbered `lowest` or above close-on-exec, so that nothing
+/// the process inherited or opened carelessly reaches a child. Async-signal-safe
+/// (raw syscalls only), so it also runs between fork and exec.
+fn cloexec_from_raw(lowest: RawFd) -> io::Result<()> {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only changes descriptor flags.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            lowest as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    // Kernels before 5.11: walk the descriptor table up to the limit.
+    // SAFETY: an all-zero rlimit is a valid value for getrlimit to fill.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: getrlimit with a valid out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let top = lim.rlim_cur.min(1 << 20) as RawFd;
+    for fd in lowest..top {
+        // SAFETY: fcntl on a number that may not be open; EBADF is ignored.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// At start-up: whatever the daemon inherited above stdio (a shell's stray
+/// descriptors) stays out of every child. LISTEN_FDS sockets are close-on-exec
+/// already.
+pub fn cloexec_inherited_fds() -> io::Result<()> {
+    cloexec_from_raw(3)
+}
+
+/// A second `pre_exec` hook, after `install_pre_exec`'s: every descriptor above
+/// the fixed ones is close-on-exec at the exec, whoever opened it and however, so
+/// the child gets exactly stdio and its `dups`.
+pub fn install_cloexec_above_fixed(cmd: &mut std::process::Command) {
+    let hook = || cloexec_from_raw(HIGHEST_FIXED_FD + 1);
+    // SAFETY: the hook makes only raw syscalls (close_range, getrlimit, fcntl),
+    // which are async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, hook);
+    }
+}
+
+/// Give a pipe (both ends: it is one inode) to the script's identity, so that the
+/// script can reopen its own stdout/stderr through `/dev/stdout` (a
+/// `/proc/self/fd` link, which checks the pipe's owner and mode 0600).
+pub fn give_pipe(fd: &impl std::os::fd::AsFd, to: Identity) -> io::Result<()> {
+    fchown(
+        fd.as_fd().as_raw_fd(),
+        Some(Uid::from_raw(to.uid)),
+        Some(Gid::from_raw(to.gid)),
+    )
+    .map_err(io::Error::from)
 }

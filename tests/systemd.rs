@@ -85,9 +85,9 @@ impl SystemdRig {
         ));
         std::fs::create_dir_all(dir.join("bin")).unwrap();
         std::fs::create_dir_all(dir.join("units")).unwrap();
-        std::fs::create_dir_all(dir.join("ws")).unwrap();
+        std::fs::create_dir_all(dir.join("roots/ws")).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        chown_to_script_uid(&dir.join("ws"));
+        chown_to_script_uid(&dir.join("roots/ws"));
         for b in [
             env!("CARGO_BIN_EXE_scriptgated"),
             env!("CARGO_BIN_EXE_scriptgate"),
@@ -112,7 +112,7 @@ impl SystemdRig {
         let d = dir.display();
         std::fs::write(
             dir.join("scriptgate.toml"),
-            format!("[auth]\ntoken_key_file = \"{d}/token.key\"\n[workspace]\nroots = [\"{d}/ws\"]\n[state]\ndir = \"{d}/state\"\n{extra_config}"),
+            format!("[auth]\ntoken_key_file = \"{d}/token.key\"\n[workspace]\nroots = [\"{d}/roots\"]\n[state]\ndir = \"{d}/state\"\n{extra_config}"),
         )
         .unwrap();
         let unshare = Command::new("setsid")
@@ -226,7 +226,7 @@ impl SystemdRig {
     }
 
     fn workspace(&self) -> PathBuf {
-        self.dir.join("ws")
+        self.dir.join("roots/ws")
     }
 
     fn is_active(&self, unit: &str) -> String {
