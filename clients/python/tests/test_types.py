@@ -70,6 +70,7 @@ def test_constructors_validate():
     with pytest.raises(SnapshotError):
         Tool("x", "read")  # type: ignore[arg-type]  # no input_schema
     Tool.destructive("x")
+    Tool("off", ToolClass.READ, enabled=False)  # never callable: no schema needed
     with pytest.raises(SnapshotError):
         Limits(max_calls=-1)
 

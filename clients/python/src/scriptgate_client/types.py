@@ -68,8 +68,10 @@ def _enum(cls: Any, v: Any, fld: str) -> Any:
 class Tool:
     """One tool of the snapshot. ``tool_class`` is the protocol's ``class``.
 
-    Read and write tools need an ``input_schema`` (an object schema is closed
-    unless it says ``"additionalProperties": true``).
+    Enabled read and write tools (those a script can call) need an
+    ``input_schema``. The daemon takes it as closed: a key it does not declare
+    is refused, and a top-level schema without ``properties`` takes no
+    arguments; to accept any object: ``{"type": "object", "additionalProperties": true}``.
     """
 
     name: str
@@ -90,7 +92,7 @@ class Tool:
         if not isinstance(self.enabled, bool):
             raise _err("invalid_value", f"{where}.enabled", f"{where}.enabled must be a bool")
         if self.input_schema is None:
-            if self.tool_class in (ToolClass.READ, ToolClass.WRITE):
+            if self.enabled and self.tool_class in (ToolClass.READ, ToolClass.WRITE):
                 raise _err(
                     "missing_field",
                     f"{where}.input_schema",
