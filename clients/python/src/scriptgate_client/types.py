@@ -1,0 +1,364 @@
+"""The authorization snapshot (protocol section 2) and the daemon's answers.
+
+The snapshot is a security boundary: the daemon refuses unknown fields, and so do
+these types, before anything is sent. ``Snapshot.from_dict`` raises
+``SnapshotError`` (reason ``unknown_field``, ``missing_field`` or
+``invalid_value``, and ``field`` naming the place, e.g. ``tools[2].input_schema``)
+just as the daemon would answer -32011.
+
+Types of the daemon's answers (``ScriptResult``, ``ScriptStatus``) are lenient
+instead: fields a newer daemon adds are kept in ``extra``.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+from .errors import SnapshotError
+
+JSON = Any
+
+
+class ToolClass(str, enum.Enum):
+    READ = "read"
+    WRITE = "write"
+    DESTRUCTIVE = "destructive"
+    LONG_TASK = "long_task"
+
+
+class PermissionMode(str, enum.Enum):
+    APPROVAL = "approval"
+    AUTO = "auto"
+
+
+def _err(reason: str, fld: str, message: str) -> SnapshotError:
+    return SnapshotError(message, data={"reason": reason, "field": fld})
+
+
+def _check_keys(d: Any, where: str, required: Sequence[str], allowed: Sequence[str]) -> Mapping[str, Any]:
+    if not isinstance(d, Mapping):
+        raise _err("invalid_value", where or ".", f"{where or 'snapshot'} must be an object")
+    for k in d:
+        if k not in allowed:
+            path = f"{where}.{k}" if where else str(k)
+            raise _err("unknown_field", path, f"unknown field {path!r} (allowed: {', '.join(allowed)})")
+    for k in required:
+        if k not in d:
+            path = f"{where}.{k}" if where else k
+            raise _err("missing_field", path, f"missing field {path!r}")
+    return d
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _enum(cls: Any, v: Any, fld: str) -> Any:
+    try:
+        return cls(v)
+    except ValueError:
+        allowed = ", ".join(m.value for m in cls)
+        raise _err("invalid_value", fld, f"{fld} must be one of {allowed}, not {v!r}") from None
+
+
+@dataclass
+class Tool:
+    """One tool of the snapshot. ``tool_class`` is the protocol's ``class``.
+
+    Enabled read and write tools (those a script can call) need an
+    ``input_schema``. The daemon takes it as closed: a key it does not declare
+    is refused, and a top-level schema without ``properties`` takes no
+    arguments; to accept any object: ``{"type": "object", "additionalProperties": true}``.
+    """
+
+    name: str
+    tool_class: ToolClass
+    input_schema: Optional[Dict[str, JSON]] = None
+    enabled: bool = True
+    frozen: Dict[str, JSON] = field(default_factory=dict)
+
+    FIELDS = ("name", "class", "enabled", "input_schema", "frozen")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, where: str = "tool") -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise _err("invalid_value", f"{where}.name", f"{where}.name must be a non-empty string")
+        self.tool_class = _enum(ToolClass, self.tool_class, f"{where}.class")
+        if not isinstance(self.enabled, bool):
+            raise _err("invalid_value", f"{where}.enabled", f"{where}.enabled must be a bool")
+        if self.input_schema is None:
+            if self.enabled and self.tool_class in (ToolClass.READ, ToolClass.WRITE):
+                raise _err(
+                    "missing_field",
+                    f"{where}.input_schema",
+                    f"{self.tool_class.value} tool {self.name!r} needs an input_schema",
+                )
+        elif not isinstance(self.input_schema, (dict, bool)):
+            raise _err("invalid_value", f"{where}.input_schema", f"{where}.input_schema must be a JSON Schema")
+        if not isinstance(self.frozen, dict):
+            raise _err("invalid_value", f"{where}.frozen", f"{where}.frozen must be an object")
+
+    @classmethod
+    def read(cls, name: str, input_schema: Dict[str, JSON], **kw: Any) -> "Tool":
+        return cls(name, ToolClass.READ, input_schema, **kw)
+
+    @classmethod
+    def write(cls, name: str, input_schema: Dict[str, JSON], **kw: Any) -> "Tool":
+        return cls(name, ToolClass.WRITE, input_schema, **kw)
+
+    @classmethod
+    def destructive(cls, name: str, input_schema: Optional[Dict[str, JSON]] = None, **kw: Any) -> "Tool":
+        return cls(name, ToolClass.DESTRUCTIVE, input_schema, **kw)
+
+    @classmethod
+    def long_task(cls, name: str, input_schema: Optional[Dict[str, JSON]] = None, **kw: Any) -> "Tool":
+        return cls(name, ToolClass.LONG_TASK, input_schema, **kw)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "tool") -> "Tool":
+        _check_keys(d, where, ("name", "class"), cls.FIELDS)
+        t = cls.__new__(cls)
+        t.name = d["name"]
+        t.tool_class = d["class"]
+        t.enabled = d.get("enabled", True)
+        t.input_schema = d.get("input_schema")
+        t.frozen = d.get("frozen", {})
+        t.validate(where)
+        return t
+
+    def to_dict(self) -> Dict[str, JSON]:
+        self.validate()
+        out: Dict[str, JSON] = {"name": self.name, "class": self.tool_class.value, "enabled": self.enabled}
+        if self.input_schema is not None:
+            out["input_schema"] = self.input_schema
+        out["frozen"] = dict(self.frozen)
+        return out
+
+
+@dataclass
+class Limits:
+    """Per-run limits; each can only tighten the daemon's configured value."""
+
+    max_calls: Optional[int] = None
+    max_concurrency: Optional[int] = None
+    timeout_s: Optional[int] = None
+    memory_max_bytes: Optional[int] = None
+    tasks_max: Optional[int] = None
+
+    FIELDS = ("max_calls", "max_concurrency", "timeout_s", "memory_max_bytes", "tasks_max")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, where: str = "limits") -> None:
+        for k in self.FIELDS:
+            v = getattr(self, k)
+            if v is not None and (not _is_int(v) or v < 0):
+                raise _err("invalid_value", f"{where}.{k}", f"{where}.{k} must be a non-negative integer")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "limits") -> "Limits":
+        _check_keys(d, where, (), cls.FIELDS)
+        lim = cls.__new__(cls)
+        for k in cls.FIELDS:
+            setattr(lim, k, d.get(k))
+        lim.validate(where)
+        return lim
+
+    def to_dict(self) -> Dict[str, int]:
+        self.validate()
+        return {k: getattr(self, k) for k in self.FIELDS if getattr(self, k) is not None}
+
+
+@dataclass
+class Snapshot:
+    """What a run may do; it travels signed inside the run token."""
+
+    workspace: str
+    permission_mode: PermissionMode
+    tools: List[Tool]
+    read_only: bool = False
+    session_allowed: List[str] = field(default_factory=list)
+    limits: Optional[Limits] = None
+
+    FIELDS = ("workspace", "read_only", "permission_mode", "session_allowed", "tools", "limits")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if isinstance(self.workspace, os.PathLike):
+            self.workspace = os.fspath(self.workspace)
+        if not isinstance(self.workspace, str) or not self.workspace:
+            raise _err("invalid_value", "workspace", "workspace must be a path")
+        if not os.path.isabs(self.workspace):
+            raise _err("not_absolute", "workspace", f"workspace {self.workspace!r} is not absolute")
+        self.permission_mode = _enum(PermissionMode, self.permission_mode, "permission_mode")
+        if not isinstance(self.read_only, bool):
+            raise _err("invalid_value", "read_only", "read_only must be a bool")
+        if not isinstance(self.session_allowed, list) or not all(isinstance(s, str) for s in self.session_allowed):
+            raise _err("invalid_value", "session_allowed", "session_allowed must be a list of tool names")
+        if not isinstance(self.tools, list):
+            raise _err("invalid_value", "tools", "tools must be a list")
+        seen = set()
+        for i, t in enumerate(self.tools):
+            if not isinstance(t, Tool):
+                raise _err("invalid_value", f"tools[{i}]", f"tools[{i}] must be a Tool")
+            t.validate(f"tools[{i}]")
+            if t.name in seen:
+                raise _err("duplicate_tool", f"tools[{i}].name", f"tool {t.name!r} appears twice")
+            seen.add(t.name)
+        if self.limits is not None:
+            if not isinstance(self.limits, Limits):
+                raise _err("invalid_value", "limits", "limits must be Limits")
+            self.limits.validate()
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Snapshot":
+        _check_keys(d, "", ("workspace", "permission_mode", "tools"), cls.FIELDS)
+        tools = d["tools"]
+        if not isinstance(tools, list):
+            raise _err("invalid_value", "tools", "tools must be a list")
+        s = cls.__new__(cls)
+        s.workspace = d["workspace"]
+        s.permission_mode = d["permission_mode"]
+        s.tools = [Tool.from_dict(t, f"tools[{i}]") for i, t in enumerate(tools)]
+        s.read_only = d.get("read_only", False)
+        s.session_allowed = d.get("session_allowed", [])
+        lim = d.get("limits")
+        s.limits = None if lim is None else Limits.from_dict(lim)
+        s.validate()
+        return s
+
+    def to_dict(self) -> Dict[str, JSON]:
+        self.validate()
+        out: Dict[str, JSON] = {
+            "workspace": self.workspace,
+            "read_only": self.read_only,
+            "permission_mode": self.permission_mode.value,
+            "session_allowed": list(self.session_allowed),
+            "tools": [t.to_dict() for t in self.tools],
+        }
+        if self.limits is not None:
+            out["limits"] = self.limits.to_dict()
+        return out
+
+
+SnapshotLike = Union[Snapshot, Mapping[str, Any]]
+
+
+def as_snapshot(s: SnapshotLike) -> Snapshot:
+    return s if isinstance(s, Snapshot) else Snapshot.from_dict(s)
+
+
+# --- what the daemon sends ---------------------------------------------------
+
+
+@dataclass
+class Progress:
+    done: int
+    total: int
+    message: str = ""
+
+
+@dataclass
+class ScriptStatus:
+    """``script.status`` answers and ``script.progress`` notifications."""
+
+    script_id: str
+    state: str
+    calls: int = 0
+    failures: int = 0
+    elapsed_ms: int = 0
+    progress: Optional[Progress] = None
+    extra: Dict[str, JSON] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ScriptStatus":
+        p = d.get("progress")
+        prog = None
+        if isinstance(p, Mapping):
+            prog = Progress(int(p.get("done", 0)), int(p.get("total", 0)), str(p.get("message") or ""))
+        known = ("script_id", "state", "calls", "failures", "elapsed_ms", "progress")
+        return cls(
+            script_id=str(d.get("script_id", "")),
+            state=str(d.get("state", "")),
+            calls=int(d.get("calls") or 0),
+            failures=int(d.get("failures") or 0),
+            elapsed_ms=int(d.get("elapsed_ms") or 0),
+            progress=prog,
+            extra={k: v for k, v in d.items() if k not in known},
+        )
+
+
+@dataclass
+class ScriptResult:
+    """The result object (protocol section 6). ``text`` goes back to the model."""
+
+    script_id: str
+    run_id: str
+    status: str
+    exit_code: Optional[int] = None
+    calls: int = 0
+    failures: int = 0
+    duration_ms: int = 0
+    details_dir: str = ""
+    output: str = ""
+    output_truncated: bool = False
+    error: Optional[str] = None
+    text: str = ""
+    extra: Dict[str, JSON] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ScriptResult":
+        known = (
+            "script_id", "run_id", "status", "exit_code", "calls", "failures", "duration_ms",
+            "details_dir", "output", "output_truncated", "error", "text",
+        )
+        ec = d.get("exit_code")
+        return cls(
+            script_id=str(d.get("script_id", "")),
+            run_id=str(d.get("run_id", "")),
+            status=str(d.get("status", "")),
+            exit_code=ec if _is_int(ec) else None,
+            calls=int(d.get("calls") or 0),
+            failures=int(d.get("failures") or 0),
+            duration_ms=int(d.get("duration_ms") or 0),
+            details_dir=str(d.get("details_dir") or ""),
+            output=str(d.get("output") or ""),
+            output_truncated=bool(d.get("output_truncated")),
+            error=d.get("error") if isinstance(d.get("error"), str) else None,
+            text=str(d.get("text") or ""),
+            extra={k: v for k, v in d.items() if k not in known},
+        )
+
+
+@dataclass
+class ToolCall:
+    """A ``tool.call`` request from the daemon; ``arguments`` include the frozen ones."""
+
+    script_id: str
+    run_id: str
+    call_id: str
+    tool: str
+    arguments: Dict[str, JSON]
+
+
+@dataclass
+class ApprovalRequest:
+    """An ``approval.request``: may the script run with these write tools?"""
+
+    script_id: str
+    run_id: str
+    description: str
+    code: str
+    tools: List[Dict[str, str]]

@@ -1,0 +1,437 @@
+"""The fleet scenario, through the real daemon: an engine built on scriptgate_client
+serves a script's tool calls, approves its write, and watches its progress."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from scriptgate_client import (
+    ApprovalError,
+    ApprovalRequest,
+    Client,
+    Limits,
+    ScriptgateError,
+    ScriptResult,
+    ScriptStatus,
+    Snapshot,
+    SnapshotError,
+    StillRunning,
+    TokenError,
+    Tool,
+    ToolCall,
+    mint_token,
+)
+
+from conftest import KEY, REPO, Daemon
+
+SN = {"type": "object", "properties": {"sn": {"type": "string"}}, "required": ["sn"]}
+REBOOT = {"type": "object", "properties": {"sn": {"type": "string"}, "tenant": {"type": "string"}}, "required": ["sn"]}
+DEVICES = {f"SN{i:03d}": {"sn": f"SN{i:03d}", "online": i % 10 != 0, "fw": "4.3.0" if i % 3 else "4.2.1"} for i in range(200)}
+
+
+def fleet_snapshot(workspace: Path, mode: str = "approval", limits: Optional[Limits] = None) -> Snapshot:
+    return Snapshot(
+        workspace=str(workspace),
+        permission_mode=mode,  # type: ignore[arg-type]
+        tools=[
+            Tool.read("fleet__get_device_status", SN),
+            Tool.read("fleet__mcp_status", SN),
+            Tool.read("fleet__mcp_fail", SN),
+            Tool.read("fleet__bad_answer", SN),
+            Tool.read("fleet__crash", SN),
+            Tool.write("fleet__reboot_device", REBOOT, frozen={"tenant": "acme"}),
+            Tool.destructive("fleet__wipe_device", SN),
+        ],
+        limits=limits,
+    )
+
+
+class Fleet:
+    """The engine's side: tools over DEVICES, approvals, and what it saw."""
+
+    def __init__(self, approve: Any = "allow_once") -> None:
+        self.approve = approve
+        self.calls: List[ToolCall] = []
+        self.approvals: List[ApprovalRequest] = []
+        self.progress: List[ScriptStatus] = []
+        self.finished: List[ScriptResult] = []
+        self.events: List[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    async def tool(self, call: ToolCall) -> Any:
+        self.calls.append(call)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.005)
+            dev = DEVICES.get(call.arguments.get("sn", ""))
+            if call.tool == "fleet__get_device_status":
+                return {"text": json.dumps(dev), "structured": dev, "is_error": dev is None}
+            if call.tool == "fleet__reboot_device":
+                return {"text": f"rebooted {call.arguments}", "structured": None, "is_error": False}
+            if call.tool == "fleet__mcp_status":
+                return {"content": [{"type": "text", "text": json.dumps(dev)}], "structuredContent": dev}
+            if call.tool == "fleet__mcp_fail":
+                return {"content": [{"type": "text", "text": f"{call.arguments['sn']} unreachable"}], "isError": True}
+            if call.tool == "fleet__bad_answer":
+                return {"foo": 1}
+            if call.tool == "fleet__crash":
+                raise RuntimeError("fleet backend down")
+            raise KeyError(call.tool)
+        finally:
+            self.in_flight -= 1
+
+    def approval(self, req: ApprovalRequest) -> Any:
+        self.events.append("approval")
+        self.approvals.append(req)
+        return self.approve
+
+    def on_progress(self, st: ScriptStatus) -> None:
+        self.events.append("progress")
+        self.progress.append(st)
+
+    def on_finished(self, r: ScriptResult) -> None:
+        self.events.append("finished")
+        self.finished.append(r)
+
+    def client(self, daemon: Daemon) -> Client:
+        return Client(
+            daemon.socket, tool_handler=self.tool, approval_handler=self.approval,
+            on_progress=self.on_progress, on_finished=self.on_finished,
+        )
+
+
+def token(snapshot: Snapshot, run_id: str = "", key: bytes = KEY, ttl: int = 600) -> str:
+    return mint_token(key, run_id or f"run-{uuid.uuid4().hex[:8]}", snapshot, ttl, runner="pytest")
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+async def settle(cond: Any, timeout: float = 5.0) -> None:
+    """Wait until cond() holds (notifications are delivered by another task)."""
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
+def lines(r: ScriptResult) -> Dict[str, Any]:
+    """The script prints `key json` lines."""
+    out = {}
+    for line in r.output.splitlines():
+        k, _, v = line.partition(" ")
+        out[k] = json.loads(v)
+    return out
+
+
+# --- the scenario ---------------------------------------------------------------------
+
+
+def test_call_many_200_devices(daemon: Daemon) -> None:
+    code = """
+import agent_tools, json
+sns = [f"SN{i:03d}" for i in range(200)]
+res = agent_tools.call_many("fleet__get_device_status", [{"sn": s} for s in sns])
+print("n", len(res))
+print("order", json.dumps([r["sn"] for r in res] == sns))
+print("offline", json.dumps(sorted(r["sn"] for r in res if not r["online"])))
+"""
+    fleet = Fleet()
+
+    async def main() -> ScriptResult:
+        async with fleet.client(daemon) as sg:
+            return await sg.run(token(fleet_snapshot(daemon.workspace())), code, description="fleet census")
+
+    r = run(main())
+    assert r.status == "ok", r.text
+    assert (r.calls, r.failures) == (200, 0)
+    out = lines(r)
+    assert out["n"] == 200 and out["order"] is True
+    assert out["offline"] == [f"SN{i:03d}" for i in range(0, 200, 10)]
+    assert sorted(c.arguments["sn"] for c in fleet.calls) == sorted(DEVICES)
+    assert fleet.approvals == []  # reads need no approval
+    assert fleet.max_in_flight > 1, "tool calls were not served concurrently"
+    assert r.text.startswith("run_script ok: 200 calls, 0 failed")
+
+
+def test_declared_write_approved_once(daemon: Daemon) -> None:
+    code = """
+import agent_tools, json
+for sn in ["SN010", "SN020", "SN030"]:
+    print("r" + sn, json.dumps(agent_tools.call("fleet__reboot_device", {"sn": sn})))
+"""
+    fleet = Fleet()
+    order: List[str] = []
+
+    async def main() -> ScriptResult:
+        async with fleet.client(daemon) as sg:
+            sid = await sg.start(token(fleet_snapshot(daemon.workspace())), code,
+                                 tools=["fleet__reboot_device"], description="reboot the offline ones")
+            order.extend(fleet.events)  # the approval came before start's answer
+            return await sg.wait(sid)
+
+    r = run(main())
+    assert r.status == "ok", r.text
+    assert order == ["approval"]
+    assert len(fleet.approvals) == 1
+    a = fleet.approvals[0]
+    assert a.script_id == r.script_id and a.description == "reboot the offline ones"
+    assert a.tools == [{"name": "fleet__reboot_device", "class": "write"}]
+    assert "fleet__reboot_device" in a.code
+    assert [c.arguments for c in fleet.calls] == [{"sn": s, "tenant": "acme"} for s in ("SN010", "SN020", "SN030")]
+    assert r.calls == 3 and r.failures == 0
+
+
+def test_declared_write_denied(daemon: Daemon) -> None:
+    fleet = Fleet(approve=False)
+
+    async def main() -> None:
+        async with fleet.client(daemon) as sg:
+            await sg.start(token(fleet_snapshot(daemon.workspace())), "print(1)", tools=["fleet__reboot_device"])
+
+    with pytest.raises(ApprovalError) as e:
+        run(main())
+    assert e.value.code == -32013 and e.value.reason == "denied"
+    assert len(fleet.approvals) == 1
+
+
+def test_destructive_tool_refused(daemon: Daemon) -> None:
+    code = """
+import agent_tools
+try:
+    agent_tools.call("fleet__wipe_device", {"sn": "SN001"})
+    print("wiped", 1)
+except agent_tools.ToolError as e:
+    print("code", '"' + e.code + '"')
+"""
+    fleet = Fleet()
+
+    async def main() -> ScriptResult:
+        async with fleet.client(daemon) as sg:
+            return await sg.run(token(fleet_snapshot(daemon.workspace())), code)
+
+    r = run(main())
+    assert r.status == "ok", r.text
+    assert lines(r) == {"code": "denied"}
+    assert fleet.calls == []  # never reached the engine
+    assert r.failures == 1
+
+
+@pytest.mark.xfail(reason="needs daemon change: first script.progress as soon as there is progress, "
+                          "last state always before script.finished (today: at most 1/s, last may be missing)",
+                   strict=False)
+def test_progress_reaches_final_value(daemon: Daemon) -> None:
+    code = """
+import agent_tools
+sns = [f"SN{i:03d}" for i in range(200)]
+for k in range(0, 200, 50):
+    agent_tools.call_many("fleet__get_device_status", [{"sn": s} for s in sns[k:k + 50]])
+    agent_tools.progress(k + 50, 200, "devices checked")
+"""
+    fleet = Fleet()
+
+    async def main() -> ScriptResult:
+        async with fleet.client(daemon) as sg:
+            r = await sg.run(token(fleet_snapshot(daemon.workspace())), code)
+            await settle(lambda: bool(fleet.finished))
+            return r
+
+    r = run(main())
+    assert r.status == "ok", r.text
+    assert fleet.progress, "no script.progress at all"
+    assert all(p.script_id == r.script_id for p in fleet.progress)
+    last = fleet.progress[-1]
+    assert last.progress is not None
+    assert (last.progress.done, last.progress.total, last.progress.message) == (200, 200, "devices checked")
+    assert last.calls == 200
+    # The last progress comes before the finish.
+    assert fleet.events[-2:] == ["progress", "finished"]
+    assert fleet.finished[0].script_id == r.script_id
+
+
+@pytest.mark.xfail(reason="needs daemon change: MCP CallToolResult answers to tool.call", strict=False)
+def test_mcp_shaped_results(daemon: Daemon) -> None:
+    code = """
+import agent_tools, json
+print("ok", json.dumps(agent_tools.call("fleet__mcp_status", {"sn": "SN007"})))
+raw = agent_tools.call_raw("fleet__mcp_status", {"sn": "SN008"})
+print("raw", json.dumps(raw))
+try:
+    agent_tools.call("fleet__mcp_fail", {"sn": "SN009"})
+    print("err", "null")
+except agent_tools.ToolError as e:
+    print("err", json.dumps([e.code, e.message]))
+"""
+    fleet = Fleet()
+
+    async def main() -> ScriptResult:
+        async with fleet.client(daemon) as sg:
+            return await sg.run(token(fleet_snapshot(daemon.workspace())), code)
+
+    r = run(main())
+    assert r.status == "ok", r.text
+    out = lines(r)
+    assert out["ok"] == DEVICES["SN007"]
+    assert out["raw"]["is_error"] is False and out["raw"]["structured"] == DEVICES["SN008"]
+    assert json.loads(out["raw"]["text"]) == DEVICES["SN008"]  # the text content
+    assert out["err"] == ["tool_error", "SN009 unreachable"]
+    assert r.failures == 1
+
+
+@pytest.mark.xfail(reason="needs daemon change: strict tool.call answers (today a result without "
+                          "text/structured/is_error is taken as an empty success)", strict=False)
+def test_malformed_tool_answer_is_engine_error(daemon: Daemon) -> None:
+    code = """
+import agent_tools, json
+try:
+    print("res", json.dumps(agent_tools.call("fleet__bad_answer", {"sn": "SN001"})))
+except agent_tools.ToolError as e:
+    print("code", json.dumps(e.code))
+"""
+    fleet = Fleet()
+
+    async def main() -> ScriptResult:
+        async with fleet.client(daemon) as sg:
+            return await sg.run(token(fleet_snapshot(daemon.workspace())), code)
+
+    r = run(main())
+    assert r.status == "ok", r.text
+    assert lines(r) == {"code": "engine"}
+    assert r.failures == 1
+
+
+def test_handler_exception_is_failed_call(daemon: Daemon) -> None:
+    code = """
+import agent_tools, json
+try:
+    agent_tools.call("fleet__crash", {"sn": "SN001"})
+except agent_tools.ToolError as e:
+    print("err", json.dumps([e.code, e.message]))
+"""
+    fleet = Fleet()
+
+    async def main() -> ScriptResult:
+        async with fleet.client(daemon) as sg:
+            return await sg.run(token(fleet_snapshot(daemon.workspace())), code)
+
+    r = run(main())
+    assert r.status == "ok", r.text
+    assert lines(r)["err"] == ["engine", "fleet backend down"]
+
+
+def test_timeout(daemon: Daemon) -> None:
+    fleet = Fleet()
+    snap = fleet_snapshot(daemon.workspace(), limits=Limits(timeout_s=1))
+
+    async def main() -> ScriptResult:
+        async with fleet.client(daemon) as sg:
+            return await sg.run(token(snap), "import time\ntime.sleep(60)\n")
+
+    t0 = time.monotonic()
+    r = run(main())
+    assert r.status == "timeout", r.text
+    assert time.monotonic() - t0 < 20
+
+
+def test_wait_still_running_then_cancel(daemon: Daemon) -> None:
+    fleet = Fleet()
+
+    async def main() -> Any:
+        async with fleet.client(daemon) as sg:
+            sid = await sg.start(token(fleet_snapshot(daemon.workspace())), "import time\ntime.sleep(60)\n")
+            with pytest.raises(StillRunning) as e:
+                await sg.wait(sid, timeout_s=0.2)
+            assert e.value.code == -32017 and e.value.reason == "still_running"
+            st = await sg.status(sid)
+            assert st.state == "running" and st.script_id == sid
+            ans = await sg.cancel(sid)
+            return ans, await sg.wait(sid)
+
+    ans, r = run(main())
+    assert ans["state"] == "cancelled"
+    assert r.status == "cancelled" and "cancelled by the engine" in (r.error or "")
+
+
+def test_revoke_mid_run(daemon: Daemon) -> None:
+    fleet = Fleet()
+    tok = token(fleet_snapshot(daemon.workspace()), run_id=f"run-revoke-{uuid.uuid4().hex[:6]}")
+
+    async def main() -> Any:
+        async with fleet.client(daemon) as sg:
+            sid = await sg.start(tok, "import time\ntime.sleep(60)\n")
+            rev = await sg.revoke(tok)
+            r = await sg.wait(sid)
+            with pytest.raises(TokenError) as again:
+                await sg.start(tok, "print(1)")
+            return rev, r, again.value
+
+    rev, r, again = run(main())
+    assert rev["cancelled"] == 1
+    assert r.status == "cancelled" and "revoked" in (r.error or "")
+    assert again.reason == "revoked"
+
+
+def test_bad_token_signature(daemon: Daemon) -> None:
+    wrong = b"not-the-daemon-key-not-the-daemon-key!"
+
+    async def main() -> None:
+        async with Fleet().client(daemon) as sg:
+            await sg.start(token(fleet_snapshot(daemon.workspace()), key=wrong), "print(1)")
+
+    with pytest.raises(TokenError) as e:
+        run(main())
+    assert isinstance(e.value, ScriptgateError)
+    assert e.value.code == -32010 and e.value.reason == "signature"
+
+
+@pytest.mark.xfail(reason="needs daemon change: workspace not writable by the script's uid refused "
+                          "at start (-32011 not_writable)", strict=False)
+def test_workspace_not_writable(daemon: Daemon) -> None:
+    ws = daemon.root / f"ro-{uuid.uuid4().hex[:6]}"
+    ws.mkdir()
+    # As root, scripts run as nobody: a root-owned 0755 dir is not theirs to write.
+    os.chmod(ws, 0o755 if os.geteuid() == 0 else 0o555)
+
+    async def main() -> None:
+        async with Fleet().client(daemon) as sg:
+            await sg.start(token(fleet_snapshot(ws)), "print(1)")
+
+    try:
+        with pytest.raises(SnapshotError) as e:
+            run(main())
+    finally:
+        os.chmod(ws, 0o755)
+    assert e.value.code == -32011 and e.value.reason == "not_writable"
+    assert e.value.field == "workspace"
+
+
+def test_info_and_describe(daemon: Daemon) -> None:
+    async def main() -> Any:
+        async with Client(daemon.socket) as sg:
+            return await sg.info(), await sg.describe(token(fleet_snapshot(daemon.workspace())))
+
+    info, text = run(main())
+    assert info["protocol"] == 1
+    assert "fleet__get_device_status" in text and "agent_tools" in text
+
+
+def test_example_engine(daemon: Daemon) -> None:
+    p = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "engine.py"), str(daemon.socket), str(daemon.key_file), str(daemon.root)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.startswith("run_script ok:"), p.stdout
+    assert "rebooted" in p.stdout

@@ -1,0 +1,99 @@
+"""Offline checks: snapshot types refuse what the daemon would refuse; tokens verify."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+
+import pytest
+
+from scriptgate_client import Limits, PermissionMode, Snapshot, SnapshotError, Tool, ToolClass, error_from_rpc, mint_token
+from scriptgate_client.errors import BusyError, NotFoundError, StillRunning, TokenError, ToolsError
+
+KEY = b"k" * 32
+SN = {"type": "object", "properties": {"sn": {"type": "string"}}, "required": ["sn"]}
+
+
+def snap_dict(**over):
+    d = {
+        "workspace": "/srv/ws/run-1", "permission_mode": "approval",
+        "tools": [{"name": "fleet__get", "class": "read", "input_schema": SN},
+                  {"name": "fleet__reboot", "class": "write", "input_schema": SN, "frozen": {"tenant": "acme"}},
+                  {"name": "fleet__wipe", "class": "destructive"}],
+        "limits": {"max_calls": 500, "timeout_s": 60},
+    }
+    d.update(over)
+    return d
+
+
+def b64d(s: str) -> bytes:
+    return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+
+
+def test_round_trip():
+    s = Snapshot.from_dict(snap_dict())
+    assert s.permission_mode is PermissionMode.APPROVAL
+    assert s.tools[1].tool_class is ToolClass.WRITE
+    d = s.to_dict()
+    assert d["tools"][1] == {"name": "fleet__reboot", "class": "write", "enabled": True,
+                             "input_schema": SN, "frozen": {"tenant": "acme"}}
+    assert d["limits"] == {"max_calls": 500, "timeout_s": 60}
+    assert Snapshot.from_dict(d).to_dict() == d
+
+
+@pytest.mark.parametrize("mutate, reason, field", [
+    (lambda d: d.update(extra=1), "unknown_field", "extra"),
+    (lambda d: d["tools"][0].update(descripton="typo"), "unknown_field", "tools[0].descripton"),
+    (lambda d: d["limits"].update(max_memory=1), "unknown_field", "limits.max_memory"),
+    (lambda d: d.pop("workspace"), "missing_field", "workspace"),
+    (lambda d: d["tools"][0].pop("input_schema"), "missing_field", "tools[0].input_schema"),
+    (lambda d: d["tools"][1].pop("input_schema"), "missing_field", "tools[1].input_schema"),
+    (lambda d: d["tools"][0].update({"class": "admin"}), "invalid_value", "tools[0].class"),
+    (lambda d: d.update(permission_mode="yolo"), "invalid_value", "permission_mode"),
+    (lambda d: d.update(workspace="rel/ws"), "not_absolute", "workspace"),
+    (lambda d: d["tools"].append(dict(d["tools"][0])), "duplicate_tool", "tools[3].name"),
+    (lambda d: d["limits"].update(timeout_s=True), "invalid_value", "limits.timeout_s"),
+])
+def test_refused_before_sending(mutate, reason, field):
+    d = snap_dict()
+    mutate(d)
+    with pytest.raises(SnapshotError) as e:
+        Snapshot.from_dict(d)
+    assert (e.value.code, e.value.reason, e.value.field) == (-32011, reason, field)
+    with pytest.raises(SnapshotError):
+        mint_token(KEY, "run-1", d, 60)
+
+
+def test_constructors_validate():
+    with pytest.raises(SnapshotError):
+        Tool("x", "read")  # type: ignore[arg-type]  # no input_schema
+    Tool.destructive("x")
+    Tool("off", ToolClass.READ, enabled=False)  # never callable: no schema needed
+    with pytest.raises(SnapshotError):
+        Limits(max_calls=-1)
+
+
+def test_mint_token_verifies():
+    tok = mint_token(KEY, "run-9", snap_dict(), 120, runner="r1", now=1000)
+    h, c, s = tok.split(".")
+    assert json.loads(b64d(h)) == {"alg": "HS256", "typ": "JWT"}
+    claims = json.loads(b64d(c))
+    assert claims["run_id"] == "run-9" and claims["runner"] == "r1"
+    assert (claims["iat"], claims["exp"]) == (1000, 1120)
+    assert claims["snapshot"] == Snapshot.from_dict(snap_dict()).to_dict()
+    assert hmac.compare_digest(b64d(s), hmac.new(KEY, f"{h}.{c}".encode(), hashlib.sha256).digest())
+    assert "runner" not in json.loads(b64d(mint_token(KEY, "r", snap_dict(), 1).split(".")[1]))
+    with pytest.raises(ValueError):
+        mint_token(b"short", "r", snap_dict(), 1)
+
+
+def test_errors_by_code():
+    e = error_from_rpc({"code": -32012, "message": "m", "data": {"reason": "not_write", "tool": "t"}})
+    assert isinstance(e, ToolsError) and (e.reason, e.tool, e.field) == ("not_write", "t", None)
+    assert isinstance(error_from_rpc({"code": -32010, "message": "m"}), TokenError)
+    assert isinstance(error_from_rpc({"code": -32015, "message": "m"}), BusyError)
+    assert isinstance(error_from_rpc({"code": -32016, "message": "m"}), NotFoundError)
+    assert isinstance(error_from_rpc({"code": -32017, "message": "m"}), StillRunning)
+    assert error_from_rpc({"code": -1, "message": "m"}).code == -1
