@@ -4,10 +4,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createHmac } from "node:crypto";
-import { mkdtempSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { once } from "node:events";
 import {
   ConnectionClosedError,
@@ -18,10 +15,11 @@ import {
   validateSnapshot,
 } from "../dist/index.js";
 
+const T = { timeout: 10_000 };
+let fakes = 0;
 /** A fake daemon: `script(peer)` drives one connection; peer.next() reads a message. */
 async function fake(script, clientOptions = {}) {
-  const dir = mkdtempSync(join(tmpdir(), "sg-ts-fake-"));
-  const path = join(dir, "sock");
+  const path = `\0sg-ts-fake-${process.pid}-${++fakes}`; // abstract socket: nothing to clean up
   let done;
   const server = createServer((sock) => {
     let buf = "";
@@ -57,12 +55,11 @@ async function fake(script, clientOptions = {}) {
     async close() {
       await client.close();
       server.close();
-      rmSync(dir, { recursive: true, force: true });
     },
   };
 }
 
-test("an approval.request (same id as ours) is served before the script.start answer", async () => {
+test("an approval.request (same id as ours) is served before the script.start answer", T, async () => {
   const f = await fake(
     async (peer) => {
       const start = await peer.next();
@@ -89,7 +86,7 @@ test("an approval.request (same id as ours) is served before the script.start an
   }
 });
 
-test("handler failures and odd answers become JSON-RPC errors; no handler: tool error, approval denied", async () => {
+test("handler failures and odd answers become JSON-RPC errors; no handler: tool error, approval denied", T, async () => {
   const f = await fake(async (peer) => {
     const ask = (id, method, params) => peer.send({ jsonrpc: "2.0", id, method, params });
     const call = (tool) => ({ script_id: "s", run_id: "r", call_id: "1", tool, arguments: {} });
@@ -135,7 +132,7 @@ test("handler failures and odd answers become JSON-RPC errors; no handler: tool 
   }
 });
 
-test("notifications reach the events; a parse error is reported and the connection stays usable", async () => {
+test("notifications reach the events; a parse error is reported and the connection stays usable", T, async () => {
   const f = await fake(async (peer) => {
     peer.send({ jsonrpc: "2.0", method: "script.progress", params: { script_id: "s", state: "running", calls: 1, failures: 0, elapsed_ms: 5, progress: { done: 1, total: 2, message: "" } } });
     peer.send("{not json");
@@ -158,7 +155,7 @@ test("notifications reach the events; a parse error is reported and the connecti
   }
 });
 
-test("a line longer than maxLineBytes closes the connection; pending requests reject", async () => {
+test("a line longer than maxLineBytes closes the connection; pending requests reject", T, async () => {
   const f = await fake(
     async (peer) => {
       await peer.next();
@@ -178,7 +175,7 @@ test("a line longer than maxLineBytes closes the connection; pending requests re
   }
 });
 
-test("a peer refusal (-32001, id null) rejects the pending requests with it", async () => {
+test("a peer refusal (-32001, id null) rejects the pending requests with it", T, async () => {
   const f = await fake(async (peer) => {
     await peer.next();
     peer.send({ jsonrpc: "2.0", id: null, error: { code: -32001, message: "peer not allowed", data: { reason: "peer_not_allowed" } } });
@@ -204,7 +201,7 @@ const snap = () => ({
   limits: { max_calls: 10 },
 });
 
-test("mintToken: an HS256 JWT with run_id, iat, exp, snapshot and runner", () => {
+test("mintToken: an HS256 JWT with run_id, iat, exp, snapshot and runner", T, () => {
   const t = mintToken(KEY, "run-1", snap(), 60, "runner-a");
   const [h, p, s] = t.split(".");
   assert.deepEqual(JSON.parse(Buffer.from(h, "base64url")), { alg: "HS256", typ: "JWT" });
@@ -219,7 +216,7 @@ test("mintToken: an HS256 JWT with run_id, iat, exp, snapshot and runner", () =>
   assert.throws(() => mintToken(Buffer.alloc(31), "run-1", snap(), 60), RangeError);
 });
 
-test("validateSnapshot refuses what the daemon refuses, with its reason and field", () => {
+test("validateSnapshot refuses what the daemon refuses, with its reason and field", T, () => {
   const refused = (mutate, reason, field) => {
     const s = snap();
     mutate(s);

@@ -49,6 +49,13 @@ export async function startDaemon(extra = "") {
   const child = spawn(DAEMON, ["--listen", socket, "--config", config], { stdio: ["ignore", log, log] });
   let exited = null;
   child.on("exit", (code, signal) => (exited = signal ?? code));
+  // A test process that dies before its after() hook (an uncaught error, EPIPE on a
+  // closed stdout) must not leave the daemon behind.
+  const reap = () => {
+    child.kill("SIGKILL");
+    if (!process.env.SG_KEEP) rmSync(dir, { recursive: true, force: true });
+  };
+  process.once("exit", reap);
   const logText = () => (existsSync(logFile) ? readFileSync(logFile, "utf8") : "");
   const t0 = Date.now();
   while (!(await canConnect(socket))) {
@@ -64,6 +71,7 @@ export async function startDaemon(extra = "") {
     socket,
     logText,
     async stop() {
+      process.off("exit", reap);
       if (exited === null) {
         const gone = new Promise((r) => child.once("exit", r));
         child.kill("SIGTERM");
