@@ -1,0 +1,53 @@
+import { chmodSync, chownSync, mkdirSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+
+export interface Owner {
+  uid: number;
+  gid: number;
+}
+
+/** The uid and primary gid of a user, through id(1). */
+export function lookupUser(name: string): Owner {
+  const id = (flag: string) => Number(execFileSync("id", [flag, "--", name], { encoding: "utf8" }).trim());
+  const owner = { uid: id("-u"), gid: id("-g") };
+  if (!Number.isSafeInteger(owner.uid) || !Number.isSafeInteger(owner.gid)) {
+    throw new Error(`cannot resolve user ${name}`);
+  }
+  return owner;
+}
+
+/**
+ * The uid/gid the scripts this process starts run as: the daemon runs a root peer's
+ * scripts as `sandbox.run_as` (default `nobody`; pass `runAs` if the daemon is
+ * configured otherwise) and anyone else's as the peer itself.
+ */
+export function scriptOwner(runAs = "nobody"): Owner {
+  const uid = process.getuid?.();
+  const gid = process.getgid?.();
+  if (uid === undefined || gid === undefined) throw new Error("scriptOwner needs a POSIX platform");
+  return uid === 0 ? lookupUser(runAs) : { uid, gid };
+}
+
+export interface WorkspaceOptions {
+  /** The daemon's `sandbox.run_as` (default `nobody`), used when this process is root. */
+  runAs?: string;
+  /** Explicit owner instead of {@link scriptOwner}. */
+  owner?: Owner;
+  /** Mode of the directory (default 0o755). */
+  mode?: number;
+}
+
+/**
+ * Prepare a workspace the script's uid can write: create it (with parents), chown it
+ * to the script's uid (`nobody` when this process is root, else our own uid) and set
+ * its mode (0755 unless given). Returns the path. Its parents must be traversable by
+ * that uid, and it must lie under one of the daemon's `workspace.roots`.
+ */
+export function prepareWorkspace(path: string, options: WorkspaceOptions = {}): string {
+  mkdirSync(path, { recursive: true });
+  const owner = options.owner ?? scriptOwner(options.runAs);
+  const me = process.getuid?.();
+  if (me === 0 || owner.uid !== me) chownSync(path, owner.uid, owner.gid);
+  chmodSync(path, options.mode ?? 0o755);
+  return path;
+}
