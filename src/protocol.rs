@@ -216,6 +216,7 @@ pub struct StartParams {
 /// {"script_id": "4f1c…", "timeout_s": 30, "token": "eyJ…"}
 /// ```
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ScriptRef {
     pub script_id: String,
     #[serde(default)]

@@ -349,6 +349,7 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream, budget: Arc<tokio::
 
 /// Params of `run.revoke` and `run.describe`: `{"token": "eyJ…"}`.
 #[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 struct TokenParam {
     token: String,
 }

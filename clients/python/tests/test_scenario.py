@@ -229,9 +229,6 @@ except agent_tools.ToolError as e:
     assert r.failures == 1
 
 
-@pytest.mark.xfail(reason="needs daemon change: first script.progress as soon as there is progress, "
-                          "last state always before script.finished (today: at most 1/s, last may be missing)",
-                   strict=False)
 def test_progress_reaches_final_value(daemon: Daemon) -> None:
     code = """
 import agent_tools
@@ -261,7 +258,6 @@ for k in range(0, 200, 50):
     assert fleet.finished[0].script_id == r.script_id
 
 
-@pytest.mark.xfail(reason="needs daemon change: MCP CallToolResult answers to tool.call", strict=False)
 def test_mcp_shaped_results(daemon: Daemon) -> None:
     code = """
 import agent_tools, json
@@ -290,8 +286,6 @@ except agent_tools.ToolError as e:
     assert r.failures == 1
 
 
-@pytest.mark.xfail(reason="needs daemon change: strict tool.call answers (today a result without "
-                          "text/structured/is_error is taken as an empty success)", strict=False)
 def test_malformed_tool_answer_is_engine_error(daemon: Daemon) -> None:
     code = """
 import agent_tools, json
@@ -396,8 +390,6 @@ def test_bad_token_signature(daemon: Daemon) -> None:
     assert e.value.code == -32010 and e.value.reason == "signature"
 
 
-@pytest.mark.xfail(reason="needs daemon change: workspace not writable by the script's uid refused "
-                          "at start (-32011 not_writable)", strict=False)
 def test_workspace_not_writable(daemon: Daemon) -> None:
     ws = daemon.root / f"ro-{uuid.uuid4().hex[:6]}"
     ws.mkdir()

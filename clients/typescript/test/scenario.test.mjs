@@ -13,14 +13,6 @@ import { KEY, startDaemon } from "./rig.mjs";
 // A test that fails only for want of a daemon change in flight (issue 9) is marked
 // todo here; drop the mark once the change is merged.
 const T = { timeout: 60_000 };
-const NEEDS = {
-  PROGRESS: { ...T, todo: "needs daemon change: the first script.progress at once and the last state always before script.finished" },
-  MCP: { ...T, todo: "needs daemon change: MCP CallToolResult answers to tool.call (today read as an empty plain result)" },
-  STRICT: { ...T, todo: "needs daemon change: strict tool.call answers (today missing fields default to an empty success)" },
-  INPUT_SCHEMA: { ...T, todo: "needs daemon change: enabled read/write tools need an input_schema (-32011 missing_field)" },
-  FIELD_ONCE: { ...T, todo: "needs daemon change: data.field of unknown_field names the key once (today extra.extra)" },
-  NOT_WRITABLE: { ...T, todo: "needs daemon change: script.start checks that the script's uid can write the workspace" },
-};
 
 let rig;
 before(async () => {
@@ -159,7 +151,7 @@ async function until(what, pred, ms = 10000) {
   }
 }
 
-test("progress: the first at once, the last (200/200) before script.finished", NEEDS.PROGRESS, async () => {
+test("progress: the first at once, the last (200/200) before script.finished", T, async () => {
   const { client } = await engine();
   const events = [];
   client.on("progress", (p) => events.push({ kind: "progress", p, at: Date.now() }));
@@ -262,7 +254,7 @@ except agent_tools.ToolError as e:
   }
 });
 
-test("MCP-shaped answers: structuredContent for a success, tool_error for isError", NEEDS.MCP, async () => {
+test("MCP-shaped answers: structuredContent for a success, tool_error for isError", T, async () => {
   const { client } = await engine();
   try {
     const code = `
@@ -284,7 +276,7 @@ except agent_tools.ToolError as e:
   }
 });
 
-test("a malformed tool answer ({foo: 1}) is ToolError engine, never a success", NEEDS.STRICT, async () => {
+test("a malformed tool answer ({foo: 1}) is ToolError engine, never a success", T, async () => {
   const { client } = await engine();
   try {
     const code = `
@@ -401,7 +393,7 @@ test("a bad token (wrong key) is refused: ScriptgateError reason signature", T, 
   }
 });
 
-test("a workspace the script's uid cannot write is refused at start (-32011 not_writable)", NEEDS.NOT_WRITABLE, async () => {
+test("a workspace the script's uid cannot write is refused at start (-32011 not_writable)", T, async () => {
   const { client, seen } = await engine();
   try {
     // As root, scripts run as nobody: a root-owned 0755 directory is not theirs to
@@ -442,11 +434,11 @@ test("validateSnapshot refuses what the daemon refuses, with the same reason and
     limits: { max_calls: 10 },
   });
   const cases = [
-    ["an unknown top-level field", (s) => (s.extra = 1), "unknown_field", "extra", NEEDS.FIELD_ONCE],
-    ["an unknown tool field", (s) => (s.tools[0].inputSchema = {}), "unknown_field", "tools[0].inputSchema", NEEDS.FIELD_ONCE],
-    ["an unknown limit", (s) => (s.limits.max_runtime = 1), "unknown_field", "limits.max_runtime", NEEDS.FIELD_ONCE],
-    ["a read tool without input_schema", (s) => delete s.tools[0].input_schema, "missing_field", "tools[0].input_schema", NEEDS.INPUT_SCHEMA],
-    ["a read tool with input_schema null", (s) => (s.tools[0].input_schema = null), "missing_field", "tools[0].input_schema", NEEDS.INPUT_SCHEMA],
+    ["an unknown top-level field", (s) => (s.extra = 1), "unknown_field", "extra"],
+    ["an unknown tool field", (s) => (s.tools[0].inputSchema = {}), "unknown_field", "tools[0].inputSchema"],
+    ["an unknown limit", (s) => (s.limits.max_runtime = 1), "unknown_field", "limits.max_runtime"],
+    ["a read tool without input_schema", (s) => delete s.tools[0].input_schema, "missing_field", "tools[0].input_schema"],
+    ["a read tool with input_schema null", (s) => (s.tools[0].input_schema = null), "missing_field", "tools[0].input_schema"],
     ["no permission_mode", (s) => delete s.permission_mode, "missing_field", "permission_mode"],
     ["an unknown permission_mode", (s) => (s.permission_mode = "yolo"), "invalid_value", "permission_mode"],
     ["an unknown class", (s) => (s.tools[1].class = "admin"), "invalid_value", "tools[1].class"],
