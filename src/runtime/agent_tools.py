@@ -201,7 +201,7 @@ def call_many(tool, args_list, return_errors=False):
 
 
 def progress(done, total, message=""):
-    """Report progress to the engine (sent on at most once per second)."""
+    """Report progress to the engine (the first at once, then at most once a second, and the last before the end)."""
     _channel().send({"op": "progress", "done": int(done), "total": int(total), "message": str(message)[:500]})
 
 
