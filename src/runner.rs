@@ -13,6 +13,7 @@ use crate::sys::{
     ChildSetup, Exit, Identity, PidFd, Spawner,
 };
 use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -195,6 +196,8 @@ async fn read_usage(fd: std::os::fd::OwnedFd) -> Option<u64> {
 
 /// Start the sandbox and supervise it to its end. `started` is answered once the
 /// child exists (the script is then `running`) or could not be spawned.
+///
+/// The steps run in this order, and the order matters (see each step's comment).
 pub async fn run(
     spawner: &Spawner,
     launch: Launch,
@@ -202,297 +205,119 @@ pub async fn run(
     mut stop: watch::Receiver<Option<Stop>>,
     started: tokio::sync::oneshot::Sender<Result<(), String>>,
 ) -> Result<Ended, std::io::Error> {
-    use std::os::fd::AsRawFd;
     let t0 = Instant::now();
     let script_id = broker.script_id.clone();
-    let (req_r, req_w) = channel_pipe()?; // script writes fd 3, we read
-    let (rep_r, rep_w) = channel_pipe()?; // we write, script reads fd 4
-    let (info_r, info_w) = channel_pipe()?; // bwrap writes the sandbox init's pid on fd 5
-                                            // fd 7: the seccomp program, already in the pipe (a few KiB) for bwrap to read.
-    let (seccomp_r, seccomp_w) = channel_pipe()?;
-    let program = crate::seccomp::cached().map_err(std::io::Error::other)?;
-    std::io::Write::write_all(&mut std::fs::File::from(seccomp_w), program)?;
-    let (ws_fd, agent_fd) = (
-        dup_high(&launch.workspace_dir)?,
-        dup_high(&launch.agent_dir)?,
-    );
-    let (usage_r, usage_w) = channel_pipe()?; // the sandbox init reports on fd 7
-    let mut dups = vec![
-        (req_w.as_raw_fd(), FD_REQUESTS),
-        (rep_r.as_raw_fd(), FD_REPLIES),
-        (info_w.as_raw_fd(), FD_INFO),
-        (usage_w.as_raw_fd(), FD_USAGE),
-        (seccomp_r.as_raw_fd(), FD_SECCOMP),
-        (ws_fd.as_raw_fd(), FD_WORKSPACE),
-        (agent_fd.as_raw_fd(), FD_AGENT),
-    ];
-    let gate = if launch.backend.needs_gate() {
-        Some(channel_pipe()?)
-    } else {
-        None
-    };
-    let mut cmd = match &gate {
-        Some((gate_r, _)) => {
-            dups.push((gate_r.as_raw_fd(), FD_GATE));
-            let mut c = std::process::Command::new("/bin/sh");
-            c.arg("-c").arg(gate_script()).arg(&launch.bwrap);
-            c
-        }
-        None => std::process::Command::new(&launch.bwrap),
-    };
-    // stdout/stderr: pipes the script's uid owns, so /dev/stdout works inside.
-    let (out_r, out_w) = channel_pipe()?;
-    let (err_r, err_w) = channel_pipe()?;
-    if let Some(id) = launch.identity {
-        give_pipe(&out_w, id)?;
-        give_pipe(&err_w, id)?;
-    }
-    // No environment: bwrap (and the gate shell) would otherwise carry the
-    // daemon's, and bwrap's --clearenv clears only the sandboxed child's.
-    cmd.env_clear()
-        .args(bwrap_args(&launch.sandbox, &RealHost))
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(out_w))
-        .stderr(Stdio::from(err_w));
-    let parent_pid = std::process::id() as libc::pid_t;
-    install_pre_exec(
-        &mut cmd,
-        ChildSetup {
-            identity: launch.identity,
-            rlimits: launch.backend.rlimits(&launch.limits),
-            dups,
-            parent_pid,
-        },
-    );
-    install_cloexec_above_fixed(&mut cmd);
-    let child = match spawner.spawn(cmd).await {
-        Ok(c) => c,
+
+    // 1. Open every descriptor before the fork: the child gets its ends at fixed
+    //    numbers, and nothing of ours may be created in the forked child.
+    let (child_ends, ours) = open_fds(&launch)?;
+
+    // 2. Build the command: bwrap, behind the gate when the backend places the
+    //    sandbox in a unit (its first instruction must already run there).
+    let ChildEnds {
+        fixed,
+        stdout,
+        stderr,
+    } = child_ends;
+    let cmd = command(&launch, &fixed, stdout, stderr);
+
+    // 3. Spawn from the spawner's long-lived thread (`--die-with-parent` fires when
+    //    the spawning thread exits) and reap on a thread of its own.
+    let mut sandbox = match spawn_supervised(spawner, cmd).await {
+        Ok(s) => s,
         Err(e) => {
             let _ = started.send(Err(format!("{}: {e}", launch.bwrap.display())));
             return Err(e);
         }
     };
-    // Until the reaper below reaps it, this pid cannot be reused: the pidfd is exact.
-    let pid = child.id() as i32;
-    let bwrap = PidFd::open(pid);
-    let mut exited = wait_child(pid);
     let _ = started.send(Ok(()));
     // Our copies of the child's ends must go, or fd 3 would never reach EOF.
     // (`cmd`, holding stdout/stderr's write ends, was consumed by the spawn.)
-    drop((req_w, rep_r, info_w, seccomp_r, usage_w, ws_fd, agent_fd));
+    drop(fixed);
     drop((launch.workspace_dir, launch.agent_dir));
-    drop(child);
-    let input = tokio::net::unix::pipe::Receiver::from_owned_fd(req_r)?;
-    let output = tokio::net::unix::pipe::Sender::from_owned_fd(rep_w)?;
-    let mut broker_task = tokio::spawn(broker.clone().serve(input, output));
+
+    // 4. Serve fd 3/4 and drain stdout/stderr before the script can run: a full
+    //    pipe would block it.
     let head_max = launch.return_max_chars.saturating_mul(4).saturating_add(4);
-    let pipe = tokio::net::unix::pipe::Receiver::from_owned_fd;
-    let out_task = tokio::spawn(capture(
-        pipe(out_r)?,
-        launch.stdout_file,
-        launch.output_max_bytes,
-        head_max,
-        0,
-    ));
-    let err_task = tokio::spawn(capture(
-        pipe(err_r)?,
-        launch.stderr_file,
-        launch.output_max_bytes,
-        0,
-        STDERR_TAIL_BYTES,
-    ));
+    let streams = Streams {
+        broker: tokio::spawn(broker.clone().serve(
+            tokio::net::unix::pipe::Receiver::from_owned_fd(ours.requests)?,
+            tokio::net::unix::pipe::Sender::from_owned_fd(ours.replies)?,
+        )),
+        out: tokio::spawn(capture(
+            tokio::net::unix::pipe::Receiver::from_owned_fd(ours.stdout)?,
+            launch.stdout_file,
+            launch.output_max_bytes,
+            head_max,
+            0,
+        )),
+        err: tokio::spawn(capture(
+            tokio::net::unix::pipe::Receiver::from_owned_fd(ours.stderr)?,
+            launch.stderr_file,
+            launch.output_max_bytes,
+            0,
+            STDERR_TAIL_BYTES,
+        )),
+    };
 
-    // Into the unit, then through the gate. A keeper holds a systemd scope open.
-    let mut keeper_proc = None;
-    let mut setup_error = None;
-    let mut placement = Placement::None;
-    if let Some((gate_r, gate_w)) = gate {
-        drop(gate_r);
-        let mut pids = vec![pid as u32];
-        if launch.backend.needs_keeper() {
-            match spawner.spawn(keeper(launch.identity)).await {
-                Ok(k) => {
-                    let kpid = k.id() as i32;
-                    pids.push(kpid as u32);
-                    keeper_proc = Some((PidFd::open(kpid), wait_child(kpid)));
-                }
-                Err(e) => setup_error = Some(format!("cannot start the scope keeper: {e}")),
-            }
-        }
-        if setup_error.is_none() {
-            match launch
-                .backend
-                .place(&script_id, &launch.limits, &pids)
-                .await
-            {
-                Ok(p) => {
-                    placement = p;
-                    let mut w = std::fs::File::from(gate_w);
-                    let _ = std::io::Write::write_all(&mut w, b"go\n");
-                }
-                Err(e) => {
-                    setup_error = Some(format!(
-                        "cannot place the script in its {} unit: {e}",
-                        launch.backend.kind.as_str()
-                    ))
-                }
-            }
-        }
-        // gate_w is dropped here: without "go" the gate exits 125.
-    }
+    // 5. Into the unit, then through the gate. A keeper holds a systemd scope open.
+    let placed = place_behind_gate(
+        spawner,
+        &launch.backend,
+        &launch.limits,
+        launch.identity,
+        &script_id,
+        sandbox.pid,
+        ours.gate,
+    )
+    .await;
 
-    // bwrap reports the sandbox's PID 1 once it exists; hold it by pidfd. If bwrap
-    // fails before that, the pipe closes and its stderr says why.
-    let sandbox_init = tokio::time::timeout(Duration::from_secs(10), read_child_pid(info_r))
-        .await
-        .ok()
-        .flatten()
-        .and_then(|pid| PidFd::open(pid).ok());
-    let timeout = Duration::from_secs(launch.limits.timeout_s);
-    let stopped = async {
-        loop {
-            if let Some(s) = stop.borrow_and_update().clone() {
-                return s;
-            }
-            if stop.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    let (early, exit) = tokio::select! {
-        st = &mut exited => (None, st.ok().and_then(Result::ok)),
-        _ = tokio::time::sleep(timeout) => (Some(None), None),
-        s = stopped => (Some(Some(s)), None),
-    };
-    let exit = match exit {
-        Some(e) => Some(e),
-        None => {
-            // Killing the sandbox's PID 1 makes the kernel kill every process in its
-            // namespace, setsid'd ones included; the outer bwrap then reaps it and
-            // exits. Killing bwrap as well would orphan the dying init (a zombie of
-            // whoever inherits it), so bwrap is killed only when the init is
-            // unknown or bwrap outlasts it; then the unit.
-            let init_killed = match &sandbox_init {
-                Some(init) => match init.kill() {
-                    Ok(()) => true,
-                    Err(e) => {
-                        tracing::warn!(script_id = %script_id, "cannot kill the sandbox init: {e}");
-                        false
-                    }
-                },
-                None => false,
-            };
-            let grace = Duration::from_secs(if init_killed { 5 } else { 0 });
-            let exit = match tokio::time::timeout(grace, &mut exited).await {
-                Ok(r) => r.ok().and_then(Result::ok),
-                Err(_) => {
-                    if let Ok(b) = &bwrap {
-                        let _ = b.kill();
-                    }
-                    placement.kill();
-                    exited.await.ok().and_then(Result::ok)
-                }
-            };
-            placement.kill();
-            exit
-        }
-    };
-    // The init has exited (bwrap waited for it), so its report is complete.
-    let usage = tokio::time::timeout(Duration::from_secs(5), read_usage(usage_r))
+    // 6. Wait for the end, or make it: the timeout counts from here, once the
+    //    script can run.
+    let init = sandbox_init(ours.info).await;
+    let (cut, exit) = wait_or_stop(
+        &mut sandbox,
+        init.as_ref(),
+        &placed.placement,
+        Duration::from_secs(launch.limits.timeout_s),
+        &mut stop,
+        &script_id,
+    )
+    .await;
+
+    // 7. Collect what the ending left: the init's report, the unit's counters
+    //    (read while the keeper still holds the scope), the output, the broker.
+    let usage = tokio::time::timeout(Duration::from_secs(5), read_usage(ours.usage))
         .await
         .ok()
         .flatten();
-    // The unit's word on how it ended, read while the keeper still holds it.
-    let outcome = placement.finish().await;
-    if let Some((kfd, kexit)) = keeper_proc {
-        if let Ok(k) = kfd {
-            let _ = k.kill();
-        }
-        let _ = kexit.await;
+    let outcome = placed.placement.finish().await;
+    if let Some(k) = placed.keeper {
+        k.end().await;
     }
-    // The namespace is gone, so the pipes reach EOF promptly; bound the wait anyway.
-    let grace = Duration::from_secs(5);
-    let out = tokio::time::timeout(grace, out_task)
-        .await
-        .ok()
-        .and_then(Result::ok);
-    let err = tokio::time::timeout(grace, err_task)
-        .await
-        .ok()
-        .and_then(Result::ok);
-    // The broker ends by itself once fd 3 is closed (after a short grace for
-    // calls still at the engine); if it does not, abort it: its cancelled calls are
-    // still logged and counted.
-    if tokio::time::timeout(grace * 2, &mut broker_task)
-        .await
-        .is_err()
-    {
-        tracing::warn!(script_id = %script_id, "broker did not stop after the script ended");
-        broker_task.abort();
-        let _ = broker_task.await;
-    }
-    let exit_code = exit.and_then(|e| e.code);
-    let stderr_tail = err
-        .map(|c| String::from_utf8_lossy(&c.tail).trim_end().to_string())
-        .unwrap_or_default();
+    let (out, err) = streams.finish(&script_id).await;
+
+    // 8. Decide the status and error, from facts only.
+    let ending = Ending {
+        cut,
+        setup_error: placed.error,
+        oom_killed: outcome.stats.oom_killed,
+        stopped_externally: outcome.stopped_externally,
+        exit,
+        uncaught: broker.live.uncaught.lock().unwrap().clone(),
+        stderr_tail: err
+            .map(|c| String::from_utf8_lossy(&c.tail).trim_end().to_string())
+            .unwrap_or_default(),
+    };
+    let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
+    let (status, error) = judge(&ending, &launch.limits, &unit);
     let (output, output_truncated) = match &out {
         Some(c) => head_chars(&c.head, c.total, launch.return_max_chars),
         None => (String::new(), false),
     };
-    let uncaught = broker.live.uncaught.lock().unwrap().clone();
-    let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
-    let (status, error) = match early {
-        Some(None) => (
-            Status::Timeout,
-            Some(format!(
-                "the script ran longer than timeout_s = {} and was killed",
-                launch.limits.timeout_s
-            )),
-        ),
-        Some(Some(Stop::Cancel(why))) => (Status::Cancelled, Some(why)),
-        Some(Some(Stop::Interrupt)) => (
-            Status::Interrupted,
-            Some("the daemon stopped while the script ran".into()),
-        ),
-        None if setup_error.is_some() => (Status::Error, setup_error),
-        // The unit's counters decide, not the exit signal.
-        None if outcome.stats.oom_killed => (
-            Status::Oom,
-            Some(format!(
-                "the script ran out of memory (memory_max_bytes = {}) and was killed",
-                launch.limits.memory_max_bytes
-            )),
-        ),
-        None if outcome.stopped_externally => (
-            Status::Cancelled,
-            Some(format!(
-                "stopped from outside scriptgate (systemctl stop {unit})"
-            )),
-        ),
-        None if exit_code == Some(0) => (Status::Ok, None),
-        None => {
-            let status = if uncaught.as_deref() == Some("limit") {
-                Status::Limit
-            } else {
-                Status::Error
-            };
-            let error = if stderr_tail.is_empty() {
-                match exit {
-                    Some(Exit { code: Some(c), .. }) => format!("exit code {c}"),
-                    Some(Exit {
-                        signal: Some(s), ..
-                    }) => format!("killed by signal {s}"),
-                    _ => "the sandbox ended without an exit status".into(),
-                }
-            } else {
-                stderr_tail
-            };
-            (status, Some(error))
-        }
-    };
     Ok(Ended {
         status,
-        exit_code,
+        exit_code: exit.and_then(|e| e.code),
         duration_ms: t0.elapsed().as_millis() as u64,
         output,
         output_truncated,
@@ -506,9 +331,558 @@ pub async fn run(
     })
 }
 
+/// The child's ends of its descriptors.
+struct ChildEnds {
+    /// Each dup2'ed to its fixed number in `pre_exec`; everything else stays
+    /// close-on-exec.
+    fixed: Vec<(OwnedFd, RawFd)>,
+    /// Pipes the script's uid owns, so that /dev/stdout works inside.
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
+/// Our ends of the child's descriptors.
+struct OurEnds {
+    /// fd 3: the script's requests.
+    requests: OwnedFd,
+    /// fd 4: our replies.
+    replies: OwnedFd,
+    /// bwrap's `--info-fd`: the sandbox init's pid.
+    info: OwnedFd,
+    /// The sandbox init's usage report.
+    usage: OwnedFd,
+    /// The gate's write end, when the backend gates.
+    gate: Option<OwnedFd>,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
+/// Step 1: every pipe and descriptor of one sandbox.
+fn open_fds(launch: &Launch) -> std::io::Result<(ChildEnds, OurEnds)> {
+    let (req_r, req_w) = channel_pipe()?; // script writes fd 3, we read
+    let (rep_r, rep_w) = channel_pipe()?; // we write, script reads fd 4
+    let (info_r, info_w) = channel_pipe()?; // bwrap writes the sandbox init's pid
+    let (usage_r, usage_w) = channel_pipe()?; // the sandbox init reports its usage
+    // The seccomp program, already in the pipe (a few KiB) for bwrap to read.
+    let (seccomp_r, seccomp_w) = channel_pipe()?;
+    let program = crate::seccomp::cached().map_err(std::io::Error::other)?;
+    std::io::Write::write_all(&mut std::fs::File::from(seccomp_w), program)?;
+    let mut fixed = vec![
+        (req_w, FD_REQUESTS),
+        (rep_r, FD_REPLIES),
+        (info_w, FD_INFO),
+        (usage_w, FD_USAGE),
+        (seccomp_r, FD_SECCOMP),
+        (dup_high(&launch.workspace_dir)?, FD_WORKSPACE),
+        (dup_high(&launch.agent_dir)?, FD_AGENT),
+    ];
+    let gate = if launch.backend.needs_gate() {
+        let (gate_r, gate_w) = channel_pipe()?;
+        fixed.push((gate_r, FD_GATE));
+        Some(gate_w)
+    } else {
+        None
+    };
+    let (out_r, out_w) = channel_pipe()?;
+    let (err_r, err_w) = channel_pipe()?;
+    if let Some(id) = launch.identity {
+        give_pipe(&out_w, id)?;
+        give_pipe(&err_w, id)?;
+    }
+    Ok((
+        ChildEnds {
+            fixed,
+            stdout: out_w,
+            stderr: err_w,
+        },
+        OurEnds {
+            requests: req_r,
+            replies: rep_w,
+            info: info_r,
+            usage: usage_r,
+            gate,
+            stdout: out_r,
+            stderr: err_r,
+        },
+    ))
+}
+
+/// Step 2: the command that starts the sandbox, with its `pre_exec` setup.
+fn command(
+    launch: &Launch,
+    fixed: &[(OwnedFd, RawFd)],
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+) -> std::process::Command {
+    let mut cmd = if launch.backend.needs_gate() {
+        let mut c = std::process::Command::new("/bin/sh");
+        c.arg("-c").arg(gate_script()).arg(&launch.bwrap);
+        c
+    } else {
+        std::process::Command::new(&launch.bwrap)
+    };
+    // No environment: bwrap (and the gate shell) would otherwise carry the
+    // daemon's, and bwrap's --clearenv clears only the sandboxed child's.
+    cmd.env_clear()
+        .args(bwrap_args(&launch.sandbox, &RealHost))
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::from(stderr));
+    install_pre_exec(
+        &mut cmd,
+        ChildSetup {
+            identity: launch.identity,
+            rlimits: launch.backend.rlimits(&launch.limits),
+            dups: fixed.iter().map(|(fd, to)| (fd.as_raw_fd(), *to)).collect(),
+            parent_pid: std::process::id() as libc::pid_t,
+        },
+    );
+    install_cloexec_above_fixed(&mut cmd);
+    cmd
+}
+
+/// The spawned sandbox (bwrap, or the gate shell that becomes bwrap).
+struct Sandbox {
+    pid: i32,
+    /// Until the reaper reaps it, this pid cannot be reused: the pidfd is exact.
+    bwrap: std::io::Result<PidFd>,
+    /// Resolves once the reaper has reaped it; taken when it has resolved.
+    exited: Option<tokio::sync::oneshot::Receiver<std::io::Result<Exit>>>,
+}
+
+impl Sandbox {
+    /// Wait for the reaper (at most `grace`, if given). `None` when it has no exit
+    /// status to give, or the grace ran out (then it can still be waited for).
+    async fn exit(&mut self, grace: Option<Duration>) -> Option<Exit> {
+        let rx = self.exited.as_mut()?;
+        let r = match grace {
+            Some(g) => tokio::time::timeout(g, rx).await.ok()?,
+            None => rx.await,
+        };
+        self.exited = None;
+        r.ok().and_then(Result::ok)
+    }
+}
+
+/// Step 3: spawn, then hold the child by pidfd and reap it on a thread of its own.
+async fn spawn_supervised(
+    spawner: &Spawner,
+    cmd: std::process::Command,
+) -> std::io::Result<Sandbox> {
+    let child = spawner.spawn(cmd).await?;
+    let pid = child.id() as i32;
+    Ok(Sandbox {
+        pid,
+        bwrap: PidFd::open(pid),
+        exited: Some(wait_child(pid)),
+    })
+}
+
+/// The tasks that serve a running script: the broker on fd 3/4, and the copies
+/// of stdout and stderr.
+struct Streams {
+    broker: tokio::task::JoinHandle<()>,
+    out: tokio::task::JoinHandle<Captured>,
+    err: tokio::task::JoinHandle<Captured>,
+}
+
+impl Streams {
+    /// The captured output and stderr, and the broker ended. The namespace is gone,
+    /// so the pipes reach EOF promptly; every wait is bounded anyway.
+    async fn finish(self, script_id: &str) -> (Option<Captured>, Option<Captured>) {
+        let grace = Duration::from_secs(5);
+        let out = tokio::time::timeout(grace, self.out)
+            .await
+            .ok()
+            .and_then(Result::ok);
+        let err = tokio::time::timeout(grace, self.err)
+            .await
+            .ok()
+            .and_then(Result::ok);
+        // The broker ends by itself once fd 3 is closed (after a short grace for
+        // calls still at the engine); if it does not, abort it: its cancelled calls
+        // are still logged and counted.
+        let mut broker = self.broker;
+        if tokio::time::timeout(grace * 2, &mut broker).await.is_err() {
+            tracing::warn!(script_id = %script_id, "broker did not stop after the script ended");
+            broker.abort();
+            let _ = broker.await;
+        }
+        (out, err)
+    }
+}
+
+/// A process that holds a systemd scope until its counters are read.
+struct Keeper {
+    pidfd: std::io::Result<PidFd>,
+    exited: tokio::sync::oneshot::Receiver<std::io::Result<Exit>>,
+}
+
+impl Keeper {
+    async fn end(self) {
+        if let Ok(k) = self.pidfd {
+            let _ = k.kill();
+        }
+        let _ = self.exited.await;
+    }
+}
+
+/// Where step 5 left the script.
+struct Placed {
+    placement: Placement,
+    keeper: Option<Keeper>,
+    /// Why the script could not be placed; it then never passed the gate.
+    error: Option<String>,
+}
+
+/// Step 5: put the sandbox (and a keeper, for a scope) in its unit, then say "go"
+/// through the gate. Without "go" (the gate's write end dropped) the gate shell
+/// exits 125 and bwrap never runs.
+async fn place_behind_gate(
+    spawner: &Spawner,
+    backend: &Backend,
+    limits: &Limits,
+    identity: Option<Identity>,
+    script_id: &str,
+    pid: i32,
+    gate: Option<OwnedFd>,
+) -> Placed {
+    let mut placed = Placed {
+        placement: Placement::None,
+        keeper: None,
+        error: None,
+    };
+    let Some(gate_w) = gate else {
+        return placed;
+    };
+    let mut pids = vec![pid as u32];
+    if backend.needs_keeper() {
+        match spawner.spawn(keeper(identity)).await {
+            Ok(k) => {
+                let kpid = k.id() as i32;
+                pids.push(kpid as u32);
+                placed.keeper = Some(Keeper {
+                    pidfd: PidFd::open(kpid),
+                    exited: wait_child(kpid),
+                });
+            }
+            Err(e) => {
+                placed.error = Some(format!("cannot start the scope keeper: {e}"));
+                return placed;
+            }
+        }
+    }
+    match backend.place(script_id, limits, &pids).await {
+        Ok(p) => {
+            placed.placement = p;
+            let mut w = std::fs::File::from(gate_w);
+            let _ = std::io::Write::write_all(&mut w, b"go\n");
+        }
+        Err(e) => {
+            placed.error = Some(format!(
+                "cannot place the script in its {} unit: {e}",
+                backend.kind().as_str()
+            ))
+        }
+    }
+    placed
+}
+
+/// bwrap reports the sandbox's PID 1 once it exists; hold it by pidfd. If bwrap
+/// fails before that, the pipe closes and its stderr says why.
+async fn sandbox_init(info: OwnedFd) -> Option<PidFd> {
+    tokio::time::timeout(Duration::from_secs(10), read_child_pid(info))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|pid| PidFd::open(pid).ok())
+}
+
+/// Step 6: the sandbox's exit, or (timeout, a stop) why it was cut short and the
+/// exit after the kill.
+async fn wait_or_stop(
+    sandbox: &mut Sandbox,
+    init: Option<&PidFd>,
+    placement: &Placement,
+    timeout: Duration,
+    stop: &mut watch::Receiver<Option<Stop>>,
+    script_id: &str,
+) -> (Option<Cut>, Option<Exit>) {
+    let stopped = async {
+        loop {
+            if let Some(s) = stop.borrow_and_update().clone() {
+                return s;
+            }
+            if stop.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let (cut, exit) = tokio::select! {
+        e = sandbox.exit(None) => (None, e),
+        _ = tokio::time::sleep(timeout) => (Some(Cut::Timeout), None),
+        s = stopped => (Some(Cut::Stopped(s)), None),
+    };
+    if exit.is_some() {
+        return (cut, exit);
+    }
+    (cut, kill_sandbox(sandbox, init, placement, script_id).await)
+}
+
+/// Killing the sandbox's PID 1 makes the kernel kill every process in its
+/// namespace, setsid'd ones included; the outer bwrap then reaps it and exits.
+/// Killing bwrap as well would orphan the dying init (a zombie of whoever
+/// inherits it), so bwrap is killed only when the init is unknown or bwrap
+/// outlasts it; then the unit.
+async fn kill_sandbox(
+    sandbox: &mut Sandbox,
+    init: Option<&PidFd>,
+    placement: &Placement,
+    script_id: &str,
+) -> Option<Exit> {
+    let init_killed = match init {
+        Some(init) => match init.kill() {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(script_id = %script_id, "cannot kill the sandbox init: {e}");
+                false
+            }
+        },
+        None => false,
+    };
+    let grace = Duration::from_secs(if init_killed { 5 } else { 0 });
+    let mut exit = sandbox.exit(Some(grace)).await;
+    if exit.is_none() && sandbox.exited.is_some() {
+        if let Ok(b) = &sandbox.bwrap {
+            let _ = b.kill();
+        }
+        placement.kill();
+        exit = sandbox.exit(None).await;
+    }
+    placement.kill();
+    exit
+}
+
+/// Why the supervisor ended a script before it exited by itself.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cut {
+    /// It ran longer than `timeout_s`.
+    Timeout,
+    /// `script.cancel`, a revocation, a lost engine, or the daemon's shutdown.
+    Stopped(Stop),
+}
+
+/// What the supervisor knows once a script has ended: the facts [`judge`] decides on.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ending {
+    pub cut: Option<Cut>,
+    /// The script could not be placed in its unit (it never passed the gate).
+    pub setup_error: Option<String>,
+    /// The unit's memory events say the OOM killer ended it.
+    pub oom_killed: bool,
+    /// The unit was stopped from outside scriptgate (`systemctl stop`).
+    pub stopped_externally: bool,
+    pub exit: Option<Exit>,
+    /// The code of the `ToolError` the script died of, if it did.
+    pub uncaught: Option<String>,
+    /// The end of stderr, trimmed.
+    pub stderr_tail: String,
+}
+
+/// Which status and error an ending gets. The arms are in order of precedence:
+/// the supervisor's own cut first, then a failed setup, then the unit's counters
+/// (not the exit signal: a SIGKILL alone does not mean `oom`), then the exit.
+pub fn judge(e: &Ending, limits: &Limits, unit: &str) -> (Status, Option<String>) {
+    match &e.cut {
+        Some(Cut::Timeout) => {
+            return (
+                Status::Timeout,
+                Some(format!(
+                    "the script ran longer than timeout_s = {} and was killed",
+                    limits.timeout_s
+                )),
+            )
+        }
+        Some(Cut::Stopped(Stop::Cancel(why))) => return (Status::Cancelled, Some(why.clone())),
+        Some(Cut::Stopped(Stop::Interrupt)) => {
+            return (
+                Status::Interrupted,
+                Some("the daemon stopped while the script ran".into()),
+            )
+        }
+        None => {}
+    }
+    if let Some(why) = &e.setup_error {
+        return (Status::Error, Some(why.clone()));
+    }
+    if e.oom_killed {
+        return (
+            Status::Oom,
+            Some(format!(
+                "the script ran out of memory (memory_max_bytes = {}) and was killed",
+                limits.memory_max_bytes
+            )),
+        );
+    }
+    if e.stopped_externally {
+        return (
+            Status::Cancelled,
+            Some(format!(
+                "stopped from outside scriptgate (systemctl stop {unit})"
+            )),
+        );
+    }
+    if e.exit.and_then(|x| x.code) == Some(0) {
+        return (Status::Ok, None);
+    }
+    let status = if e.uncaught.as_deref() == Some("limit") {
+        Status::Limit
+    } else {
+        Status::Error
+    };
+    let error = if !e.stderr_tail.is_empty() {
+        e.stderr_tail.clone()
+    } else {
+        match e.exit {
+            Some(Exit { code: Some(c), .. }) => format!("exit code {c}"),
+            Some(Exit {
+                signal: Some(s), ..
+            }) => format!("killed by signal {s}"),
+            _ => "the sandbox ended without an exit status".into(),
+        }
+    };
+    (status, Some(error))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::head_chars;
+    use super::{head_chars, judge, Cut, Ending, Stop};
+    use crate::policy::Limits;
+    use crate::protocol::Status;
+    use crate::sys::Exit;
+
+    fn limits() -> Limits {
+        Limits {
+            max_calls: 500,
+            max_concurrency: 4,
+            timeout_s: 600,
+            memory_max_bytes: 1 << 30,
+            tasks_max: 64,
+        }
+    }
+
+    fn exited(code: Option<i32>, signal: Option<i32>) -> Option<Exit> {
+        Some(Exit {
+            code,
+            signal,
+            max_rss_bytes: 0,
+            cpu_usec: 0,
+        })
+    }
+
+    /// Every ending the supervisor can see, and the status and error it gets.
+    #[test]
+    fn each_ending_gets_its_status_and_error() {
+        let ok = exited(Some(0), None);
+        let failed = exited(Some(1), None);
+        let killed = exited(None, Some(9));
+        let unit = "scriptgate-ab.scope";
+        let cancel = Some(Cut::Stopped(Stop::Cancel("engine disconnected".into())));
+        let table: Vec<(&str, Ending, Status, Option<&str>)> = vec![
+            ("exit 0", Ending { exit: ok, ..Default::default() }, Status::Ok, None),
+            (
+                "exit 0 with stderr is still ok",
+                Ending { exit: ok, stderr_tail: "warning".into(), ..Default::default() },
+                Status::Ok,
+                None,
+            ),
+            (
+                "non-zero exit: the stderr tail",
+                Ending { exit: failed, stderr_tail: "Traceback: boom".into(), ..Default::default() },
+                Status::Error,
+                Some("Traceback: boom"),
+            ),
+            (
+                "non-zero exit, nothing on stderr",
+                Ending { exit: failed, ..Default::default() },
+                Status::Error,
+                Some("exit code 1"),
+            ),
+            (
+                "a signal, nothing on stderr",
+                Ending { exit: killed, ..Default::default() },
+                Status::Error,
+                Some("killed by signal 9"),
+            ),
+            (
+                "no exit status",
+                Ending::default(),
+                Status::Error,
+                Some("the sandbox ended without an exit status"),
+            ),
+            (
+                "an uncaught limit ToolError",
+                Ending { exit: failed, uncaught: Some("limit".into()), stderr_tail: "ToolError: limit".into(), ..Default::default() },
+                Status::Limit,
+                Some("ToolError: limit"),
+            ),
+            (
+                "another uncaught ToolError is an error",
+                Ending { exit: failed, uncaught: Some("denied".into()), ..Default::default() },
+                Status::Error,
+                Some("exit code 1"),
+            ),
+            (
+                "timeout beats everything after it",
+                Ending { cut: Some(Cut::Timeout), oom_killed: true, exit: killed, ..Default::default() },
+                Status::Timeout,
+                Some("the script ran longer than timeout_s = 600 and was killed"),
+            ),
+            (
+                "cancel keeps its reason",
+                Ending { cut: cancel.clone(), setup_error: Some("x".into()), exit: ok, ..Default::default() },
+                Status::Cancelled,
+                Some("engine disconnected"),
+            ),
+            (
+                "interrupt",
+                Ending { cut: Some(Cut::Stopped(Stop::Interrupt)), ..Default::default() },
+                Status::Interrupted,
+                Some("the daemon stopped while the script ran"),
+            ),
+            (
+                "a failed setup beats the counters",
+                Ending { setup_error: Some("cannot start the scope keeper: x".into()), oom_killed: true, exit: exited(Some(125), None), ..Default::default() },
+                Status::Error,
+                Some("cannot start the scope keeper: x"),
+            ),
+            (
+                "oom from the unit's counters, not the signal",
+                Ending { oom_killed: true, stopped_externally: true, exit: killed, stderr_tail: "Killed".into(), ..Default::default() },
+                Status::Oom,
+                Some("the script ran out of memory (memory_max_bytes = 1073741824) and was killed"),
+            ),
+            (
+                "oom even with exit 0",
+                Ending { oom_killed: true, exit: ok, ..Default::default() },
+                Status::Oom,
+                Some("the script ran out of memory (memory_max_bytes = 1073741824) and was killed"),
+            ),
+            (
+                "systemctl stop",
+                Ending { stopped_externally: true, exit: killed, ..Default::default() },
+                Status::Cancelled,
+                Some("stopped from outside scriptgate (systemctl stop scriptgate-ab.scope)"),
+            ),
+        ];
+        for (what, ending, status, error) in table {
+            assert_eq!(
+                judge(&ending, &limits(), unit),
+                (status, error.map(str::to_string)),
+                "{what}"
+            );
+        }
+    }
 
     #[test]
     fn head_is_cut_at_a_char_boundary() {

@@ -55,15 +55,55 @@ impl Host {
     }
 }
 
-/// The backend picked at start-up, and why the others were not.
+/// A limit backend: where a script's processes go and what bounds them. One
+/// variant per backend, each with what only it needs (youki's `AnyCgroupManager`
+/// is the model); `rlimit` needs nothing but the limits themselves.
 #[derive(Clone)]
-pub struct Backend {
-    pub kind: Kind,
-    pub notes: Vec<String>,
-    systemd: Option<systemd::Manager>,
-    tree: Option<cgroup::Tree>,
+pub enum Backend {
+    /// Transient scopes `scriptgate-<id>.scope`, created over D-Bus.
+    Systemd(SystemdBackend),
+    /// Leaves of the daemon's delegated cgroup v2 subtree.
+    Cgroup(CgroupBackend),
+    /// rlimits on the sandbox, plus its PID namespace.
+    Rlimit,
+}
+
+#[derive(Clone)]
+pub struct SystemdBackend {
+    manager: systemd::Manager,
+    /// Where a scope's counters are read (`memory.peak`, `memory.events`, …).
     cgroupfs: PathBuf,
     cpu_quota_percent: u32,
+}
+
+#[derive(Clone)]
+pub struct CgroupBackend {
+    tree: cgroup::Tree,
+    cpu_quota_percent: u32,
+}
+
+/// The backend picked at start-up, and why the others were not.
+#[derive(Clone)]
+pub struct Picked {
+    /// `backend.kind()`, kept as a field for those who read it so.
+    pub kind: Kind,
+    pub notes: Vec<String>,
+    pub backend: Backend,
+}
+
+impl Picked {
+    fn new(backend: Backend, notes: Vec<String>) -> Picked {
+        Picked {
+            kind: backend.kind(),
+            notes,
+            backend,
+        }
+    }
+
+    /// Are memory and tasks bounded for each script as a whole?
+    pub fn limits_per_script(&self) -> bool {
+        self.backend.limits_per_script()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -74,29 +114,27 @@ pub struct BackendError {
 }
 
 impl Backend {
+    /// `choice`, or with `auto` the first backend that works (systemd, cgroup,
+    /// rlimit), with a note for each one passed over and for rlimit's limits.
     pub async fn pick(
         choice: BackendChoice,
         host: &Host,
         cpu_quota_percent: u32,
-    ) -> Result<Backend, BackendError> {
-        let mut b = Backend {
-            kind: Kind::Rlimit,
-            notes: vec![],
-            systemd: None,
-            tree: None,
-            cgroupfs: host.cgroupfs.clone(),
-            cpu_quota_percent,
-        };
+    ) -> Result<Picked, BackendError> {
+        let mut notes = vec![];
         let fail = |why: String| BackendError { choice, why };
         if matches!(choice, BackendChoice::Auto | BackendChoice::Systemd) {
             match systemd::Manager::connect().await {
-                Ok(m) => {
-                    b.kind = Kind::Systemd;
-                    b.systemd = Some(m);
-                    return Ok(b);
+                Ok(manager) => {
+                    let b = Backend::Systemd(SystemdBackend {
+                        manager,
+                        cgroupfs: host.cgroupfs.clone(),
+                        cpu_quota_percent,
+                    });
+                    return Ok(Picked::new(b, notes));
                 }
                 Err(why) if choice == BackendChoice::Systemd => return Err(fail(why)),
-                Err(why) => b.notes.push(format!("systemd: {why}")),
+                Err(why) => notes.push(format!("systemd: {why}")),
             }
         }
         if matches!(choice, BackendChoice::Auto | BackendChoice::Cgroup) {
@@ -106,50 +144,60 @@ impl Backend {
                     .map_err(|e| e.to_string())
             });
             match tree {
-                Ok(t) => {
-                    b.kind = Kind::Cgroup;
-                    b.tree = Some(t);
-                    return Ok(b);
+                Ok(tree) => {
+                    let b = Backend::Cgroup(CgroupBackend {
+                        tree,
+                        cpu_quota_percent,
+                    });
+                    return Ok(Picked::new(b, notes));
                 }
                 Err(why) if choice == BackendChoice::Cgroup => return Err(fail(why)),
-                Err(why) => b.notes.push(format!("cgroup: {why}")),
+                Err(why) => notes.push(format!("cgroup: {why}")),
             }
         }
-        b.notes.push(RLIMIT_SHARED.into());
-        Ok(b)
+        notes.push(RLIMIT_SHARED.into());
+        Ok(Picked::new(Backend::Rlimit, notes))
+    }
+
+    pub fn kind(&self) -> Kind {
+        match self {
+            Backend::Systemd(_) => Kind::Systemd,
+            Backend::Cgroup(_) => Kind::Cgroup,
+            Backend::Rlimit => Kind::Rlimit,
+        }
     }
 
     /// rlimits for the sandbox. Under a unit, the unit bounds memory and tasks.
     pub fn rlimits(&self, l: &Limits) -> Vec<(libc::__rlimit_resource_t, u64)> {
-        match self.kind {
-            Kind::Rlimit => vec![
+        match self {
+            Backend::Rlimit => vec![
                 (libc::RLIMIT_AS, l.memory_max_bytes),
                 (libc::RLIMIT_NPROC, l.tasks_max),
                 (libc::RLIMIT_CORE, 0),
             ],
-            _ => vec![(libc::RLIMIT_CORE, 0)],
+            Backend::Systemd(_) | Backend::Cgroup(_) => vec![(libc::RLIMIT_CORE, 0)],
         }
     }
 
     /// Are memory and tasks bounded for each script as a whole?
     pub fn limits_per_script(&self) -> bool {
-        self.kind != Kind::Rlimit
+        !matches!(self, Backend::Rlimit)
     }
 
     /// The sandbox waits at a gate until it is placed in its unit.
     pub fn needs_gate(&self) -> bool {
-        self.kind != Kind::Rlimit
+        !matches!(self, Backend::Rlimit)
     }
 
     /// A scope is collected by systemd when its last process exits, counters and
     /// all; a keeper process holds it until they are read.
     pub fn needs_keeper(&self) -> bool {
-        self.kind == Kind::Systemd
+        matches!(self, Backend::Systemd(_))
     }
 
     /// The unit a script will run in, known before it starts.
     pub fn unit_for(&self, script_id: &str) -> Option<String> {
-        (self.kind == Kind::Systemd).then(|| systemd::unit_name(script_id))
+        matches!(self, Backend::Systemd(_)).then(|| systemd::unit_name(script_id))
     }
 
     /// Put the (gated) processes of a script in their unit.
@@ -159,27 +207,29 @@ impl Backend {
         l: &Limits,
         pids: &[u32],
     ) -> Result<Placement, String> {
-        match (&self.systemd, &self.tree) {
-            (Some(m), _) => {
-                let unit = m
-                    .start_scope(script_id, pids, l, self.cpu_quota_percent)
+        match self {
+            Backend::Systemd(s) => {
+                let unit = s
+                    .manager
+                    .start_scope(script_id, pids, l, s.cpu_quota_percent)
                     .await?;
                 Ok(Placement::Scope {
                     unit,
-                    manager: m.clone(),
-                    cgroupfs: self.cgroupfs.clone(),
+                    manager: s.manager.clone(),
+                    cgroupfs: s.cgroupfs.clone(),
                 })
             }
-            (None, Some(t)) => {
-                let leaf = t
-                    .leaf(script_id, l, self.cpu_quota_percent)
+            Backend::Cgroup(c) => {
+                let leaf = c
+                    .tree
+                    .leaf(script_id, l, c.cpu_quota_percent)
                     .map_err(|e| e.to_string())?;
                 for p in pids {
                     leaf.add(*p).map_err(|e| e.to_string())?;
                 }
                 Ok(Placement::Leaf(leaf))
             }
-            (None, None) => Ok(Placement::None),
+            Backend::Rlimit => Ok(Placement::None),
         }
     }
 }
