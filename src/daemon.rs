@@ -1,31 +1,38 @@
 //! The daemon core, independent of transport: checks and starts scripts, tracks
 //! them, and answers the protocol methods. `server` drives it from a Unix socket;
 //! the CLI's embedded mode drives it in-process.
+//!
+//! A start ([`Daemon::start`]) runs these steps, each refusing with its own error:
+//! admit (token, revocation, workspace, plan, identity, writability), seek the
+//! approval (bounded per connection, holding no slot), reserve a `max_running`
+//! slot, create the record, then make the broker and supervise the script.
+
+// The registry of running and finished scripts; only the daemon uses it.
+#[path = "registry.rs"]
+pub(crate) mod registry;
 
 use crate::audit::{now_ms, Refusal as RefusalRow, StartRow, Store};
 use crate::broker::{Broker, Live, RevokedRuns};
 use crate::config::Config;
 use crate::engine::{EngineLink, LinkError};
-use crate::limits::Backend;
-use crate::policy::{Budget, Limits, Policy};
+use crate::limits::{Backend, Picked};
+use crate::policy::{Budget, Limits, Policy, StartPlan};
 use crate::protocol::{code, RpcError, ScriptRef, ScriptResult, StartParams, Status};
 use crate::ratelimit::{RefusalLimiter, Verdict};
 use crate::runner::{Launch, Stop};
 use crate::sandbox::SandboxSpec;
-use crate::sys::{resolve_run_as, ArtifactDir, Spawner, WorkspaceDir};
-use crate::token;
+use crate::sys::{resolve_run_as, ArtifactDir, Identity, Spawner, WorkspaceDir};
+use crate::token::{self, PermissionMode, RunClaims, RunRef, Signed};
+use registry::{Registry, Slot};
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 const AGENT_TOOLS_PY: &str = include_str!("runtime/agent_tools.py");
-/// How many finished scripts keep "visible to the connection that started them".
-const FINISHED_OWNERS_MAX: usize = 100_000;
 
 /// Who is on the other end of a connection (from SO_PEERCRED).
 #[derive(Debug, Clone, Copy)]
@@ -37,6 +44,7 @@ pub struct Peer {
     pub admin: bool,
 }
 
+/// What the daemon keeps of a running script.
 struct Running {
     run_id: String,
     runner: Option<String>,
@@ -45,6 +53,7 @@ struct Running {
     peer_uid: u32,
     run_uid: u32,
     started: Instant,
+    details_dir: String,
     live: Arc<Live>,
     stop: watch::Sender<Option<Stop>>,
     result: watch::Receiver<Option<ScriptResult>>,
@@ -54,17 +63,11 @@ pub struct Daemon {
     pub cfg: Config,
     key: Vec<u8>,
     pub store: Store,
-    pub backend: Backend,
+    pub backend: Picked,
     spawner: Spawner,
     runtime_dir: PathBuf,
-    running: Mutex<HashMap<String, Arc<Running>>>,
-    /// Finished scripts started in this daemon's lifetime: script id → connection id.
-    finished_owner: Mutex<HashMap<String, u64>>,
-    slots: AtomicUsize,
-    /// Starts waiting for the engine's approval, per connection. They hold no
-    /// `max_running` slot; a connection may have `max_running / 4` (at least 1)
-    /// of them, and the daemon `max_running` in all.
-    approvals: Mutex<HashMap<u64, usize>>,
+    /// Running and finished scripts, `max_running` slots, pending approvals.
+    registry: Arc<Registry<Running>>,
     /// Refused starts past a rate are counted, not recorded one by one.
     refusals: Mutex<RefusalLimiter>,
     revoked: RevokedRuns,
@@ -91,6 +94,63 @@ fn new_script_id() -> String {
     let mut b = [0u8; 8];
     getrandom::getrandom(&mut b).expect("getrandom");
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// How a start came to be allowed. The audit row keeps it as a string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Approval {
+    /// The engine answered `allow_once` to `approval.request`.
+    AllowOnce,
+    /// No write tool was declared: nothing to approve.
+    NotNeeded,
+    /// `permission_mode: auto` asks nothing.
+    Auto,
+    /// Every declared write tool is in the snapshot's `session_allowed`.
+    SessionAllowed,
+}
+
+impl Approval {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Approval::AllowOnce => "allow_once",
+            Approval::NotNeeded => "not_needed",
+            Approval::Auto => "auto",
+            Approval::SessionAllowed => "session_allowed",
+        }
+    }
+
+    /// Why a start that needs no `approval.request` is allowed; `None` when it
+    /// needs one.
+    pub fn without_request(plan: &StartPlan, mode: PermissionMode) -> Option<Approval> {
+        Some(if plan.needs_approval {
+            return None;
+        } else if plan.declared.is_empty() {
+            Approval::NotNeeded
+        } else if mode == PermissionMode::Auto {
+            Approval::Auto
+        } else {
+            Approval::SessionAllowed
+        })
+    }
+}
+
+/// A start that passed every check that needs no engine and no slot.
+struct Admitted {
+    claims: RunClaims,
+    workspace: WorkspaceDir,
+    policy: Policy,
+    plan: StartPlan,
+    identity: Identity,
+}
+
+/// A script's record in its workspace, created before anything runs.
+struct Record {
+    art: ArtifactDir,
+    details_dir: String,
+    calls_log: std::fs::File,
+    stdout_file: std::fs::File,
+    stderr_file: std::fs::File,
+    limits: Limits,
 }
 
 impl Daemon {
@@ -139,10 +199,7 @@ impl Daemon {
             backend,
             spawner: Spawner::start(),
             runtime_dir,
-            running: Mutex::new(HashMap::new()),
-            finished_owner: Mutex::new(HashMap::new()),
-            slots: AtomicUsize::new(0),
-            approvals: Mutex::new(HashMap::new()),
+            registry: Registry::new(cfg.server.max_running),
             refusals: Mutex::new(RefusalLimiter::default()),
             revoked,
             changed: tokio::sync::Notify::new(),
@@ -163,7 +220,7 @@ impl Daemon {
     }
 
     pub fn running_count(&self) -> usize {
-        self.running.lock().unwrap().len()
+        self.registry.running_count()
     }
 
     /// Wakes when a script starts or ends (idle tracking, STATUS=).
@@ -196,25 +253,23 @@ impl Daemon {
         )
     }
 
-    /// `script.start`. Refusals are audited (and logged at warning priority).
+    /// `script.start`. Refusals are audited (and logged at warning priority) under
+    /// the run the token names once its signature holds, even when the token is
+    /// then refused (expired, a bad snapshot).
     pub async fn start(
         self: &Arc<Self>,
         peer: Peer,
         engine: Arc<dyn EngineLink>,
         p: StartParams,
     ) -> Result<Value, RpcError> {
-        let mut run: (Option<String>, Option<String>) = (None, None);
-        let token = p.token.clone();
-        let r = self.start_inner(peer, engine, p, &mut run).await;
+        let (run, r) = match Signed::verify(&p.token, &self.key) {
+            Ok(signed) => (
+                signed.run(),
+                self.start_signed(peer, engine, p, signed).await,
+            ),
+            Err(e) => (None, Err(e)),
+        };
         if let Err(e) = &r {
-            if run.0.is_none() {
-                // Refused before the claims were read (expired, a bad snapshot): a
-                // token whose signature holds still names its run, and the audit
-                // keeps it.
-                if let Some((run_id, runner)) = token::signed_run(&token, &self.key) {
-                    run = (Some(run_id), runner);
-                }
-            }
             self.record_refusal(e, run, peer).await;
         }
         r
@@ -222,12 +277,7 @@ impl Daemon {
 
     /// A refused start: a journal entry and an audit row, unless refusals come
     /// faster than the rate limit; then they are counted and summarised.
-    async fn record_refusal(
-        &self,
-        e: &RpcError,
-        run: (Option<String>, Option<String>),
-        peer: Peer,
-    ) {
+    async fn record_refusal(&self, e: &RpcError, run: Option<RunRef>, peer: Peer) {
         let verdict = self
             .refusals
             .lock()
@@ -237,12 +287,16 @@ impl Daemon {
             return;
         }
         self.flush_refusals().await;
-        crate::journal::start_refused(e, run.0.as_deref(), run.1.as_deref(), peer.uid, peer.pid);
+        let (run_id, runner) = match run {
+            Some(RunRef { run_id, runner }) => (Some(run_id), runner),
+            None => (None, None),
+        };
+        crate::journal::start_refused(e, run_id.as_deref(), runner.as_deref(), peer.uid, peer.pid);
         let _ = self
             .store
             .refusal(RefusalRow {
-                run_id: run.0,
-                runner: run.1,
+                run_id,
+                runner,
                 peer_uid: peer.uid,
                 peer_pid: peer.pid,
                 code: e.code,
@@ -273,16 +327,42 @@ impl Daemon {
             .await;
     }
 
-    async fn start_inner(
+    /// The steps of a start whose token's signature holds.
+    async fn start_signed(
         self: &Arc<Self>,
         peer: Peer,
         engine: Arc<dyn EngineLink>,
         p: StartParams,
-        run: &mut (Option<String>, Option<String>),
+        signed: Signed,
     ) -> Result<Value, RpcError> {
-        // 1. Token and snapshot: nothing runs unless the run is proven.
-        let claims = token::verify(&p.token, &self.key, true)?;
-        *run = (Some(claims.run_id.clone()), claims.runner.clone());
+        // 1. Admit: nothing runs unless the run is proven, not revoked, and its
+        //    workspace, plan and identity hold.
+        let admitted = self.admit(peer, &p, signed)?;
+        let script_id = new_script_id();
+        // 2. One approval for all declared write tools. A start waiting for it
+        //    holds no max_running slot, so an engine that never answers blocks
+        //    only its own starts.
+        let approval = self
+            .seek_approval(engine.as_ref(), &script_id, &admitted, &p)
+            .await?;
+        // 3. A max_running slot, held until the script's end is recorded.
+        let slot = self.registry.reserve_slot()?;
+        // 4. The record directory and the audit row, before anything runs.
+        let record = self
+            .create_record(&script_id, peer, &p, &admitted, approval)
+            .await?;
+        // 5. Start it; answer once it runs.
+        self.supervise(script_id, peer, engine, admitted, record, slot)
+            .await
+    }
+
+    /// Step 1: the token's claims, freshness and snapshot; the revocation; the
+    /// workspace (opened once, here); the plan; the identity the script runs as,
+    /// and whether that identity may write the workspace.
+    fn admit(&self, peer: Peer, p: &StartParams, signed: Signed) -> Result<Admitted, RpcError> {
+        let claims = signed.claims()?;
+        claims.check_fresh(token::now_unix())?;
+        let claims = claims.parse_snapshot()?;
         if self.revoked.read().unwrap().contains(&claims.run_id) {
             return Err(RpcError::with_data(
                 code::TOKEN,
@@ -316,232 +396,173 @@ impl Daemon {
             .writable_by(identity)
             .map_err(|e| RpcError::internal(e.to_string()))?;
         if !snap.read_only && !writable {
-            return Err(RpcError::with_data(
-                code::SNAPSHOT,
-                format!(
-                    "workspace {} is not writable by uid {} (gid {}), the identity this run's scripts have{}; \
-                     chown the directory to that uid (or make it writable for it), or make the run read_only",
-                    workspace.path.display(),
-                    identity.uid,
-                    identity.gid,
-                    if peer.uid == 0 {
-                        format!(": scripts of root engines run as sandbox.run_as = {:?}", self.cfg.sandbox.run_as)
-                    } else {
-                        ", the engine's own".to_string()
-                    }
-                ),
-                json!({"reason": "not_writable", "field": "workspace"}),
-            ));
+            return Err(self.not_writable(&workspace, identity, peer));
         }
-        let script_id = new_script_id();
-        // 2. One approval for all declared write tools. A start waiting for it
-        //    holds no max_running slot, so an engine that never answers blocks
-        //    only its own starts.
-        let approval = if plan.needs_approval {
-            let _waiting = self.await_approval_slot(engine.id())?;
-            let params = json!({
-                "script_id": script_id, "run_id": claims.run_id, "description": p.description, "code": p.code,
-                "tools": plan.declared.iter().map(|(n, c)| json!({"name": n, "class": c.as_str()})).collect::<Vec<_>>(),
-            });
-            let timeout = Duration::from_secs(self.cfg.scripts.approval_timeout_s);
-            match engine.approval(params, timeout).await {
-                Ok(true) => "allow_once",
-                Ok(false) => {
-                    return Err(approval_error(
-                        "denied",
-                        "the engine denied approval for the script's write tools",
-                    ))
+        Ok(Admitted {
+            claims,
+            workspace,
+            policy,
+            plan,
+            identity,
+        })
+    }
+
+    fn not_writable(&self, workspace: &WorkspaceDir, identity: Identity, peer: Peer) -> RpcError {
+        RpcError::with_data(
+            code::SNAPSHOT,
+            format!(
+                "workspace {} is not writable by uid {} (gid {}), the identity this run's scripts have{}; \
+                 chown the directory to that uid (or make it writable for it), or make the run read_only",
+                workspace.path.display(),
+                identity.uid,
+                identity.gid,
+                if peer.uid == 0 {
+                    format!(": scripts of root engines run as sandbox.run_as = {:?}", self.cfg.sandbox.run_as)
+                } else {
+                    ", the engine's own".to_string()
                 }
-                Err(LinkError::Timeout) => {
-                    return Err(approval_error(
-                        "timeout",
-                        &format!(
-                            "approval was not answered within approval_timeout_s = {}",
-                            timeout.as_secs()
-                        ),
-                    ))
-                }
-                Err(e) => return Err(approval_error("denied", &format!("approval failed: {e}"))),
-            }
-        } else if plan.declared.is_empty() {
-            "not_needed"
-        } else if snap.permission_mode == token::PermissionMode::Auto {
-            "auto"
-        } else {
-            "session_allowed"
-        };
-        // 3. A max_running slot.
-        let max = self.cfg.server.max_running;
-        if self
-            .slots
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_err()
+            ),
+            json!({"reason": "not_writable", "field": "workspace"}),
+        )
+    }
+
+    /// Step 2: ask the engine when the plan needs it (counted against the
+    /// connection's bound while it waits), else say why no one is asked.
+    async fn seek_approval(
+        &self,
+        engine: &dyn EngineLink,
+        script_id: &str,
+        a: &Admitted,
+        p: &StartParams,
+    ) -> Result<Approval, RpcError> {
+        if let Some(approval) =
+            Approval::without_request(&a.plan, a.claims.snapshot.permission_mode)
         {
-            return Err(RpcError::with_data(
-                code::BUSY,
-                format!("the daemon already runs max_running = {max} scripts"),
-                json!({"reason": "busy"}),
-            ));
+            return Ok(approval);
         }
-        let slot = SlotGuard(self.clone());
-        // 4. The record directory and the audit row, before anything runs.
+        let _waiting = self.registry.await_approval(engine.id())?;
+        let params = json!({
+            "script_id": script_id, "run_id": a.claims.run_id, "description": p.description, "code": p.code,
+            "tools": a.plan.declared.iter().map(|(n, c)| json!({"name": n, "class": c.as_str()})).collect::<Vec<_>>(),
+        });
+        let timeout = Duration::from_secs(self.cfg.scripts.approval_timeout_s);
+        match engine.approval(params, timeout).await {
+            Ok(true) => Ok(Approval::AllowOnce),
+            Ok(false) => Err(approval_error(
+                "denied",
+                "the engine denied approval for the script's write tools",
+            )),
+            Err(LinkError::Timeout) => Err(approval_error(
+                "timeout",
+                &format!(
+                    "approval was not answered within approval_timeout_s = {}",
+                    timeout.as_secs()
+                ),
+            )),
+            Err(e) => Err(approval_error("denied", &format!("approval failed: {e}"))),
+        }
+    }
+
+    /// Step 4: `.agent/scripts/<id>/` with the code and the (empty) logs, owned by
+    /// the script's uid; then the audit row.
+    async fn create_record(
+        &self,
+        script_id: &str,
+        peer: Peer,
+        p: &StartParams,
+        a: &Admitted,
+        approval: Approval,
+    ) -> Result<Record, RpcError> {
         let internal =
             |what: &str, e: &dyn std::fmt::Display| RpcError::internal(format!("{what}: {e}"));
-        let art = ArtifactDir::create(&workspace, &script_id, identity)
+        let art = ArtifactDir::create(&a.workspace, script_id, a.identity)
             .map_err(|e| internal("cannot create the script's record directory", &e))?;
-        let details_dir = format!(".agent/scripts/{script_id}");
         let mut f = art
             .create_file("script.py", 0o644)
             .map_err(|e| internal("record", &e))?;
         std::io::Write::write_all(&mut f, p.code.as_bytes())
             .map_err(|e| internal("write script.py", &e))?;
-        let calls_log = art
-            .create_file("calls.jsonl", 0o644)
-            .map_err(|e| internal("record", &e))?;
-        let stdout_file = art
-            .create_file("output.txt", 0o644)
-            .map_err(|e| internal("record", &e))?;
-        let stderr_file = art
-            .create_file("stderr.txt", 0o644)
-            .map_err(|e| internal("record", &e))?;
-        let limits = Limits::effective(&self.cfg.scripts, &snap.limits);
+        let create = |name| {
+            art.create_file(name, 0o644)
+                .map_err(|e| internal("record", &e))
+        };
+        let (calls_log, stdout_file, stderr_file) = (
+            create("calls.jsonl")?,
+            create("output.txt")?,
+            create("stderr.txt")?,
+        );
+        let details_dir = format!(".agent/scripts/{script_id}");
         self.store
             .insert_started(StartRow {
-                script_id: script_id.clone(),
-                run_id: claims.run_id.clone(),
-                runner: claims.runner.clone(),
+                script_id: script_id.to_string(),
+                run_id: a.claims.run_id.clone(),
+                runner: a.claims.runner.clone(),
                 peer_uid: peer.uid,
                 peer_pid: peer.pid,
-                run_uid: identity.uid,
+                run_uid: a.identity.uid,
                 description: p.description.clone(),
                 code: p.code.clone(),
-                tools: plan.declared.iter().map(|(n, _)| n.clone()).collect(),
-                approval: approval.into(),
-                workspace: workspace.path.display().to_string(),
+                tools: a.plan.declared.iter().map(|(n, _)| n.clone()).collect(),
+                approval: approval.as_str().into(),
+                workspace: a.workspace.path.display().to_string(),
                 backend: self.backend.kind.as_str().into(),
-                unit: self.backend.unit_for(&script_id),
+                unit: self.backend.backend.unit_for(script_id),
                 started_at_ms: now_ms(),
                 details_dir: details_dir.clone(),
             })
             .await
             .map_err(|e| internal("audit store", &e))?;
-        // 5. Start it.
-        let live = Arc::new(Live::default());
-        let broker = Arc::new(Broker {
-            script_id: script_id.clone(),
-            run_id: claims.run_id.clone(),
-            token_exp: claims.exp,
-            policy,
-            budget: Mutex::new(Budget::new(limits.max_calls)),
-            slots: tokio::sync::Semaphore::new(limits.max_concurrency),
-            engine: engine.clone(),
-            live: live.clone(),
-            calls_log: Mutex::new(calls_log),
-            revoked: self.revoked.clone(),
-            max_line: self.cfg.server.max_message_bytes,
-            next_call: Default::default(),
-            max_log_lines: limits.max_calls.saturating_add(1000),
-            logged: Default::default(),
-            malformed_logged: Default::default(),
-        });
-        let launch = Launch {
-            bwrap: self.cfg.sandbox.bwrap.clone(),
-            sandbox: SandboxSpec {
-                workspace: workspace.path.clone(),
-                read_only: snap.read_only,
-                runtime_dir: self.runtime_dir.clone(),
-                python: self.cfg.scripts.python.clone(),
-                script: art.path.join("script.py"),
-                tmp_size_bytes: self.cfg.sandbox.tmp_size_bytes,
-            },
-            workspace_dir: workspace.dir,
-            agent_dir: art.agent,
-            identity: (nix::unistd::Uid::effective().as_raw() != identity.uid).then_some(identity),
-            limits: limits.clone(),
-            backend: self.backend.clone(),
+        Ok(Record {
+            art,
+            details_dir,
+            calls_log,
             stdout_file,
             stderr_file,
-            output_max_bytes: self.cfg.scripts.output_max_bytes,
-            return_max_chars: self.cfg.scripts.return_max_chars,
-        };
+            limits: Limits::effective(&self.cfg.scripts, &a.claims.snapshot.limits),
+        })
+    }
+
+    /// Step 5: the broker and the launch, the script registered as running, and its
+    /// supervisor started. Answers once the sandbox exists (or could not start).
+    async fn supervise(
+        self: &Arc<Self>,
+        script_id: String,
+        peer: Peer,
+        engine: Arc<dyn EngineLink>,
+        a: Admitted,
+        rec: Record,
+        slot: Slot<Running>,
+    ) -> Result<Value, RpcError> {
         let (stop_tx, stop_rx) = watch::channel(None);
         let (result_tx, result_rx) = watch::channel(None);
         let running = Arc::new(Running {
-            run_id: claims.run_id.clone(),
-            runner: claims.runner.clone(),
-            unit: self.backend.unit_for(&script_id),
+            run_id: a.claims.run_id.clone(),
+            runner: a.claims.runner.clone(),
+            unit: self.backend.backend.unit_for(&script_id),
             owner: engine.id(),
             peer_uid: peer.uid,
-            run_uid: identity.uid,
+            run_uid: a.identity.uid,
             started: Instant::now(),
-            live: live.clone(),
+            details_dir: rec.details_dir.clone(),
+            live: Arc::new(Live::default()),
             stop: stop_tx,
             result: result_rx,
         });
-        self.running
-            .lock()
-            .unwrap()
-            .insert(script_id.clone(), running.clone());
-        // run.revoke adds the run before it scans the running scripts; checking again
-        // after registering means one of the two always sees the other.
-        if self.revoked.read().unwrap().contains(&claims.run_id) {
-            let _ = running.stop.send(Some(Stop::Cancel(format!(
-                "run {} was revoked",
-                claims.run_id
-            ))));
-        }
-        self.changed.notify_waiters();
+        let (broker, launch) = self.broker_and_launch(&script_id, &engine, &running, a, rec);
+        self.register(&script_id, &running);
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-        let this = self.clone();
-        let sid = script_id.clone();
-        let run_id = claims.run_id.clone();
-        tokio::spawn(async move {
-            let ticker = tokio::spawn(progress_ticker(
-                sid.clone(),
-                engine.clone(),
-                running.clone(),
-            ));
-            let outcome =
-                crate::runner::run(&this.spawner, launch, broker, stop_rx, started_tx).await;
-            ticker.abort();
-            // The last state always goes out before script.finished, so that a
-            // progress bar reaches its end.
-            if live.dirty.swap(false, Ordering::Relaxed) {
-                engine.notify("script.progress", status_value(&sid, &running));
-            }
-            let result = this.build_result(&sid, &run_id, &details_dir, &live, outcome);
-            let counts = json!(*live.tool_counts.lock().unwrap());
-            if let Err(e) = this.store.finish(&result, counts).await {
-                tracing::error!(script_id = %sid, "cannot record the result: {e}");
-            }
-            // Recorded first, then deregistered and the slot freed, and only then
-            // told: whoever hears of the end can start the next script at once.
-            {
-                let mut owners = this.finished_owner.lock().unwrap();
-                // Bounded: past this many, results are reached with the run's token,
-                // as after a restart.
-                if owners.len() >= FINISHED_OWNERS_MAX {
-                    owners.clear();
-                }
-                owners.insert(sid.clone(), running.owner);
-            }
-            this.running.lock().unwrap().remove(&sid);
-            drop(slot);
-            crate::journal::script_finished(
-                &result,
-                running.runner.as_deref(),
-                identity.uid,
-                running.unit.as_deref(),
-            );
-            engine.notify(
-                "script.finished",
-                serde_json::to_value(&result).unwrap_or_default(),
-            );
-            let _ = result_tx.send(Some(result));
-            this.changed.notify_waiters();
-        });
+        let job = Job {
+            script_id: script_id.clone(),
+            engine,
+            running,
+            launch,
+            broker: Arc::new(broker),
+            stop: stop_rx,
+            started: started_tx,
+            result: result_tx,
+            slot,
+        };
+        tokio::spawn(self.clone().run_to_end(job));
         match started_rx.await {
             Ok(Ok(())) => Ok(json!({"script_id": script_id, "state": "running"})),
             Ok(Err(e)) => Err(RpcError::with_data(
@@ -553,6 +574,120 @@ impl Daemon {
                 "the script supervisor ended before the script started",
             )),
         }
+    }
+
+    /// The broker of one script (its policy, budget, concurrency and call log),
+    /// and what the runner needs to start its sandbox.
+    fn broker_and_launch(
+        &self,
+        script_id: &str,
+        engine: &Arc<dyn EngineLink>,
+        running: &Running,
+        a: Admitted,
+        rec: Record,
+    ) -> (Broker, Launch) {
+        let broker = Broker {
+            script_id: script_id.to_string(),
+            run_id: a.claims.run_id.clone(),
+            token_exp: a.claims.exp,
+            policy: a.policy,
+            budget: Mutex::new(Budget::new(rec.limits.max_calls)),
+            slots: tokio::sync::Semaphore::new(rec.limits.max_concurrency),
+            engine: engine.clone(),
+            live: running.live.clone(),
+            calls_log: Mutex::new(rec.calls_log),
+            revoked: self.revoked.clone(),
+            max_line: self.cfg.server.max_message_bytes,
+            next_call: Default::default(),
+            max_log_lines: rec.limits.max_calls.saturating_add(1000),
+            logged: Default::default(),
+            malformed_logged: Default::default(),
+        };
+        let launch = Launch {
+            bwrap: self.cfg.sandbox.bwrap.clone(),
+            sandbox: SandboxSpec {
+                workspace: a.workspace.path.clone(),
+                read_only: a.claims.snapshot.read_only,
+                runtime_dir: self.runtime_dir.clone(),
+                python: self.cfg.scripts.python.clone(),
+                script: rec.art.path.join("script.py"),
+                tmp_size_bytes: self.cfg.sandbox.tmp_size_bytes,
+            },
+            workspace_dir: a.workspace.dir,
+            agent_dir: rec.art.agent,
+            identity: (nix::unistd::Uid::effective().as_raw() != a.identity.uid)
+                .then_some(a.identity),
+            limits: rec.limits,
+            backend: self.backend.backend.clone(),
+            stdout_file: rec.stdout_file,
+            stderr_file: rec.stderr_file,
+            output_max_bytes: self.cfg.scripts.output_max_bytes,
+            return_max_chars: self.cfg.scripts.return_max_chars,
+        };
+        (broker, launch)
+    }
+
+    /// Register a script as running. `run.revoke` adds the run before it scans the
+    /// running scripts; checking again after registering means one of the two
+    /// always sees the other.
+    fn register(&self, script_id: &str, running: &Arc<Running>) {
+        self.registry.insert(script_id, running.clone());
+        if self.revoked.read().unwrap().contains(&running.run_id) {
+            let _ = running.stop.send(Some(Stop::Cancel(format!(
+                "run {} was revoked",
+                running.run_id
+            ))));
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// The supervisor of one script: runs it, then records, deregisters and tells.
+    async fn run_to_end(self: Arc<Self>, job: Job) {
+        let Job {
+            script_id: sid,
+            engine,
+            running,
+            launch,
+            broker,
+            stop,
+            started,
+            result: result_tx,
+            slot,
+        } = job;
+        let ticker = tokio::spawn(progress_ticker(
+            sid.clone(),
+            engine.clone(),
+            running.clone(),
+        ));
+        let outcome = crate::runner::run(&self.spawner, launch, broker, stop, started).await;
+        ticker.abort();
+        let live = &running.live;
+        // The last state always goes out before script.finished, so that a
+        // progress bar reaches its end.
+        if live.dirty.swap(false, Ordering::Relaxed) {
+            engine.notify("script.progress", status_value(&sid, &running));
+        }
+        let result = self.build_result(&sid, &running.run_id, &running.details_dir, live, outcome);
+        let counts = json!(*live.tool_counts.lock().unwrap());
+        if let Err(e) = self.store.finish(&result, counts).await {
+            tracing::error!(script_id = %sid, "cannot record the result: {e}");
+        }
+        // Recorded first, then deregistered and the slot freed, and only then
+        // told: whoever hears of the end can start the next script at once.
+        self.registry.finish(&sid, running.owner);
+        drop(slot);
+        crate::journal::script_finished(
+            &result,
+            running.runner.as_deref(),
+            running.run_uid,
+            running.unit.as_deref(),
+        );
+        engine.notify(
+            "script.finished",
+            serde_json::to_value(&result).unwrap_or_default(),
+        );
+        let _ = result_tx.send(Some(result));
+        self.changed.notify_waiters();
     }
 
     fn build_result(
@@ -617,18 +752,13 @@ impl Daemon {
     }
 
     fn lookup(&self, who: Access, r: &ScriptRef) -> Result<Lookup, RpcError> {
-        if let Some(run) = self.running.lock().unwrap().get(&r.script_id).cloned() {
+        if let Some(run) = self.registry.running(&r.script_id) {
             if self.visible(who, Some(run.owner), &run.run_id, r.token.as_deref()) {
                 return Ok(Lookup::Running(run));
             }
             return Err(RpcError::not_found(&r.script_id));
         }
-        let owner = self
-            .finished_owner
-            .lock()
-            .unwrap()
-            .get(&r.script_id)
-            .copied();
+        let owner = self.registry.finished_owner(&r.script_id);
         match self.store.result(&r.script_id) {
             Ok(Some(res)) if self.visible(who, owner, &res.run_id, r.token.as_deref()) => {
                 Ok(Lookup::Done(Box::new(res)))
@@ -711,14 +841,7 @@ impl Daemon {
             .revoke(&claims.run_id)
             .await
             .map_err(|e| RpcError::internal(e.to_string()))?;
-        let targets: Vec<_> = self
-            .running
-            .lock()
-            .unwrap()
-            .values()
-            .filter(|r| r.run_id == claims.run_id)
-            .cloned()
-            .collect();
+        let targets = self.registry.running_where(|r| r.run_id == claims.run_id);
         for r in &targets {
             let _ = r.stop.send(Some(Stop::Cancel(format!(
                 "run {} was revoked",
@@ -735,13 +858,7 @@ impl Daemon {
 
     /// A connection closed: its scripts lose their engine and are cancelled.
     pub fn disconnected(&self, conn: u64) {
-        for r in self
-            .running
-            .lock()
-            .unwrap()
-            .values()
-            .filter(|r| r.owner == conn)
-        {
+        for r in self.registry.running_where(|r| r.owner == conn) {
             let _ = r
                 .stop
                 .send(Some(Stop::Cancel("engine disconnected".into())));
@@ -750,7 +867,7 @@ impl Daemon {
 
     /// Shutdown: stop every script as `interrupted` and wait (bounded) for records.
     pub async fn interrupt_all(&self, grace: Duration) {
-        let all: Vec<_> = self.running.lock().unwrap().values().cloned().collect();
+        let all = self.registry.running_where(|_| true);
         for r in &all {
             let _ = r.stop.send(Some(Stop::Interrupt));
         }
@@ -764,12 +881,11 @@ impl Daemon {
     /// Running scripts, for `scriptgate ps` (admin).
     pub fn list_running(&self) -> Vec<Value> {
         let now = Instant::now();
-        self.running
-            .lock()
-            .unwrap()
-            .iter()
+        self.registry
+            .all_running()
+            .into_iter()
             .map(|(id, r)| {
-                let mut v = status_value(id, r);
+                let mut v = status_value(&id, &r);
                 v["run_id"] = json!(r.run_id);
                 v["peer_uid"] = json!(r.peer_uid);
                 v["uid"] = json!(r.run_uid);
@@ -795,49 +911,19 @@ enum Lookup {
     Done(Box<ScriptResult>),
 }
 
-/// A start waiting for approval; dropped when the wait ends.
-struct ApprovalGuard<'a>(&'a Daemon, u64);
-impl Drop for ApprovalGuard<'_> {
-    fn drop(&mut self) {
-        let mut waiting = self.0.approvals.lock().unwrap();
-        if let Some(n) = waiting.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                waiting.remove(&self.1);
-            }
-        }
-    }
-}
-
-impl Daemon {
-    /// Count a start of connection `conn` as waiting for approval, within the
-    /// per-connection and daemon-wide bounds.
-    fn await_approval_slot(&self, conn: u64) -> Result<ApprovalGuard<'_>, RpcError> {
-        let max = self.cfg.server.max_running;
-        let per_conn = (max / 4).max(1);
-        let mut waiting = self.approvals.lock().unwrap();
-        let total: usize = waiting.values().sum();
-        let mine = waiting.get(&conn).copied().unwrap_or(0);
-        if mine >= per_conn || total >= max {
-            return Err(RpcError::with_data(
-                code::BUSY,
-                format!(
-                    "too many starts wait for approval ({mine} on this connection, {total} in all; \
-                     at most {per_conn} per connection and max_running = {max} in all): answer the pending approval.request first"
-                ),
-                json!({"reason": "approvals_pending"}),
-            ));
-        }
-        *waiting.entry(conn).or_default() += 1;
-        Ok(ApprovalGuard(self, conn))
-    }
-}
-
-struct SlotGuard(Arc<Daemon>);
-impl Drop for SlotGuard {
-    fn drop(&mut self) {
-        self.0.slots.fetch_sub(1, Ordering::SeqCst);
-    }
+/// A started script, handed to its supervisor.
+struct Job {
+    script_id: String,
+    engine: Arc<dyn EngineLink>,
+    running: Arc<Running>,
+    launch: Launch,
+    broker: Arc<Broker>,
+    stop: watch::Receiver<Option<Stop>>,
+    /// Answered once the sandbox exists, or could not be spawned.
+    started: tokio::sync::oneshot::Sender<Result<(), String>>,
+    result: watch::Sender<Option<ScriptResult>>,
+    /// Freed once the result is recorded and the script deregistered.
+    slot: Slot<Running>,
 }
 
 fn approval_error(reason: &str, message: &str) -> RpcError {

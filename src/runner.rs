@@ -363,7 +363,7 @@ fn open_fds(launch: &Launch) -> std::io::Result<(ChildEnds, OurEnds)> {
     let (rep_r, rep_w) = channel_pipe()?; // we write, script reads fd 4
     let (info_r, info_w) = channel_pipe()?; // bwrap writes the sandbox init's pid
     let (usage_r, usage_w) = channel_pipe()?; // the sandbox init reports its usage
-    // The seccomp program, already in the pipe (a few KiB) for bwrap to read.
+                                              // The seccomp program, already in the pipe (a few KiB) for bwrap to read.
     let (seccomp_r, seccomp_w) = channel_pipe()?;
     let program = crate::seccomp::cached().map_err(std::io::Error::other)?;
     std::io::Write::write_all(&mut std::fs::File::from(seccomp_w), program)?;
@@ -789,28 +789,50 @@ mod tests {
         let unit = "scriptgate-ab.scope";
         let cancel = Some(Cut::Stopped(Stop::Cancel("engine disconnected".into())));
         let table: Vec<(&str, Ending, Status, Option<&str>)> = vec![
-            ("exit 0", Ending { exit: ok, ..Default::default() }, Status::Ok, None),
+            (
+                "exit 0",
+                Ending {
+                    exit: ok,
+                    ..Default::default()
+                },
+                Status::Ok,
+                None,
+            ),
             (
                 "exit 0 with stderr is still ok",
-                Ending { exit: ok, stderr_tail: "warning".into(), ..Default::default() },
+                Ending {
+                    exit: ok,
+                    stderr_tail: "warning".into(),
+                    ..Default::default()
+                },
                 Status::Ok,
                 None,
             ),
             (
                 "non-zero exit: the stderr tail",
-                Ending { exit: failed, stderr_tail: "Traceback: boom".into(), ..Default::default() },
+                Ending {
+                    exit: failed,
+                    stderr_tail: "Traceback: boom".into(),
+                    ..Default::default()
+                },
                 Status::Error,
                 Some("Traceback: boom"),
             ),
             (
                 "non-zero exit, nothing on stderr",
-                Ending { exit: failed, ..Default::default() },
+                Ending {
+                    exit: failed,
+                    ..Default::default()
+                },
                 Status::Error,
                 Some("exit code 1"),
             ),
             (
                 "a signal, nothing on stderr",
-                Ending { exit: killed, ..Default::default() },
+                Ending {
+                    exit: killed,
+                    ..Default::default()
+                },
                 Status::Error,
                 Some("killed by signal 9"),
             ),
@@ -822,55 +844,96 @@ mod tests {
             ),
             (
                 "an uncaught limit ToolError",
-                Ending { exit: failed, uncaught: Some("limit".into()), stderr_tail: "ToolError: limit".into(), ..Default::default() },
+                Ending {
+                    exit: failed,
+                    uncaught: Some("limit".into()),
+                    stderr_tail: "ToolError: limit".into(),
+                    ..Default::default()
+                },
                 Status::Limit,
                 Some("ToolError: limit"),
             ),
             (
                 "another uncaught ToolError is an error",
-                Ending { exit: failed, uncaught: Some("denied".into()), ..Default::default() },
+                Ending {
+                    exit: failed,
+                    uncaught: Some("denied".into()),
+                    ..Default::default()
+                },
                 Status::Error,
                 Some("exit code 1"),
             ),
             (
                 "timeout beats everything after it",
-                Ending { cut: Some(Cut::Timeout), oom_killed: true, exit: killed, ..Default::default() },
+                Ending {
+                    cut: Some(Cut::Timeout),
+                    oom_killed: true,
+                    exit: killed,
+                    ..Default::default()
+                },
                 Status::Timeout,
                 Some("the script ran longer than timeout_s = 600 and was killed"),
             ),
             (
                 "cancel keeps its reason",
-                Ending { cut: cancel.clone(), setup_error: Some("x".into()), exit: ok, ..Default::default() },
+                Ending {
+                    cut: cancel.clone(),
+                    setup_error: Some("x".into()),
+                    exit: ok,
+                    ..Default::default()
+                },
                 Status::Cancelled,
                 Some("engine disconnected"),
             ),
             (
                 "interrupt",
-                Ending { cut: Some(Cut::Stopped(Stop::Interrupt)), ..Default::default() },
+                Ending {
+                    cut: Some(Cut::Stopped(Stop::Interrupt)),
+                    ..Default::default()
+                },
                 Status::Interrupted,
                 Some("the daemon stopped while the script ran"),
             ),
             (
                 "a failed setup beats the counters",
-                Ending { setup_error: Some("cannot start the scope keeper: x".into()), oom_killed: true, exit: exited(Some(125), None), ..Default::default() },
+                Ending {
+                    setup_error: Some("cannot start the scope keeper: x".into()),
+                    oom_killed: true,
+                    exit: exited(Some(125), None),
+                    ..Default::default()
+                },
                 Status::Error,
                 Some("cannot start the scope keeper: x"),
             ),
             (
                 "oom from the unit's counters, not the signal",
-                Ending { oom_killed: true, stopped_externally: true, exit: killed, stderr_tail: "Killed".into(), ..Default::default() },
+                Ending {
+                    oom_killed: true,
+                    stopped_externally: true,
+                    exit: killed,
+                    stderr_tail: "Killed".into(),
+                    ..Default::default()
+                },
                 Status::Oom,
                 Some("the script ran out of memory (memory_max_bytes = 1073741824) and was killed"),
             ),
             (
                 "oom even with exit 0",
-                Ending { oom_killed: true, exit: ok, ..Default::default() },
+                Ending {
+                    oom_killed: true,
+                    exit: ok,
+                    ..Default::default()
+                },
                 Status::Oom,
                 Some("the script ran out of memory (memory_max_bytes = 1073741824) and was killed"),
             ),
             (
                 "systemctl stop",
-                Ending { stopped_externally: true, exit: killed, ..Default::default() },
+                Ending {
+                    stopped_externally: true,
+                    exit: killed,
+                    ..Default::default()
+                },
                 Status::Cancelled,
                 Some("stopped from outside scriptgate (systemctl stop scriptgate-ab.scope)"),
             ),

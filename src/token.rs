@@ -293,7 +293,6 @@ pub fn mint(
     .map_err(|e| RpcError::internal(format!("cannot sign token: {e}")))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
