@@ -122,15 +122,15 @@ impl Approval {
     /// Why a start that needs no `approval.request` is allowed; `None` when it
     /// needs one.
     pub fn without_request(plan: &StartPlan, mode: PermissionMode) -> Option<Approval> {
-        Some(if plan.needs_approval {
-            return None;
+        if plan.needs_approval {
+            None
         } else if plan.declared.is_empty() {
-            Approval::NotNeeded
+            Some(Approval::NotNeeded)
         } else if mode == PermissionMode::Auto {
-            Approval::Auto
+            Some(Approval::Auto)
         } else {
-            Approval::SessionAllowed
-        })
+            Some(Approval::SessionAllowed)
+        }
     }
 }
 
@@ -952,5 +952,46 @@ async fn progress_ticker(script_id: String, engine: Arc<dyn EngineLink>, run: Ar
             engine.notify("script.progress", status_value(&script_id, &run));
             last = Some(tokio::time::Instant::now());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Approval;
+    use crate::policy::StartPlan;
+    use crate::token::{PermissionMode, ToolClass};
+
+    #[test]
+    fn approval_says_why_a_start_may_run_as_the_audit_spells_it() {
+        let plan = |needs_approval, declared: &[&str]| StartPlan {
+            needs_approval,
+            declared: declared
+                .iter()
+                .map(|n| (n.to_string(), ToolClass::Write))
+                .collect(),
+        };
+        let cases = [
+            (plan(true, &["w"]), PermissionMode::Approval, None),
+            (
+                plan(false, &[]),
+                PermissionMode::Approval,
+                Some("not_needed"),
+            ),
+            (plan(false, &[]), PermissionMode::Auto, Some("not_needed")),
+            (plan(false, &["w"]), PermissionMode::Auto, Some("auto")),
+            (
+                plan(false, &["w"]),
+                PermissionMode::Approval,
+                Some("session_allowed"),
+            ),
+        ];
+        for (plan, mode, want) in cases {
+            assert_eq!(
+                Approval::without_request(&plan, mode).map(Approval::as_str),
+                want,
+                "{plan:?} {mode:?}"
+            );
+        }
+        assert_eq!(Approval::AllowOnce.as_str(), "allow_once");
     }
 }

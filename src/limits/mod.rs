@@ -294,3 +294,77 @@ impl Placement {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Scripts;
+
+    fn limits() -> Limits {
+        Limits::effective(&Scripts::default(), &Default::default())
+    }
+
+    #[tokio::test]
+    async fn rlimit_bounds_each_process_and_needs_no_unit() {
+        let host = Host {
+            cgroupfs: "/nonexistent".into(),
+            proc_self_cgroup: String::new(),
+        };
+        let p = Backend::pick(BackendChoice::Rlimit, &host, 100)
+            .await
+            .unwrap();
+        assert_eq!((p.kind, p.kind.as_str()), (Kind::Rlimit, "rlimit"));
+        assert_eq!(p.notes, [RLIMIT_SHARED]);
+        let b = &p.backend;
+        assert!(!p.limits_per_script() && !b.needs_gate() && !b.needs_keeper());
+        assert_eq!(b.unit_for("ab"), None);
+        let l = limits();
+        assert_eq!(
+            b.rlimits(&l),
+            [
+                (libc::RLIMIT_AS, l.memory_max_bytes),
+                (libc::RLIMIT_NPROC, l.tasks_max),
+                (libc::RLIMIT_CORE, 0)
+            ]
+        );
+        assert!(matches!(
+            b.place("ab", &l, &[1]).await.unwrap(),
+            Placement::None
+        ));
+    }
+
+    #[tokio::test]
+    async fn cgroup_places_in_a_leaf_behind_the_gate() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("system.slice/scriptgate.service");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        std::fs::write(root.join("cgroup.subtree_control"), "").unwrap();
+        std::fs::write(root.join("cgroup.procs"), "").unwrap();
+        let host = Host {
+            cgroupfs: d.path().to_path_buf(),
+            proc_self_cgroup: "0::/system.slice/scriptgate.service\n".into(),
+        };
+        let p = Backend::pick(BackendChoice::Cgroup, &host, 100)
+            .await
+            .unwrap();
+        assert_eq!(p.kind, Kind::Cgroup);
+        assert!(p.notes.is_empty());
+        let b = &p.backend;
+        assert!(p.limits_per_script() && b.needs_gate() && !b.needs_keeper());
+        assert_eq!(b.unit_for("ab"), None);
+        assert_eq!(b.rlimits(&limits()), [(libc::RLIMIT_CORE, 0)]);
+        let placed = b.place("ab", &limits(), &[4242]).await.unwrap();
+        assert!(matches!(placed, Placement::Leaf(_)));
+        // A host without the subtree: `cgroup` asked for fails, `auto` notes why.
+        let bare = Host {
+            cgroupfs: d.path().join("nothing"),
+            proc_self_cgroup: "0::/x\n".into(),
+        };
+        let e = Backend::pick(BackendChoice::Cgroup, &bare, 100)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e.choice, BackendChoice::Cgroup);
+    }
+}
