@@ -1,7 +1,7 @@
 //! Spawning and supervising one script: the sandbox child, its output, its end.
 
 use crate::broker::Broker;
-use crate::limits::{Backend, Placement};
+use crate::limits::{Backend, Outcome, Placement};
 use crate::policy::Limits;
 use crate::protocol::Status;
 use crate::sandbox::{
@@ -198,6 +198,9 @@ async fn read_usage(fd: std::os::fd::OwnedFd) -> Option<u64> {
 /// child exists (the script is then `running`) or could not be spawned.
 ///
 /// The steps run in this order, and the order matters (see each step's comment).
+// Longer than most functions here, on purpose: eight named steps, each a call or
+// two, kept together so that their order reads top to bottom (firecracker's
+// `Env::run` is the model).
 pub async fn run(
     spawner: &Spawner,
     launch: Launch,
@@ -208,8 +211,8 @@ pub async fn run(
     let t0 = Instant::now();
     let script_id = broker.script_id.clone();
 
-    // 1. Open every descriptor before the fork: the child gets its ends at fixed
-    //    numbers, and nothing of ours may be created in the forked child.
+    // 1. Open every descriptor before the spawn: the child's ends are dup2'ed to
+    //    fixed numbers in `pre_exec`, where nothing may be allocated.
     let (child_ends, ours) = open_fds(&launch)?;
 
     // 2. Build the command: bwrap, behind the gate when the backend places the
@@ -238,27 +241,14 @@ pub async fn run(
 
     // 4. Serve fd 3/4 and drain stdout/stderr before the script can run: a full
     //    pipe would block it.
-    let head_max = launch.return_max_chars.saturating_mul(4).saturating_add(4);
-    let streams = Streams {
-        broker: tokio::spawn(broker.clone().serve(
-            tokio::net::unix::pipe::Receiver::from_owned_fd(ours.requests)?,
-            tokio::net::unix::pipe::Sender::from_owned_fd(ours.replies)?,
-        )),
-        out: tokio::spawn(capture(
-            tokio::net::unix::pipe::Receiver::from_owned_fd(ours.stdout)?,
-            launch.stdout_file,
-            launch.output_max_bytes,
-            head_max,
-            0,
-        )),
-        err: tokio::spawn(capture(
-            tokio::net::unix::pipe::Receiver::from_owned_fd(ours.stderr)?,
-            launch.stderr_file,
-            launch.output_max_bytes,
-            0,
-            STDERR_TAIL_BYTES,
-        )),
-    };
+    let streams = Streams::start(
+        broker.clone(),
+        ours.streams,
+        launch.stdout_file,
+        launch.stderr_file,
+        launch.output_max_bytes,
+        launch.return_max_chars,
+    )?;
 
     // 5. Into the unit, then through the gate. A keeper holds a systemd scope open.
     let placed = place_behind_gate(
@@ -287,48 +277,28 @@ pub async fn run(
 
     // 7. Collect what the ending left: the init's report, the unit's counters
     //    (read while the keeper still holds the scope), the output, the broker.
-    let usage = tokio::time::timeout(Duration::from_secs(5), read_usage(ours.usage))
-        .await
-        .ok()
-        .flatten();
-    let outcome = placed.placement.finish().await;
-    if let Some(k) = placed.keeper {
-        k.end().await;
-    }
-    let (out, err) = streams.finish(&script_id).await;
+    let collected = collect(
+        ours.usage,
+        placed.placement,
+        placed.keeper,
+        streams,
+        &script_id,
+    )
+    .await;
 
     // 8. Decide the status and error, from facts only.
     let ending = Ending {
         cut,
         setup_error: placed.error,
-        oom_killed: outcome.stats.oom_killed,
-        stopped_externally: outcome.stopped_externally,
+        oom_killed: collected.outcome.stats.oom_killed,
+        stopped_externally: collected.outcome.stopped_externally,
         exit,
         uncaught: broker.live.uncaught.lock().unwrap().clone(),
-        stderr_tail: err
-            .map(|c| String::from_utf8_lossy(&c.tail).trim_end().to_string())
-            .unwrap_or_default(),
+        stderr_tail: collected.stderr_tail(),
     };
     let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
     let (status, error) = judge(&ending, &launch.limits, &unit);
-    let (output, output_truncated) = match &out {
-        Some(c) => head_chars(&c.head, c.total, launch.return_max_chars),
-        None => (String::new(), false),
-    };
-    Ok(Ended {
-        status,
-        exit_code: exit.and_then(|e| e.code),
-        duration_ms: t0.elapsed().as_millis() as u64,
-        output,
-        output_truncated,
-        error,
-        // The unit's counters when it has them, else the init's report (never the
-        // outer bwrap's ru_maxrss: that is the daemon's size at the fork).
-        memory_peak_bytes: outcome.stats.memory_peak_bytes.or(usage),
-        // bwrap reaps the init, which reaps the whole namespace: its rusage covers
-        // every process of the sandbox.
-        cpu_usec: outcome.stats.cpu_usec.or(exit.map(|e| e.cpu_usec)),
-    })
+    Ok(collected.ended(status, error, exit, t0, launch.return_max_chars))
 }
 
 /// The child's ends of its descriptors.
@@ -343,16 +313,21 @@ struct ChildEnds {
 
 /// Our ends of the child's descriptors.
 struct OurEnds {
-    /// fd 3: the script's requests.
-    requests: OwnedFd,
-    /// fd 4: our replies.
-    replies: OwnedFd,
+    streams: StreamEnds,
     /// bwrap's `--info-fd`: the sandbox init's pid.
     info: OwnedFd,
     /// The sandbox init's usage report.
     usage: OwnedFd,
     /// The gate's write end, when the backend gates.
     gate: Option<OwnedFd>,
+}
+
+/// Our ends of the streams that are served while the script runs.
+struct StreamEnds {
+    /// fd 3: the script's requests.
+    requests: OwnedFd,
+    /// fd 4: our replies.
+    replies: OwnedFd,
     stdout: OwnedFd,
     stderr: OwnedFd,
 }
@@ -396,13 +371,15 @@ fn open_fds(launch: &Launch) -> std::io::Result<(ChildEnds, OurEnds)> {
             stderr: err_w,
         },
         OurEnds {
-            requests: req_r,
-            replies: rep_w,
+            streams: StreamEnds {
+                requests: req_r,
+                replies: rep_w,
+                stdout: out_r,
+                stderr: err_r,
+            },
             info: info_r,
             usage: usage_r,
             gate,
-            stdout: out_r,
-            stderr: err_r,
         },
     ))
 }
@@ -487,6 +464,41 @@ struct Streams {
 }
 
 impl Streams {
+    /// Step 4: the broker on fd 3/4; stdout and stderr copied to their files,
+    /// keeping the head of the output (for the result) and the tail of stderr
+    /// (for its error).
+    fn start(
+        broker: Arc<Broker>,
+        ends: StreamEnds,
+        stdout_file: std::fs::File,
+        stderr_file: std::fs::File,
+        output_max_bytes: u64,
+        return_max_chars: usize,
+    ) -> std::io::Result<Streams> {
+        use tokio::net::unix::pipe::{Receiver, Sender};
+        let head_max = return_max_chars.saturating_mul(4).saturating_add(4);
+        Ok(Streams {
+            broker: tokio::spawn(broker.serve(
+                Receiver::from_owned_fd(ends.requests)?,
+                Sender::from_owned_fd(ends.replies)?,
+            )),
+            out: tokio::spawn(capture(
+                Receiver::from_owned_fd(ends.stdout)?,
+                stdout_file,
+                output_max_bytes,
+                head_max,
+                0,
+            )),
+            err: tokio::spawn(capture(
+                Receiver::from_owned_fd(ends.stderr)?,
+                stderr_file,
+                output_max_bytes,
+                0,
+                STDERR_TAIL_BYTES,
+            )),
+        })
+    }
+
     /// The captured output and stderr, and the broker ended. The namespace is gone,
     /// so the pipes reach EOF promptly; every wait is bounded anyway.
     async fn finish(self, script_id: &str) -> (Option<Captured>, Option<Captured>) {
@@ -663,6 +675,81 @@ async fn kill_sandbox(
     exit
 }
 
+/// What step 7 gathered once the sandbox had ended.
+struct Collected {
+    /// The sandbox init's report of its largest resident set.
+    usage: Option<u64>,
+    /// The unit's counters and state.
+    outcome: Outcome,
+    out: Option<Captured>,
+    err: Option<Captured>,
+}
+
+/// Step 7. The init has exited (bwrap waited for it), so its report is complete;
+/// the unit's word on how it ended is read while the keeper still holds it.
+async fn collect(
+    usage: OwnedFd,
+    placement: Placement,
+    keeper: Option<Keeper>,
+    streams: Streams,
+    script_id: &str,
+) -> Collected {
+    let usage = tokio::time::timeout(Duration::from_secs(5), read_usage(usage))
+        .await
+        .ok()
+        .flatten();
+    let outcome = placement.finish().await;
+    if let Some(k) = keeper {
+        k.end().await;
+    }
+    let (out, err) = streams.finish(script_id).await;
+    Collected {
+        usage,
+        outcome,
+        out,
+        err,
+    }
+}
+
+impl Collected {
+    fn stderr_tail(&self) -> String {
+        self.err
+            .as_ref()
+            .map(|c| String::from_utf8_lossy(&c.tail).trim_end().to_string())
+            .unwrap_or_default()
+    }
+
+    /// What the daemon turns into the result object.
+    fn ended(
+        self,
+        status: Status,
+        error: Option<String>,
+        exit: Option<Exit>,
+        t0: Instant,
+        return_max_chars: usize,
+    ) -> Ended {
+        let (output, output_truncated) = match &self.out {
+            Some(c) => head_chars(&c.head, c.total, return_max_chars),
+            None => (String::new(), false),
+        };
+        let stats = self.outcome.stats;
+        Ended {
+            status,
+            exit_code: exit.and_then(|e| e.code),
+            duration_ms: t0.elapsed().as_millis() as u64,
+            output,
+            output_truncated,
+            error,
+            // The unit's counters when it has them, else the init's report (never
+            // the outer bwrap's ru_maxrss: that is the daemon's size at the fork).
+            memory_peak_bytes: stats.memory_peak_bytes.or(self.usage),
+            // bwrap reaps the init, which reaps the whole namespace: its rusage
+            // covers every process of the sandbox.
+            cpu_usec: stats.cpu_usec.or(exit.map(|e| e.cpu_usec)),
+        }
+    }
+}
+
 /// Why the supervisor ended a script before it exited by itself.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Cut {
@@ -780,7 +867,8 @@ mod tests {
         })
     }
 
-    /// Every ending the supervisor can see, and the status and error it gets.
+    /// Every ending the supervisor can see, and the status and error it gets: a
+    /// table, one row per ending, hence its length.
     #[test]
     fn each_ending_gets_its_status_and_error() {
         let ok = exited(Some(0), None);
