@@ -3,7 +3,9 @@
 
 use crate::config::Scripts;
 use crate::protocol::{code, RpcError};
-use crate::token::{missing_schema_error, PermissionMode, Snapshot, SnapshotLimits, ToolClass};
+use crate::token::snapshot::{
+    missing_schema_error, PermissionMode, Snapshot, SnapshotLimits, ToolClass, ToolSpec,
+};
 use jsonschema::error::ValidationErrorKind;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -98,46 +100,7 @@ impl Policy {
     pub fn plan(snap: &Snapshot, declared: &[String]) -> Result<(Policy, StartPlan), RpcError> {
         let mut tools = HashMap::new();
         for (i, t) in snap.tools.iter().enumerate() {
-            let (schema, arguments) = match &t.input_schema {
-                Some(s) => {
-                    let invalid = |e: &dyn std::fmt::Display| {
-                        RpcError::with_data(
-                            code::SNAPSHOT,
-                            format!(
-                                "tool {}: input_schema is not a valid JSON Schema: {e}",
-                                t.name
-                            ),
-                            json!({"reason": "invalid_schema", "field": format!("tools[{i}].input_schema")}),
-                        )
-                    };
-                    // The author's schema must compile as it is; only then is the
-                    // closed copy built (so a refusal never blames our rewrite).
-                    jsonschema::draft202012::options()
-                        .build(s)
-                        .map_err(|e| invalid(&e))?;
-                    let v = jsonschema::draft202012::options()
-                        .should_validate_formats(true)
-                        .build(&closed_schema(s))
-                        .map_err(|e| invalid(&e))?;
-                    let mut args = top_level_arguments(s);
-                    args.retain(|a| !t.frozen.contains_key(a));
-                    (Some(v), args)
-                }
-                // parse_snapshot refuses this already; a Snapshot built in code is
-                // held to the same rule.
-                None if t.script_callable() => return Err(missing_schema_error(i, t)),
-                None => (None, BTreeSet::new()),
-            };
-            tools.insert(
-                t.name.clone(),
-                Tool {
-                    class: t.class,
-                    enabled: t.enabled,
-                    frozen: t.frozen.clone(),
-                    schema,
-                    arguments,
-                },
-            );
+            tools.insert(t.name.clone(), Tool::compile(i, t)?);
         }
         let mut plan = StartPlan {
             needs_approval: false,
@@ -152,36 +115,7 @@ impl Policy {
                     format!("tool {name} is not in this run's snapshot"),
                 ));
             };
-            let refuse = |reason: &str, why: &str| {
-                Err(tools_error(
-                    name,
-                    reason,
-                    format!("tool {name} cannot be declared: {why}"),
-                ))
-            };
-            match t.class {
-                _ if !t.enabled => return refuse("disabled", "it is switched off for this run"),
-                ToolClass::Read => {
-                    return refuse(
-                        "not_write",
-                        "it is a read tool; read tools need no declaration",
-                    )
-                }
-                ToolClass::Destructive => {
-                    return refuse(
-                        "destructive",
-                        "destructive tools are never callable from a script; call it directly",
-                    )
-                }
-                ToolClass::LongTask => return refuse(
-                    "long_task",
-                    "long-running task tools are never callable from a script; call it directly",
-                ),
-                ToolClass::Write if snap.read_only => {
-                    return refuse("read_only", "this run is read-only")
-                }
-                ToolClass::Write => {}
-            }
+            t.check_declarable(name, snap.read_only)?;
             if names.insert(name.clone()) {
                 plan.declared.push((name.clone(), t.class));
             }
@@ -207,41 +141,7 @@ impl Policy {
     /// Decide one call from the script. On success returns the arguments to send to
     /// the engine: the script's, with the frozen ones merged in, schema-checked.
     pub fn check_call(&self, tool: &str, args: &Value) -> Result<Value, Refusal> {
-        let Some(t) = self
-            .tools
-            .get(tool)
-            .filter(|t| t.enabled && !(self.read_only && t.class == ToolClass::Write))
-        else {
-            let why = match self.tools.get(tool) {
-                Some(t) if !t.enabled => "it is switched off for this run",
-                Some(_) => "this run is read-only, so write tools are not provided",
-                None => "no tool of that name is provided to this run",
-            };
-            return Err(Refusal::denied(format!(
-                "tool {tool} is not available: {why}"
-            )));
-        };
-        match t.class {
-            ToolClass::Read => {}
-            ToolClass::Write if self.declared.contains(tool) => {}
-            ToolClass::Write => {
-                return Err(Refusal::denied(format!(
-                    "tool {tool} is a write tool that this script did not declare; \
-                     add it to run_script's `tools` and run the script again"
-                )))
-            }
-            ToolClass::Destructive => {
-                return Err(Refusal::denied(format!(
-                    "tool {tool} is destructive and is never callable from a script; \
-                     call it directly, where each call is confirmed"
-                )))
-            }
-            ToolClass::LongTask => {
-                return Err(Refusal::denied(format!(
-                    "tool {tool} runs as a long task and cannot be called from a script; call it directly"
-                )))
-            }
-        }
+        let t = self.callable(tool)?;
         let Value::Object(given) = args else {
             return Err(Refusal::invalid(format!(
                 "{tool}: arguments must be a JSON object"
@@ -261,9 +161,122 @@ impl Policy {
         let mut merged = given.clone();
         merged.extend(t.frozen.iter().map(|(k, v)| (k.clone(), v.clone())));
         let merged = Value::Object(merged);
-        let Some(problems) = schema_problems(schema, &merged, &t.frozen) else {
-            return Ok(merged);
+        match schema_problems(schema, &merged, &t.frozen) {
+            None => Ok(merged),
+            Some(problems) => Err(Refusal::invalid(format!(
+                "{tool}: {}",
+                t.explain(&problems)
+            ))),
+        }
+    }
+
+    /// The tool, if this script may call it at all (protocol §3's table).
+    fn callable(&self, tool: &str) -> Result<&Tool, Refusal> {
+        let Some(t) = self
+            .tools
+            .get(tool)
+            .filter(|t| t.enabled && !(self.read_only && t.class == ToolClass::Write))
+        else {
+            let why = match self.tools.get(tool) {
+                Some(t) if !t.enabled => "it is switched off for this run",
+                Some(_) => "this run is read-only, so write tools are not provided",
+                None => "no tool of that name is provided to this run",
+            };
+            return Err(Refusal::denied(format!(
+                "tool {tool} is not available: {why}"
+            )));
         };
+        match t.class {
+            ToolClass::Read => Ok(t),
+            ToolClass::Write if self.declared.contains(tool) => Ok(t),
+            ToolClass::Write => Err(Refusal::denied(format!(
+                "tool {tool} is a write tool that this script did not declare; \
+                 add it to run_script's `tools` and run the script again"
+            ))),
+            ToolClass::Destructive => Err(Refusal::denied(format!(
+                "tool {tool} is destructive and is never callable from a script; \
+                 call it directly, where each call is confirmed"
+            ))),
+            ToolClass::LongTask => Err(Refusal::denied(format!(
+                "tool {tool} runs as a long task and cannot be called from a script; call it directly"
+            ))),
+        }
+    }
+}
+
+impl Tool {
+    /// Compile the `i`th tool of the snapshot.
+    fn compile(i: usize, t: &ToolSpec) -> Result<Tool, RpcError> {
+        let (schema, arguments) = match &t.input_schema {
+            Some(s) => {
+                let invalid = |e: &dyn std::fmt::Display| {
+                    RpcError::with_data(
+                        code::SNAPSHOT,
+                        format!(
+                            "tool {}: input_schema is not a valid JSON Schema: {e}",
+                            t.name
+                        ),
+                        json!({"reason": "invalid_schema", "field": format!("tools[{i}].input_schema")}),
+                    )
+                };
+                // The author's schema must compile as it is; only then is the
+                // closed copy built (so a refusal never blames our rewrite).
+                jsonschema::draft202012::options()
+                    .build(s)
+                    .map_err(|e| invalid(&e))?;
+                let v = jsonschema::draft202012::options()
+                    .should_validate_formats(true)
+                    .build(&closed_schema(s))
+                    .map_err(|e| invalid(&e))?;
+                let mut args = top_level_arguments(s);
+                args.retain(|a| !t.frozen.contains_key(a));
+                (Some(v), args)
+            }
+            // parse_snapshot refuses this already; a Snapshot built in code is
+            // held to the same rule.
+            None if t.script_callable() => return Err(missing_schema_error(i, t)),
+            None => (None, BTreeSet::new()),
+        };
+        Ok(Tool {
+            class: t.class,
+            enabled: t.enabled,
+            frozen: t.frozen.clone(),
+            schema,
+            arguments,
+        })
+    }
+
+    /// May `script.start` name this tool in `tools`? Only enabled write tools, and
+    /// not in a read-only run.
+    fn check_declarable(&self, name: &str, read_only: bool) -> Result<(), RpcError> {
+        let refuse = |reason: &str, why: &str| {
+            Err(tools_error(
+                name,
+                reason,
+                format!("tool {name} cannot be declared: {why}"),
+            ))
+        };
+        match self.class {
+            _ if !self.enabled => refuse("disabled", "it is switched off for this run"),
+            ToolClass::Read => refuse(
+                "not_write",
+                "it is a read tool; read tools need no declaration",
+            ),
+            ToolClass::Destructive => refuse(
+                "destructive",
+                "destructive tools are never callable from a script; call it directly",
+            ),
+            ToolClass::LongTask => refuse(
+                "long_task",
+                "long-running task tools are never callable from a script; call it directly",
+            ),
+            ToolClass::Write if read_only => refuse("read_only", "this run is read-only"),
+            ToolClass::Write => Ok(()),
+        }
+    }
+
+    /// What is wrong with a call's arguments, for the script's `ToolError`.
+    fn explain(&self, problems: &Problems) -> String {
         let mut parts = Vec::new();
         for (at, keys) in &problems.undeclared {
             let list = keys
@@ -277,18 +290,9 @@ impl Policy {
                 ("arguments", "are")
             };
             if at.is_empty() {
-                let takes = if t.arguments.is_empty() {
-                    "it takes no arguments".to_string()
-                } else {
-                    let mut names: Vec<&str> = t.arguments.iter().map(String::as_str).collect();
-                    if names.len() > 20 {
-                        names.truncate(20);
-                        names.push("…");
-                    }
-                    format!("its arguments are: {}", names.join(", "))
-                };
                 parts.push(format!(
-                    "{noun} {list} {verb} not declared in the tool's schema ({takes})"
+                    "{noun} {list} {verb} not declared in the tool's schema ({})",
+                    self.takes()
                 ));
             } else {
                 let noun = if keys.len() == 1 { "key" } else { "keys" };
@@ -297,13 +301,26 @@ impl Policy {
                 ));
             }
         }
-        if let Some(other) = problems.other {
+        if let Some(other) = &problems.other {
             parts.push(format!("arguments do not match the tool's schema{other}"));
         }
         if parts.is_empty() {
             parts.push("arguments do not match the tool's schema".into());
         }
-        Err(Refusal::invalid(format!("{tool}: {}", parts.join("; "))))
+        parts.join("; ")
+    }
+
+    /// The arguments the tool takes, as a refusal names them (at most 20).
+    fn takes(&self) -> String {
+        if self.arguments.is_empty() {
+            return "it takes no arguments".to_string();
+        }
+        let mut names: Vec<&str> = self.arguments.iter().map(String::as_str).collect();
+        if names.len() > 20 {
+            names.truncate(20);
+            names.push("…");
+        }
+        format!("its arguments are: {}", names.join(", "))
     }
 }
 
