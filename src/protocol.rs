@@ -75,6 +75,32 @@ impl RpcError {
             json!({"reason": "not_found", "script_id": script_id}),
         )
     }
+    /// The peer is neither root nor in `auth.allowed_groups`.
+    pub fn peer_not_allowed(uid: u32, allowed_groups: &[String]) -> Self {
+        Self::with_data(
+            code::PEER_NOT_ALLOWED,
+            format!(
+                "uid {uid} may not use scriptgated: not root and not in auth.allowed_groups {allowed_groups:?}"
+            ),
+            json!({"reason": "peer_not_allowed"}),
+        )
+    }
+    /// A connection over `server.max_connections`.
+    pub fn too_many_connections(max: usize) -> Self {
+        Self::with_data(
+            code::BUSY,
+            format!("scriptgated already serves server.max_connections = {max} connections; close one and retry"),
+            json!({"reason": "too_many_connections"}),
+        )
+    }
+    /// An admin method from a peer that is not an administrator.
+    pub fn not_admin() -> Self {
+        Self::with_data(
+            code::NOT_ADMIN,
+            "this method is for root and members of auth.admin_groups",
+            json!({"reason": "not_admin"}),
+        )
+    }
     /// The `data.reason` string, when there is one.
     pub fn reason(&self) -> Option<&str> {
         self.data.as_ref()?.get("reason")?.as_str()
@@ -177,21 +203,64 @@ pub fn parse_line(line: &[u8]) -> Result<Incoming, (Value, RpcError)> {
     }
 }
 
-pub fn request_line(id: u64, method: &str, params: &Value) -> String {
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string() + "\n"
+/// A request we send: `{"jsonrpc": "2.0", "id": 7, "method": "tool.call", "params": {…}}`.
+#[derive(Serialize)]
+struct RequestEnvelope<'a, P: ?Sized> {
+    jsonrpc: &'static str,
+    id: u64,
+    method: &'a str,
+    params: &'a P,
 }
 
-pub fn notification_line(method: &str, params: &Value) -> String {
-    json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string() + "\n"
+/// A notification we send: `{"jsonrpc": "2.0", "method": "script.progress", "params": {…}}`.
+#[derive(Serialize)]
+struct NotificationEnvelope<'a, P: ?Sized> {
+    jsonrpc: &'static str,
+    method: &'a str,
+    params: &'a P,
+}
+
+/// An answer we send: `{"jsonrpc": "2.0", "id": 1, "result": {…}}` or
+/// `{"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "…"}}`.
+#[derive(Serialize)]
+struct ResponseEnvelope<'a> {
+    jsonrpc: &'static str,
+    id: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a RpcError>,
+}
+
+fn line<T: Serialize>(v: &T) -> String {
+    // Serializing these types cannot fail: every map key is a string.
+    serde_json::to_string(v).unwrap_or_default() + "\n"
+}
+
+pub fn request_line<P: Serialize + ?Sized>(id: u64, method: &str, params: &P) -> String {
+    line(&RequestEnvelope {
+        jsonrpc: "2.0",
+        id,
+        method,
+        params,
+    })
+}
+
+pub fn notification_line<P: Serialize + ?Sized>(method: &str, params: &P) -> String {
+    line(&NotificationEnvelope {
+        jsonrpc: "2.0",
+        method,
+        params,
+    })
 }
 
 pub fn response_line(id: &Value, result: &Result<Value, RpcError>) -> String {
-    match result {
-        Ok(v) => json!({"jsonrpc": "2.0", "id": id, "result": v}),
-        Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": e}),
-    }
-    .to_string()
-        + "\n"
+    line(&ResponseEnvelope {
+        jsonrpc: "2.0",
+        id,
+        result: result.as_ref().ok(),
+        error: result.as_ref().err(),
+    })
 }
 
 /// `script.start` params.
@@ -199,7 +268,7 @@ pub fn response_line(id: &Value, result: &Result<Value, RpcError>) -> String {
 /// ```json
 /// {"token": "eyJ…", "code": "import agent_tools\n…", "tools": ["fleet__reboot_device"], "description": "reboot stale devices"}
 /// ```
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StartParams {
     pub token: String,
@@ -215,15 +284,400 @@ pub struct StartParams {
 /// ```json
 /// {"script_id": "4f1c…", "timeout_s": 30, "token": "eyJ…"}
 /// ```
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScriptRef {
     pub script_id: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<f64>,
     /// A valid token of the script's run grants access from any connection.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+}
+
+/// Params of `run.revoke` and `run.describe`.
+///
+/// ```json
+/// {"token": "eyJ…"}
+/// ```
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenParam {
+    pub token: String,
+}
+
+/// The methods an engine (or an administrator) calls on the daemon, by name.
+/// Parsed first, so that an unknown method and a refused admin method are
+/// answered before any params are looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    ScriptStart,
+    ScriptWait,
+    ScriptStatus,
+    ScriptCancel,
+    RunRevoke,
+    RunDescribe,
+    DaemonInfo,
+    AdminList,
+    AdminCancel,
+}
+
+impl Method {
+    pub const ALL: [Method; 9] = [
+        Method::ScriptStart,
+        Method::ScriptWait,
+        Method::ScriptStatus,
+        Method::ScriptCancel,
+        Method::RunRevoke,
+        Method::RunDescribe,
+        Method::DaemonInfo,
+        Method::AdminList,
+        Method::AdminCancel,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::ScriptStart => "script.start",
+            Method::ScriptWait => "script.wait",
+            Method::ScriptStatus => "script.status",
+            Method::ScriptCancel => "script.cancel",
+            Method::RunRevoke => "run.revoke",
+            Method::RunDescribe => "run.describe",
+            Method::DaemonInfo => "daemon.info",
+            Method::AdminList => "admin.list",
+            Method::AdminCancel => "admin.cancel",
+        }
+    }
+
+    /// The method of this name, or -32601.
+    pub fn from_name(name: &str) -> Result<Method, RpcError> {
+        Method::ALL
+            .into_iter()
+            .find(|m| m.name() == name)
+            .ok_or_else(|| {
+                RpcError::new(code::METHOD_NOT_FOUND, format!("unknown method {name:?}"))
+            })
+    }
+
+    /// For root and members of `auth.admin_groups` only.
+    pub fn admin_only(self) -> bool {
+        matches!(self, Method::AdminList | Method::AdminCancel)
+    }
+}
+
+/// A request from the engine, with its params typed. Params that do not fit are
+/// -32602 `invalid params: …` (unknown fields included); methods without params
+/// ignore whatever is sent.
+#[derive(Debug, Clone)]
+pub enum EngineRequest {
+    /// ```json
+    /// {"jsonrpc": "2.0", "id": 1, "method": "script.start", "params": {"token": "eyJ…", "code": "…", "tools": [], "description": "…"}}
+    /// ```
+    /// Answer: `Started`.
+    ScriptStart(StartParams),
+    /// ```json
+    /// {"jsonrpc": "2.0", "id": 2, "method": "script.wait", "params": {"script_id": "4f1c…", "timeout_s": 30}}
+    /// ```
+    /// Answer: the result object (`ScriptResult`), or -32017 after `timeout_s`.
+    ScriptWait(ScriptRef),
+    /// ```json
+    /// {"jsonrpc": "2.0", "id": 3, "method": "script.status", "params": {"script_id": "4f1c…"}}
+    /// ```
+    /// Answer: `ScriptStatus`.
+    ScriptStatus(ScriptRef),
+    /// ```json
+    /// {"jsonrpc": "2.0", "id": 4, "method": "script.cancel", "params": {"script_id": "4f1c…"}}
+    /// ```
+    /// Answer: `ScriptState`.
+    ScriptCancel(ScriptRef),
+    /// ```json
+    /// {"jsonrpc": "2.0", "id": 5, "method": "run.revoke", "params": {"token": "eyJ…"}}
+    /// ```
+    /// Answer: `Revoked`.
+    RunRevoke(TokenParam),
+    /// ```json
+    /// {"jsonrpc": "2.0", "id": 6, "method": "run.describe", "params": {"token": "eyJ…"}}
+    /// ```
+    /// Answer: `Described`.
+    RunDescribe(TokenParam),
+    /// ```json
+    /// {"jsonrpc": "2.0", "id": 7, "method": "daemon.info"}
+    /// ```
+    /// Answer: `DaemonInfo`.
+    DaemonInfo,
+    /// Admin. ```json
+    /// {"jsonrpc": "2.0", "id": 8, "method": "admin.list"}
+    /// ```
+    /// Answer: `AdminList`.
+    AdminList,
+    /// Admin. ```json
+    /// {"jsonrpc": "2.0", "id": 9, "method": "admin.cancel", "params": {"script_id": "4f1c…"}}
+    /// ```
+    /// Answer: `ScriptState`.
+    AdminCancel(ScriptRef),
+}
+
+impl EngineRequest {
+    /// The typed request for `method` and its params.
+    pub fn parse(method: Method, params: Value) -> Result<EngineRequest, RpcError> {
+        Ok(match method {
+            Method::ScriptStart => EngineRequest::ScriptStart(typed_params(params)?),
+            Method::ScriptWait => EngineRequest::ScriptWait(typed_params(params)?),
+            Method::ScriptStatus => EngineRequest::ScriptStatus(typed_params(params)?),
+            Method::ScriptCancel => EngineRequest::ScriptCancel(typed_params(params)?),
+            Method::RunRevoke => EngineRequest::RunRevoke(typed_params(params)?),
+            Method::RunDescribe => EngineRequest::RunDescribe(typed_params(params)?),
+            Method::DaemonInfo => EngineRequest::DaemonInfo,
+            Method::AdminList => EngineRequest::AdminList,
+            Method::AdminCancel => EngineRequest::AdminCancel(typed_params(params)?),
+        })
+    }
+}
+
+/// Params as `T`; absent params (`null`) read as `{}`.
+pub fn typed_params<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, RpcError> {
+    let v = if v.is_null() {
+        Value::Object(Default::default())
+    } else {
+        v
+    };
+    serde_json::from_value(v).map_err(|e| RpcError::invalid_params(format!("invalid params: {e}")))
+}
+
+/// The answer to `script.start`.
+///
+/// ```json
+/// {"script_id": "4f1c…", "state": "running"}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Started {
+    pub script_id: String,
+    pub state: Status,
+}
+
+/// The answer to `script.cancel` and `admin.cancel`: the script's state after it.
+///
+/// ```json
+/// {"script_id": "4f1c…", "state": "cancelled"}
+/// ```
+pub type ScriptState = Started;
+
+/// Progress a script reported (`agent_tools.progress`).
+///
+/// ```json
+/// {"done": 120, "total": 500, "message": "devices"}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    pub done: i64,
+    pub total: i64,
+    pub message: String,
+}
+
+/// The answer to `script.status`, and the params of `script.progress`.
+///
+/// ```json
+/// {"script_id": "4f1c…", "state": "running", "calls": 120, "failures": 0,
+///  "elapsed_ms": 5300, "progress": {"done": 120, "total": 500, "message": "devices"}}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScriptStatus {
+    pub script_id: String,
+    pub state: Status,
+    pub calls: u64,
+    pub failures: u64,
+    pub elapsed_ms: u64,
+    pub progress: Option<Progress>,
+}
+
+/// The answer to `run.revoke`.
+///
+/// ```json
+/// {"run_id": "run-42", "cancelled": 2}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Revoked {
+    pub run_id: String,
+    pub cancelled: usize,
+}
+
+/// The answer to `run.describe`: the run_script description for the token's snapshot.
+///
+/// ```json
+/// {"text": "Run a Python script that calls tools…"}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Described {
+    pub text: String,
+}
+
+/// The answer to `daemon.info`.
+///
+/// ```json
+/// {"version": "0.1.0", "protocol": 1, "backend": "cgroup", "backend_notes": [],
+///  "limits_per_script": true, "running": 0,
+///  "limits": {"max_calls": 500, "max_concurrency": 4, "timeout_s": 600,
+///             "memory_max_bytes": 1073741824, "tasks_max": 64, "output_max_bytes": 10485760,
+///             "return_max_chars": 20000, "approval_timeout_s": 300, "max_running": 16}}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DaemonInfo {
+    pub version: String,
+    pub protocol: u32,
+    pub backend: String,
+    pub backend_notes: Vec<String>,
+    pub limits_per_script: bool,
+    pub running: usize,
+    pub limits: DaemonLimits,
+}
+
+/// `daemon.info`'s `limits`: the configured limits of every script.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DaemonLimits {
+    pub max_calls: u64,
+    pub max_concurrency: usize,
+    pub timeout_s: u64,
+    pub memory_max_bytes: u64,
+    pub tasks_max: u64,
+    pub output_max_bytes: u64,
+    pub return_max_chars: usize,
+    pub approval_timeout_s: u64,
+    pub max_running: usize,
+}
+
+/// The answer to `admin.list`.
+///
+/// ```json
+/// {"scripts": [{"script_id": "4f1c…", "state": "running", "calls": 3, "failures": 0,
+///   "elapsed_ms": 900, "progress": null, "run_id": "run-42", "peer_uid": 1000,
+///   "uid": 1000, "unit": "scriptgate-4f1c….scope", "age_ms": 900}]}
+/// ```
+/// (The daemon may hand over its entries as JSON values: `AdminList<Value>`.)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AdminList<S = ListedScript> {
+    pub scripts: Vec<S>,
+}
+
+/// One running script in `admin.list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListedScript {
+    #[serde(flatten)]
+    pub status: ScriptStatus,
+    pub run_id: String,
+    pub peer_uid: u32,
+    /// The uid the script runs as.
+    pub uid: u32,
+    pub unit: Option<String>,
+    pub age_ms: u64,
+}
+
+/// `tool.call` (daemon → engine, request): one tool call of a script; `arguments`
+/// already include the frozen ones. Answered with a `ToolResult` or an MCP
+/// `CallToolResult` (`ToolResult::from_answer`).
+///
+/// ```json
+/// {"jsonrpc": "2.0", "id": 3, "method": "tool.call", "params": {"script_id": "4f1c…",
+///  "run_id": "run-42", "call_id": "17", "tool": "fleet__reboot_device",
+///  "arguments": {"sn": "A1", "tenant": "acme"}}}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub script_id: String,
+    pub run_id: String,
+    pub call_id: String,
+    pub tool: String,
+    pub arguments: Value,
+}
+
+/// `approval.request` (daemon → engine, request): one approval for all the write
+/// tools a script declares. Answered with `ApprovalAnswer`.
+///
+/// ```json
+/// {"jsonrpc": "2.0", "id": 1, "method": "approval.request", "params": {"script_id": "4f1c…",
+///  "run_id": "run-42", "description": "reboot stale devices", "code": "import agent_tools…",
+///  "tools": [{"name": "fleet__reboot_device", "class": "write"}]}}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRequest {
+    pub script_id: String,
+    pub run_id: String,
+    pub description: String,
+    pub code: String,
+    pub tools: Vec<ApprovalTool>,
+}
+
+/// A tool in `approval.request`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalTool {
+    pub name: String,
+    pub class: String,
+}
+
+/// The requests the daemon sends to an engine, typed; what an engine dispatches on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DaemonRequest {
+    ToolCall(ToolCall),
+    ApprovalRequest(ApprovalRequest),
+}
+
+impl DaemonRequest {
+    pub const TOOL_CALL: &'static str = "tool.call";
+    pub const APPROVAL_REQUEST: &'static str = "approval.request";
+
+    /// The typed request, -32601 for a method the daemon does not send, -32602
+    /// for params that do not fit.
+    pub fn parse(method: &str, params: Value) -> Result<DaemonRequest, RpcError> {
+        match method {
+            Self::TOOL_CALL => Ok(DaemonRequest::ToolCall(typed_params(params)?)),
+            Self::APPROVAL_REQUEST => Ok(DaemonRequest::ApprovalRequest(typed_params(params)?)),
+            _ => Err(RpcError::new(code::METHOD_NOT_FOUND, "not an engine method")),
+        }
+    }
+}
+
+/// The notifications the daemon sends to the engine that started a script.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "method", content = "params")]
+pub enum Notification {
+    /// At most one per second per script, and the last state before `script.finished`.
+    ///
+    /// ```json
+    /// {"jsonrpc": "2.0", "method": "script.progress", "params": {"script_id": "4f1c…",
+    ///  "state": "running", "calls": 120, "failures": 0, "elapsed_ms": 5300, "progress": null}}
+    /// ```
+    #[serde(rename = "script.progress")]
+    ScriptProgress(ScriptStatus),
+    /// The result object, once the script has finished.
+    ///
+    /// ```json
+    /// {"jsonrpc": "2.0", "method": "script.finished", "params": {"script_id": "4f1c…", "status": "ok", …}}
+    /// ```
+    #[serde(rename = "script.finished")]
+    ScriptFinished(Box<ScriptResult>),
+}
+
+impl Notification {
+    pub fn method(&self) -> &'static str {
+        match self {
+            Notification::ScriptProgress(_) => "script.progress",
+            Notification::ScriptFinished(_) => "script.finished",
+        }
+    }
+
+    /// The typed notification of this method and params.
+    pub fn parse(method: &str, params: Value) -> Result<Notification, String> {
+        serde_json::from_value(serde_json::json!({"method": method, "params": params}))
+            .map_err(|e| format!("{method}: {e}"))
+    }
+
+    /// Its params, as they go on the wire.
+    pub fn params(&self) -> Value {
+        match self {
+            Notification::ScriptProgress(s) => serde_json::to_value(s),
+            Notification::ScriptFinished(r) => serde_json::to_value(r),
+        }
+        .unwrap_or_default()
+    }
 }
 
 /// What a tool call returns, from the engine to the daemon and on to the script.
@@ -357,13 +811,13 @@ impl ToolResult {
 /// ```json
 /// {"decision": "allow_once"}
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalAnswer {
     pub decision: Decision,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
     AllowOnce,
@@ -463,6 +917,296 @@ impl ScriptResult {
         }
         self.text = t;
         self
+    }
+}
+
+/// The script channel: `agent_tools` inside the sandbox writes requests to fd 3
+/// and reads replies from fd 4, one JSON object per line (protocol §8). Parsing
+/// is total and bounded: any bytes give a `Request` or a `BadRequest`.
+pub mod script {
+    use super::Progress;
+    use serde::{Deserialize, Serialize};
+    use serde_json::Value;
+
+    /// Items in one `call_many` request: what `agent_tools` sends (protocol §8).
+    pub const MAX_BATCH: usize = 50;
+    /// Bytes of a name the script sent that are quoted back (tool names in the
+    /// snapshot are at most 128 bytes, so a longer name can match nothing).
+    pub const MAX_NAME_BYTES: usize = 128;
+    /// Bytes of a progress message kept.
+    pub const MAX_PROGRESS_MESSAGE_BYTES: usize = 500;
+    /// Bytes of an uncaught `ToolError` code kept.
+    pub const MAX_CODE_BYTES: usize = 32;
+
+    /// Cut `s` to at most `max` bytes at a character boundary, marking the cut.
+    pub fn clip(s: &str, max: usize) -> String {
+        if s.len() <= max {
+            return s.to_string();
+        }
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &s[..end])
+    }
+
+    /// A request line on fd 3 as `agent_tools` writes it. Every field is taken
+    /// as any JSON value and normalised by `parse_request` (a wrong type reads as
+    /// empty), so that a script gets an answer, not a dropped line. `id` is read
+    /// before the `op`, so that even a bad request is answered with its id.
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(tag = "op", rename_all = "snake_case")]
+    pub enum WireRequest {
+        /// One call.
+        ///
+        /// ```json
+        /// {"id": 1, "op": "call", "tool": "fleet__get_device_status", "args": {"sn": "A1"}}
+        /// ```
+        Call {
+            #[serde(default)]
+            tool: Value,
+            #[serde(default = "empty_object")]
+            args: Value,
+        },
+        /// One tool for each args dict, at most `MAX_BATCH`.
+        ///
+        /// ```json
+        /// {"id": 2, "op": "call_many", "tool": "fleet__get_device_status", "args_list": [{"sn": "A1"}, {"sn": "A2"}]}
+        /// ```
+        CallMany {
+            #[serde(default)]
+            tool: Value,
+            #[serde(default)]
+            args_list: Value,
+        },
+        /// Progress for the engine; no reply.
+        ///
+        /// ```json
+        /// {"op": "progress", "done": 1, "total": 9, "message": "devices"}
+        /// ```
+        Progress {
+            #[serde(default)]
+            done: Value,
+            #[serde(default)]
+            total: Value,
+            #[serde(default)]
+            message: Value,
+        },
+        /// The script is ending on an uncaught `ToolError` with this code; no reply.
+        ///
+        /// ```json
+        /// {"op": "uncaught", "code": "limit", "tool": "fleet__get_device_status"}
+        /// ```
+        Uncaught {
+            #[serde(default)]
+            code: Value,
+        },
+    }
+
+    fn empty_object() -> Value {
+        Value::Object(Default::default())
+    }
+
+    /// One request from the script on fd 3, parsed and bounded.
+    #[derive(Debug, Clone, PartialEq)]
+    pub enum Request {
+        Call {
+            id: Value,
+            tool: String,
+            args: Value,
+        },
+        CallMany {
+            id: Value,
+            tool: String,
+            args_list: Vec<Value>,
+        },
+        Progress(Progress),
+        /// The script is ending on an uncaught `ToolError` with this code.
+        Uncaught {
+            code: String,
+        },
+    }
+
+    /// A request line that cannot be served; answered as `{"id", "error"}`.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct BadRequest {
+        pub id: Value,
+        pub code: &'static str,
+        pub message: String,
+    }
+
+    impl BadRequest {
+        fn new(id: Value, code: &'static str, message: impl Into<String>) -> BadRequest {
+            BadRequest {
+                id,
+                code,
+                message: message.into(),
+            }
+        }
+    }
+
+    fn text(v: &Value, max: usize) -> String {
+        match v {
+            Value::String(s) => clip(s, max),
+            _ => String::new(),
+        }
+    }
+
+    /// Parse one fd-3 line. Pure and total: any bytes give a request or a
+    /// `BadRequest`. Names are clipped to `MAX_NAME_BYTES` (plus a marker, so a
+    /// clipped name matches no tool) and `call_many` takes at most `MAX_BATCH` items.
+    pub fn parse_request(line: &[u8]) -> Result<Request, BadRequest> {
+        let Ok(Value::Object(mut req)) = serde_json::from_slice::<Value>(line) else {
+            return Err(BadRequest::new(
+                Value::Null,
+                "invalid_request",
+                "not a JSON object",
+            ));
+        };
+        let id = req.remove("id").unwrap_or(Value::Null);
+        let Ok(wire) = serde_json::from_value::<WireRequest>(Value::Object(req)) else {
+            return Err(BadRequest::new(
+                id,
+                "invalid_request",
+                "unknown op; use agent_tools",
+            ));
+        };
+        match wire {
+            WireRequest::Call { tool, args } => Ok(Request::Call {
+                id,
+                tool: text(&tool, MAX_NAME_BYTES),
+                args,
+            }),
+            WireRequest::CallMany { tool, args_list } => {
+                let tool = text(&tool, MAX_NAME_BYTES);
+                match args_list {
+                    Value::Array(a) if a.len() <= MAX_BATCH => Ok(Request::CallMany {
+                        id,
+                        tool,
+                        args_list: a,
+                    }),
+                    Value::Array(a) => Err(BadRequest::new(
+                        id,
+                        "invalid_arguments",
+                        format!(
+                            "call_many sends at most {MAX_BATCH} items per request, not {}; agent_tools.call_many batches them",
+                            a.len()
+                        ),
+                    )),
+                    _ => Err(BadRequest::new(
+                        id,
+                        "invalid_arguments",
+                        "args_list must be a list of dicts",
+                    )),
+                }
+            }
+            WireRequest::Progress {
+                done,
+                total,
+                message,
+            } => Ok(Request::Progress(Progress {
+                done: done.as_i64().unwrap_or(0),
+                total: total.as_i64().unwrap_or(0),
+                message: text(&message, MAX_PROGRESS_MESSAGE_BYTES),
+            })),
+            WireRequest::Uncaught { code } => Ok(Request::Uncaught {
+                code: text(&code, MAX_CODE_BYTES),
+            }),
+        }
+    }
+
+    /// A reply line on fd 4.
+    #[derive(Debug, Clone, PartialEq, Serialize)]
+    #[serde(untagged)]
+    pub enum Reply {
+        /// The answer to `call`, or to a request that could not be served.
+        ///
+        /// ```json
+        /// {"id": 1, "result": {"text": "online", "structured": {"online": true}, "is_error": false}}
+        /// {"id": 1, "error": {"code": "denied", "message": "fleet__reboot_device is a write tool …"}}
+        /// ```
+        One {
+            id: Value,
+            #[serde(flatten)]
+            outcome: Outcome,
+        },
+        /// The answer to `call_many`: one outcome per item, in input order.
+        ///
+        /// ```json
+        /// {"id": 2, "results": [{"result": {…}}, {"error": {"code": "invalid_arguments", "message": "…"}}]}
+        /// ```
+        Many { id: Value, results: Vec<Outcome> },
+    }
+
+    impl Reply {
+        /// The line to write, newline included.
+        pub fn line(&self) -> String {
+            serde_json::to_string(self).unwrap_or_default() + "\n"
+        }
+    }
+
+    /// How one call went, as the script sees it.
+    #[derive(Debug, Clone, PartialEq, Serialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum Outcome {
+        /// The engine answered (`is_error` may still be true: `code` is then
+        /// `tool_error`, or `engine` when the engine failed to answer properly).
+        Result(CallResult),
+        /// Refused before reaching the engine.
+        Error(CallError),
+    }
+
+    /// ```json
+    /// {"text": "boom", "structured": null, "is_error": true, "code": "tool_error"}
+    /// ```
+    #[derive(Debug, Clone, PartialEq, Serialize)]
+    pub struct CallResult {
+        pub text: String,
+        pub structured: Option<Value>,
+        pub is_error: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub code: Option<&'static str>,
+    }
+
+    /// ```json
+    /// {"code": "denied", "message": "…"}
+    /// ```
+    #[derive(Debug, Clone, PartialEq, Serialize)]
+    pub struct CallError {
+        pub code: String,
+        pub message: String,
+    }
+
+    /// One line of `calls.jsonl` (protocol §7).
+    ///
+    /// ```json
+    /// {"ts": "2026-11-30T07:00:00.123Z", "tool": "fleet__get_device_status", "arguments": {"sn": "A1"},
+    ///  "duration_ms": 41, "is_error": false, "summary": "online"}
+    /// ```
+    /// `arguments` longer than the log keeps become a clipped string, with
+    /// `arguments_bytes` their full size; `is_error` is null for a call the
+    /// script's end cut off before the engine answered.
+    #[derive(Debug, Clone, PartialEq, Serialize)]
+    pub struct CallLogLine {
+        pub ts: String,
+        pub tool: String,
+        pub arguments: Value,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub arguments_bytes: Option<usize>,
+        pub duration_ms: u64,
+        pub is_error: Option<bool>,
+        pub summary: String,
+    }
+
+    /// The last line of a full `calls.jsonl`.
+    ///
+    /// ```json
+    /// {"ts": "2026-11-30T07:00:00.123Z", "summary": "calls.jsonl is full (1500 lines); later calls are counted but not logged"}
+    /// ```
+    #[derive(Debug, Clone, PartialEq, Serialize)]
+    pub struct CallLogFull {
+        pub ts: String,
+        pub summary: String,
     }
 }
 
