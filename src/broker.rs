@@ -194,7 +194,8 @@ impl Broker {
                     code: "invalid_request",
                     message: format!("request line longer than {} bytes", self.max_line),
                 });
-                ch.replies.send(reply.line()).await.is_ok() && skip_line(&mut ch.reader).await.is_ok()
+                ch.replies.send(reply.line()).await.is_ok()
+                    && skip_line(&mut ch.reader).await.is_ok()
             }
             Ok(Line::Data) => {
                 let cost = (ch.buf.len() + REQUEST_OVERHEAD).min(self.max_line + REQUEST_OVERHEAD);

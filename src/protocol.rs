@@ -630,7 +630,10 @@ impl DaemonRequest {
         match method {
             Self::TOOL_CALL => Ok(DaemonRequest::ToolCall(typed_params(params)?)),
             Self::APPROVAL_REQUEST => Ok(DaemonRequest::ApprovalRequest(typed_params(params)?)),
-            _ => Err(RpcError::new(code::METHOD_NOT_FOUND, "not an engine method")),
+            _ => Err(RpcError::new(
+                code::METHOD_NOT_FOUND,
+                "not an engine method",
+            )),
         }
     }
 }

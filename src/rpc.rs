@@ -293,9 +293,7 @@ impl Peer {
                 }
             }
             Ok(Incoming::Response { id, result }) => self.answered(&id, result),
-            Ok(Incoming::Notification { method, params }) => {
-                handler.notification(&method, params)
-            }
+            Ok(Incoming::Notification { method, params }) => handler.notification(&method, params),
             Ok(Incoming::Request { id, method, params }) => {
                 let Ok(permit) = outstanding.clone().acquire_owned().await else {
                     return false;
@@ -355,7 +353,10 @@ mod tests {
             .await
             .unwrap();
         let l: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
-        assert_eq!((l["id"].clone(), l["result"].clone()), (5.into(), [1].into()));
+        assert_eq!(
+            (l["id"].clone(), l["result"].clone()),
+            (5.into(), [1].into())
+        );
         // We ask the peer.
         let ask = tokio::spawn({
             let peer = peer.clone();

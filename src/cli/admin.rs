@@ -252,7 +252,12 @@ pub fn show(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, Failure> {
     let row = reader
         .script(id)
         .map_err(|e| Failure::setup(e.to_string()))?
-        .ok_or_else(|| Failure::new(exit::NOT_FOUND, format!("no script {id} in the audit store")))?;
+        .ok_or_else(|| {
+            Failure::new(
+                exit::NOT_FOUND,
+                format!("no script {id} in the audit store"),
+            )
+        })?;
     let dir = Path::new(row["workspace"].as_str().unwrap_or("/"))
         .join(row["details_dir"].as_str().unwrap_or(""));
     let artifacts: Vec<String> = ["script.py", "calls.jsonl", "output.txt", "stderr.txt"]
@@ -292,9 +297,7 @@ pub fn show(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, Failure> {
     ] {
         let v = &row[k];
         let shown = match k {
-            "started_at" | "ended_at" if v.is_i64() => {
-                rfc3339(v.as_i64().unwrap_or(0))
-            }
+            "started_at" | "ended_at" if v.is_i64() => rfc3339(v.as_i64().unwrap_or(0)),
             "tools" | "tool_counts" => v.to_string(),
             _ => s(v),
         };

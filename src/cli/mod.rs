@@ -347,10 +347,7 @@ fn mint_cmd(
             serde_json::from_str(&text).map_err(|e| format!("{}: {e}", snapshot.display()))?;
         crate::token::mint(&key, &run_id, runner.as_deref(), &snap, ttl).map_err(|e| e.message)
     })();
-    done(
-        "token mint",
-        r.map(|t| t + "\n").map_err(Failure::usage),
-    )
+    done("token mint", r.map(|t| t + "\n").map_err(Failure::usage))
 }
 
 pub fn main() -> ExitCode {

@@ -619,10 +619,7 @@ async fn run_socket(
     let (read, write) = stream.into_split();
     let (peer, _writer) = rpc::Peer::new(write);
     let reader = {
-        let (peer, bounds) = (
-            peer.clone(),
-            Bounds::client(cfg.server.max_message_bytes),
-        );
+        let (peer, bounds) = (peer.clone(), Bounds::client(cfg.server.max_message_bytes));
         let handler = Arc::new(SocketEngine(engine));
         tokio::spawn(async move { peer.serve(read, &bounds, handler).await })
     };

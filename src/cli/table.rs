@@ -54,7 +54,10 @@ mod tests {
         );
         assert_eq!(t, "A    LONGER\nxyz  1\nq    22\n");
         let t = table(&["NAME", "SIG"], &[vec!["é".into(), String::new()]]);
-        assert_eq!(t, "NAME  SIG\né\n", "characters, not bytes; no trailing blanks");
+        assert_eq!(
+            t, "NAME  SIG\né\n",
+            "characters, not bytes; no trailing blanks"
+        );
         assert_eq!(
             pairs(&[vec!["k".into(), "v".into()], vec!["key".into(), "w".into()]]),
             "k    v\nkey  w\n"
