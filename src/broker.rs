@@ -469,3 +469,139 @@ fn summarize(text: &str) -> String {
         one_line
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::BoxFuture;
+    use crate::protocol::{ApprovalRequest, Notification};
+    use crate::time::FakeClock;
+
+    /// An engine that answers every call with "ok".
+    struct Ok1;
+    impl EngineLink for Ok1 {
+        fn id(&self) -> u64 {
+            1
+        }
+        fn tool_call(&self, p: ToolCall) -> BoxFuture<'_, Result<ToolResult, LinkError>> {
+            Box::pin(async move {
+                Ok(ToolResult {
+                    text: format!("ok {}", p.call_id),
+                    structured: None,
+                    is_error: false,
+                })
+            })
+        }
+        fn approval_request(
+            &self,
+            _: ApprovalRequest,
+            _: Duration,
+        ) -> BoxFuture<'_, Result<bool, LinkError>> {
+            Box::pin(async { Ok(false) })
+        }
+        fn send(&self, _: Notification) {}
+    }
+
+    fn broker(token_exp: i64, log: std::fs::File) -> Broker {
+        let snap = crate::token::parse_snapshot(serde_json::json!({
+            "workspace": "/w", "permission_mode": "auto",
+            "tools": [{"name": "t", "class": "read", "input_schema": {"type": "object"}}]
+        }))
+        .unwrap();
+        let (policy, _) = Policy::plan(&snap, &[]).unwrap();
+        Broker {
+            script_id: "s".into(),
+            run_id: "r".into(),
+            token_exp,
+            policy,
+            budget: Mutex::new(Budget::new(10)),
+            slots: Semaphore::new(4),
+            engine: Arc::new(Ok1),
+            live: Default::default(),
+            calls_log: Mutex::new(log),
+            revoked: Default::default(),
+            max_line: 1 << 16,
+            next_call: Default::default(),
+            max_log_lines: 100,
+            logged: Default::default(),
+            malformed_logged: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn calls_are_refused_once_the_token_expires_by_the_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("calls.jsonl");
+        let b = broker(1_000, std::fs::File::create(&log).unwrap());
+        let clock = FakeClock::at_ms(999_000);
+        let args = serde_json::json!({});
+        let Outcome::Result(r) = b.call(&clock, "t", &args).await else {
+            panic!("refused before expiry")
+        };
+        assert_eq!((r.text.as_str(), r.is_error, r.code), ("ok 1", false, None));
+        clock.advance_ms(1_000);
+        let Outcome::Error(e) = b.call(&clock, "t", &args).await else {
+            panic!("served after expiry")
+        };
+        assert_eq!(e.code, "revoked");
+        assert_eq!(e.message, "the run token of run r expired");
+        // Both are logged, stamped by the same clock.
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["ts"], "1970-01-01T00:16:39.000Z");
+        assert_eq!(lines[1]["is_error"], true);
+        assert_eq!(
+            (
+                b.live.calls.load(Ordering::Relaxed),
+                b.live.failures.load(Ordering::Relaxed)
+            ),
+            (2, 1)
+        );
+    }
+
+    #[test]
+    fn replies_keep_their_wire_shape() {
+        let one = Reply::One {
+            id: 1.into(),
+            outcome: result_outcome(
+                ToolResult {
+                    text: "x".into(),
+                    structured: None,
+                    is_error: true,
+                },
+                Some("tool_error"),
+            ),
+        };
+        let v: serde_json::Value = serde_json::from_str(&one.line()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"id": 1, "result": {"text": "x", "structured": null, "is_error": true, "code": "tool_error"}})
+        );
+        let bad = bad_request_reply(BadRequest {
+            id: serde_json::Value::Null,
+            code: "invalid_request",
+            message: "m".into(),
+        });
+        let v: serde_json::Value = serde_json::from_str(&bad.line()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"id": null, "error": {"code": "invalid_request", "message": "m"}})
+        );
+        let many = Reply::Many {
+            id: "a".into(),
+            results: vec![refusal(Refusal {
+                code: "denied",
+                message: "no".into(),
+            })],
+        };
+        let v: serde_json::Value = serde_json::from_str(&many.line()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"id": "a", "results": [{"error": {"code": "denied", "message": "no"}}]})
+        );
+    }
+}

@@ -1241,6 +1241,131 @@ mod tests {
         assert_eq!(e.code, code::INVALID_REQUEST);
     }
 
+    #[test]
+    fn methods_parse_by_name_and_params_by_type() {
+        for m in Method::ALL {
+            assert_eq!(Method::from_name(m.name()), Ok(m));
+        }
+        let e = Method::from_name("script.nope").unwrap_err();
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (code::METHOD_NOT_FOUND, "unknown method \"script.nope\"")
+        );
+        assert!(Method::AdminCancel.admin_only() && !Method::ScriptCancel.admin_only());
+        let e = EngineRequest::parse(
+            Method::ScriptWait,
+            json!({"script_id": "x", "colour": "red"}),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, code::INVALID_PARAMS);
+        assert!(
+            e.message
+                .starts_with("invalid params: unknown field `colour`"),
+            "{}",
+            e.message
+        );
+        let e = EngineRequest::parse(Method::RunRevoke, Value::Null).unwrap_err();
+        assert_eq!(e.message, "invalid params: missing field `token`");
+        assert!(matches!(
+            EngineRequest::parse(Method::DaemonInfo, json!([1, 2])),
+            Ok(EngineRequest::DaemonInfo)
+        ));
+    }
+
+    #[test]
+    fn lines_are_json_rpc_2() {
+        let l: Value =
+            serde_json::from_str(&request_line(3, "tool.call", &json!({"a": 1}))).unwrap();
+        assert_eq!(
+            l,
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tool.call", "params": {"a": 1}})
+        );
+        let l: Value = serde_json::from_str(&response_line(&json!("x"), &Ok(Value::Null))).unwrap();
+        assert_eq!(l, json!({"jsonrpc": "2.0", "id": "x", "result": null}));
+        let e = RpcError::not_admin();
+        let l: Value = serde_json::from_str(&response_line(&Value::Null, &Err(e))).unwrap();
+        assert_eq!(
+            l,
+            json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32018,
+                "message": "this method is for root and members of auth.admin_groups",
+                "data": {"reason": "not_admin"}}})
+        );
+        assert!(notification_line("m", &json!({})).ends_with("}\n"));
+    }
+
+    #[test]
+    fn notifications_and_daemon_requests_are_typed() {
+        let status = json!({"script_id": "s", "state": "running", "calls": 1, "failures": 0,
+                            "elapsed_ms": 5, "progress": {"done": 1, "total": 4, "message": "m"}});
+        let n = Notification::parse("script.progress", status.clone()).unwrap();
+        assert_eq!((n.method(), n.params()), ("script.progress", status));
+        assert!(Notification::parse("script.nope", json!({})).is_err());
+        let call =
+            json!({"script_id": "s", "run_id": "r", "call_id": "1", "tool": "t", "arguments": {}});
+        assert!(matches!(
+            DaemonRequest::parse("tool.call", call),
+            Ok(DaemonRequest::ToolCall(c)) if c.tool == "t"
+        ));
+        let e = DaemonRequest::parse("script.start", json!({})).unwrap_err();
+        assert_eq!(e.code, code::METHOD_NOT_FOUND);
+        let listed = json!({"scripts": [{"script_id": "s", "state": "running", "calls": 3,
+            "failures": 0, "elapsed_ms": 900, "progress": null, "run_id": "r", "peer_uid": 1000,
+            "uid": 1000, "unit": null, "age_ms": 900}]});
+        let l: AdminList = serde_json::from_value(listed.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&l).unwrap(), listed);
+    }
+
+    #[test]
+    fn script_requests_are_bounded_and_lenient() {
+        use script::*;
+        assert_eq!(
+            parse_request(br#"{"id": 1, "op": "call", "tool": "t"}"#),
+            Ok(Request::Call {
+                id: 1.into(),
+                tool: "t".into(),
+                args: json!({})
+            })
+        );
+        assert_eq!(
+            parse_request(br#"{"id": 1, "op": "call", "tool": 5, "args": null}"#),
+            Ok(Request::Call {
+                id: 1.into(),
+                tool: String::new(),
+                args: Value::Null
+            })
+        );
+        let long = "x".repeat(MAX_NAME_BYTES + 10);
+        let line = serde_json::to_vec(&json!({"op": "call", "tool": long})).unwrap();
+        let Ok(Request::Call { tool, .. }) = parse_request(&line) else {
+            panic!()
+        };
+        assert_eq!(tool, format!("{}…", &long[..MAX_NAME_BYTES]));
+        let many = json!({"id": 2, "op": "call_many", "tool": "t", "args_list": vec![json!({}); MAX_BATCH + 1]});
+        let e = parse_request(&serde_json::to_vec(&many).unwrap()).unwrap_err();
+        assert_eq!((e.id, e.code), (2.into(), "invalid_arguments"));
+        assert_eq!(
+            parse_request(br#"{"op": "progress", "done": "x", "total": 9}"#),
+            Ok(Request::Progress(Progress {
+                done: 0,
+                total: 9,
+                message: String::new()
+            }))
+        );
+        assert_eq!(
+            parse_request(br#"{"id": 7, "op": "fly"}"#).unwrap_err(),
+            BadRequest {
+                id: 7.into(),
+                code: "invalid_request",
+                message: "unknown op; use agent_tools".into()
+            }
+        );
+        assert_eq!(
+            parse_request(b"[]").unwrap_err().message,
+            "not a JSON object"
+        );
+        assert_eq!(clip("éé", 3), "é…");
+    }
+
     fn result(status: Status, output: &str, error: Option<&str>) -> ScriptResult {
         ScriptResult {
             script_id: "x".into(),

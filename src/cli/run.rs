@@ -352,7 +352,6 @@ fn prepare_workspace(
     cfg: &Config,
     read_only: bool,
 ) -> Result<PathBuf, Failure> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let id = script_identity(cfg)?;
     let who = format!(
         "uid {}{}",
@@ -369,34 +368,50 @@ fn prepare_workspace(
     let ws = match given {
         Some(p) => std::fs::canonicalize(p)
             .map_err(|e| Failure::setup(format!("workspace {}: {e}", p.display())))?,
-        None => {
-            let base = fresh_base;
-            let cannot = |e: std::io::Error| {
-                Failure::setup(format!(
-                    "cannot create a workspace under {}: {e}; pass --workspace DIR (under the daemon's workspace.roots), or --embedded",
-                    base.display()
-                ))
-            };
-            std::fs::create_dir_all(base).map_err(cannot)?;
-            let stamp = crate::time::rfc3339_now().replace([':', '.'], "-");
-            let mut r = [0u8; 3];
-            let _ = getrandom::getrandom(&mut r);
-            let ws = base.join(format!("run-{stamp}-{:02x}{:02x}{:02x}", r[0], r[1], r[2]));
-            std::fs::create_dir(&ws).map_err(cannot)?;
-            if is_root() {
-                let _ = std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o755));
-                nix::unistd::chown(
-                    &ws,
-                    Some(nix::unistd::Uid::from_raw(id.uid)),
-                    Some(nix::unistd::Gid::from_raw(id.gid)),
-                )
-                .map_err(|e| Failure::setup(format!("chown {}: {e}", ws.display())))?;
-            }
-            eprintln!("scriptgate: workspace {}", ws.display());
-            ws
-        }
+        None => fresh_workspace(fresh_base, &id)?,
     };
-    let meta = std::fs::metadata(&ws)
+    check_workspace(&ws, &id, &who, read_only)?;
+    Ok(ws)
+}
+
+/// A new directory `run-<time>-<random>` under `base`, owned by the script's uid.
+fn fresh_workspace(base: &Path, id: &crate::sys::Identity) -> Result<PathBuf, Failure> {
+    use std::os::unix::fs::PermissionsExt;
+    let cannot = |e: std::io::Error| {
+        Failure::setup(format!(
+            "cannot create a workspace under {}: {e}; pass --workspace DIR (under the daemon's workspace.roots), or --embedded",
+            base.display()
+        ))
+    };
+    std::fs::create_dir_all(base).map_err(cannot)?;
+    let stamp = crate::time::rfc3339_now().replace([':', '.'], "-");
+    let mut r = [0u8; 3];
+    let _ = getrandom::getrandom(&mut r);
+    let ws = base.join(format!("run-{stamp}-{:02x}{:02x}{:02x}", r[0], r[1], r[2]));
+    std::fs::create_dir(&ws).map_err(cannot)?;
+    if is_root() {
+        let _ = std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o755));
+        nix::unistd::chown(
+            &ws,
+            Some(nix::unistd::Uid::from_raw(id.uid)),
+            Some(nix::unistd::Gid::from_raw(id.gid)),
+        )
+        .map_err(|e| Failure::setup(format!("chown {}: {e}", ws.display())))?;
+    }
+    eprintln!("scriptgate: workspace {}", ws.display());
+    Ok(ws)
+}
+
+/// The workspace is a directory that `who` (the script's uid) can reach, and
+/// write unless the run is read-only.
+fn check_workspace(
+    ws: &Path,
+    id: &crate::sys::Identity,
+    who: &str,
+    read_only: bool,
+) -> Result<(), Failure> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = std::fs::metadata(ws)
         .map_err(|e| Failure::setup(format!("workspace {}: {e}", ws.display())))?;
     if !meta.is_dir() {
         return Err(Failure::setup(format!(
@@ -432,7 +447,7 @@ fn prepare_workspace(
             meta.uid()
         )));
     }
-    Ok(ws)
+    Ok(())
 }
 
 /// The run's authorization snapshot: every tool of the servers, the mode, and
