@@ -1,15 +1,7 @@
 //! The broker: serves one script's `agent_tools` requests on fd 3/4. Every call is
 //! checked (revocation, expiry, policy, schema, budget) before it can reach the
-//! engine, and at most `max_concurrency` calls are outstanding at once.
-//!
-//! Script → daemon (fd 3), one JSON object per line:
-//!   {"id": 1, "op": "call", "tool": "t", "args": {…}}
-//!   {"id": 2, "op": "call_many", "tool": "t", "args_list": [{…}, …]}   (at most 50)
-//!   {"op": "progress", "done": 1, "total": 9, "message": "…"}
-//!   {"op": "uncaught", "code": "limit", "tool": "t"}
-//! Daemon → script (fd 4):
-//!   {"id": 1, "result": {"text", "structured", "is_error", "code"?}} | {"id": 1, "error": {"code", "message"}}
-//!   {"id": 2, "results": [ {"result": …} | {"error": …}, … ]}
+//! engine, and at most `max_concurrency` calls are outstanding at once. The
+//! messages of fd 3/4 and of calls.jsonl are typed in `protocol::script`.
 //!
 //! Everything a script can grow here is bounded: the bytes of the requests being
 //! served (reading fd 3 stops while they are used up), the replies queued for fd 4
