@@ -1087,6 +1087,77 @@ mod tests {
         assert_eq!(clip("éé", 3), "é…");
     }
 
+    /// Every doc example of a wire type that is complete JSON (no `…` outside
+    /// strings) is parsed back into the type it documents: the examples cannot
+    /// drift from the types.
+    #[test]
+    fn doc_examples_parse_as_their_types() {
+        fn check<T: serde::de::DeserializeOwned>(json: &str) -> Result<(), String> {
+            serde_json::from_str::<T>(json)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+        let checks: &[(&str, fn(&str) -> Result<(), String>)] = &[
+            ("RpcError", check::<RpcError>),
+            ("StartParams", check::<StartParams>),
+            ("ScriptRef", check::<ScriptRef>),
+            ("TokenParam", check::<TokenParam>),
+            ("Started", check::<Started>),
+            ("Progress", check::<Progress>),
+            ("ScriptStatus", check::<ScriptStatus>),
+            ("Revoked", check::<Revoked>),
+            ("Described", check::<Described>),
+            ("DaemonInfo", check::<DaemonInfo>),
+            ("AdminList", check::<AdminList>),
+            ("ToolResult", check::<ToolResult>),
+            ("ApprovalAnswer", check::<ApprovalAnswer>),
+            ("ScriptResult", check::<ScriptResult>),
+        ];
+        let src = include_str!("protocol.rs");
+        let mut checked = Vec::new();
+        let mut lines = src.lines().map(str::trim);
+        let mut example: Option<String> = None;
+        while let Some(l) = lines.next() {
+            if l == "/// ```json" {
+                let mut text = String::new();
+                for l in lines.by_ref() {
+                    if l == "/// ```" {
+                        break;
+                    }
+                    text.push_str(l.trim_start_matches("///"));
+                    text.push('\n');
+                }
+                example = Some(text);
+            } else if let Some(rest) = l.strip_prefix("pub struct ") {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                let (Some(text), Some((_, f))) =
+                    (example.take(), checks.iter().find(|(n, _)| *n == name))
+                else {
+                    continue;
+                };
+                if serde_json::from_str::<Value>(&text).is_err() {
+                    continue; // an abridged example
+                }
+                f(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+                checked.push(name);
+            } else if !l.starts_with("///") && !l.starts_with("#[") {
+                example = None;
+            }
+        }
+        for must in [
+            "StartParams",
+            "Started",
+            "ScriptStatus",
+            "DaemonInfo",
+            "AdminList",
+        ] {
+            assert!(checked.iter().any(|c| c == must), "{must}: {checked:?}");
+        }
+    }
+
     fn result(status: Status, output: &str, error: Option<&str>) -> ScriptResult {
         ScriptResult {
             script_id: "x".into(),
