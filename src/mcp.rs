@@ -2,17 +2,16 @@
 //! pages), tools/call. It keeps tools as raw JSON so that every annotation the
 //! server publishes (readOnlyHint, destructiveHint, execution.taskSupport) is seen.
 
-use crate::engine::LinkError;
-use crate::protocol::ToolResult;
+use crate::engine::{BoxFuture, LinkError};
+use crate::protocol::{RpcError, ToolResult};
+use crate::rpc::{self, Bounds, CallError};
 use crate::token::{ToolClass, ToolSpec};
+use serde::Serialize;
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::sync::{mpsc, oneshot};
+use tokio::io::AsyncReadExt;
 
 pub const PROTOCOL_VERSION: &str = "2025-06-18";
 
@@ -124,18 +123,127 @@ pub fn tool_spec(full: String, tool: &Value, class: ToolClass) -> (ToolSpec, Opt
     (spec, warning)
 }
 
-type Pending = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<Result<Value, String>>>>>>;
+/// The longest line an MCP server may send (a `tools/list` page of a large
+/// server fits many times over); a longer one ends the connection.
+pub const MAX_LINE_BYTES: usize = 64 << 20;
+
+/// The `initialize` params: protocol version and client info; no `roots`
+/// capability (see `Server::start`).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Initialize {
+    protocol_version: &'static str,
+    capabilities: Empty,
+    client_info: ClientInfo,
+}
+
+#[derive(Serialize)]
+struct ClientInfo {
+    name: &'static str,
+    version: &'static str,
+}
+
+#[derive(Serialize, Default)]
+struct Empty {}
+
+/// `tools/list` params: the page after `cursor`.
+#[derive(Serialize)]
+struct ListTools<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cursor: Option<&'a Value>,
+}
+
+/// `tools/call` params.
+#[derive(Serialize)]
+struct CallTool<'a> {
+    name: &'a str,
+    arguments: Value,
+}
+
+/// `notifications/cancelled` params.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Cancelled {
+    request_id: u64,
+    reason: &'static str,
+}
+
+/// The answer to `roots/list`.
+#[derive(Serialize)]
+struct Roots {
+    roots: Vec<Root>,
+}
+
+#[derive(Serialize)]
+struct Root {
+    uri: String,
+    name: String,
+}
+
+/// What scriptgate serves of a server's requests: `ping` and `roots/list`.
+struct Client {
+    roots: Vec<String>,
+}
+
+impl rpc::Handler for Client {
+    fn request(
+        self: Arc<Self>,
+        method: String,
+        _params: Value,
+    ) -> BoxFuture<'static, Result<Value, RpcError>> {
+        let answer = match method.as_str() {
+            "ping" => serde_json::to_value(Empty {}),
+            "roots/list" => serde_json::to_value(Roots {
+                roots: self
+                    .roots
+                    .iter()
+                    .map(|r| Root {
+                        uri: format!("file://{r}"),
+                        name: r.clone(),
+                    })
+                    .collect(),
+            }),
+            _ => {
+                return Box::pin(std::future::ready(Err(RpcError::new(
+                    -32601,
+                    "not supported by scriptgate",
+                ))))
+            }
+        };
+        Box::pin(std::future::ready(
+            answer.map_err(|e| RpcError::internal(e.to_string())),
+        ))
+    }
+    // Notifications (logging, progress, list changes) are not used.
+}
 
 /// One running MCP server.
 pub struct Server {
     pub name: String,
-    tx: mpsc::UnboundedSender<String>,
-    pending: Pending,
-    next: AtomicU64,
+    peer: rpc::Peer,
     child: tokio::sync::Mutex<tokio::process::Child>,
     pgid: Option<i32>,
     stderr_tail: Arc<Mutex<Vec<u8>>>,
     pub call_timeout: Duration,
+}
+
+/// Keep the last 4 KiB of what the server writes on stderr (for error messages).
+fn keep_stderr_tail(mut stderr: tokio::process::ChildStderr) -> Arc<Mutex<Vec<u8>>> {
+    let stderr_tail = Arc::new(Mutex::new(Vec::new()));
+    let tail = stderr_tail.clone();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stderr.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            let mut t = tail.lock().unwrap();
+            t.extend_from_slice(&buf[..n]);
+            let excess = t.len().saturating_sub(4096);
+            t.drain(..excess);
+        }
+    });
+    stderr_tail
 }
 
 impl Server {
@@ -163,92 +271,37 @@ impl Server {
             .spawn()
             .map_err(|e| err(format!("cannot start {:?}: {e}", spec.argv[0])))?;
         let pgid = child.id().map(|p| p as i32);
-        let mut stdin = child.stdin.take().expect("piped");
+        let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
-        let mut stderr = child.stderr.take().expect("piped");
-        let stderr_tail = Arc::new(Mutex::new(Vec::new()));
-        let tail = stderr_tail.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stderr.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-                let mut t = tail.lock().unwrap();
-                t.extend_from_slice(&buf[..n]);
-                let excess = t.len().saturating_sub(4096);
-                t.drain(..excess);
-            }
-        });
-        let (tx, mut rx) = mpsc::unbounded_channel::<String>();
-        tokio::spawn(async move {
-            while let Some(line) = rx.recv().await {
-                if stdin.write_all(line.as_bytes()).await.is_err() {
-                    break;
-                }
-            }
-        });
-        let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
-        let (p2, tx2) = (pending.clone(), tx.clone());
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let Ok(msg) = serde_json::from_str::<Value>(&line) else {
-                    continue;
-                };
-                let id = msg.get("id").cloned();
-                match (msg.get("method").and_then(Value::as_str), id) {
-                    (Some(method), Some(id)) => {
-                        // A request from the server.
-                        let answer = match method {
-                            "ping" => json!({"jsonrpc": "2.0", "id": id, "result": {}}),
-                            "roots/list" => json!({"jsonrpc": "2.0", "id": id, "result": {"roots":
-                                roots.iter().map(|r| json!({"uri": format!("file://{r}"), "name": r})).collect::<Vec<_>>()}}),
-                            _ => {
-                                json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "not supported by scriptgate"}})
-                            }
-                        };
-                        let _ = tx2.send(answer.to_string() + "\n");
-                    }
-                    (None, Some(id)) => {
-                        let slot = id
-                            .as_u64()
-                            .and_then(|i| p2.lock().unwrap().as_mut().and_then(|m| m.remove(&i)));
-                        if let Some(s) = slot {
-                            let r = match msg.get("error") {
-                                Some(e) => Err(e
-                                    .get("message")
-                                    .and_then(Value::as_str)
-                                    .unwrap_or("error")
-                                    .to_string()),
-                                None => Ok(msg.get("result").cloned().unwrap_or(Value::Null)),
-                            };
-                            let _ = s.send(r);
-                        }
-                    }
-                    _ => {} // notifications: logging, progress, list changes
-                }
-            }
-            // The server's stdout closed: it exited or crashed. Fail what is waiting.
-            p2.lock().unwrap().take();
-        });
+        let stderr_tail = keep_stderr_tail(child.stderr.take().expect("piped"));
+        let (peer, _writer) = rpc::Peer::new(stdin);
+        {
+            // Reads until the server's stdout closes (it exited or crashed); what
+            // is still waiting then fails.
+            let (peer, handler) = (peer.clone(), Arc::new(Client { roots }));
+            tokio::spawn(async move {
+                peer.serve(stdout, &Bounds::client(MAX_LINE_BYTES), handler)
+                    .await
+            });
+        }
         let server = Server {
             name: spec.name.clone(),
-            tx,
-            pending,
-            next: AtomicU64::new(1),
+            peer,
             child: tokio::sync::Mutex::new(child),
             pgid,
             stderr_tail,
             call_timeout,
         };
+        let init = Initialize {
+            protocol_version: PROTOCOL_VERSION,
+            capabilities: Empty {},
+            client_info: ClientInfo {
+                name: "scriptgate",
+                version: env!("CARGO_PKG_VERSION"),
+            },
+        };
         let init = server
-            .request(
-                "initialize",
-                json!({"protocolVersion": PROTOCOL_VERSION, "capabilities": {},
-                       "clientInfo": {"name": "scriptgate", "version": env!("CARGO_PKG_VERSION")}}),
-                Duration::from_secs(60),
-            )
+            .request("initialize", &init, Duration::from_secs(60))
             .await
             .map_err(|e| err(format!("initialize failed: {e}{}", server.stderr_note())))?;
         if init
@@ -258,7 +311,7 @@ impl Server {
         {
             return Err(err("the server offers no tools".into()));
         }
-        server.notify("notifications/initialized", json!({}));
+        server.peer.notify("notifications/initialized", &Empty {});
         Ok(server)
     }
 
@@ -283,55 +336,30 @@ impl Server {
         }
     }
 
-    fn notify(&self, method: &str, params: Value) {
-        let _ = self
-            .tx
-            .send(json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string() + "\n");
-    }
-
-    async fn request(
+    async fn request<P: Serialize>(
         &self,
         method: &str,
-        params: Value,
+        params: &P,
         timeout: Duration,
     ) -> Result<Value, LinkError> {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        match self.pending.lock().unwrap().as_mut() {
-            Some(m) => m.insert(id, tx),
-            None => {
-                return Err(LinkError::Answered(format!(
-                    "MCP server {} is not running",
-                    self.name
-                )))
-            }
-        };
-        let _ = self.tx.send(
-            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
-                + "\n",
-        );
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(Ok(v))) => Ok(v),
-            Ok(Ok(Err(m))) => Err(LinkError::Answered(format!(
-                "MCP server {}: {m}",
-                self.name
+        let name = &self.name;
+        match self.peer.request(method, params, Some(timeout)).await {
+            Ok(v) => Ok(v),
+            Err(CallError::Answered(e)) => Err(LinkError::Answered(format!(
+                "MCP server {name}: {}",
+                e.message
             ))),
-            Ok(Err(_)) => Err(LinkError::Answered(format!(
-                "MCP server {} exited{}",
-                self.name,
-                self.stderr_note()
-            ))),
-            Err(_) => {
-                if let Some(m) = self.pending.lock().unwrap().as_mut() {
-                    m.remove(&id);
-                }
-                self.notify(
-                    "notifications/cancelled",
-                    json!({"requestId": id, "reason": "timeout"}),
-                );
+            Err(CallError::Disconnected | CallError::Closed(_)) => Err(LinkError::Answered(
+                format!("MCP server {name} exited{}", self.stderr_note()),
+            )),
+            Err(CallError::Timeout { id }) => {
+                let cancel = Cancelled {
+                    request_id: id,
+                    reason: "timeout",
+                };
+                self.peer.notify("notifications/cancelled", &cancel);
                 Err(LinkError::Answered(format!(
-                    "MCP server {} did not answer within {} s",
-                    self.name,
+                    "MCP server {name} did not answer within {} s",
                     timeout.as_secs()
                 )))
             }
@@ -343,12 +371,11 @@ impl Server {
         let mut out = Vec::new();
         let mut cursor: Option<Value> = None;
         loop {
-            let params = match &cursor {
-                Some(c) => json!({"cursor": c}),
-                None => json!({}),
+            let params = ListTools {
+                cursor: cursor.as_ref(),
             };
             let r = self
-                .request("tools/list", params, Duration::from_secs(60))
+                .request("tools/list", &params, Duration::from_secs(60))
                 .await
                 .map_err(|e| McpError::Server {
                     name: self.name.clone(),
@@ -371,7 +398,10 @@ impl Server {
         let r = self
             .request(
                 "tools/call",
-                json!({"name": tool, "arguments": arguments}),
+                &CallTool {
+                    name: tool,
+                    arguments,
+                },
                 self.call_timeout,
             )
             .await?;
@@ -380,10 +410,8 @@ impl Server {
 
     /// Close stdin, give the server a moment, then end its process group.
     pub async fn shutdown(&self) {
-        self.pending.lock().unwrap().take();
+        self.peer.close();
         let mut child = self.child.lock().await;
-        drop(child.stdin.take());
-        let _ = self.tx.send(String::new());
         if tokio::time::timeout(Duration::from_millis(500), child.wait())
             .await
             .is_err()

@@ -75,6 +75,40 @@ impl RpcError {
             json!({"reason": "not_found", "script_id": script_id}),
         )
     }
+    /// An error whose `data` is `{"reason": reason}`.
+    pub fn with_reason(code: i64, message: impl Into<String>, reason: &str) -> Self {
+        Self::with_data(code, message, json!({ "reason": reason }))
+    }
+    /// An error whose `data` is `{"reason": reason, "field": field}` (-32011).
+    pub fn with_field(code: i64, message: impl Into<String>, reason: &str, field: &str) -> Self {
+        Self::with_data(code, message, json!({ "reason": reason, "field": field }))
+    }
+    /// The peer is neither root nor in `auth.allowed_groups`.
+    pub fn peer_not_allowed(uid: u32, allowed_groups: &[String]) -> Self {
+        Self::with_reason(
+            code::PEER_NOT_ALLOWED,
+            format!(
+                "uid {uid} may not use scriptgated: not root and not in auth.allowed_groups {allowed_groups:?}"
+            ),
+            "peer_not_allowed",
+        )
+    }
+    /// A connection over `server.max_connections`.
+    pub fn too_many_connections(max: usize) -> Self {
+        Self::with_reason(
+            code::BUSY,
+            format!("scriptgated already serves server.max_connections = {max} connections; close one and retry"),
+            "too_many_connections",
+        )
+    }
+    /// An admin method from a peer that is not an administrator.
+    pub fn not_admin() -> Self {
+        Self::with_reason(
+            code::NOT_ADMIN,
+            "this method is for root and members of auth.admin_groups",
+            "not_admin",
+        )
+    }
     /// The `data.reason` string, when there is one.
     pub fn reason(&self) -> Option<&str> {
         self.data.as_ref()?.get("reason")?.as_str()
@@ -177,21 +211,64 @@ pub fn parse_line(line: &[u8]) -> Result<Incoming, (Value, RpcError)> {
     }
 }
 
-pub fn request_line(id: u64, method: &str, params: &Value) -> String {
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string() + "\n"
+/// A request we send: `{"jsonrpc": "2.0", "id": 7, "method": "tool.call", "params": {…}}`.
+#[derive(Serialize)]
+struct RequestEnvelope<'a, P: ?Sized> {
+    jsonrpc: &'static str,
+    id: u64,
+    method: &'a str,
+    params: &'a P,
 }
 
-pub fn notification_line(method: &str, params: &Value) -> String {
-    json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string() + "\n"
+/// A notification we send: `{"jsonrpc": "2.0", "method": "script.progress", "params": {…}}`.
+#[derive(Serialize)]
+struct NotificationEnvelope<'a, P: ?Sized> {
+    jsonrpc: &'static str,
+    method: &'a str,
+    params: &'a P,
+}
+
+/// An answer we send: `{"jsonrpc": "2.0", "id": 1, "result": {…}}` or
+/// `{"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "…"}}`.
+#[derive(Serialize)]
+struct ResponseEnvelope<'a> {
+    jsonrpc: &'static str,
+    id: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a RpcError>,
+}
+
+fn line<T: Serialize>(v: &T) -> String {
+    // Serializing these types cannot fail: every map key is a string.
+    serde_json::to_string(v).unwrap_or_default() + "\n"
+}
+
+pub fn request_line<P: Serialize + ?Sized>(id: u64, method: &str, params: &P) -> String {
+    line(&RequestEnvelope {
+        jsonrpc: "2.0",
+        id,
+        method,
+        params,
+    })
+}
+
+pub fn notification_line<P: Serialize + ?Sized>(method: &str, params: &P) -> String {
+    line(&NotificationEnvelope {
+        jsonrpc: "2.0",
+        method,
+        params,
+    })
 }
 
 pub fn response_line(id: &Value, result: &Result<Value, RpcError>) -> String {
-    match result {
-        Ok(v) => json!({"jsonrpc": "2.0", "id": id, "result": v}),
-        Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": e}),
-    }
-    .to_string()
-        + "\n"
+    line(&ResponseEnvelope {
+        jsonrpc: "2.0",
+        id,
+        result: result.as_ref().ok(),
+        error: result.as_ref().err(),
+    })
 }
 
 /// `script.start` params.
@@ -199,7 +276,7 @@ pub fn response_line(id: &Value, result: &Result<Value, RpcError>) -> String {
 /// ```json
 /// {"token": "eyJ…", "code": "import agent_tools\n…", "tools": ["fleet__reboot_device"], "description": "reboot stale devices"}
 /// ```
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StartParams {
     pub token: String,
@@ -215,15 +292,403 @@ pub struct StartParams {
 /// ```json
 /// {"script_id": "4f1c…", "timeout_s": 30, "token": "eyJ…"}
 /// ```
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScriptRef {
     pub script_id: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<f64>,
     /// A valid token of the script's run grants access from any connection.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+}
+
+/// Params of `run.revoke` and `run.describe`.
+///
+/// ```json
+/// {"token": "eyJ…"}
+/// ```
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenParam {
+    pub token: String,
+}
+
+/// The methods an engine (or an administrator) calls on the daemon, by name.
+/// Parsed first, so that an unknown method and a refused admin method are
+/// answered before any params are looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    ScriptStart,
+    ScriptWait,
+    ScriptStatus,
+    ScriptCancel,
+    RunRevoke,
+    RunDescribe,
+    DaemonInfo,
+    AdminList,
+    AdminCancel,
+}
+
+impl Method {
+    pub const ALL: [Method; 9] = [
+        Method::ScriptStart,
+        Method::ScriptWait,
+        Method::ScriptStatus,
+        Method::ScriptCancel,
+        Method::RunRevoke,
+        Method::RunDescribe,
+        Method::DaemonInfo,
+        Method::AdminList,
+        Method::AdminCancel,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::ScriptStart => "script.start",
+            Method::ScriptWait => "script.wait",
+            Method::ScriptStatus => "script.status",
+            Method::ScriptCancel => "script.cancel",
+            Method::RunRevoke => "run.revoke",
+            Method::RunDescribe => "run.describe",
+            Method::DaemonInfo => "daemon.info",
+            Method::AdminList => "admin.list",
+            Method::AdminCancel => "admin.cancel",
+        }
+    }
+
+    /// The method of this name, or -32601.
+    pub fn from_name(name: &str) -> Result<Method, RpcError> {
+        Method::ALL
+            .into_iter()
+            .find(|m| m.name() == name)
+            .ok_or_else(|| {
+                RpcError::new(code::METHOD_NOT_FOUND, format!("unknown method {name:?}"))
+            })
+    }
+
+    /// For root and members of `auth.admin_groups` only.
+    pub fn admin_only(self) -> bool {
+        matches!(self, Method::AdminList | Method::AdminCancel)
+    }
+}
+
+/// A request from the engine, with its params typed. Params that do not fit are
+/// -32602 `invalid params: …` (unknown fields included); methods without params
+/// ignore whatever is sent.
+#[derive(Debug, Clone)]
+pub enum EngineRequest {
+    /// ```json
+    /// {"jsonrpc": "2.0", "id": 1, "method": "script.start", "params": {"token": "eyJ…", "code": "…", "tools": [], "description": "…"}}
+    /// ```
+    /// Answer: `Started`.
+    ScriptStart(StartParams),
+    /// ```json
+    /// {"jsonrpc": "2.0", "id": 2, "method": "script.wait", "params": {"script_id": "4f1c…", "timeout_s": 30}}
+    /// ```
+    /// Answer: the result object (`ScriptResult`), or -32017 after `timeout_s`.
+    ScriptWait(ScriptRef),
+    /// ```json
+    /// {"jsonrpc": "2.0", "id": 3, "method": "script.status", "params": {"script_id": "4f1c…"}}
+    /// ```
+    /// Answer: `ScriptStatus`.
+    ScriptStatus(ScriptRef),
+    /// ```json
+    /// {"jsonrpc": "2.0", "id": 4, "method": "script.cancel", "params": {"script_id": "4f1c…"}}
+    /// ```
+    /// Answer: `ScriptState`.
+    ScriptCancel(ScriptRef),
+    /// ```json
+    /// {"jsonrpc": "2.0", "id": 5, "method": "run.revoke", "params": {"token": "eyJ…"}}
+    /// ```
+    /// Answer: `Revoked`.
+    RunRevoke(TokenParam),
+    /// ```json
+    /// {"jsonrpc": "2.0", "id": 6, "method": "run.describe", "params": {"token": "eyJ…"}}
+    /// ```
+    /// Answer: `Described`.
+    RunDescribe(TokenParam),
+    /// ```json
+    /// {"jsonrpc": "2.0", "id": 7, "method": "daemon.info"}
+    /// ```
+    /// Answer: `DaemonInfo`.
+    DaemonInfo,
+    /// Admin. ```json
+    /// {"jsonrpc": "2.0", "id": 8, "method": "admin.list"}
+    /// ```
+    /// Answer: `AdminList`.
+    AdminList,
+    /// Admin. ```json
+    /// {"jsonrpc": "2.0", "id": 9, "method": "admin.cancel", "params": {"script_id": "4f1c…"}}
+    /// ```
+    /// Answer: `ScriptState`.
+    AdminCancel(ScriptRef),
+}
+
+impl EngineRequest {
+    /// The typed request for `method` and its params.
+    pub fn parse(method: Method, params: Value) -> Result<EngineRequest, RpcError> {
+        Ok(match method {
+            Method::ScriptStart => EngineRequest::ScriptStart(typed_params(params)?),
+            Method::ScriptWait => EngineRequest::ScriptWait(typed_params(params)?),
+            Method::ScriptStatus => EngineRequest::ScriptStatus(typed_params(params)?),
+            Method::ScriptCancel => EngineRequest::ScriptCancel(typed_params(params)?),
+            Method::RunRevoke => EngineRequest::RunRevoke(typed_params(params)?),
+            Method::RunDescribe => EngineRequest::RunDescribe(typed_params(params)?),
+            Method::DaemonInfo => EngineRequest::DaemonInfo,
+            Method::AdminList => EngineRequest::AdminList,
+            Method::AdminCancel => EngineRequest::AdminCancel(typed_params(params)?),
+        })
+    }
+}
+
+/// Params as `T`; absent params (`null`) read as `{}`.
+pub fn typed_params<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, RpcError> {
+    let v = if v.is_null() {
+        Value::Object(Default::default())
+    } else {
+        v
+    };
+    serde_json::from_value(v).map_err(|e| RpcError::invalid_params(format!("invalid params: {e}")))
+}
+
+/// The answer to `script.start`.
+///
+/// ```json
+/// {"script_id": "4f1c…", "state": "running"}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Started {
+    pub script_id: String,
+    pub state: Status,
+}
+
+/// The answer to `script.cancel` and `admin.cancel`: the script's state after it.
+///
+/// ```json
+/// {"script_id": "4f1c…", "state": "cancelled"}
+/// ```
+pub type ScriptState = Started;
+
+/// Progress a script reported (`agent_tools.progress`).
+///
+/// ```json
+/// {"done": 120, "total": 500, "message": "devices"}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    pub done: i64,
+    pub total: i64,
+    pub message: String,
+}
+
+/// The answer to `script.status`, and the params of `script.progress`.
+///
+/// ```json
+/// {"script_id": "4f1c…", "state": "running", "calls": 120, "failures": 0,
+///  "elapsed_ms": 5300, "progress": {"done": 120, "total": 500, "message": "devices"}}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScriptStatus {
+    pub script_id: String,
+    pub state: Status,
+    pub calls: u64,
+    pub failures: u64,
+    pub elapsed_ms: u64,
+    pub progress: Option<Progress>,
+}
+
+/// The answer to `run.revoke`.
+///
+/// ```json
+/// {"run_id": "run-42", "cancelled": 2}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Revoked {
+    pub run_id: String,
+    pub cancelled: usize,
+}
+
+/// The answer to `run.describe`: the run_script description for the token's snapshot.
+///
+/// ```json
+/// {"text": "Run a Python script that calls tools…"}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Described {
+    pub text: String,
+}
+
+/// The answer to `daemon.info`.
+///
+/// ```json
+/// {"version": "0.1.0", "protocol": 1, "backend": "cgroup", "backend_notes": [],
+///  "limits_per_script": true, "running": 0,
+///  "limits": {"max_calls": 500, "max_concurrency": 4, "timeout_s": 600,
+///             "memory_max_bytes": 1073741824, "tasks_max": 64, "output_max_bytes": 10485760,
+///             "return_max_chars": 20000, "approval_timeout_s": 300, "max_running": 16}}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DaemonInfo {
+    pub version: String,
+    pub protocol: u32,
+    pub backend: String,
+    pub backend_notes: Vec<String>,
+    pub limits_per_script: bool,
+    pub running: usize,
+    pub limits: DaemonLimits,
+}
+
+/// `daemon.info`'s `limits`: the configured limits of every script.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DaemonLimits {
+    pub max_calls: u64,
+    pub max_concurrency: usize,
+    pub timeout_s: u64,
+    pub memory_max_bytes: u64,
+    pub tasks_max: u64,
+    pub output_max_bytes: u64,
+    pub return_max_chars: usize,
+    pub approval_timeout_s: u64,
+    pub max_running: usize,
+}
+
+/// The answer to `admin.list`.
+///
+/// ```json
+/// {"scripts": [{"script_id": "4f1c…", "state": "running", "calls": 3, "failures": 0,
+///   "elapsed_ms": 900, "progress": null, "run_id": "run-42", "peer_uid": 1000,
+///   "uid": 1000, "unit": "scriptgate-4f1c….scope", "age_ms": 900}]}
+/// ```
+/// (The daemon may hand over its entries as JSON values: `AdminList<Value>`.)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AdminList<S = ListedScript> {
+    pub scripts: Vec<S>,
+}
+
+/// One running script in `admin.list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListedScript {
+    #[serde(flatten)]
+    pub status: ScriptStatus,
+    pub run_id: String,
+    pub peer_uid: u32,
+    /// The uid the script runs as.
+    pub uid: u32,
+    pub unit: Option<String>,
+    pub age_ms: u64,
+}
+
+/// `tool.call` (daemon → engine, request): one tool call of a script; `arguments`
+/// already include the frozen ones. Answered with a `ToolResult` or an MCP
+/// `CallToolResult` (`ToolResult::from_answer`).
+///
+/// ```json
+/// {"jsonrpc": "2.0", "id": 3, "method": "tool.call", "params": {"script_id": "4f1c…",
+///  "run_id": "run-42", "call_id": "17", "tool": "fleet__reboot_device",
+///  "arguments": {"sn": "A1", "tenant": "acme"}}}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub script_id: String,
+    pub run_id: String,
+    pub call_id: String,
+    pub tool: String,
+    pub arguments: Value,
+}
+
+/// `approval.request` (daemon → engine, request): one approval for all the write
+/// tools a script declares. Answered with `ApprovalAnswer`.
+///
+/// ```json
+/// {"jsonrpc": "2.0", "id": 1, "method": "approval.request", "params": {"script_id": "4f1c…",
+///  "run_id": "run-42", "description": "reboot stale devices", "code": "import agent_tools…",
+///  "tools": [{"name": "fleet__reboot_device", "class": "write"}]}}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRequest {
+    pub script_id: String,
+    pub run_id: String,
+    pub description: String,
+    pub code: String,
+    pub tools: Vec<ApprovalTool>,
+}
+
+/// A tool in `approval.request`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalTool {
+    pub name: String,
+    pub class: String,
+}
+
+/// The requests the daemon sends to an engine, typed; what an engine dispatches on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DaemonRequest {
+    ToolCall(ToolCall),
+    ApprovalRequest(ApprovalRequest),
+}
+
+impl DaemonRequest {
+    pub const TOOL_CALL: &'static str = "tool.call";
+    pub const APPROVAL_REQUEST: &'static str = "approval.request";
+
+    /// The typed request, -32601 for a method the daemon does not send, -32602
+    /// for params that do not fit.
+    pub fn parse(method: &str, params: Value) -> Result<DaemonRequest, RpcError> {
+        match method {
+            Self::TOOL_CALL => Ok(DaemonRequest::ToolCall(typed_params(params)?)),
+            Self::APPROVAL_REQUEST => Ok(DaemonRequest::ApprovalRequest(typed_params(params)?)),
+            _ => Err(RpcError::new(
+                code::METHOD_NOT_FOUND,
+                "not an engine method",
+            )),
+        }
+    }
+}
+
+/// The notifications the daemon sends to the engine that started a script.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "method", content = "params")]
+pub enum Notification {
+    /// At most one per second per script, and the last state before `script.finished`.
+    ///
+    /// ```json
+    /// {"jsonrpc": "2.0", "method": "script.progress", "params": {"script_id": "4f1c…",
+    ///  "state": "running", "calls": 120, "failures": 0, "elapsed_ms": 5300, "progress": null}}
+    /// ```
+    #[serde(rename = "script.progress")]
+    ScriptProgress(ScriptStatus),
+    /// The result object, once the script has finished.
+    ///
+    /// ```json
+    /// {"jsonrpc": "2.0", "method": "script.finished", "params": {"script_id": "4f1c…", "status": "ok", …}}
+    /// ```
+    #[serde(rename = "script.finished")]
+    ScriptFinished(Box<ScriptResult>),
+}
+
+impl Notification {
+    pub fn method(&self) -> &'static str {
+        match self {
+            Notification::ScriptProgress(_) => "script.progress",
+            Notification::ScriptFinished(_) => "script.finished",
+        }
+    }
+
+    /// The typed notification of this method and params.
+    pub fn parse(method: &str, params: Value) -> Result<Notification, String> {
+        serde_json::from_value(serde_json::json!({"method": method, "params": params}))
+            .map_err(|e| format!("{method}: {e}"))
+    }
+
+    /// Its params, as they go on the wire.
+    pub fn params(&self) -> Value {
+        match self {
+            Notification::ScriptProgress(s) => serde_json::to_value(s),
+            Notification::ScriptFinished(r) => serde_json::to_value(r),
+        }
+        .unwrap_or_default()
+    }
 }
 
 /// What a tool call returns, from the engine to the daemon and on to the script.
@@ -357,13 +822,13 @@ impl ToolResult {
 /// ```json
 /// {"decision": "allow_once"}
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalAnswer {
     pub decision: Decision,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
     AllowOnce,
@@ -466,6 +931,9 @@ impl ScriptResult {
     }
 }
 
+// The script channel on fd 3/4, in its own file.
+pub mod script;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -492,6 +960,202 @@ mod tests {
         assert_eq!(e.code, code::PARSE_ERROR);
         let (_, e) = parse_line(b"[1,2]").unwrap_err();
         assert_eq!(e.code, code::INVALID_REQUEST);
+    }
+
+    #[test]
+    fn methods_parse_by_name_and_params_by_type() {
+        for m in Method::ALL {
+            assert_eq!(Method::from_name(m.name()), Ok(m));
+        }
+        let e = Method::from_name("script.nope").unwrap_err();
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (code::METHOD_NOT_FOUND, "unknown method \"script.nope\"")
+        );
+        assert!(Method::AdminCancel.admin_only() && !Method::ScriptCancel.admin_only());
+        let e = EngineRequest::parse(
+            Method::ScriptWait,
+            json!({"script_id": "x", "colour": "red"}),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, code::INVALID_PARAMS);
+        assert!(
+            e.message
+                .starts_with("invalid params: unknown field `colour`"),
+            "{}",
+            e.message
+        );
+        let e = EngineRequest::parse(Method::RunRevoke, Value::Null).unwrap_err();
+        assert_eq!(e.message, "invalid params: missing field `token`");
+        assert!(matches!(
+            EngineRequest::parse(Method::DaemonInfo, json!([1, 2])),
+            Ok(EngineRequest::DaemonInfo)
+        ));
+    }
+
+    #[test]
+    fn lines_are_json_rpc_2() {
+        let l: Value =
+            serde_json::from_str(&request_line(3, "tool.call", &json!({"a": 1}))).unwrap();
+        assert_eq!(
+            l,
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tool.call", "params": {"a": 1}})
+        );
+        let l: Value = serde_json::from_str(&response_line(&json!("x"), &Ok(Value::Null))).unwrap();
+        assert_eq!(l, json!({"jsonrpc": "2.0", "id": "x", "result": null}));
+        let e = RpcError::not_admin();
+        let l: Value = serde_json::from_str(&response_line(&Value::Null, &Err(e))).unwrap();
+        assert_eq!(
+            l,
+            json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32018,
+                "message": "this method is for root and members of auth.admin_groups",
+                "data": {"reason": "not_admin"}}})
+        );
+        assert!(notification_line("m", &json!({})).ends_with("}\n"));
+    }
+
+    #[test]
+    fn notifications_and_daemon_requests_are_typed() {
+        let status = json!({"script_id": "s", "state": "running", "calls": 1, "failures": 0,
+                            "elapsed_ms": 5, "progress": {"done": 1, "total": 4, "message": "m"}});
+        let n = Notification::parse("script.progress", status.clone()).unwrap();
+        assert_eq!((n.method(), n.params()), ("script.progress", status));
+        assert!(Notification::parse("script.nope", json!({})).is_err());
+        let call =
+            json!({"script_id": "s", "run_id": "r", "call_id": "1", "tool": "t", "arguments": {}});
+        assert!(matches!(
+            DaemonRequest::parse("tool.call", call),
+            Ok(DaemonRequest::ToolCall(c)) if c.tool == "t"
+        ));
+        let e = DaemonRequest::parse("script.start", json!({})).unwrap_err();
+        assert_eq!(e.code, code::METHOD_NOT_FOUND);
+        let listed = json!({"scripts": [{"script_id": "s", "state": "running", "calls": 3,
+            "failures": 0, "elapsed_ms": 900, "progress": null, "run_id": "r", "peer_uid": 1000,
+            "uid": 1000, "unit": null, "age_ms": 900}]});
+        let l: AdminList = serde_json::from_value(listed.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&l).unwrap(), listed);
+    }
+
+    #[test]
+    fn script_requests_are_bounded_and_lenient() {
+        use script::*;
+        assert_eq!(
+            parse_request(br#"{"id": 1, "op": "call", "tool": "t"}"#),
+            Ok(Request::Call {
+                id: 1.into(),
+                tool: "t".into(),
+                args: json!({})
+            })
+        );
+        assert_eq!(
+            parse_request(br#"{"id": 1, "op": "call", "tool": 5, "args": null}"#),
+            Ok(Request::Call {
+                id: 1.into(),
+                tool: String::new(),
+                args: Value::Null
+            })
+        );
+        let long = "x".repeat(MAX_NAME_BYTES + 10);
+        let line = serde_json::to_vec(&json!({"op": "call", "tool": long})).unwrap();
+        let Ok(Request::Call { tool, .. }) = parse_request(&line) else {
+            panic!()
+        };
+        assert_eq!(tool, format!("{}…", &long[..MAX_NAME_BYTES]));
+        let many = json!({"id": 2, "op": "call_many", "tool": "t", "args_list": vec![json!({}); MAX_BATCH + 1]});
+        let e = parse_request(&serde_json::to_vec(&many).unwrap()).unwrap_err();
+        assert_eq!((e.id, e.code), (2.into(), "invalid_arguments"));
+        assert_eq!(
+            parse_request(br#"{"op": "progress", "done": "x", "total": 9}"#),
+            Ok(Request::Progress(Progress {
+                done: 0,
+                total: 9,
+                message: String::new()
+            }))
+        );
+        assert_eq!(
+            parse_request(br#"{"id": 7, "op": "fly"}"#).unwrap_err(),
+            BadRequest {
+                id: 7.into(),
+                code: "invalid_request",
+                message: "unknown op; use agent_tools".into()
+            }
+        );
+        assert_eq!(
+            parse_request(b"[]").unwrap_err().message,
+            "not a JSON object"
+        );
+        assert_eq!(clip("éé", 3), "é…");
+    }
+
+    /// Every doc example of a wire type that is complete JSON (no `…` outside
+    /// strings) is parsed back into the type it documents: the examples cannot
+    /// drift from the types.
+    #[test]
+    fn doc_examples_parse_as_their_types() {
+        fn check<T: serde::de::DeserializeOwned>(json: &str) -> Result<(), String> {
+            serde_json::from_str::<T>(json)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+        let checks: &[(&str, fn(&str) -> Result<(), String>)] = &[
+            ("RpcError", check::<RpcError>),
+            ("StartParams", check::<StartParams>),
+            ("ScriptRef", check::<ScriptRef>),
+            ("TokenParam", check::<TokenParam>),
+            ("Started", check::<Started>),
+            ("Progress", check::<Progress>),
+            ("ScriptStatus", check::<ScriptStatus>),
+            ("Revoked", check::<Revoked>),
+            ("Described", check::<Described>),
+            ("DaemonInfo", check::<DaemonInfo>),
+            ("AdminList", check::<AdminList>),
+            ("ToolResult", check::<ToolResult>),
+            ("ApprovalAnswer", check::<ApprovalAnswer>),
+            ("ScriptResult", check::<ScriptResult>),
+        ];
+        let src = include_str!("protocol.rs");
+        let mut checked = Vec::new();
+        let mut lines = src.lines().map(str::trim);
+        let mut example: Option<String> = None;
+        while let Some(l) = lines.next() {
+            if l == "/// ```json" {
+                let mut text = String::new();
+                for l in lines.by_ref() {
+                    if l == "/// ```" {
+                        break;
+                    }
+                    text.push_str(l.trim_start_matches("///"));
+                    text.push('\n');
+                }
+                example = Some(text);
+            } else if let Some(rest) = l.strip_prefix("pub struct ") {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                let (Some(text), Some((_, f))) =
+                    (example.take(), checks.iter().find(|(n, _)| *n == name))
+                else {
+                    continue;
+                };
+                if serde_json::from_str::<Value>(&text).is_err() {
+                    continue; // an abridged example
+                }
+                f(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+                checked.push(name);
+            } else if !l.starts_with("///") && !l.starts_with("#[") {
+                example = None;
+            }
+        }
+        for must in [
+            "StartParams",
+            "Started",
+            "ScriptStatus",
+            "DaemonInfo",
+            "AdminList",
+        ] {
+            assert!(checked.iter().any(|c| c == must), "{must}: {checked:?}");
+        }
     }
 
     fn result(status: Status, output: &str, error: Option<&str>) -> ScriptResult {

@@ -2,51 +2,101 @@
 //! from the daemon over its socket (`daemon.info`, `admin.list`, `admin.cancel`);
 //! records come from the audit store, read-only, so they work with the daemon down.
 
-use super::run::exit;
+use super::exit::{self, Failure};
+use super::table::{pairs, table};
 use crate::audit::{Query, Reader};
 use crate::config::{Config, DEFAULT_PATH};
-use crate::protocol::code;
-use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
+use crate::engine::BoxFuture;
+use crate::protocol::{AdminList, DaemonInfo, Method, RpcError, ScriptRef, ScriptState};
+use crate::rpc::{self, Bounds, CallError};
+use crate::time::{human_ms, rfc3339};
+use serde::Serialize;
+use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A failed admin command: one line and a distinct exit status.
-pub struct AdminError {
-    pub code: u8,
-    pub message: String,
-}
+pub type AdminError = Failure;
 
-fn err(code: u8, message: impl Into<String>) -> AdminError {
-    AdminError {
-        code,
-        message: message.into(),
-    }
-}
+/// How long the daemon may take to answer an admin request.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub struct Ctx {
     pub socket: PathBuf,
     pub config: Config,
 }
 
+/// The admin client asks; the daemon has nothing to ask of it.
+struct AsksNothing;
+
+impl rpc::Handler for AsksNothing {
+    fn request(
+        self: Arc<Self>,
+        _method: String,
+        _params: Value,
+    ) -> BoxFuture<'static, Result<Value, RpcError>> {
+        Box::pin(std::future::ready(Err(RpcError::new(
+            crate::protocol::code::METHOD_NOT_FOUND,
+            "the admin client serves no methods",
+        ))))
+    }
+}
+
 impl Ctx {
-    pub fn load(socket: Option<PathBuf>, config: Option<PathBuf>) -> Result<Ctx, AdminError> {
+    pub fn load(socket: Option<PathBuf>, config: Option<PathBuf>) -> Result<Ctx, Failure> {
         let (path, explicit) = match config {
             Some(p) => (p, true),
             None => (PathBuf::from(DEFAULT_PATH), false),
         };
-        let config = Config::load(&path, explicit).map_err(|e| err(exit::SETUP, e.to_string()))?;
+        let config = Config::load(&path, explicit).map_err(|e| Failure::setup(e.to_string()))?;
         Ok(Ctx {
             socket: socket.unwrap_or_else(|| super::run::DEFAULT_SOCKET.into()),
             config,
         })
     }
 
-    /// One request to the daemon; notifications in between are skipped.
-    fn call(&self, method: &str, params: Value) -> Result<Value, AdminError> {
-        let mut s = UnixStream::connect(&self.socket).map_err(|e| match e.kind() {
-            std::io::ErrorKind::PermissionDenied => err(
+    /// One request to the daemon; notifications in between are ignored.
+    fn call<P: Serialize>(&self, method: Method, params: &P) -> Result<Value, Failure> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Failure::setup(format!("tokio runtime: {e}")))?;
+        rt.block_on(self.call_async(method, params))
+    }
+
+    async fn call_async<P: Serialize>(&self, method: Method, params: &P) -> Result<Value, Failure> {
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|e| self.connect_failed(e))?;
+        let (read, write) = stream.into_split();
+        let (peer, _writer) = rpc::Peer::new(write);
+        let reader = {
+            let (peer, bounds) = (
+                peer.clone(),
+                Bounds::client(self.config.server.max_message_bytes),
+            );
+            tokio::spawn(async move { peer.serve(read, &bounds, Arc::new(AsksNothing)).await })
+        };
+        let r = peer
+            .request(method.name(), params, Some(ANSWER_TIMEOUT))
+            .await;
+        reader.abort();
+        r.map_err(|e| match e {
+            CallError::Answered(e) | CallError::Closed(e) => Failure::admin(&e),
+            CallError::Disconnected | CallError::Timeout { .. } => Failure::new(
+                exit::DAEMON_DOWN,
+                format!(
+                    "{}: the daemon closed the connection",
+                    self.socket.display()
+                ),
+            ),
+        })
+    }
+
+    fn connect_failed(&self, e: std::io::Error) -> Failure {
+        match e.kind() {
+            std::io::ErrorKind::PermissionDenied => Failure::new(
                 exit::NOT_PERMITTED,
                 format!(
                     "permission denied: {}: {e} (root and members of {:?} may connect)",
@@ -54,59 +104,21 @@ impl Ctx {
                     self.config.auth.allowed_groups
                 ),
             ),
-            _ => err(
+            _ => Failure::new(
                 exit::DAEMON_DOWN,
                 format!("daemon not running: {}: {e}", self.socket.display()),
             ),
-        })?;
-        s.set_read_timeout(Some(Duration::from_secs(60))).ok();
-        writeln!(
-            s,
-            "{}",
-            json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
-        )
-        .map_err(|e| err(exit::DAEMON_DOWN, format!("{}: {e}", self.socket.display())))?;
-        let mut r = BufReader::new(s);
-        loop {
-            let mut line = String::new();
-            if r.read_line(&mut line).unwrap_or(0) == 0 {
-                return Err(err(
-                    exit::DAEMON_DOWN,
-                    format!(
-                        "{}: the daemon closed the connection",
-                        self.socket.display()
-                    ),
-                ));
-            }
-            let Ok(msg) = serde_json::from_str::<Value>(&line) else {
-                continue;
-            };
-            if msg.get("method").is_some() {
-                continue;
-            }
-            if let Some(e) = msg.get("error") {
-                let c = e["code"].as_i64().unwrap_or(0);
-                let m = e["message"].as_str().unwrap_or("error").to_string();
-                return Err(match c {
-                    code::PEER_NOT_ALLOWED | code::NOT_ADMIN => {
-                        err(exit::NOT_PERMITTED, format!("permission denied: {m}"))
-                    }
-                    code::NOT_FOUND => err(exit::NOT_FOUND, m),
-                    _ => err(exit::ERROR, format!("{m} ({c})")),
-                });
-            }
-            return Ok(msg.get("result").cloned().unwrap_or(Value::Null));
         }
     }
 
     /// The audit store, for root and members of `auth.admin_groups` only.
-    fn reader(&self) -> Result<Reader, AdminError> {
+    fn reader(&self) -> Result<Reader, Failure> {
         let (uid, gid) = (
             nix::unistd::getuid().as_raw(),
             nix::unistd::getgid().as_raw(),
         );
         if !crate::sys::peer_in_groups(uid, gid, &self.config.auth.admin_groups) {
-            return Err(err(
+            return Err(Failure::new(
                 exit::NOT_PERMITTED,
                 format!(
                     "permission denied: the audit store is for root and members of {:?}",
@@ -115,43 +127,23 @@ impl Ctx {
             ));
         }
         let db = self.config.state.dir.join("scriptgate.db");
-        Reader::open(&db).map_err(|e| err(exit::SETUP, e.to_string()))
+        Reader::open(&db).map_err(|e| Failure::setup(e.to_string()))
     }
 }
 
-/// Columns aligned to their widest cell.
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut s = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{c:<width$}  ", width = w[i]));
-            }
-        }
-        s.trim_end().to_string() + "\n"
-    };
-    let mut out = line(headers.to_vec());
-    for r in rows {
-        out.push_str(&line(r.iter().map(String::as_str).collect()));
-    }
-    out
+/// An answer of the daemon as its type.
+fn typed<T: serde::de::DeserializeOwned>(method: Method, v: Value) -> Result<T, Failure> {
+    serde_json::from_value(v).map_err(|e| {
+        Failure::new(
+            exit::ERROR,
+            format!("unexpected answer to {}: {e}", method.name()),
+        )
+    })
 }
 
-fn ms_human(ms: u64) -> String {
-    match ms {
-        0..=59_999 => format!("{:.1}s", ms as f64 / 1000.0),
-        60_000..=3_599_999 => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
-        _ => format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60),
-    }
-}
+/// No params.
+#[derive(Serialize)]
+struct NoParams {}
 
 fn s(v: &Value) -> String {
     match v {
@@ -161,77 +153,74 @@ fn s(v: &Value) -> String {
     }
 }
 
-fn pretty(v: &Value) -> String {
+fn pretty<T: Serialize + ?Sized>(v: &T) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default() + "\n"
 }
 
-pub fn status(ctx: &Ctx, json_out: bool) -> Result<String, AdminError> {
-    let info = ctx.call("daemon.info", json!({}))?;
+pub fn status(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
+    let raw = ctx.call(Method::DaemonInfo, &NoParams {})?;
     if json_out {
-        return Ok(pretty(&json!({"socket": ctx.socket, "daemon": info})));
+        #[derive(Serialize)]
+        struct Out<'a> {
+            socket: &'a Path,
+            daemon: &'a Value,
+        }
+        return Ok(pretty(&Out {
+            socket: &ctx.socket,
+            daemon: &raw,
+        }));
     }
-    let l = &info["limits"];
-    let notes: Vec<String> = info["backend_notes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(s)
-        .collect();
+    let info: DaemonInfo = typed(Method::DaemonInfo, raw)?;
+    let l = &info.limits;
+    let backend = if info.backend_notes.is_empty() {
+        info.backend.clone()
+    } else {
+        format!("{} ({})", info.backend, info.backend_notes.join("; "))
+    };
     let rows = vec![
         vec!["daemon".into(), format!("running at {}", ctx.socket.display())],
-        vec!["version".into(), format!("{} (protocol {})", s(&info["version"]), s(&info["protocol"]))],
-        vec!["backend".into(), if notes.is_empty() { s(&info["backend"]) } else { format!("{} ({})", s(&info["backend"]), notes.join("; ")) }],
-        vec!["running".into(), format!("{} of {}", s(&info["running"]), s(&l["max_running"]))],
+        vec!["version".into(), format!("{} (protocol {})", info.version, info.protocol)],
+        vec!["backend".into(), backend],
+        vec!["running".into(), format!("{} of {}", info.running, l.max_running)],
         vec![
             "limits".into(),
             format!(
                 "max_calls {}, max_concurrency {}, timeout_s {}, memory {} MiB, tasks {}, return_max_chars {}",
-                s(&l["max_calls"]),
-                s(&l["max_concurrency"]),
-                s(&l["timeout_s"]),
-                l["memory_max_bytes"].as_u64().unwrap_or(0) >> 20,
-                s(&l["tasks_max"]),
-                s(&l["return_max_chars"])
+                l.max_calls,
+                l.max_concurrency,
+                l.timeout_s,
+                l.memory_max_bytes >> 20,
+                l.tasks_max,
+                l.return_max_chars
             ),
         ],
     ];
-    Ok(table(&["", ""], &rows)
-        .lines()
-        .skip(1)
-        .map(|l| l.to_string() + "\n")
-        .collect())
+    Ok(pairs(&rows))
 }
 
-pub fn ps(ctx: &Ctx, json_out: bool) -> Result<String, AdminError> {
-    let r = ctx.call("admin.list", json!({}))?;
+pub fn ps(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
+    let raw = ctx.call(Method::AdminList, &NoParams {})?;
     if json_out {
-        return Ok(pretty(&r));
+        return Ok(pretty(&raw));
     }
-    let mut rows: Vec<Vec<String>> = r["scripts"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let list: AdminList = typed(Method::AdminList, raw)?;
+    let mut rows: Vec<Vec<String>> = list
+        .scripts
+        .iter()
         .map(|x| {
-            let p = &x["progress"];
-            let progress = if p.is_null() {
-                "-".into()
-            } else {
-                format!(
-                    "{}/{} {}",
-                    s(&p["done"]),
-                    s(&p["total"]),
-                    p["message"].as_str().unwrap_or("")
-                )
+            let progress = match &x.status.progress {
+                None => "-".into(),
+                Some(p) => format!("{}/{} {}", p.done, p.total, p.message),
             };
             vec![
-                s(&x["script_id"]),
-                s(&x["run_id"]),
-                s(&x["uid"]),
-                ms_human(x["age_ms"].as_u64().unwrap_or(0)),
-                s(&x["calls"]),
-                s(&x["failures"]),
+                x.status.script_id.clone(),
+                x.run_id.clone(),
+                x.uid.to_string(),
+                human_ms(x.age_ms),
+                x.status.calls.to_string(),
+                x.status.failures.to_string(),
                 progress.trim_end().to_string(),
-                s(&x["unit"]),
+                x.unit.clone().unwrap_or_else(|| "-".into()),
             ]
         })
         .collect();
@@ -244,22 +233,27 @@ pub fn ps(ctx: &Ctx, json_out: bool) -> Result<String, AdminError> {
     ))
 }
 
-pub fn cancel(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, AdminError> {
-    let r = ctx.call("admin.cancel", json!({"script_id": id}))?;
-    Ok(if json_out {
-        pretty(&r)
-    } else {
-        format!("{}: {}\n", s(&r["script_id"]), s(&r["state"]))
-    })
+pub fn cancel(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, Failure> {
+    let r = ScriptRef {
+        script_id: id.to_string(),
+        timeout_s: None,
+        token: None,
+    };
+    let raw = ctx.call(Method::AdminCancel, &r)?;
+    if json_out {
+        return Ok(pretty(&raw));
+    }
+    let st: ScriptState = typed(Method::AdminCancel, raw)?;
+    Ok(format!("{}: {}\n", st.script_id, st.state.as_str()))
 }
 
-pub fn show(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, AdminError> {
+pub fn show(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, Failure> {
     let reader = ctx.reader()?;
     let row = reader
         .script(id)
-        .map_err(|e| err(exit::SETUP, e.to_string()))?
+        .map_err(|e| Failure::setup(e.to_string()))?
         .ok_or_else(|| {
-            err(
+            Failure::new(
                 exit::NOT_FOUND,
                 format!("no script {id} in the audit store"),
             )
@@ -272,7 +266,7 @@ pub fn show(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, AdminError> {
         .collect();
     if json_out {
         let mut v = row.clone();
-        v["artifacts"] = json!(artifacts);
+        v["artifacts"] = Value::from(artifacts.clone());
         return Ok(pretty(&v));
     }
     let mut rows = Vec::new();
@@ -303,9 +297,7 @@ pub fn show(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, AdminError> {
     ] {
         let v = &row[k];
         let shown = match k {
-            "started_at" | "ended_at" if v.is_i64() => {
-                crate::broker::rfc3339(v.as_i64().unwrap_or(0))
-            }
+            "started_at" | "ended_at" if v.is_i64() => rfc3339(v.as_i64().unwrap_or(0)),
             "tools" | "tool_counts" => v.to_string(),
             _ => s(v),
         };
@@ -315,11 +307,7 @@ pub fn show(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, AdminError> {
         "artifacts".into(),
         artifacts.join("\n").replace('\n', &format!("\n{:19}", "")),
     ]);
-    let mut out: String = table(&["", ""], &rows)
-        .lines()
-        .skip(1)
-        .map(|l| l.to_string() + "\n")
-        .collect();
+    let mut out = pairs(&rows);
     out.push_str("--- script ---\n");
     out.push_str(row["code"].as_str().unwrap_or(""));
     if !out.ends_with('\n') {
@@ -334,50 +322,6 @@ pub fn show(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, AdminError> {
     Ok(out)
 }
 
-/// `--since`: a duration back from now (`90s`, `30m`, `2h`, `7d`, `2w`) or a UTC
-/// date (`2026-11-30`) or date-time (`2026-11-30T07:00:00Z`).
-pub fn parse_since(v: &str, now_ms: i64) -> Result<i64, String> {
-    let bad = || {
-        format!("--since {v:?}: give a duration (30m, 2h, 7d) or a date (2026-11-30, 2026-11-30T07:00:00Z)")
-    };
-    if let Some(unit) = v.chars().last().filter(|c| "smhdw".contains(*c)) {
-        if let Ok(n) = v[..v.len() - 1].parse::<i64>() {
-            let mult = match unit {
-                's' => 1_000,
-                'm' => 60_000,
-                'h' => 3_600_000,
-                'd' => 86_400_000,
-                _ => 7 * 86_400_000,
-            };
-            return Ok(now_ms - n * mult);
-        }
-    }
-    let (date, time) = v.split_once('T').unwrap_or((v, "00:00:00Z"));
-    let d: Vec<i64> = date
-        .split('-')
-        .map(|p| p.parse().map_err(|_| bad()))
-        .collect::<Result<_, _>>()?;
-    let t: Vec<i64> = time
-        .trim_end_matches('Z')
-        .split(':')
-        .map(|p| p.parse().map_err(|_| bad()))
-        .collect::<Result<_, _>>()?;
-    let (&[y, m, dd], &[hh, mm, ss]) = (d.as_slice(), t.as_slice()) else {
-        return Err(bad());
-    };
-    if !(1..=12).contains(&m) || !(1..=31).contains(&dd) {
-        return Err(bad());
-    }
-    // Days from civil (Howard Hinnant).
-    let y2 = if m <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + dd - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146097 + doe - 719468;
-    Ok(((days * 86400) + hh * 3600 + mm * 60 + ss) * 1000)
-}
-
 /// Rows as pretty JSON, or as a table with one cell per column function.
 fn rows_out(
     rows: &[Value],
@@ -386,14 +330,14 @@ fn rows_out(
     row: impl Fn(&Value) -> Vec<String>,
 ) -> String {
     if json_out {
-        return pretty(&json!(rows));
+        return pretty(rows);
     }
     table(headers, &rows.iter().map(row).collect::<Vec<_>>())
 }
 
-pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<String, AdminError> {
+pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<String, Failure> {
     let reader = ctx.reader()?;
-    let store = |e: rusqlite::Error| err(exit::SETUP, e.to_string());
+    let store = |e: rusqlite::Error| Failure::setup(e.to_string());
     if refusals {
         let rows = reader.refusals(&q).map_err(store)?;
         return Ok(rows_out(
@@ -402,7 +346,7 @@ pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<Stri
             &["AT", "RUN", "PEER_UID", "CODE", "REASON", "MESSAGE"],
             |r| {
                 vec![
-                    crate::broker::rfc3339(r["at"].as_i64().unwrap_or(0)),
+                    rfc3339(r["at"].as_i64().unwrap_or(0)),
                     s(&r["run_id"]),
                     s(&r["peer_uid"]),
                     s(&r["code"]),
@@ -429,7 +373,7 @@ pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<Stri
         ],
         |r| {
             vec![
-                crate::broker::rfc3339(r["started_at"].as_i64().unwrap_or(0)),
+                rfc3339(r["started_at"].as_i64().unwrap_or(0)),
                 s(&r["script_id"]),
                 s(&r["run_id"]),
                 s(&r["run_uid"]),
@@ -438,7 +382,7 @@ pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<Stri
                 s(&r["failures"]),
                 r["duration_ms"]
                     .as_u64()
-                    .map(ms_human)
+                    .map(human_ms)
                     .unwrap_or_else(|| "-".into()),
                 r["description"]
                     .as_str()
@@ -449,35 +393,4 @@ pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<Stri
             ]
         },
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn since_accepts_durations_and_dates() {
-        let now = 1_796_000_000_000;
-        assert_eq!(parse_since("2h", now).unwrap(), now - 7_200_000);
-        assert_eq!(parse_since("7d", now).unwrap(), now - 7 * 86_400_000);
-        assert_eq!(parse_since("1970-01-02", now).unwrap(), 86_400_000);
-        assert_eq!(
-            parse_since("2026-11-30T00:53:20Z", now).unwrap(),
-            1_796_000_000_000
-        );
-        assert!(parse_since("yesterday", now).is_err());
-        assert!(parse_since("2026-13-01", now).is_err());
-    }
-
-    #[test]
-    fn tables_align() {
-        let t = table(
-            &["A", "LONGER"],
-            &[
-                vec!["xyz".into(), "1".into()],
-                vec!["q".into(), "22".into()],
-            ],
-        );
-        assert_eq!(t, "A    LONGER\nxyz  1\nq    22\n");
-    }
 }

@@ -2,12 +2,16 @@
 //! the system daemon or an embedded one), mint tokens, and administer the daemon.
 
 pub mod admin;
+pub mod exit;
 pub mod run;
+pub mod table;
 
 use crate::mcp::ServerSpec;
-use crate::token::ToolClass;
-use clap::{Args, Parser, Subcommand};
-use run::exit;
+use crate::protocol::Status;
+use crate::token::{PermissionMode, ToolClass};
+use clap::builder::PossibleValue;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use exit::Failure;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -80,14 +84,14 @@ pub struct AdminArgs {
 #[derive(Args, Debug)]
 pub struct AuditCmd {
     /// Only scripts started since: a duration (30m, 2h, 7d) or a date (2026-11-30, 2026-11-30T07:00:00Z).
-    #[arg(long)]
-    pub since: Option<String>,
+    #[arg(long, value_parser = crate::time::since_arg)]
+    pub since: Option<i64>,
     /// Only this run.
     #[arg(long)]
     pub run: Option<String>,
-    /// Only this status (ok, error, timeout, cancelled, oom, limit, interrupted, running).
-    #[arg(long)]
-    pub status: Option<String>,
+    /// Only this status.
+    #[arg(long, value_enum)]
+    pub status: Option<Status>,
     #[arg(long, default_value_t = 50)]
     pub limit: usize,
     /// Refused starts instead of scripts.
@@ -122,8 +126,8 @@ pub struct RunCmd {
     #[arg(long, value_delimiter = ',')]
     pub tools: Vec<String>,
     /// Permission mode: approval (ask once for the write tools) or auto.
-    #[arg(long, default_value = "approval", value_parser = ["approval", "auto"])]
-    pub mode: String,
+    #[arg(long, value_enum, default_value = "approval")]
+    pub mode: PermissionMode,
     /// Mount the workspace read-only and provide no write tools.
     #[arg(long)]
     pub read_only: bool,
@@ -175,8 +179,8 @@ pub struct ToolsCmd {
 pub struct DescribeCmd {
     #[command(flatten)]
     pub servers: ServersArgs,
-    #[arg(long, default_value = "approval", value_parser = ["approval", "auto"])]
-    pub mode: String,
+    #[arg(long, value_enum, default_value = "approval")]
+    pub mode: PermissionMode,
     #[arg(long)]
     pub read_only: bool,
     #[arg(long)]
@@ -204,6 +208,49 @@ pub enum TokenCmd {
     },
 }
 
+impl RunCmd {
+    /// How the approval is answered: `--yes`, `--no`, or asked on the terminal.
+    pub fn answer(&self) -> run::Answer {
+        if self.yes {
+            run::Answer::Yes
+        } else if self.no {
+            run::Answer::No
+        } else {
+            run::Answer::Ask
+        }
+    }
+}
+
+impl ValueEnum for PermissionMode {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[PermissionMode::Approval, PermissionMode::Auto]
+    }
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(match self {
+            PermissionMode::Approval => PossibleValue::new("approval"),
+            PermissionMode::Auto => PossibleValue::new("auto"),
+        })
+    }
+}
+
+impl ValueEnum for Status {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[
+            Status::Ok,
+            Status::Error,
+            Status::Timeout,
+            Status::Cancelled,
+            Status::Oom,
+            Status::Limit,
+            Status::Interrupted,
+            Status::Running,
+        ]
+    }
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.as_str()))
+    }
+}
+
 fn parse_class(s: &str) -> Result<(String, ToolClass), String> {
     let (name, class) = s.split_once('=').ok_or("expected NAME__tool=CLASS")?;
     let class: ToolClass = serde_json::from_value(serde_json::Value::String(class.into()))
@@ -222,18 +269,12 @@ fn read_input(p: &std::path::Path) -> std::io::Result<String> {
 fn admin_cmd(
     name: &str,
     a: &AdminArgs,
-    f: impl FnOnce(&admin::Ctx) -> Result<String, admin::AdminError>,
+    f: impl FnOnce(&admin::Ctx) -> Result<String, Failure>,
 ) -> ExitCode {
-    match admin::Ctx::load(a.socket.clone(), a.config.clone()).and_then(|ctx| f(&ctx)) {
-        Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("scriptgate {name}: {}", e.message);
-            ExitCode::from(e.code)
-        }
-    }
+    done(
+        name,
+        admin::Ctx::load(a.socket.clone(), a.config.clone()).and_then(|ctx| f(&ctx)),
+    )
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -243,144 +284,101 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-fn fail(cmd: &str, f: run::Failure) -> ExitCode {
-    eprintln!("scriptgate {cmd}: {}", f.message);
-    ExitCode::from(f.code)
+/// Print the output, or the failure and its exit status.
+fn done(cmd: &str, r: Result<String, Failure>) -> ExitCode {
+    match r {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(f) => {
+            eprintln!("scriptgate {cmd}: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+/// `scriptgate run`: the result's text (or JSON), and its status as the exit status.
+fn run_cmd(c: RunCmd) -> ExitCode {
+    let json = c.json;
+    let rt = runtime();
+    let r = rt.block_on(run::run(c));
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    match r {
+        Ok(result) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&result).unwrap_or_default()
+                );
+            } else {
+                print!("{}", result.text);
+            }
+            ExitCode::from(exit::for_status(result.status))
+        }
+        Err(f) => done("run", Err(f)),
+    }
+}
+
+fn audit_cmd(c: AuditCmd) -> ExitCode {
+    let q = crate::audit::Query {
+        since_ms: c.since,
+        run_id: c.run.clone(),
+        status: c.status.map(|s| s.as_str().to_string()),
+        limit: c.limit,
+    };
+    admin_cmd("audit", &c.a, |ctx| {
+        admin::audit(ctx, q, c.refusals, c.a.json)
+    })
+}
+
+/// `scriptgate token mint`: the token on stdout.
+fn mint_cmd(
+    key: PathBuf,
+    run_id: String,
+    snapshot: PathBuf,
+    ttl: i64,
+    runner: Option<String>,
+) -> ExitCode {
+    let r = (|| -> Result<String, String> {
+        let key = crate::config::read_key_file(&key).map_err(|e| e.to_string())?;
+        let text = read_input(&snapshot).map_err(|e| format!("{}: {e}", snapshot.display()))?;
+        let snap: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", snapshot.display()))?;
+        crate::token::mint(&key, &run_id, runner.as_deref(), &snap, ttl).map_err(|e| e.message)
+    })();
+    done("token mint", r.map(|t| t + "\n").map_err(Failure::usage))
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Run(c) => {
-            let json = c.json;
-            let opts = run::RunOptions {
-                script: c.script,
-                mcp: c.servers.mcp,
-                tools: c.tools,
-                mode: c.mode,
-                read_only: c.read_only,
-                workspace: c.workspace,
-                class: c.servers.class,
-                answer: if c.yes {
-                    run::Answer::Yes
-                } else if c.no {
-                    run::Answer::No
-                } else {
-                    run::Answer::Ask
-                },
-                socket: c.socket,
-                embedded: c.embedded,
-                timeout: c.timeout,
-                max_calls: c.max_calls,
-                description: c.description,
-                json,
-                config: c.config,
-                call_timeout: c.call_timeout,
-            };
-            let rt = runtime();
-            let r = rt.block_on(run::run(opts));
-            rt.shutdown_timeout(std::time::Duration::from_secs(1));
-            match r {
-                Ok(result) => {
-                    if json {
-                        println!(
-                            "{}",
-                            serde_json::to_string_pretty(&result).unwrap_or_default()
-                        );
-                    } else {
-                        print!("{}", result.text);
-                    }
-                    ExitCode::from(run::exit_for(result.status))
-                }
-                Err(f) => fail("run", f),
-            }
-        }
-        Cmd::Tools(c) => {
-            match runtime().block_on(run::list_tools(&c.servers.mcp, &c.servers.class, c.json)) {
-                Ok(s) => {
-                    print!("{s}");
-                    ExitCode::SUCCESS
-                }
-                Err(f) => fail("tools", f),
-            }
-        }
-        Cmd::Describe(c) => {
-            match runtime().block_on(run::describe(
+        Cmd::Run(c) => run_cmd(c),
+        Cmd::Tools(c) => done(
+            "tools",
+            runtime().block_on(run::list_tools(&c.servers.mcp, &c.servers.class, c.json)),
+        ),
+        Cmd::Describe(c) => done(
+            "describe",
+            runtime().block_on(run::describe(
                 &c.servers.mcp,
                 &c.servers.class,
-                &c.mode,
+                c.mode,
                 c.read_only,
                 c.config.as_deref(),
-            )) {
-                Ok(s) => {
-                    print!("{s}");
-                    ExitCode::SUCCESS
-                }
-                Err(f) => fail("describe", f),
-            }
-        }
+            )),
+        ),
         Cmd::Status(a) => admin_cmd("status", &a, |ctx| admin::status(ctx, a.json)),
         Cmd::Ps(a) => admin_cmd("ps", &a, |ctx| admin::ps(ctx, a.json)),
         Cmd::Show { id, a } => admin_cmd("show", &a, |ctx| admin::show(ctx, &id, a.json)),
         Cmd::Cancel { id, a } => admin_cmd("cancel", &a, |ctx| admin::cancel(ctx, &id, a.json)),
-        Cmd::Audit(c) => {
-            let now = crate::audit::now_ms();
-            let since = match c
-                .since
-                .as_deref()
-                .map(|v| admin::parse_since(v, now))
-                .transpose()
-            {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("scriptgate audit: {e}");
-                    return ExitCode::from(exit::USAGE);
-                }
-            };
-            if let Some(st) = c
-                .status
-                .as_deref()
-                .filter(|s| crate::protocol::Status::parse(s).is_none())
-            {
-                eprintln!("scriptgate audit: --status {st:?}: one of ok, error, timeout, cancelled, oom, limit, interrupted, running");
-                return ExitCode::from(exit::USAGE);
-            }
-            let q = crate::audit::Query {
-                since_ms: since,
-                run_id: c.run.clone(),
-                status: c.status.clone(),
-                limit: c.limit,
-            };
-            admin_cmd("audit", &c.a, |ctx| {
-                admin::audit(ctx, q, c.refusals, c.a.json)
-            })
-        }
+        Cmd::Audit(c) => audit_cmd(c),
         Cmd::Token(TokenCmd::Mint {
             key,
             run_id,
             snapshot,
             ttl,
             runner,
-        }) => {
-            let r = (|| -> Result<String, String> {
-                let key = crate::config::read_key_file(&key).map_err(|e| e.to_string())?;
-                let text =
-                    read_input(&snapshot).map_err(|e| format!("{}: {e}", snapshot.display()))?;
-                let snap: serde_json::Value = serde_json::from_str(&text)
-                    .map_err(|e| format!("{}: {e}", snapshot.display()))?;
-                crate::token::mint(&key, &run_id, runner.as_deref(), &snap, ttl)
-                    .map_err(|e| e.message)
-            })();
-            match r {
-                Ok(t) => {
-                    println!("{t}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("scriptgate token mint: {e}");
-                    ExitCode::from(exit::USAGE)
-                }
-            }
-        }
+        }) => mint_cmd(key, run_id, snapshot, ttl, runner),
     }
 }

@@ -5,13 +5,19 @@
 //! socket) or, when none answers, an embedded one in this process: same sandbox,
 //! policy, limits and artifacts.
 
+use super::exit::Failure;
+use super::RunCmd;
 use crate::config::{BackendChoice, Config};
 use crate::daemon::{Access, Daemon, Peer};
 use crate::engine::{BoxFuture, EngineLink, LinkError};
 use crate::mcp::{self, ServerSpec};
-use crate::protocol::{self, RpcError, ScriptRef, ScriptResult, StartParams, Status, ToolResult};
-use crate::token::{ToolClass, ToolSpec};
-use serde_json::{json, Value};
+use crate::protocol::{
+    ApprovalAnswer, ApprovalRequest, DaemonRequest, Decision, Notification, RpcError, ScriptRef,
+    ScriptResult, ScriptStatus, StartParams, Started, ToolCall, ToolResult,
+};
+use crate::rpc::{self, Bounds, CallError};
+use crate::token::{PermissionMode, Snapshot, SnapshotLimits, ToolClass, ToolSpec};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -19,67 +25,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub const DEFAULT_SOCKET: &str = "/run/scriptgate/scriptgate.sock";
-
-/// Exit statuses of `scriptgate run` (documented in scriptgate(1)).
-pub mod exit {
-    pub const OK: u8 = 0;
-    pub const ERROR: u8 = 1;
-    pub const USAGE: u8 = 2;
-    pub const TIMEOUT: u8 = 3;
-    pub const CANCELLED: u8 = 4;
-    pub const OOM: u8 = 5;
-    pub const LIMIT: u8 = 6;
-    pub const INTERRUPTED: u8 = 7;
-    pub const APPROVAL_DENIED: u8 = 8;
-    pub const REFUSED: u8 = 9;
-    pub const SETUP: u8 = 10;
-    /// Admin commands: the daemon does not answer on its socket.
-    pub const DAEMON_DOWN: u8 = 11;
-    /// Admin commands: not root, not in auth.admin_groups (or not allowed to connect).
-    pub const NOT_PERMITTED: u8 = 12;
-    /// Admin commands: no such script.
-    pub const NOT_FOUND: u8 = 13;
-}
-
-pub fn exit_for(status: Status) -> u8 {
-    match status {
-        Status::Ok => exit::OK,
-        Status::Error | Status::Running => exit::ERROR,
-        Status::Timeout => exit::TIMEOUT,
-        Status::Cancelled => exit::CANCELLED,
-        Status::Oom => exit::OOM,
-        Status::Limit => exit::LIMIT,
-        Status::Interrupted => exit::INTERRUPTED,
-    }
-}
-
-/// A failure before or around the script, with the exit status it maps to.
-#[derive(Debug)]
-pub struct Failure {
-    pub code: u8,
-    pub message: String,
-}
-
-impl Failure {
-    fn setup(m: impl Into<String>) -> Self {
-        Failure {
-            code: exit::SETUP,
-            message: m.into(),
-        }
-    }
-    fn refused(e: &RpcError) -> Self {
-        let code = if e.code == protocol::code::APPROVAL {
-            exit::APPROVAL_DENIED
-        } else {
-            exit::REFUSED
-        };
-        let detail = e.data.as_ref().map(|d| format!(" {d}")).unwrap_or_default();
-        Failure {
-            code,
-            message: format!("script refused: {} ({}){detail}", e.message, e.code),
-        }
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {
@@ -103,10 +48,9 @@ impl Tools {
         call_timeout: Duration,
     ) -> Result<Tools, Failure> {
         if specs.is_empty() {
-            return Err(Failure {
-                code: exit::USAGE,
-                message: "no MCP server: give at least one --mcp NAME=COMMAND".into(),
-            });
+            return Err(Failure::usage(
+                "no MCP server: give at least one --mcp NAME=COMMAND",
+            ));
         }
         let mut t = Tools {
             servers: vec![],
@@ -116,10 +60,10 @@ impl Tools {
         for spec in specs {
             if t.servers.iter().any(|s| s.name == spec.name) {
                 t.shutdown().await;
-                return Err(Failure {
-                    code: exit::USAGE,
-                    message: format!("--mcp {}: the name is used twice", spec.name),
-                });
+                return Err(Failure::usage(format!(
+                    "--mcp {}: the name is used twice",
+                    spec.name
+                )));
             }
             let server = match mcp::Server::start(spec, roots.clone(), call_timeout).await {
                 Ok(s) => Arc::new(s),
@@ -158,10 +102,7 @@ impl Tools {
         for (n, _) in overrides {
             if !t.route.contains_key(n) {
                 t.shutdown().await;
-                return Err(Failure {
-                    code: exit::USAGE,
-                    message: format!("--class {n}: no such tool"),
-                });
+                return Err(Failure::usage(format!("--class {n}: no such tool")));
             }
         }
         Ok(t)
@@ -195,25 +136,17 @@ pub struct CliEngine {
 }
 
 impl CliEngine {
-    async fn tool_call(&self, params: &Value) -> Result<ToolResult, LinkError> {
-        let tool = params.get("tool").and_then(Value::as_str).unwrap_or("");
+    async fn tool_call(&self, params: &ToolCall) -> Result<ToolResult, LinkError> {
         self.tools
-            .call(tool, params.get("arguments").cloned().unwrap_or(json!({})))
+            .call(&params.tool, params.arguments.clone())
             .await
     }
 
-    fn approve(&self, p: &Value) -> bool {
-        let tools: Vec<String> = p["tools"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|t| {
-                format!(
-                    "{} ({})",
-                    t["name"].as_str().unwrap_or(""),
-                    t["class"].as_str().unwrap_or("")
-                )
-            })
+    fn approve(&self, p: &ApprovalRequest) -> bool {
+        let tools: Vec<String> = p
+            .tools
+            .iter()
+            .map(|t| format!("{} ({})", t.name, t.class))
             .collect();
         match self.answer {
             Answer::Yes => return true,
@@ -235,9 +168,8 @@ impl CliEngine {
             return false;
         };
         self.clear_progress();
-        let code: String = p["code"]
-            .as_str()
-            .unwrap_or("")
+        let code: String = p
+            .code
             .lines()
             .enumerate()
             .map(|(i, l)| format!("{:4} | {l}\n", i + 1))
@@ -245,7 +177,7 @@ impl CliEngine {
         let _ = write!(
             tty,
             "\nscriptgate: this script asks to use write tools.\n  description: {}\n  write tools: {}\n--- script ---\n{code}--------------\nAllow once? [y/N] ",
-            p["description"].as_str().unwrap_or(""),
+            p.description,
             tools.join(", ")
         );
         let _ = tty.flush();
@@ -256,15 +188,18 @@ impl CliEngine {
         yes
     }
 
-    fn show_progress(&self, p: &Value) {
-        let calls = p["calls"].as_u64().unwrap_or(0);
-        let failures = p["failures"].as_u64().unwrap_or(0);
-        let (done, total, msg) = match p.get("progress").filter(|v| !v.is_null()) {
-            Some(pr) => (
-                pr["done"].as_i64().unwrap_or(0),
-                pr["total"].as_i64().unwrap_or(0),
-                pr["message"].as_str().unwrap_or("").to_string(),
-            ),
+    /// `approve` on a blocking thread: asking on the terminal must not stall the runtime.
+    async fn approve_async(self: &Arc<Self>, p: ApprovalRequest) -> Result<bool, LinkError> {
+        let e = self.clone();
+        tokio::task::spawn_blocking(move || e.approve(&p))
+            .await
+            .map_err(|_| LinkError::Disconnected)
+    }
+
+    fn show_progress(&self, p: &ScriptStatus) {
+        let (calls, failures) = (p.calls, p.failures);
+        let (done, total, msg) = match &p.progress {
+            Some(pr) => (pr.done, pr.total, pr.message.clone()),
             None => (0, 0, String::new()),
         };
         let mut err = std::io::stderr().lock();
@@ -307,45 +242,57 @@ impl EngineLink for Embedded {
     fn id(&self) -> u64 {
         1
     }
-    fn tool_call(&self, params: Value) -> BoxFuture<'_, Result<ToolResult, LinkError>> {
+    fn tool_call(&self, params: ToolCall) -> BoxFuture<'_, Result<ToolResult, LinkError>> {
         Box::pin(async move { self.0.tool_call(&params).await })
     }
-    fn approval(
+    fn approval_request(
         &self,
-        params: Value,
+        params: ApprovalRequest,
         _timeout: Duration,
     ) -> BoxFuture<'_, Result<bool, LinkError>> {
-        let e = self.0.clone();
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || e.approve(&params))
-                .await
-                .map_err(|_| LinkError::Disconnected)
-        })
+        Box::pin(self.0.approve_async(params))
     }
-    fn notify(&self, method: &str, params: Value) {
-        if method == "script.progress" {
-            self.0.show_progress(&params);
+    fn send(&self, n: Notification) {
+        if let Notification::ScriptProgress(p) = n {
+            self.0.show_progress(&p);
         }
     }
 }
 
-pub struct RunOptions {
-    pub script: PathBuf,
-    pub mcp: Vec<ServerSpec>,
-    pub tools: Vec<String>,
-    pub mode: String,
-    pub read_only: bool,
-    pub workspace: Option<PathBuf>,
-    pub class: Vec<(String, ToolClass)>,
-    pub answer: Answer,
-    pub socket: Option<PathBuf>,
-    pub embedded: bool,
-    pub timeout: Option<u64>,
-    pub max_calls: Option<u64>,
-    pub description: Option<String>,
-    pub json: bool,
-    pub config: Option<PathBuf>,
-    pub call_timeout: u64,
+/// The CLI engine as the system daemon sees it over its socket.
+struct SocketEngine(Arc<CliEngine>);
+
+impl rpc::Handler for SocketEngine {
+    fn request(
+        self: Arc<Self>,
+        method: String,
+        params: Value,
+    ) -> BoxFuture<'static, Result<Value, RpcError>> {
+        Box::pin(async move {
+            match DaemonRequest::parse(&method, params)? {
+                DaemonRequest::ToolCall(c) => match self.0.tool_call(&c).await {
+                    Ok(r) => to_value(r),
+                    Err(err) => Err(RpcError::new(-32000, err.to_string())),
+                },
+                DaemonRequest::ApprovalRequest(p) => {
+                    let decision = match self.0.approve_async(p).await {
+                        Ok(true) => Decision::AllowOnce,
+                        _ => Decision::Deny,
+                    };
+                    to_value(ApprovalAnswer { decision })
+                }
+            }
+        })
+    }
+    fn notification(&self, method: &str, params: Value) {
+        if let Ok(Notification::ScriptProgress(p)) = Notification::parse(method, params) {
+            self.0.show_progress(&p);
+        }
+    }
+}
+
+fn to_value<T: serde::Serialize>(v: T) -> Result<Value, RpcError> {
+    serde_json::to_value(v).map_err(|e| RpcError::internal(e.to_string()))
 }
 
 fn home_state() -> PathBuf {
@@ -405,7 +352,6 @@ fn prepare_workspace(
     cfg: &Config,
     read_only: bool,
 ) -> Result<PathBuf, Failure> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let id = script_identity(cfg)?;
     let who = format!(
         "uid {}{}",
@@ -422,34 +368,50 @@ fn prepare_workspace(
     let ws = match given {
         Some(p) => std::fs::canonicalize(p)
             .map_err(|e| Failure::setup(format!("workspace {}: {e}", p.display())))?,
-        None => {
-            let base = fresh_base;
-            let cannot = |e: std::io::Error| {
-                Failure::setup(format!(
-                    "cannot create a workspace under {}: {e}; pass --workspace DIR (under the daemon's workspace.roots), or --embedded",
-                    base.display()
-                ))
-            };
-            std::fs::create_dir_all(base).map_err(cannot)?;
-            let stamp = crate::broker::rfc3339_now().replace([':', '.'], "-");
-            let mut r = [0u8; 3];
-            let _ = getrandom::getrandom(&mut r);
-            let ws = base.join(format!("run-{stamp}-{:02x}{:02x}{:02x}", r[0], r[1], r[2]));
-            std::fs::create_dir(&ws).map_err(cannot)?;
-            if is_root() {
-                let _ = std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o755));
-                nix::unistd::chown(
-                    &ws,
-                    Some(nix::unistd::Uid::from_raw(id.uid)),
-                    Some(nix::unistd::Gid::from_raw(id.gid)),
-                )
-                .map_err(|e| Failure::setup(format!("chown {}: {e}", ws.display())))?;
-            }
-            eprintln!("scriptgate: workspace {}", ws.display());
-            ws
-        }
+        None => fresh_workspace(fresh_base, &id)?,
     };
-    let meta = std::fs::metadata(&ws)
+    check_workspace(&ws, &id, &who, read_only)?;
+    Ok(ws)
+}
+
+/// A new directory `run-<time>-<random>` under `base`, owned by the script's uid.
+fn fresh_workspace(base: &Path, id: &crate::sys::Identity) -> Result<PathBuf, Failure> {
+    use std::os::unix::fs::PermissionsExt;
+    let cannot = |e: std::io::Error| {
+        Failure::setup(format!(
+            "cannot create a workspace under {}: {e}; pass --workspace DIR (under the daemon's workspace.roots), or --embedded",
+            base.display()
+        ))
+    };
+    std::fs::create_dir_all(base).map_err(cannot)?;
+    let stamp = crate::time::rfc3339_now().replace([':', '.'], "-");
+    let mut r = [0u8; 3];
+    let _ = getrandom::getrandom(&mut r);
+    let ws = base.join(format!("run-{stamp}-{:02x}{:02x}{:02x}", r[0], r[1], r[2]));
+    std::fs::create_dir(&ws).map_err(cannot)?;
+    if is_root() {
+        let _ = std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o755));
+        nix::unistd::chown(
+            &ws,
+            Some(nix::unistd::Uid::from_raw(id.uid)),
+            Some(nix::unistd::Gid::from_raw(id.gid)),
+        )
+        .map_err(|e| Failure::setup(format!("chown {}: {e}", ws.display())))?;
+    }
+    eprintln!("scriptgate: workspace {}", ws.display());
+    Ok(ws)
+}
+
+/// The workspace is a directory that `who` (the script's uid) can reach, and
+/// write unless the run is read-only.
+fn check_workspace(
+    ws: &Path,
+    id: &crate::sys::Identity,
+    who: &str,
+    read_only: bool,
+) -> Result<(), Failure> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = std::fs::metadata(ws)
         .map_err(|e| Failure::setup(format!("workspace {}: {e}", ws.display())))?;
     if !meta.is_dir() {
         return Err(Failure::setup(format!(
@@ -485,21 +447,24 @@ fn prepare_workspace(
             meta.uid()
         )));
     }
-    Ok(ws)
+    Ok(())
 }
 
-fn snapshot(tools: &Tools, ws: &Path, o: &RunOptions) -> Value {
-    let mut limits = serde_json::Map::new();
-    if let Some(t) = o.timeout {
-        limits.insert("timeout_s".into(), json!(t));
+/// The run's authorization snapshot: every tool of the servers, the mode, and
+/// the limits given on the command line.
+fn snapshot(tools: &Tools, ws: &Path, o: &RunCmd) -> Snapshot {
+    Snapshot {
+        workspace: ws.to_path_buf(),
+        read_only: o.read_only,
+        permission_mode: o.mode,
+        session_allowed: vec![],
+        tools: tools.specs.clone(),
+        limits: SnapshotLimits {
+            timeout_s: o.timeout,
+            max_calls: o.max_calls,
+            ..Default::default()
+        },
     }
-    if let Some(m) = o.max_calls {
-        limits.insert("max_calls".into(), json!(m));
-    }
-    json!({
-        "workspace": ws, "read_only": o.read_only, "permission_mode": o.mode,
-        "session_allowed": [], "tools": tools.specs, "limits": limits,
-    })
 }
 
 fn read_script(p: &Path) -> Result<String, Failure> {
@@ -508,10 +473,7 @@ fn read_script(p: &Path) -> Result<String, Failure> {
     } else {
         std::fs::read_to_string(p)
     };
-    r.map_err(|e| Failure {
-        code: exit::USAGE,
-        message: format!("script {}: {e}", p.display()),
-    })
+    r.map_err(|e| Failure::usage(format!("script {}: {e}", p.display())))
 }
 
 enum Target {
@@ -519,7 +481,7 @@ enum Target {
     Socket(PathBuf),
 }
 
-fn pick_target(o: &RunOptions) -> Target {
+fn pick_target(o: &RunCmd) -> Target {
     if o.embedded {
         return Target::Embedded;
     }
@@ -532,7 +494,7 @@ fn pick_target(o: &RunOptions) -> Target {
     Target::Embedded
 }
 
-pub async fn run(o: RunOptions) -> Result<ScriptResult, Failure> {
+pub async fn run(o: RunCmd) -> Result<ScriptResult, Failure> {
     let code = read_script(&o.script)?;
     let target = pick_target(&o);
     let cfg = match &target {
@@ -557,15 +519,15 @@ pub async fn run(o: RunOptions) -> Result<ScriptResult, Failure> {
     };
     let ws = prepare_workspace(o.workspace.as_deref(), &fresh_base, &cfg, o.read_only)?;
     let tools = Tools::start(
-        &o.mcp,
+        &o.servers.mcp,
         vec![ws.display().to_string()],
-        &o.class,
+        &o.servers.class,
         Duration::from_secs(o.call_timeout),
     )
     .await?;
     let engine = Arc::new(CliEngine {
         tools,
-        answer: o.answer,
+        answer: o.answer(),
         progress_tty: std::io::stderr().is_terminal(),
         progress_shown: Mutex::new(false),
     });
@@ -588,7 +550,7 @@ pub async fn run(o: RunOptions) -> Result<ScriptResult, Failure> {
     result
 }
 
-fn mint(key: &[u8], snap: &Value) -> Result<String, Failure> {
+fn mint(key: &[u8], snap: &Snapshot) -> Result<String, Failure> {
     let mut r = [0u8; 6];
     let _ = getrandom::getrandom(&mut r);
     let run_id = format!(
@@ -596,21 +558,22 @@ fn mint(key: &[u8], snap: &Value) -> Result<String, Failure> {
         r.iter().map(|b| format!("{b:02x}")).collect::<String>()
     );
     let runner = format!("scriptgate-cli uid {}", nix::unistd::getuid());
-    crate::token::mint(key, &run_id, Some(&runner), snap, 24 * 3600)
+    let snap = serde_json::to_value(snap).map_err(|e| Failure::setup(e.to_string()))?;
+    crate::token::mint(key, &run_id, Some(&runner), &snap, 24 * 3600)
         .map_err(|e| Failure::setup(e.message))
 }
 
 async fn run_embedded(
     mut cfg: Config,
-    snap: Value,
+    snap: Snapshot,
     mut params: StartParams,
-    o: &RunOptions,
+    o: &RunCmd,
     engine: Arc<CliEngine>,
 ) -> Result<ScriptResult, Failure> {
     // The embedded daemon's one root is the workspace's parent: a workspace lies
     // below its root, never is one (the path is canonical, so no symlink is in it).
-    let ws = PathBuf::from(snap["workspace"].as_str().unwrap_or("/"));
-    cfg.workspace.roots = vec![ws.parent().unwrap_or(&ws).to_path_buf()];
+    let ws = &snap.workspace;
+    cfg.workspace.roots = vec![ws.parent().unwrap_or(ws).to_path_buf()];
     // The user at the terminal is the sysadmin of an embedded daemon: their limits stand.
     if let Some(t) = o.timeout {
         cfg.scripts.timeout_s = t;
@@ -635,30 +598,32 @@ async fn run_embedded(
         .start(me, link, params)
         .await
         .map_err(|e| Failure::refused(&e))?;
-    let script_id = started["script_id"].as_str().unwrap_or("").to_string();
+    let started: Started =
+        serde_json::from_value(started).map_err(|e| Failure::setup(format!("start: {e}")))?;
     let r = daemon
-        .wait(
-            Access::Conn(1),
-            ScriptRef {
-                script_id,
-                timeout_s: None,
-                token: None,
-            },
-        )
+        .wait(Access::Conn(1), script_ref(started.script_id))
         .await
         .map_err(|e| Failure::setup(e.message))?;
     serde_json::from_value(r).map_err(|e| Failure::setup(format!("result: {e}")))
 }
 
-/// Act as an engine over the system daemon's socket.
+fn script_ref(script_id: String) -> ScriptRef {
+    ScriptRef {
+        script_id,
+        timeout_s: None,
+        token: None,
+    }
+}
+
+/// Act as an engine over the system daemon's socket: start the script, serve
+/// its tool calls and approval while waiting for its result.
 async fn run_socket(
     path: &Path,
     cfg: &Config,
-    snap: Value,
+    snap: Snapshot,
     mut params: StartParams,
     engine: Arc<CliEngine>,
 ) -> Result<ScriptResult, Failure> {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     let key = cfg.read_key().map_err(|e| {
         Failure::setup(format!("the daemon at {} needs tokens signed with its key, and {e}; run as root or a member of the key's group, or pass --embedded", path.display()))
     })?;
@@ -666,77 +631,47 @@ async fn run_socket(
     let stream = tokio::net::UnixStream::connect(path)
         .await
         .map_err(|e| Failure::setup(format!("{}: {e}", path.display())))?;
-    let (read, mut write) = stream.into_split();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    tokio::spawn(async move {
-        while let Some(l) = rx.recv().await {
-            if write.write_all(l.as_bytes()).await.is_err() {
-                break;
-            }
-        }
-    });
-    type Waiters = Arc<Mutex<HashMap<u64, tokio::sync::oneshot::Sender<Result<Value, RpcError>>>>>;
-    let waiters: Waiters = Default::default();
-    let (w2, tx2, e2) = (waiters.clone(), tx.clone(), engine.clone());
-    let reader = tokio::spawn(async move {
-        let mut lines = tokio::io::BufReader::new(read).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            match protocol::parse_line(line.as_bytes()) {
-                Ok(protocol::Incoming::Response { id, result }) => {
-                    if let Some(s) = id.as_u64().and_then(|i| w2.lock().unwrap().remove(&i)) {
-                        let _ = s.send(result);
-                    }
-                }
-                Ok(protocol::Incoming::Request { id, method, params }) => {
-                    let (e, tx) = (e2.clone(), tx2.clone());
-                    tokio::spawn(async move {
-                        let r = match method.as_str() {
-                            "tool.call" => e
-                                .tool_call(&params)
-                                .await
-                                .map(|r| json!(r))
-                                .map_err(|err| RpcError::new(-32000, err.to_string())),
-                            "approval.request" => {
-                                let e = e.clone();
-                                let ok = tokio::task::spawn_blocking(move || e.approve(&params))
-                                    .await
-                                    .unwrap_or(false);
-                                Ok(json!({"decision": if ok { "allow_once" } else { "deny" }}))
-                            }
-                            _ => Err(RpcError::new(
-                                protocol::code::METHOD_NOT_FOUND,
-                                "not an engine method",
-                            )),
-                        };
-                        let _ = tx.send(protocol::response_line(&id, &r));
-                    });
-                }
-                Ok(protocol::Incoming::Notification { method, params })
-                    if method == "script.progress" =>
-                {
-                    e2.show_progress(&params)
-                }
-                _ => {}
-            }
-        }
-        w2.lock().unwrap().clear();
-    });
-    let call = |id: u64, method: &str, p: Value| {
-        let (stx, srx) = tokio::sync::oneshot::channel();
-        waiters.lock().unwrap().insert(id, stx);
-        let _ = tx.send(protocol::request_line(id, method, &p));
-        srx
+    let (read, write) = stream.into_split();
+    let (peer, _writer) = rpc::Peer::new(write);
+    let reader = {
+        let (peer, bounds) = (peer.clone(), Bounds::client(cfg.server.max_message_bytes));
+        let handler = Arc::new(SocketEngine(engine));
+        tokio::spawn(async move { peer.serve(read, &bounds, handler).await })
     };
-    let started = call(1, "script.start", json!({"token": params.token, "code": params.code, "tools": params.tools, "description": params.description}))
+    let closed = |e: CallError, answered: fn(RpcError) -> Failure| match e {
+        CallError::Answered(e) => answered(e),
+        CallError::Closed(e) => {
+            Failure::setup(format!("the daemon closed the connection: {}", e.message))
+        }
+        CallError::Disconnected | CallError::Timeout { .. } => {
+            Failure::setup("the daemon closed the connection")
+        }
+    };
+    let started = peer
+        .request(crate::protocol::Method::ScriptStart.name(), &params, None)
         .await
-        .map_err(|_| Failure::setup("the daemon closed the connection"))?
-        .map_err(|e| Failure::refused(&e))?;
-    let r = call(2, "script.wait", json!({"script_id": started["script_id"]}))
+        .map_err(|e| closed(e, |e| Failure::refused(&e)))?;
+    let started: Started =
+        serde_json::from_value(started).map_err(|e| Failure::setup(format!("start: {e}")))?;
+    let r = peer
+        .request(
+            crate::protocol::Method::ScriptWait.name(),
+            &script_ref(started.script_id),
+            None,
+        )
         .await
-        .map_err(|_| Failure::setup("the daemon closed the connection"))?
-        .map_err(|e| Failure::setup(e.message))?;
+        .map_err(|e| closed(e, |e| Failure::setup(e.message)))?;
     reader.abort();
     serde_json::from_value(r).map_err(|e| Failure::setup(format!("result: {e}")))
+}
+
+/// One tool in `scriptgate tools --json`.
+#[derive(serde::Serialize)]
+struct ToolLine<'a> {
+    name: &'a str,
+    class: ToolClass,
+    signature: String,
+    input_schema: &'a Option<Value>,
 }
 
 /// `scriptgate tools`: NAME, CLASS, Python signature.
@@ -747,26 +682,30 @@ pub async fn list_tools(
 ) -> Result<String, Failure> {
     let tools = Tools::start(mcp, vec![], class, Duration::from_secs(60)).await?;
     let out = if json_out {
-        let v: Vec<Value> = tools.specs.iter().map(|t| json!({"name": t.name, "class": t.class, "signature": crate::describe::signature(t), "input_schema": t.input_schema})).collect();
-        serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
-    } else {
-        let w = tools
+        let v: Vec<ToolLine> = tools
             .specs
             .iter()
-            .map(|t| t.name.len())
-            .max()
-            .unwrap_or(4)
-            .max(4);
-        let mut s = format!("{:w$}  {:11}  SIGNATURE\n", "NAME", "CLASS");
-        for t in &tools.specs {
-            s.push_str(&format!(
-                "{:w$}  {:11}  {}\n",
-                t.name,
-                t.class.as_str(),
-                crate::describe::signature(t)
-            ));
-        }
-        s
+            .map(|t| ToolLine {
+                name: &t.name,
+                class: t.class,
+                signature: crate::describe::signature(t),
+                input_schema: &t.input_schema,
+            })
+            .collect();
+        serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
+    } else {
+        let rows: Vec<Vec<String>> = tools
+            .specs
+            .iter()
+            .map(|t| {
+                vec![
+                    t.name.clone(),
+                    t.class.as_str().to_string(),
+                    crate::describe::signature(t),
+                ]
+            })
+            .collect();
+        super::table::table(&["NAME", "CLASS", "SIGNATURE"], &rows)
     };
     tools.shutdown().await;
     Ok(out)
@@ -776,15 +715,26 @@ pub async fn list_tools(
 pub async fn describe(
     mcp: &[ServerSpec],
     class: &[(String, ToolClass)],
-    mode: &str,
+    mode: PermissionMode,
     read_only: bool,
     config: Option<&Path>,
 ) -> Result<String, Failure> {
     let cfg = embedded_config(config)?;
     let tools = Tools::start(mcp, vec![], class, Duration::from_secs(60)).await?;
-    let snap = json!({"workspace": "/", "read_only": read_only, "permission_mode": mode, "tools": tools.specs});
+    let snap = Snapshot {
+        workspace: "/".into(),
+        read_only,
+        permission_mode: mode,
+        session_allowed: vec![],
+        tools: tools.specs.clone(),
+        limits: SnapshotLimits::default(),
+    };
     tools.shutdown().await;
-    let snap = crate::token::parse_snapshot(snap).map_err(|e| Failure::setup(e.message))?;
+    // Checked as the daemon checks a token's snapshot.
+    let snap = serde_json::to_value(&snap)
+        .map_err(|e| e.to_string())
+        .and_then(|v| crate::token::parse_snapshot(v).map_err(|e| e.message))
+        .map_err(Failure::setup)?;
     let limits = crate::policy::Limits::effective(&cfg.scripts, &snap.limits);
     Ok(crate::describe::describe(
         &snap,

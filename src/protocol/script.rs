@@ -1,0 +1,288 @@
+//! The script channel: `agent_tools` inside the sandbox writes requests to fd 3
+//! and reads replies from fd 4, one JSON object per line (protocol §8). Parsing
+//! is total and bounded: any bytes give a `Request` or a `BadRequest`.
+
+use super::Progress;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Items in one `call_many` request: what `agent_tools` sends (protocol §8).
+pub const MAX_BATCH: usize = 50;
+/// Bytes of a name the script sent that are quoted back (tool names in the
+/// snapshot are at most 128 bytes, so a longer name can match nothing).
+pub const MAX_NAME_BYTES: usize = 128;
+/// Bytes of a progress message kept.
+pub const MAX_PROGRESS_MESSAGE_BYTES: usize = 500;
+/// Bytes of an uncaught `ToolError` code kept.
+pub const MAX_CODE_BYTES: usize = 32;
+
+/// Cut `s` to at most `max` bytes at a character boundary, marking the cut.
+pub fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+/// A request line on fd 3 as `agent_tools` writes it. Every field is taken
+/// as any JSON value and normalised by `parse_request` (a wrong type reads as
+/// empty), so that a script gets an answer, not a dropped line. `id` is read
+/// before the `op`, so that even a bad request is answered with its id.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum WireRequest {
+    /// One call.
+    ///
+    /// ```json
+    /// {"id": 1, "op": "call", "tool": "fleet__get_device_status", "args": {"sn": "A1"}}
+    /// ```
+    Call {
+        #[serde(default)]
+        tool: Value,
+        #[serde(default = "empty_object")]
+        args: Value,
+    },
+    /// One tool for each args dict, at most `MAX_BATCH`.
+    ///
+    /// ```json
+    /// {"id": 2, "op": "call_many", "tool": "fleet__get_device_status", "args_list": [{"sn": "A1"}, {"sn": "A2"}]}
+    /// ```
+    CallMany {
+        #[serde(default)]
+        tool: Value,
+        #[serde(default)]
+        args_list: Value,
+    },
+    /// Progress for the engine; no reply.
+    ///
+    /// ```json
+    /// {"op": "progress", "done": 1, "total": 9, "message": "devices"}
+    /// ```
+    Progress {
+        #[serde(default)]
+        done: Value,
+        #[serde(default)]
+        total: Value,
+        #[serde(default)]
+        message: Value,
+    },
+    /// The script is ending on an uncaught `ToolError` with this code; no reply.
+    ///
+    /// ```json
+    /// {"op": "uncaught", "code": "limit", "tool": "fleet__get_device_status"}
+    /// ```
+    Uncaught {
+        #[serde(default)]
+        code: Value,
+    },
+}
+
+fn empty_object() -> Value {
+    Value::Object(Default::default())
+}
+
+/// One request from the script on fd 3, parsed and bounded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Request {
+    Call {
+        id: Value,
+        tool: String,
+        args: Value,
+    },
+    CallMany {
+        id: Value,
+        tool: String,
+        args_list: Vec<Value>,
+    },
+    Progress(Progress),
+    /// The script is ending on an uncaught `ToolError` with this code.
+    Uncaught {
+        code: String,
+    },
+}
+
+/// A request line that cannot be served; answered as `{"id", "error"}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BadRequest {
+    pub id: Value,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl BadRequest {
+    fn new(id: Value, code: &'static str, message: impl Into<String>) -> BadRequest {
+        BadRequest {
+            id,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+fn text(v: &Value, max: usize) -> String {
+    match v {
+        Value::String(s) => clip(s, max),
+        _ => String::new(),
+    }
+}
+
+/// Parse one fd-3 line. Pure and total: any bytes give a request or a
+/// `BadRequest`. Names are clipped to `MAX_NAME_BYTES` (plus a marker, so a
+/// clipped name matches no tool) and `call_many` takes at most `MAX_BATCH` items.
+pub fn parse_request(line: &[u8]) -> Result<Request, BadRequest> {
+    let Ok(Value::Object(mut req)) = serde_json::from_slice::<Value>(line) else {
+        return Err(BadRequest::new(
+            Value::Null,
+            "invalid_request",
+            "not a JSON object",
+        ));
+    };
+    let id = req.remove("id").unwrap_or(Value::Null);
+    let Ok(wire) = serde_json::from_value::<WireRequest>(Value::Object(req)) else {
+        return Err(BadRequest::new(
+            id,
+            "invalid_request",
+            "unknown op; use agent_tools",
+        ));
+    };
+    match wire {
+        WireRequest::Call { tool, args } => Ok(Request::Call {
+            id,
+            tool: text(&tool, MAX_NAME_BYTES),
+            args,
+        }),
+        WireRequest::CallMany { tool, args_list } => {
+            let tool = text(&tool, MAX_NAME_BYTES);
+            match args_list {
+                Value::Array(a) if a.len() <= MAX_BATCH => Ok(Request::CallMany {
+                    id,
+                    tool,
+                    args_list: a,
+                }),
+                Value::Array(a) => Err(BadRequest::new(
+                    id,
+                    "invalid_arguments",
+                    format!(
+                        "call_many sends at most {MAX_BATCH} items per request, not {}; agent_tools.call_many batches them",
+                        a.len()
+                    ),
+                )),
+                _ => Err(BadRequest::new(
+                    id,
+                    "invalid_arguments",
+                    "args_list must be a list of dicts",
+                )),
+            }
+        }
+        WireRequest::Progress {
+            done,
+            total,
+            message,
+        } => Ok(Request::Progress(Progress {
+            done: done.as_i64().unwrap_or(0),
+            total: total.as_i64().unwrap_or(0),
+            message: text(&message, MAX_PROGRESS_MESSAGE_BYTES),
+        })),
+        WireRequest::Uncaught { code } => Ok(Request::Uncaught {
+            code: text(&code, MAX_CODE_BYTES),
+        }),
+    }
+}
+
+/// A reply line on fd 4.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Reply {
+    /// The answer to `call`, or to a request that could not be served.
+    ///
+    /// ```json
+    /// {"id": 1, "result": {"text": "online", "structured": {"online": true}, "is_error": false}}
+    /// {"id": 1, "error": {"code": "denied", "message": "fleet__reboot_device is a write tool …"}}
+    /// ```
+    One {
+        id: Value,
+        #[serde(flatten)]
+        outcome: Outcome,
+    },
+    /// The answer to `call_many`: one outcome per item, in input order.
+    ///
+    /// ```json
+    /// {"id": 2, "results": [{"result": {…}}, {"error": {"code": "invalid_arguments", "message": "…"}}]}
+    /// ```
+    Many { id: Value, results: Vec<Outcome> },
+}
+
+impl Reply {
+    /// The line to write, newline included.
+    pub fn line(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default() + "\n"
+    }
+}
+
+/// How one call went, as the script sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The engine answered (`is_error` may still be true: `code` is then
+    /// `tool_error`, or `engine` when the engine failed to answer properly).
+    Result(CallResult),
+    /// Refused before reaching the engine.
+    Error(CallError),
+}
+
+/// ```json
+/// {"text": "boom", "structured": null, "is_error": true, "code": "tool_error"}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallResult {
+    pub text: String,
+    pub structured: Option<Value>,
+    pub is_error: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<&'static str>,
+}
+
+/// ```json
+/// {"code": "denied", "message": "…"}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallError {
+    pub code: String,
+    pub message: String,
+}
+
+/// One line of `calls.jsonl` (protocol §7).
+///
+/// ```json
+/// {"ts": "2026-11-30T07:00:00.123Z", "tool": "fleet__get_device_status", "arguments": {"sn": "A1"},
+///  "duration_ms": 41, "is_error": false, "summary": "online"}
+/// ```
+/// `arguments` longer than the log keeps become a clipped string, with
+/// `arguments_bytes` their full size; `is_error` is null for a call the
+/// script's end cut off before the engine answered.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallLogLine {
+    pub ts: String,
+    pub tool: String,
+    pub arguments: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments_bytes: Option<usize>,
+    pub duration_ms: u64,
+    pub is_error: Option<bool>,
+    pub summary: String,
+}
+
+/// The last line of a full `calls.jsonl`.
+///
+/// ```json
+/// {"ts": "2026-11-30T07:00:00.123Z", "summary": "calls.jsonl is full (1500 lines); later calls are counted but not logged"}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallLogFull {
+    pub ts: String,
+    pub summary: String,
+}

@@ -1,0 +1,394 @@
+//! One JSON-RPC 2.0 connection, both ways, over newline-delimited JSON: the
+//! daemon's engine connections, the CLI's socket client and admin client, and the
+//! MCP client all use it. It keeps the bookkeeping that was written four times:
+//! ids, the answers being waited for, one writer task, notifications, a bound on
+//! each line read, and the peer's requests served concurrently with a bound on
+//! how many of their answers may be outstanding.
+//!
+//! What the messages mean is not its business: a `Handler` gets the peer's
+//! requests and notifications as method and params, and the typed protocol
+//! (`protocol`) gives them their types.
+
+use crate::engine::BoxFuture;
+use crate::framing::{read_line, read_line_limited, Line, LineLimits, FREE_LINE_BYTES};
+use crate::protocol::{self, code, Incoming, RpcError};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+
+/// Serves what the other side asks of us.
+pub trait Handler: Send + Sync + 'static {
+    /// A request from the peer; its answer is sent back with the request's id.
+    fn request(
+        self: Arc<Self>,
+        method: String,
+        params: Value,
+    ) -> BoxFuture<'static, Result<Value, RpcError>>;
+    /// A notification from the peer. Ignored unless overridden.
+    fn notification(&self, _method: &str, _params: Value) {}
+}
+
+/// Why a request of ours got no result.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallError {
+    /// The peer answered with a JSON-RPC error.
+    Answered(RpcError),
+    /// The connection closed (or was closed) before the answer came.
+    Disconnected,
+    /// No answer within the time given; `id` was the request's id (MCP cancels it by id).
+    Timeout { id: u64 },
+    /// The peer closed the connection after an error about the connection as a
+    /// whole (id null), e.g. scriptgated's -32001 to a peer it does not serve.
+    Closed(RpcError),
+}
+
+/// How the incoming side is bounded, and what bad lines get.
+pub struct Bounds {
+    /// The longest line read; a longer one ends the connection.
+    pub max_line: usize,
+    /// For a peer that may be hostile (the engine socket): the budget shared by
+    /// every connection for partial lines, and how long a started line may take.
+    pub shared: Option<(Arc<Semaphore>, Duration)>,
+    /// Answers to the peer's requests not yet written: past this many, the peer is
+    /// not read until some are (it floods requests and never reads answers).
+    pub max_outstanding: usize,
+    /// A server answers malformed lines with a JSON-RPC error and says why it
+    /// closes the connection; a client ignores them and just ends.
+    pub strict: Option<Strict>,
+}
+
+/// What a strict (server) side says about a line it cannot take.
+pub struct Strict {
+    /// The message of the -32600 sent before closing on a line over `max_line`.
+    pub too_long: String,
+    /// The message of the -32600 sent before closing on a line not finished in time.
+    pub timed_out: String,
+}
+
+impl Bounds {
+    /// A client's bounds: lines up to `max_line`, malformed lines ignored.
+    pub fn client(max_line: usize) -> Bounds {
+        Bounds {
+            max_line,
+            shared: None,
+            max_outstanding: 1024,
+            strict: None,
+        }
+    }
+}
+
+/// A line for the peer, with the permit of the request it answers (if any),
+/// released once the line is written.
+type Outgoing = (String, Option<OwnedSemaphorePermit>);
+
+type Waiters = HashMap<u64, oneshot::Sender<Result<Value, RpcError>>>;
+
+/// The sending half of a connection, shared by whoever talks to the peer. The
+/// writer task ends when every clone is dropped or `close` is called, after the
+/// lines already queued are written.
+#[derive(Clone)]
+pub struct Peer {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    tx: Mutex<Option<mpsc::UnboundedSender<Outgoing>>>,
+    /// `None` once the connection's read side ended: no answer can come.
+    pending: Mutex<Option<Waiters>>,
+    next_id: AtomicU64,
+    /// An error the peer sent with id null: why it is about to close.
+    closed_with: Mutex<Option<RpcError>>,
+}
+
+impl Peer {
+    /// A peer writing to `write`, and the writer task (it ends once every line
+    /// queued before the last `Peer` clone went away is written).
+    pub fn new<W: AsyncWrite + Unpin + Send + 'static>(
+        mut write: W,
+    ) -> (Peer, tokio::task::JoinHandle<()>) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
+        let writer = tokio::spawn(async move {
+            while let Some((line, permit)) = rx.recv().await {
+                if write.write_all(line.as_bytes()).await.is_err() {
+                    break;
+                }
+                drop(permit);
+            }
+        });
+        let peer = Peer {
+            shared: Arc::new(Shared {
+                tx: Mutex::new(Some(tx)),
+                pending: Mutex::new(Some(HashMap::new())),
+                next_id: AtomicU64::new(1),
+                closed_with: Mutex::new(None),
+            }),
+        };
+        (peer, writer)
+    }
+
+    fn send(&self, line: String, permit: Option<OwnedSemaphorePermit>) {
+        if let Some(tx) = self.shared.tx.lock().unwrap().as_ref() {
+            let _ = tx.send((line, permit));
+        }
+    }
+
+    /// Send a notification; best effort.
+    pub fn notify<P: Serialize + ?Sized>(&self, method: &str, params: &P) {
+        self.send(protocol::notification_line(method, params), None);
+    }
+
+    /// Send a request and wait for its answer, at most `timeout` when given.
+    pub async fn request<P: Serialize + ?Sized>(
+        &self,
+        method: &str,
+        params: &P,
+        timeout: Option<Duration>,
+    ) -> Result<Value, CallError> {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        match self.shared.pending.lock().unwrap().as_mut() {
+            Some(p) => p.insert(id, tx),
+            None => return Err(self.disconnected()),
+        };
+        self.send(protocol::request_line(id, method, params), None);
+        let answer = match timeout {
+            Some(t) => match tokio::time::timeout(t, rx).await {
+                Ok(a) => a,
+                Err(_) => {
+                    if let Some(p) = self.shared.pending.lock().unwrap().as_mut() {
+                        p.remove(&id);
+                    }
+                    return Err(CallError::Timeout { id });
+                }
+            },
+            None => rx.await,
+        };
+        match answer {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(CallError::Answered(e)),
+            Err(_) => Err(self.disconnected()),
+        }
+    }
+
+    fn disconnected(&self) -> CallError {
+        match self.shared.closed_with.lock().unwrap().clone() {
+            Some(e) => CallError::Closed(e),
+            None => CallError::Disconnected,
+        }
+    }
+
+    /// Fail every request waiting for an answer, and refuse new ones.
+    pub fn fail_pending(&self) {
+        self.shared.pending.lock().unwrap().take();
+    }
+
+    /// Stop sending: the writer writes what is queued and then ends (closing the
+    /// write side, e.g. an MCP server's stdin). Waiting requests fail.
+    pub fn close(&self) {
+        self.fail_pending();
+        self.shared.tx.lock().unwrap().take();
+    }
+
+    fn answered(&self, id: &Value, result: Result<Value, RpcError>) {
+        if let (Value::Null, Err(e)) = (id, &result) {
+            *self.shared.closed_with.lock().unwrap() = Some(e.clone());
+            return;
+        }
+        let slot = id.as_u64().and_then(|i| {
+            self.shared
+                .pending
+                .lock()
+                .unwrap()
+                .as_mut()
+                .and_then(|p| p.remove(&i))
+        });
+        if let Some(s) = slot {
+            let _ = s.send(result);
+        }
+    }
+
+    /// Read the peer's messages until its side ends (or a line breaks the bounds),
+    /// serving its requests with `handler`, each in its own task. On return the
+    /// requests still waiting have failed (`CallError::Disconnected`); sending
+    /// goes on until `close` or the last clone is dropped.
+    pub async fn serve<R, H>(&self, read: R, bounds: &Bounds, handler: Arc<H>)
+    where
+        R: AsyncRead + Unpin,
+        H: Handler + ?Sized,
+    {
+        let outstanding = Arc::new(Semaphore::new(bounds.max_outstanding));
+        let mut reader = BufReader::with_capacity(64 * 1024, read);
+        let mut buf = Vec::new();
+        loop {
+            // A large line's buffer is not kept for the connection's lifetime.
+            if buf.capacity() > FREE_LINE_BYTES {
+                buf = Vec::new();
+            }
+            let line = match &bounds.shared {
+                Some((budget, timeout)) => {
+                    let limits = LineLimits {
+                        max: bounds.max_line,
+                        budget,
+                        timeout: *timeout,
+                    };
+                    read_line_limited(&mut reader, &mut buf, &limits).await
+                }
+                None => read_line(&mut reader, &mut buf, bounds.max_line).await,
+            };
+            let strict = bounds.strict.as_ref();
+            match line {
+                Ok(Line::Eof) | Err(_) => break,
+                Ok(Line::TooLong) => {
+                    if let Some(s) = strict {
+                        self.refuse_line(&s.too_long);
+                    }
+                    break;
+                }
+                Ok(Line::TimedOut) => {
+                    if let Some(s) = strict {
+                        self.refuse_line(&s.timed_out);
+                    }
+                    break;
+                }
+                Ok(Line::Data) if buf.iter().all(u8::is_ascii_whitespace) => {}
+                Ok(Line::Data) => {
+                    if !self
+                        .incoming(&buf, strict.is_some(), &outstanding, &handler)
+                        .await
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+        self.fail_pending();
+    }
+
+    /// A -32600 with no id: the line that broke the bounds cannot be answered.
+    fn refuse_line(&self, message: &str) {
+        let e = RpcError::new(code::INVALID_REQUEST, message);
+        self.send(protocol::response_line(&Value::Null, &Err(e)), None);
+    }
+
+    /// One complete line. `false` when the connection is to end.
+    async fn incoming<H: Handler + ?Sized>(
+        &self,
+        line: &[u8],
+        strict: bool,
+        outstanding: &Arc<Semaphore>,
+        handler: &Arc<H>,
+    ) -> bool {
+        match protocol::parse_line(line) {
+            Err((id, e)) => {
+                if strict {
+                    let Ok(permit) = outstanding.clone().acquire_owned().await else {
+                        return false;
+                    };
+                    self.send(protocol::response_line(&id, &Err(e)), Some(permit));
+                }
+            }
+            Ok(Incoming::Response { id, result }) => self.answered(&id, result),
+            Ok(Incoming::Notification { method, params }) => handler.notification(&method, params),
+            Ok(Incoming::Request { id, method, params }) => {
+                let Ok(permit) = outstanding.clone().acquire_owned().await else {
+                    return false;
+                };
+                let (peer, fut) = (self.clone(), handler.clone().request(method, params));
+                tokio::spawn(async move {
+                    let r = fut.await;
+                    peer.send(protocol::response_line(&id, &r), Some(permit));
+                });
+            }
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+    struct Echo;
+    impl Handler for Echo {
+        fn request(
+            self: Arc<Self>,
+            method: String,
+            params: Value,
+        ) -> BoxFuture<'static, Result<Value, RpcError>> {
+            Box::pin(async move {
+                match method.as_str() {
+                    "echo" => Ok(params),
+                    _ => Err(RpcError::new(code::METHOD_NOT_FOUND, "no")),
+                }
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_both_ways_and_bounded_lines() {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let (ar, aw) = a.into_split();
+        let (peer, _w) = Peer::new(aw);
+        let p2 = peer.clone();
+        let served = tokio::spawn(async move {
+            let bounds = Bounds {
+                strict: Some(Strict {
+                    too_long: "too long".into(),
+                    timed_out: "slow".into(),
+                }),
+                ..Bounds::client(64)
+            };
+            p2.serve(ar, &bounds, Arc::new(Echo)).await;
+        });
+        let (br, mut bw) = b.into_split();
+        let mut lines = tokio::io::BufReader::new(br).lines();
+        // The peer asks us; we answer with our own id space.
+        bw.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"echo\",\"params\":[1]}\n")
+            .await
+            .unwrap();
+        let l: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(
+            (l["id"].clone(), l["result"].clone()),
+            (5.into(), [1].into())
+        );
+        // We ask the peer.
+        let ask = tokio::spawn({
+            let peer = peer.clone();
+            async move { peer.request("ping", &Value::Null, None).await }
+        });
+        let l: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(l["method"], "ping");
+        let answer = format!("{{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":7}}\n", l["id"]);
+        bw.write_all(answer.as_bytes()).await.unwrap();
+        assert_eq!(ask.await.unwrap(), Ok(Value::from(7)));
+        // A malformed line gets -32700 and the connection stays.
+        bw.write_all(b"{nope\n").await.unwrap();
+        let l: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(l["error"]["code"], code::PARSE_ERROR);
+        // A line over the bound is refused and ends the connection.
+        bw.write_all(&[b'x'; 100]).await.unwrap();
+        let l: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(l["error"]["message"], "too long");
+        served.await.unwrap();
+        assert_eq!(
+            peer.request("x", &Value::Null, None).await,
+            Err(CallError::Disconnected)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_times_out_with_its_id() {
+        let (a, _b) = tokio::net::UnixStream::pair().unwrap();
+        let (peer, _w) = Peer::new(a);
+        let r = peer
+            .request("x", &Value::Null, Some(Duration::from_millis(10)))
+            .await;
+        assert_eq!(r, Err(CallError::Timeout { id: 1 }));
+    }
+}
