@@ -17,7 +17,11 @@ use crate::config::Config;
 use crate::engine::{EngineLink, LinkError};
 use crate::limits::{Backend, Picked};
 use crate::policy::{Budget, Limits, Policy, StartPlan};
-use crate::protocol::{code, RpcError, ScriptRef, ScriptResult, StartParams, Status};
+use crate::protocol::{
+    code, ApprovalRequest, ApprovalTool, DaemonInfo, DaemonLimits, Described, ListedScript,
+    Notification, Revoked, RpcError, ScriptRef, ScriptResult, ScriptState, ScriptStatus,
+    StartParams, Started, Status,
+};
 use crate::ratelimit::{RefusalLimiter, Verdict};
 use crate::runner::{Launch, Stop};
 use crate::sandbox::SandboxSpec;
@@ -228,29 +232,40 @@ impl Daemon {
         self.changed.notified().await
     }
 
-    pub fn info(&self) -> Value {
+    pub fn info(&self) -> DaemonInfo {
         let s = &self.cfg.scripts;
-        json!({
-            "version": VERSION, "protocol": crate::protocol::PROTOCOL_VERSION,
-            "backend": self.backend.kind.as_str(), "backend_notes": self.backend.notes,
-            "limits_per_script": self.backend.limits_per_script(),
-            "running": self.running_count(),
-            "limits": {
-                "max_calls": s.max_calls, "max_concurrency": s.max_concurrency, "timeout_s": s.timeout_s,
-                "memory_max_bytes": s.memory_max_bytes, "tasks_max": s.tasks_max,
-                "output_max_bytes": s.output_max_bytes, "return_max_chars": s.return_max_chars,
-                "approval_timeout_s": s.approval_timeout_s, "max_running": self.cfg.server.max_running,
-            }
-        })
+        DaemonInfo {
+            version: VERSION.into(),
+            protocol: crate::protocol::PROTOCOL_VERSION,
+            backend: self.backend.kind.as_str().into(),
+            backend_notes: self.backend.notes.clone(),
+            limits_per_script: self.backend.limits_per_script(),
+            running: self.running_count(),
+            limits: DaemonLimits {
+                max_calls: s.max_calls,
+                max_concurrency: s.max_concurrency,
+                timeout_s: s.timeout_s,
+                memory_max_bytes: s.memory_max_bytes,
+                tasks_max: s.tasks_max,
+                output_max_bytes: s.output_max_bytes,
+                return_max_chars: s.return_max_chars,
+                approval_timeout_s: s.approval_timeout_s,
+                max_running: self.cfg.server.max_running,
+            },
+        }
     }
 
     /// `run.describe`: the run_script description for the token's snapshot.
-    pub fn describe(&self, token_str: &str) -> Result<Value, RpcError> {
+    pub fn describe(&self, token_str: &str) -> Result<Described, RpcError> {
         let claims = token::verify(token_str, &self.key, true)?;
         let limits = Limits::effective(&self.cfg.scripts, &claims.snapshot.limits);
-        Ok(
-            json!({"text": crate::describe::describe(&claims.snapshot, &limits, self.cfg.scripts.return_max_chars)}),
-        )
+        Ok(Described {
+            text: crate::describe::describe(
+                &claims.snapshot,
+                &limits,
+                self.cfg.scripts.return_max_chars,
+            ),
+        })
     }
 
     /// `script.start`. Refusals are audited (and logged at warning priority) under
@@ -261,7 +276,7 @@ impl Daemon {
         peer: Peer,
         engine: Arc<dyn EngineLink>,
         p: StartParams,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Started, RpcError> {
         let (run, r) = match Signed::verify(&p.token, &self.key) {
             Ok(signed) => (
                 signed.run(),
@@ -334,7 +349,7 @@ impl Daemon {
         engine: Arc<dyn EngineLink>,
         p: StartParams,
         signed: Signed,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Started, RpcError> {
         // 1. Admit: nothing runs unless the run is proven, not revoked, and its
         //    workspace, plan and identity hold.
         let admitted = self.admit(peer, &p, signed)?;
@@ -364,10 +379,10 @@ impl Daemon {
         claims.check_fresh(token::now_unix())?;
         let claims = claims.parse_snapshot()?;
         if self.revoked.read().unwrap().contains(&claims.run_id) {
-            return Err(RpcError::with_data(
+            return Err(RpcError::with_reason(
                 code::TOKEN,
                 format!("run {} was revoked", claims.run_id),
-                json!({"reason": "revoked"}),
+                "revoked",
             ));
         }
         let snap = &claims.snapshot;
@@ -375,11 +390,7 @@ impl Daemon {
         // later (the record, the sandbox's bind mount) uses this descriptor.
         let workspace =
             WorkspaceDir::open(&snap.workspace, &self.cfg.workspace.roots).map_err(|e| {
-                RpcError::with_data(
-                    code::SNAPSHOT,
-                    e.to_string(),
-                    json!({"reason": e.reason(), "field": "workspace"}),
-                )
+                RpcError::with_field(code::SNAPSHOT, e.to_string(), e.reason(), "workspace")
             })?;
         let (policy, plan) = Policy::plan(snap, &p.tools)?;
         if p.code.len() > self.cfg.server.max_message_bytes {
@@ -387,10 +398,8 @@ impl Daemon {
                 "code is larger than max_message_bytes",
             ));
         }
-        let identity =
-            resolve_run_as(peer.uid, peer.gid, &self.cfg.sandbox.run_as).map_err(|e| {
-                RpcError::with_data(code::INTERNAL, e.to_string(), json!({"reason": "identity"}))
-            })?;
+        let identity = resolve_run_as(peer.uid, peer.gid, &self.cfg.sandbox.run_as)
+            .map_err(|e| RpcError::with_reason(code::INTERNAL, e.to_string(), "identity"))?;
         // The workspace is the script's to write (protocol §2), unless read-only.
         let writable = workspace
             .writable_by(identity)
@@ -408,7 +417,7 @@ impl Daemon {
     }
 
     fn not_writable(&self, workspace: &WorkspaceDir, identity: Identity, peer: Peer) -> RpcError {
-        RpcError::with_data(
+        RpcError::with_field(
             code::SNAPSHOT,
             format!(
                 "workspace {} is not writable by uid {} (gid {}), the identity this run's scripts have{}; \
@@ -422,7 +431,8 @@ impl Daemon {
                     ", the engine's own".to_string()
                 }
             ),
-            json!({"reason": "not_writable", "field": "workspace"}),
+            "not_writable",
+            "workspace",
         )
     }
 
@@ -441,12 +451,23 @@ impl Daemon {
             return Ok(approval);
         }
         let _waiting = self.registry.await_approval(engine.id())?;
-        let params = json!({
-            "script_id": script_id, "run_id": a.claims.run_id, "description": p.description, "code": p.code,
-            "tools": a.plan.declared.iter().map(|(n, c)| json!({"name": n, "class": c.as_str()})).collect::<Vec<_>>(),
-        });
+        let request = ApprovalRequest {
+            script_id: script_id.to_string(),
+            run_id: a.claims.run_id.clone(),
+            description: p.description.clone(),
+            code: p.code.clone(),
+            tools: a
+                .plan
+                .declared
+                .iter()
+                .map(|(name, class)| ApprovalTool {
+                    name: name.clone(),
+                    class: class.as_str().into(),
+                })
+                .collect(),
+        };
         let timeout = Duration::from_secs(self.cfg.scripts.approval_timeout_s);
-        match engine.approval(params, timeout).await {
+        match engine.approval_request(request, timeout).await {
             Ok(true) => Ok(Approval::AllowOnce),
             Ok(false) => Err(approval_error(
                 "denied",
@@ -532,7 +553,7 @@ impl Daemon {
         a: Admitted,
         rec: Record,
         slot: Slot<Running>,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<Started, RpcError> {
         let (stop_tx, stop_rx) = watch::channel(None);
         let (result_tx, result_rx) = watch::channel(None);
         let running = Arc::new(Running {
@@ -564,12 +585,21 @@ impl Daemon {
         };
         tokio::spawn(self.clone().run_to_end(job));
         match started_rx.await {
-            Ok(Ok(())) => Ok(json!({"script_id": script_id, "state": "running"})),
-            Ok(Err(e)) => Err(RpcError::with_data(
-                code::INTERNAL,
-                format!("the sandbox could not start: {e}"),
-                json!({"reason": "spawn", "script_id": script_id}),
-            )),
+            Ok(Ok(())) => Ok(Started {
+                script_id,
+                state: Status::Running,
+            }),
+            Ok(Err(e)) => {
+                let mut err = RpcError::with_reason(
+                    code::INTERNAL,
+                    format!("the sandbox could not start: {e}"),
+                    "spawn",
+                );
+                if let Some(Value::Object(data)) = err.data.as_mut() {
+                    data.insert("script_id".into(), Value::String(script_id));
+                }
+                Err(err)
+            }
             Err(_) => Err(RpcError::internal(
                 "the script supervisor ended before the script started",
             )),
@@ -665,7 +695,7 @@ impl Daemon {
         // The last state always goes out before script.finished, so that a
         // progress bar reaches its end.
         if live.dirty.swap(false, Ordering::Relaxed) {
-            engine.notify("script.progress", status_value(&sid, &running));
+            engine.send(Notification::ScriptProgress(status_of(&sid, &running)));
         }
         let result = self.build_result(&sid, &running.run_id, &running.details_dir, live, outcome);
         let counts = json!(*live.tool_counts.lock().unwrap());
@@ -682,10 +712,7 @@ impl Daemon {
             running.run_uid,
             running.unit.as_deref(),
         );
-        engine.notify(
-            "script.finished",
-            serde_json::to_value(&result).unwrap_or_default(),
-        );
+        engine.send(Notification::ScriptFinished(Box::new(result.clone())));
         let _ = result_tx.send(Some(result));
         self.changed.notify_waiters();
     }
@@ -768,9 +795,9 @@ impl Daemon {
         }
     }
 
-    pub async fn wait(&self, who: Access, r: ScriptRef) -> Result<Value, RpcError> {
+    pub async fn wait(&self, who: Access, r: ScriptRef) -> Result<ScriptResult, RpcError> {
         let run = match self.lookup(who, &r)? {
-            Lookup::Done(res) => return Ok(serde_json::to_value(*res).unwrap_or_default()),
+            Lookup::Done(res) => return Ok(*res),
             Lookup::Running(run) => run,
         };
         let mut rx = run.result.clone();
@@ -791,30 +818,41 @@ impl Daemon {
                 .flatten(),
             _ => done.await,
         };
-        match res {
-            Some(res) => Ok(serde_json::to_value(res).unwrap_or_default()),
-            None => Err(RpcError::with_data(
+        res.ok_or_else(|| {
+            RpcError::with_reason(
                 code::STILL_RUNNING,
                 format!("script {} is still running", r.script_id),
-                json!({"reason": "still_running"}),
-            )),
-        }
-    }
-
-    pub fn status(&self, who: Access, r: ScriptRef) -> Result<Value, RpcError> {
-        Ok(match self.lookup(who, &r)? {
-            Lookup::Running(run) => status_value(&r.script_id, &run),
-            Lookup::Done(res) => json!({
-                "script_id": res.script_id, "state": res.status, "calls": res.calls, "failures": res.failures,
-                "elapsed_ms": res.duration_ms, "progress": null,
-            }),
+                "still_running",
+            )
         })
     }
 
-    pub async fn cancel(&self, who: Access, r: ScriptRef, why: &str) -> Result<Value, RpcError> {
+    pub fn status(&self, who: Access, r: ScriptRef) -> Result<ScriptStatus, RpcError> {
+        Ok(match self.lookup(who, &r)? {
+            Lookup::Running(run) => status_of(&r.script_id, &run),
+            Lookup::Done(res) => ScriptStatus {
+                script_id: res.script_id,
+                state: res.status,
+                calls: res.calls,
+                failures: res.failures,
+                elapsed_ms: res.duration_ms,
+                progress: None,
+            },
+        })
+    }
+
+    pub async fn cancel(
+        &self,
+        who: Access,
+        r: ScriptRef,
+        why: &str,
+    ) -> Result<ScriptState, RpcError> {
         let run = match self.lookup(who, &r)? {
             Lookup::Done(res) => {
-                return Ok(json!({"script_id": res.script_id, "state": res.status}))
+                return Ok(ScriptState {
+                    script_id: res.script_id,
+                    state: res.status,
+                })
             }
             Lookup::Running(run) => run,
         };
@@ -828,13 +866,15 @@ impl Daemon {
                 },
             )
             .await
-            .ok()
-            .and_then(|v| v.get("status").cloned());
-        Ok(json!({"script_id": r.script_id, "state": state.unwrap_or(json!("cancelled"))}))
+            .map(|res| res.status);
+        Ok(ScriptState {
+            script_id: r.script_id,
+            state: state.unwrap_or(Status::Cancelled),
+        })
     }
 
     /// `run.revoke`: refuse further starts and calls of the run, cancel its scripts.
-    pub async fn revoke(&self, token_str: &str) -> Result<Value, RpcError> {
+    pub async fn revoke(&self, token_str: &str) -> Result<Revoked, RpcError> {
         let claims = token::verify(token_str, &self.key, false)?;
         self.revoked.write().unwrap().insert(claims.run_id.clone());
         self.store
@@ -853,7 +893,10 @@ impl Daemon {
             let _ =
                 tokio::time::timeout(Duration::from_secs(30), rx.wait_for(Option::is_some)).await;
         }
-        Ok(json!({"run_id": claims.run_id, "cancelled": targets.len()}))
+        Ok(Revoked {
+            run_id: claims.run_id,
+            cancelled: targets.len(),
+        })
     }
 
     /// A connection closed: its scripts lose their engine and are cancelled.
@@ -879,19 +922,18 @@ impl Daemon {
     }
 
     /// Running scripts, for `scriptgate ps` (admin).
-    pub fn list_running(&self) -> Vec<Value> {
+    pub fn list_running(&self) -> Vec<ListedScript> {
         let now = Instant::now();
         self.registry
             .all_running()
             .into_iter()
-            .map(|(id, r)| {
-                let mut v = status_value(&id, &r);
-                v["run_id"] = json!(r.run_id);
-                v["peer_uid"] = json!(r.peer_uid);
-                v["uid"] = json!(r.run_uid);
-                v["unit"] = json!(r.unit);
-                v["age_ms"] = json!(now.duration_since(r.started).as_millis() as u64);
-                v
+            .map(|(id, r)| ListedScript {
+                status: status_of(&id, &r),
+                run_id: r.run_id.clone(),
+                peer_uid: r.peer_uid,
+                uid: r.run_uid,
+                unit: r.unit.clone(),
+                age_ms: now.duration_since(r.started).as_millis() as u64,
             })
             .collect()
     }
@@ -927,16 +969,18 @@ struct Job {
 }
 
 fn approval_error(reason: &str, message: &str) -> RpcError {
-    RpcError::with_data(code::APPROVAL, message, json!({"reason": reason}))
+    RpcError::with_reason(code::APPROVAL, message, reason)
 }
 
-fn status_value(script_id: &str, r: &Running) -> Value {
-    json!({
-        "script_id": script_id, "state": "running",
-        "calls": r.live.calls.load(Ordering::Relaxed), "failures": r.live.failures.load(Ordering::Relaxed),
-        "elapsed_ms": r.started.elapsed().as_millis() as u64,
-        "progress": *r.live.progress.lock().unwrap(),
-    })
+fn status_of(script_id: &str, r: &Running) -> ScriptStatus {
+    ScriptStatus {
+        script_id: script_id.to_string(),
+        state: Status::Running,
+        calls: r.live.calls.load(Ordering::Relaxed),
+        failures: r.live.failures.load(Ordering::Relaxed),
+        elapsed_ms: r.started.elapsed().as_millis() as u64,
+        progress: r.live.progress.lock().unwrap().clone(),
+    }
 }
 
 /// `script.progress`: the first as soon as something changed, then at most one per
@@ -949,7 +993,7 @@ async fn progress_ticker(script_id: String, engine: Arc<dyn EngineLink>, run: Ar
             tokio::time::sleep_until(t + Duration::from_secs(1)).await;
         }
         if run.live.dirty.swap(false, Ordering::Relaxed) {
-            engine.notify("script.progress", status_value(&script_id, &run));
+            engine.send(Notification::ScriptProgress(status_of(&script_id, &run)));
             last = Some(tokio::time::Instant::now());
         }
     }

@@ -3,7 +3,6 @@
 //! in-process engine over MCP servers (`scriptgate run`).
 
 use crate::protocol::{ApprovalRequest, Notification, ToolCall, ToolResult};
-use serde_json::Value;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -24,9 +23,7 @@ pub enum LinkError {
     Timeout,
 }
 
-/// What the daemon needs of an engine. Implementations are typed; `approval` and
-/// `notify` take the params as JSON for callers that still build them so (they
-/// are parsed into the typed messages, which is the shape the wire carries).
+/// What the daemon needs of an engine, in the typed messages the wire carries.
 pub trait EngineLink: Send + Sync {
     /// Identifies the connection; scripts are visible to the connection that started them.
     fn id(&self) -> u64;
@@ -40,26 +37,4 @@ pub trait EngineLink: Send + Sync {
     ) -> BoxFuture<'_, Result<bool, LinkError>>;
     /// Send a notification (`script.progress`, `script.finished`); best effort.
     fn send(&self, notification: Notification);
-
-    /// `approval_request` with JSON params.
-    fn approval(
-        &self,
-        params: Value,
-        timeout: std::time::Duration,
-    ) -> BoxFuture<'_, Result<bool, LinkError>> {
-        match serde_json::from_value::<ApprovalRequest>(params) {
-            Ok(p) => self.approval_request(p, timeout),
-            Err(e) => Box::pin(std::future::ready(Err(LinkError::Malformed(format!(
-                "approval.request params: {e}"
-            ))))),
-        }
-    }
-
-    /// `send` with the method and JSON params.
-    fn notify(&self, method: &str, params: Value) {
-        match Notification::parse(method, params) {
-            Ok(n) => self.send(n),
-            Err(e) => tracing::error!("not sent: a malformed notification {e}"),
-        }
-    }
 }

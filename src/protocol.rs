@@ -1097,7 +1097,8 @@ mod tests {
                 .map(|_| ())
                 .map_err(|e| e.to_string())
         }
-        let checks: &[(&str, fn(&str) -> Result<(), String>)] = &[
+        type Check = fn(&str) -> Result<(), String>;
+        let checks: &[(&str, Check)] = &[
             ("RpcError", check::<RpcError>),
             ("StartParams", check::<StartParams>),
             ("ScriptRef", check::<ScriptRef>),

@@ -273,20 +273,22 @@ impl Engine {
         match EngineRequest::parse(method, params)? {
             EngineRequest::ScriptStart(sp) => {
                 let link: Arc<dyn EngineLink> = conn.clone();
-                d.start(self.peer, link, sp).await
+                to_value(d.start(self.peer, link, sp).await?)
             }
-            EngineRequest::ScriptWait(r) => d.wait(who, r).await,
-            EngineRequest::ScriptStatus(r) => d.status(who, r),
-            EngineRequest::ScriptCancel(r) => d.cancel(who, r, "cancelled by the engine").await,
-            EngineRequest::RunRevoke(t) => d.revoke(&t.token).await,
-            EngineRequest::RunDescribe(t) => d.describe(&t.token),
-            EngineRequest::DaemonInfo => Ok(d.info()),
+            EngineRequest::ScriptWait(r) => to_value(d.wait(who, r).await?),
+            EngineRequest::ScriptStatus(r) => to_value(d.status(who, r)?),
+            EngineRequest::ScriptCancel(r) => {
+                to_value(d.cancel(who, r, "cancelled by the engine").await?)
+            }
+            EngineRequest::RunRevoke(t) => to_value(d.revoke(&t.token).await?),
+            EngineRequest::RunDescribe(t) => to_value(d.describe(&t.token)?),
+            EngineRequest::DaemonInfo => to_value(d.info()),
             EngineRequest::AdminList => to_value(protocol::AdminList {
                 scripts: d.list_running(),
             }),
             EngineRequest::AdminCancel(r) => {
                 let why = format!("cancelled by an administrator (uid {})", self.peer.uid);
-                d.cancel(Access::Admin, r, &why).await
+                to_value(d.cancel(Access::Admin, r, &why).await?)
             }
         }
     }

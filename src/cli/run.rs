@@ -598,13 +598,10 @@ async fn run_embedded(
         .start(me, link, params)
         .await
         .map_err(|e| Failure::refused(&e))?;
-    let started: Started =
-        serde_json::from_value(started).map_err(|e| Failure::setup(format!("start: {e}")))?;
-    let r = daemon
+    daemon
         .wait(Access::Conn(1), script_ref(started.script_id))
         .await
-        .map_err(|e| Failure::setup(e.message))?;
-    serde_json::from_value(r).map_err(|e| Failure::setup(format!("result: {e}")))
+        .map_err(|e| Failure::setup(e.message))
 }
 
 fn script_ref(script_id: String) -> ScriptRef {
