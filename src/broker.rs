@@ -190,7 +190,22 @@ impl Broker {
                     && skip_line(&mut ch.reader).await.is_ok()
             }
             Ok(Line::Data) => {
-                let cost = (ch.buf.len() + REQUEST_OVERHEAD).min(self.max_line + REQUEST_OVERHEAD);
+                // What the request will hold once parsed, not only its bytes: the
+                // budget bounds the daemon's memory, and a request that alone
+                // would exceed it is refused unparsed.
+                let cost = crate::framing::parse_cost(&ch.buf) + REQUEST_OVERHEAD;
+                if cost > self.max_line + REQUEST_OVERHEAD {
+                    let reply = bad_request_reply(BadRequest {
+                        id: crate::protocol::script::request_id(&ch.buf),
+                        code: "invalid_request",
+                        message: format!(
+                            "request too large once parsed (about {cost} bytes for a {}-byte line; the limit is {}): send fewer or larger values per call",
+                            ch.buf.len(),
+                            self.max_line
+                        ),
+                    });
+                    return ch.replies.send(reply.line()).await.is_ok();
+                }
                 let Ok(permit) = ch.budget.clone().acquire_many_owned(cost as u32).await else {
                     return false;
                 };

@@ -136,6 +136,36 @@ pub async fn read_line_limited<R: AsyncBufRead + Unpin>(
     }
 }
 
+/// What parsing `line` into a `serde_json::Value` may allocate, at most about:
+/// its bytes, plus a map or vector per object and array and a `Value` slot per
+/// element, counted outside strings. Small objects cost a parser some 100
+/// bytes per input byte (`{"":0}` is one 632-byte map node), so a bound on a
+/// line's bytes alone does not bound its parsed size; this does. Pure, O(n).
+pub fn parse_cost(line: &[u8]) -> usize {
+    const CONTAINER: usize = 640;
+    const ELEMENT: usize = 48;
+    let (mut containers, mut elements) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in line {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => containers += 1,
+            b',' | b':' => elements += 1,
+            _ => {}
+        }
+    }
+    line.len() + containers * CONTAINER + (elements + containers) * ELEMENT
+}
+
 /// After `Line::TooLong`: drop the rest of that line.
 pub async fn skip_line<R: AsyncBufRead + Unpin>(r: &mut R) -> std::io::Result<()> {
     loop {
@@ -155,6 +185,25 @@ pub async fn skip_line<R: AsyncBufRead + Unpin>(r: &mut R) -> std::io::Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parse_cost_counts_containers_outside_strings() {
+        assert_eq!(parse_cost(b"\"{[{[\""), 6, "brackets in a string are text");
+        assert_eq!(
+            parse_cost(br#""a\"{""#),
+            6,
+            "an escaped quote does not end the string"
+        );
+        let small = parse_cost(br#"{"":0}"#);
+        assert!(small >= 632, "one map node: {small}");
+        let many = format!("[{}]", vec![r#"{"":0}"#; 10_000].join(","));
+        assert!(parse_cost(many.as_bytes()) > 10_000 * 632);
+        let text = format!(r#"{{"s": "{}"}}"#, "x".repeat(1 << 20));
+        assert!(
+            parse_cost(text.as_bytes()) < (1 << 20) + 2048,
+            "a long string costs its bytes"
+        );
+    }
     use tokio::io::BufReader;
 
     #[tokio::test]

@@ -1060,7 +1060,7 @@ mod tests {
         let Ok(Request::Call { tool, .. }) = parse_request(&line) else {
             panic!()
         };
-        assert_eq!(tool, format!("{}…", &long[..MAX_NAME_BYTES]));
+        assert_eq!(tool, format!("{} …", &long[..MAX_NAME_BYTES]));
         let many = json!({"id": 2, "op": "call_many", "tool": "t", "args_list": vec![json!({}); MAX_BATCH + 1]});
         let e = parse_request(&serde_json::to_vec(&many).unwrap()).unwrap_err();
         assert_eq!((e.id, e.code), (2.into(), "invalid_arguments"));

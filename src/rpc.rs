@@ -10,7 +10,7 @@
 //! (`protocol`) gives them their types.
 
 use crate::engine::BoxFuture;
-use crate::framing::{read_line, read_line_limited, Line, LineLimits, FREE_LINE_BYTES};
+use crate::framing::{parse_cost, read_line, read_line_limited, Line, LineLimits, FREE_LINE_BYTES};
 use crate::protocol::{self, code, Incoming, RpcError};
 use serde::Serialize;
 use serde_json::Value;
@@ -48,6 +48,15 @@ pub enum CallError {
 }
 
 /// How the incoming side is bounded, and what bad lines get.
+/// A strict peer's line may parse to at most this many times `max_line` bytes,
+/// and at least to `MIN_PARSE_COST`.
+pub const MAX_PARSE_COST_PER_LINE_BYTE: usize = 4;
+pub const MIN_PARSE_COST: usize = 16 << 20;
+
+fn max_parse_cost(max_line: usize) -> usize {
+    (MAX_PARSE_COST_PER_LINE_BYTE * max_line).max(MIN_PARSE_COST)
+}
+
 pub struct Bounds {
     /// The longest line read; a longer one ends the connection.
     pub max_line: usize,
@@ -256,6 +265,18 @@ impl Peer {
                     break;
                 }
                 Ok(Line::Data) if buf.iter().all(u8::is_ascii_whitespace) => {}
+                // A hostile peer's line is bounded in what it parses to, too: a
+                // line of tiny objects parses to ~100 times its size.
+                Ok(Line::Data)
+                    if strict.is_some() && parse_cost(&buf) > max_parse_cost(bounds.max_line) =>
+                {
+                    self.refuse_line(&format!(
+                        "message too large once parsed (about {} bytes; at most {}); closing the connection",
+                        parse_cost(&buf),
+                        max_parse_cost(bounds.max_line)
+                    ));
+                    break;
+                }
                 Ok(Line::Data) => {
                     if !self
                         .incoming(&buf, strict.is_some(), &outstanding, &handler)

@@ -589,3 +589,47 @@ fn workspaces_are_refused_when_they_are_a_root_a_symlink_or_climb_out() {
         assert_eq!(err["data"]["field"], "workspace");
     }
 }
+
+#[test]
+fn a_request_of_tiny_objects_is_bounded_by_what_it_parses_to() {
+    let rig = Rig::new();
+    let before = warm_peak(&rig);
+    // 4 MiB of `{"":0}`: within the line limit, but ~500 MB once parsed.
+    let code = r#"
+import agent_tools
+r = agent_tools._channel().request(
+    {"op": "call", "tool": "fleet__get_device_status", "args": {"sn": [{"": 0}] * 600_000}})
+print(r["error"]["code"], r["error"]["message"][:29])
+"#;
+    let e = rig.engine();
+    let r = e.run(&rig.token(&rig.snapshot("auto")), code, &[]);
+    assert_eq!(
+        r["output"], "invalid_request request too large once parsed\n",
+        "{r}"
+    );
+    assert!(e.calls_seen().is_empty());
+    assert_bounded(&rig, before, "a 4 MiB request of tiny objects");
+}
+
+#[test]
+fn an_engine_line_of_tiny_objects_is_refused_unparsed() {
+    let rig = Rig::with_config("[server]\nmax_message_bytes = 1048576\n");
+    let before = warm_peak(&rig);
+    let mut s = UnixStream::connect(&rig.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let params = vec![r#"{"":0}"#; 120_000].join(",");
+    let line = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"daemon.info\",\"params\":[{params}]}}\n"
+    );
+    assert!(line.len() < 1 << 20);
+    s.write_all(line.as_bytes()).unwrap();
+    let mut answer = String::new();
+    BufReader::new(&s).read_line(&mut answer).unwrap();
+    let msg: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(msg["error"]["code"], -32600, "{msg}");
+    assert!(msg["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("too large once parsed"));
+    assert_bounded(&rig, before, "an engine line of tiny objects");
+}

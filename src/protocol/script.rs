@@ -123,6 +123,30 @@ impl BadRequest {
     }
 }
 
+/// The mark of a clipped name: it starts with a space, which no snapshot tool
+/// name may hold, so a clipped name can match no tool, whatever its length.
+pub const CLIPPED_NAME_MARK: &str = " …";
+
+/// A tool name the script sent: whole when it fits in `MAX_NAME_BYTES`, else
+/// cut at a character boundary and marked with `CLIPPED_NAME_MARK`.
+pub fn clip_name(s: &str) -> String {
+    if s.len() <= MAX_NAME_BYTES {
+        return s.to_string();
+    }
+    let mut end = MAX_NAME_BYTES;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{CLIPPED_NAME_MARK}", &s[..end])
+}
+
+fn name(v: &Value) -> String {
+    match v {
+        Value::String(s) => clip_name(s),
+        _ => String::new(),
+    }
+}
+
 fn text(v: &Value, max: usize) -> String {
     match v {
         Value::String(s) => clip(s, max),
@@ -130,9 +154,34 @@ fn text(v: &Value, max: usize) -> String {
     }
 }
 
+/// The `id` of a request line without parsing the rest of it (the other fields
+/// are skipped, not built): for answering a line that is refused unparsed. Only
+/// a number or a string is taken; anything else, or a malformed line, is null.
+pub fn request_id(line: &[u8]) -> Value {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Id {
+        Number(serde_json::Number),
+        Text(String),
+    }
+    #[derive(Deserialize)]
+    struct IdOnly {
+        id: Option<Id>,
+    }
+    match serde_json::from_slice::<IdOnly>(line) {
+        Ok(IdOnly {
+            id: Some(Id::Number(n)),
+        }) => Value::Number(n),
+        Ok(IdOnly {
+            id: Some(Id::Text(t)),
+        }) => Value::String(t),
+        _ => Value::Null,
+    }
+}
+
 /// Parse one fd-3 line. Pure and total: any bytes give a request or a
-/// `BadRequest`. Names are clipped to `MAX_NAME_BYTES` (plus a marker, so a
-/// clipped name matches no tool) and `call_many` takes at most `MAX_BATCH` items.
+/// `BadRequest`. Names are clipped to `MAX_NAME_BYTES` (plus a marker that no
+/// snapshot name can hold, so a clipped name matches no tool) and `call_many` takes at most `MAX_BATCH` items.
 pub fn parse_request(line: &[u8]) -> Result<Request, BadRequest> {
     let Ok(Value::Object(mut req)) = serde_json::from_slice::<Value>(line) else {
         return Err(BadRequest::new(
@@ -152,11 +201,11 @@ pub fn parse_request(line: &[u8]) -> Result<Request, BadRequest> {
     match wire {
         WireRequest::Call { tool, args } => Ok(Request::Call {
             id,
-            tool: text(&tool, MAX_NAME_BYTES),
+            tool: name(&tool),
             args,
         }),
         WireRequest::CallMany { tool, args_list } => {
-            let tool = text(&tool, MAX_NAME_BYTES);
+            let tool = name(&tool);
             match args_list {
                 Value::Array(a) if a.len() <= MAX_BATCH => Ok(Request::CallMany {
                     id,
@@ -285,4 +334,29 @@ pub struct CallLogLine {
 pub struct CallLogFull {
     pub ts: String,
     pub summary: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_id_skips_the_rest() {
+        assert_eq!(
+            request_id(br#"{"op": "call", "args": [1, {"a": 2}], "id": 7}"#),
+            7
+        );
+        assert_eq!(request_id(br#"{"id": "x", "op": "call"}"#), "x");
+        assert_eq!(request_id(br#"{"id": {"deep": 1}}"#), Value::Null);
+        assert_eq!(request_id(b"not json"), Value::Null);
+    }
+
+    #[test]
+    fn clipped_names_carry_a_mark_no_tool_name_holds() {
+        let sent = format!("{}\u{1F600}", "a".repeat(125));
+        let clipped = clip_name(&sent);
+        assert_eq!(clipped, format!("{} …", "a".repeat(125)));
+        assert!(clipped.contains(' '));
+        assert_eq!(clip_name("fleet__x"), "fleet__x");
+    }
 }
