@@ -6,7 +6,7 @@
 use crate::config::{Config, DEFAULT_PATH};
 use crate::daemon::Daemon;
 use clap::Parser;
-use std::os::fd::FromRawFd;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -62,9 +62,7 @@ pub fn main() -> ExitCode {
     let cloexec = crate::sys::cloexec_inherited_fds();
     let args = Args::parse();
     // 1. Before any thread exists: take (and unset) LISTEN_FDS / WATCHDOG_USEC.
-    let activated: Vec<i32> = sd_notify::listen_fds()
-        .map(|fds| fds.collect())
-        .unwrap_or_default();
+    let activated = crate::sys::activated_sockets();
     let mut watchdog_usec = 0u64;
     let watchdog = sd_notify::watchdog_enabled(true, &mut watchdog_usec);
     // 2. Config and key: any error stops us here, before a socket is created.
@@ -120,7 +118,7 @@ fn fail(e: &dyn std::fmt::Display) -> ExitCode {
 async fn run(
     cfg: Config,
     key: Vec<u8>,
-    activated: Vec<i32>,
+    activated: Vec<OwnedFd>,
     listen: Option<PathBuf>,
     watchdog_usec: Option<u64>,
 ) -> ExitCode {
@@ -135,11 +133,10 @@ async fn run(
     for r in &interrupted {
         crate::journal::script_finished(&r.result, r.runner.as_deref(), r.run_uid, None);
     }
-    let listener = match activated.first() {
-        Some(&fd) => {
-            // SAFETY: systemd passed this listening socket to us (LISTEN_FDS) and
-            // nothing else in the process owns it.
-            let std = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
+    let activated_empty = activated.is_empty();
+    let listener = match activated.into_iter().next() {
+        Some(fd) => {
+            let std = std::os::unix::net::UnixListener::from(fd);
             std.set_nonblocking(true)
                 .and_then(|()| tokio::net::UnixListener::from_std(std))
         }
@@ -237,7 +234,7 @@ async fn run(
     if let Some(w) = wd {
         w.abort();
     }
-    if let Some(p) = listen.filter(|_| activated.is_empty()) {
+    if let Some(p) = listen.filter(|_| activated_empty) {
         let _ = std::fs::remove_file(p);
     }
     code
@@ -246,7 +243,7 @@ async fn run(
 /// Bind `--listen PATH`: refuse if a live daemon answers there, replace a stale
 /// socket, mode 0660 with the first allowed group when we can set it.
 fn bind(path: &Path, groups: &[String]) -> std::io::Result<tokio::net::UnixListener> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::os::unix::fs::FileTypeExt;
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
             return Err(std::io::Error::other(format!(
@@ -263,12 +260,12 @@ fn bind(path: &Path, groups: &[String]) -> std::io::Result<tokio::net::UnixListe
         std::fs::remove_file(path)?;
     }
     let l = tokio::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    crate::sys::chmod(path, 0o660)?;
     if let Some(g) = groups
         .iter()
         .find_map(|g| nix::unistd::Group::from_name(g).ok().flatten())
     {
-        let _ = nix::unistd::chown(path, None, Some(g.gid));
+        let _ = crate::sys::chown(path, None, Some(g.gid.as_raw()));
     }
     Ok(l)
 }

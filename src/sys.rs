@@ -676,3 +676,64 @@ pub fn give_pipe(fd: &impl std::os::fd::AsFd, to: Identity) -> io::Result<()> {
     )
     .map_err(io::Error::from)
 }
+
+/// Change a path's permission bits (following a final symlink, as chmod(1) does;
+/// the callers name paths in directories only root or the daemon can write).
+pub fn chmod(path: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// Change a path's owner and/or group (None leaves that one as it is).
+pub fn chown(path: &Path, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+    nix::unistd::chown(path, uid.map(Uid::from_raw), gid.map(Gid::from_raw))
+        .map_err(io::Error::from)
+}
+
+/// A signal the daemon or the CLI sends to a process group it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupSignal {
+    Terminate,
+    Kill,
+}
+
+/// Send `sig` to the process group `pgid` (a child started with
+/// `process_group(0)`, whose pgid is its pid). ESRCH (the group is gone) is Ok.
+pub fn signal_group(pgid: i32, sig: GroupSignal) -> io::Result<()> {
+    use nix::sys::signal::{killpg, Signal};
+    if pgid <= 1 {
+        // killpg(0) would signal our own group and killpg(1) init's: never meant.
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let sig = match sig {
+        GroupSignal::Terminate => Signal::SIGTERM,
+        GroupSignal::Kill => Signal::SIGKILL,
+    };
+    match killpg(nix::unistd::Pid::from_raw(pgid), sig) {
+        Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// Whether `activated_sockets` has handed out the LISTEN_FDS descriptors.
+static ACTIVATION_TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Take the listening sockets systemd passed (LISTEN_FDS, unsetting the variables
+/// so no child sees them), as owned descriptors. Only the first call gets them:
+/// later calls return nothing, so no descriptor is ever owned twice. Call it
+/// before any thread exists (it reads and changes the environment).
+pub fn activated_sockets() -> Vec<OwnedFd> {
+    use std::sync::atomic::Ordering;
+    if ACTIVATION_TAKEN.swap(true, Ordering::SeqCst) {
+        return Vec::new();
+    }
+    let Ok(fds) = sd_notify::listen_fds() else {
+        return Vec::new();
+    };
+    fds.filter(|&fd| fstat(fd).is_ok())
+        // SAFETY: systemd passed these descriptors to this process (LISTEN_FDS,
+        // checked against LISTEN_PID by sd_notify), they are open (fstat above),
+        // and the flag above makes this the only place that ever takes them, once.
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+        .collect()
+}
