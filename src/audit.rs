@@ -190,10 +190,6 @@ impl Store {
         ))
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Run a write on the writer thread and wait for it.
     async fn write<T: Send + 'static>(
         &self,

@@ -691,6 +691,8 @@ pub fn chown(path: &Path, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> 
 }
 
 /// A signal the daemon or the CLI sends to a process group it started.
+// Used by mcp.rs's shutdown once its two killpg calls come here (issue 10 merge).
+#[allow(dead_code)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupSignal {
     Terminate,
@@ -699,6 +701,7 @@ pub enum GroupSignal {
 
 /// Send `sig` to the process group `pgid` (a child started with
 /// `process_group(0)`, whose pgid is its pid). ESRCH (the group is gone) is Ok.
+#[allow(dead_code)] // see GroupSignal
 pub fn signal_group(pgid: i32, sig: GroupSignal) -> io::Result<()> {
     use nix::sys::signal::{killpg, Signal};
     if pgid <= 1 {

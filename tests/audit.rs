@@ -275,7 +275,10 @@ fn retention_prunes_old_rows_at_start() {
     rig.stop(nix::sys::signal::Signal::SIGTERM);
     let day = 86_400_000i64;
     let c = db(&rig);
-    let now = scriptgate::audit::now_ms();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
     c.execute(
         "UPDATE scripts SET started_at = ?1, ended_at = ?1 WHERE script_id = ?2",
         rusqlite::params![now - 31 * day, old["script_id"].as_str().unwrap()],

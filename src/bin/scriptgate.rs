@@ -1,3 +1,3 @@
 fn main() -> std::process::ExitCode {
-    scriptgate::cli::main()
+    scriptgate::cli_main()
 }

@@ -1,3 +1,3 @@
 fn main() -> std::process::ExitCode {
-    scriptgate::service::main()
+    scriptgate::daemon_main()
 }
