@@ -62,9 +62,11 @@ pub fn main() -> ExitCode {
     let cloexec = crate::sys::cloexec_inherited_fds();
     let args = Args::parse();
     // 1. Before any thread exists: take (and unset) LISTEN_FDS / WATCHDOG_USEC.
-    let activated = crate::sys::activated_sockets();
-    let mut watchdog_usec = 0u64;
-    let watchdog = sd_notify::watchdog_enabled(true, &mut watchdog_usec);
+    let activated = match crate::sys::activated_sockets() {
+        Ok(fds) => fds,
+        Err(e) => return fail(&format!("socket activation: {e}")),
+    };
+    let watchdog = crate::sys::take_watchdog();
     // 2. Config and key: any error stops us here, before a socket is created.
     let (path, explicit) = match &args.config {
         Some(p) => (p.clone(), true),
@@ -103,7 +105,7 @@ pub fn main() -> ExitCode {
         key,
         activated,
         args.listen,
-        watchdog.then_some(watchdog_usec),
+        watchdog.map(|d| d.as_micros() as u64),
     ));
     // Scripts were interrupted and recorded; do not wait for stray blocking tasks.
     rt.shutdown_timeout(Duration::from_secs(1));
@@ -172,13 +174,10 @@ async fn run(
             "scriptgated ready (backend {backend}; {notes})"
         );
     }
-    let _ = sd_notify::notify(
-        false,
-        &[
-            sd_notify::NotifyState::Ready,
-            sd_notify::NotifyState::Status("0 scripts running"),
-        ],
-    );
+    let _ = sd_notify::notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status("0 scripts running"),
+    ]);
     let d3 = daemon.clone();
     let pruner = tokio::spawn(async move {
         let days = d3.cfg.audit.retain_days;
@@ -202,7 +201,7 @@ async fn run(
         loop {
             d2.changed().await;
             let s = format!("{} scripts running", d2.running_count());
-            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&s)]);
+            let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&s)]);
         }
     });
     let wd = watchdog_usec.map(|usec| {
@@ -210,7 +209,7 @@ async fn run(
             let mut t = tokio::time::interval(Duration::from_micros(usec / 2));
             loop {
                 t.tick().await;
-                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
             }
         })
     });
@@ -226,7 +225,7 @@ async fn run(
         _ = term.recv() => { tracing::info!("SIGTERM: stopping"); ExitCode::SUCCESS }
         _ = int.recv() => { tracing::info!("SIGINT: stopping"); ExitCode::SUCCESS }
     };
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     daemon.interrupt_all(Duration::from_secs(10)).await;
     daemon.flush_refusals().await;
     status.abort();
