@@ -285,11 +285,9 @@ print(json.dumps(out))
 }
 
 #[test]
+#[ignore = "needs root (cargo test -- --include-ignored, as root)"]
 fn script_is_never_root_and_runs_as_run_as_for_root_peers() {
-    if !is_root() {
-        eprintln!("skipped: needs root to connect as root");
-        return;
-    }
+    require_root("connects as root");
     let rig = Rig::new();
     let (_, out) = run_json(
         &rig,
