@@ -324,19 +324,35 @@ pub fn read_key_file(path: &Path) -> Result<Vec<u8>, ConfigError> {
 mod tests {
     use super::*;
 
+    /// The shipped `packaging/scriptgate.toml` shows defaults ("every key is
+    /// optional"): read with it or with an empty file, the daemon is configured the
+    /// same. The numbers are compared with the code's, not copied from it.
     #[test]
-    fn empty_file_gives_documented_defaults() {
-        let c = Config::parse("", Path::new("x.toml")).unwrap();
-        assert_eq!(c.server.max_message_bytes, 16777216);
-        assert_eq!(c.server.max_running, 64);
-        assert_eq!(c.scripts.max_calls, 2000);
-        assert_eq!(c.scripts.max_concurrency, 4);
-        assert_eq!(c.scripts.timeout_s, 1800);
-        assert_eq!(c.scripts.memory_max_bytes, 1073741824);
-        assert_eq!(c.scripts.return_max_chars, 20000);
-        assert_eq!(c.sandbox.run_as, "nobody");
-        assert_eq!(c.auth.allowed_groups, vec!["scriptgate"]);
-        assert_eq!(c.audit.retain_days, 90);
+    fn the_shipped_config_shows_the_defaults() {
+        let shipped = include_str!("../packaging/scriptgate.toml");
+        let c = Config::parse(shipped, Path::new("packaging/scriptgate.toml")).unwrap();
+        let empty = Config::parse("", Path::new("x.toml")).unwrap();
+        assert_eq!(format!("{c:?}"), format!("{empty:?}"));
+        assert_eq!(
+            format!("{:?}", empty.scripts),
+            format!("{:?}", Scripts::default())
+        );
+    }
+
+    /// scriptgate.toml(5) shows every key with its default in one `.nf` block:
+    /// that block is a config file, and it configures exactly what an empty one
+    /// does, so the page cannot drift from the code.
+    #[test]
+    fn the_man_page_shows_the_defaults() {
+        let page = include_str!("../man/scriptgate.toml.5");
+        let block = page
+            .split(".nf\n")
+            .nth(1)
+            .and_then(|b| b.split("\n.fi").next())
+            .expect("the .nf block of scriptgate.toml(5)");
+        let documented = Config::parse(block, Path::new("scriptgate.toml.5")).unwrap();
+        let empty = Config::parse("", Path::new("x.toml")).unwrap();
+        assert_eq!(format!("{documented:?}"), format!("{empty:?}"));
     }
 
     #[test]

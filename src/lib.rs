@@ -2,13 +2,13 @@
 //! their tool calls back to the engine under a signed authorization snapshot.
 
 pub(crate) mod audit;
-pub(crate) mod broker;
+pub mod broker;
 // Dead code the crate-private modules revealed, in files of other branches of
 // issue 10 (the merge removes it, then these allows): `cli::run` `server_pids`
 // and the `json` field, `mcp` `pid`, `limits::systemd` `stop`.
 #[allow(dead_code)]
 pub(crate) mod cli;
-pub(crate) mod config;
+pub mod config;
 pub(crate) mod daemon;
 pub(crate) mod describe;
 pub(crate) mod engine;
@@ -19,10 +19,10 @@ pub(crate) mod limits;
 #[allow(dead_code)]
 pub(crate) mod mcp;
 pub(crate) mod policy;
-pub(crate) mod protocol;
+pub mod protocol;
 pub mod ratelimit;
 pub(crate) mod runner;
-pub(crate) mod sandbox;
+pub mod sandbox;
 pub(crate) mod seccomp;
 pub(crate) mod server;
 pub(crate) mod service;

@@ -75,7 +75,7 @@ fn every_ending_leaves_a_complete_row() {
     assert_eq!(r["description"], "test script");
     assert!(r["code"].as_str().unwrap().contains("print('fine')"));
     assert_eq!(r["approval"], "not_needed");
-    assert_eq!(r["backend"], "rlimit");
+    assert_eq!(r["backend"], RIG_BACKEND);
     assert_eq!(
         (
             r["calls"].as_u64(),
@@ -338,7 +338,7 @@ fn admin_cli_tables_and_json() {
     let t = out(&o);
     assert!(
         t.contains("daemon   running at")
-            && t.contains("backend  rlimit")
+            && t.contains(&format!("backend  {RIG_BACKEND}"))
             && t.contains("running  1 of 64"),
         "{t}"
     );

@@ -600,7 +600,10 @@ fn run_through_a_daemon_socket() {
 #[test]
 fn progress_goes_to_stderr_as_lines_and_servers_are_shut_down() {
     let c = Cli::new();
-    let o = c.run("import agent_tools as t, time\nt.progress(3, 10, 'warming up')\nprint('ok')\n", &[]);
+    let o = c.run(
+        "import agent_tools as t, time\nt.progress(3, 10, 'warming up')\nprint('ok')\n",
+        &[],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(
         stdout(&o).lines().last(),

@@ -50,8 +50,11 @@ fn malformed_json_unknown_methods_and_bad_params_keep_the_connection() {
     let m = next(&mut r);
     assert_eq!(m["id"], 9);
     assert_eq!(m["result"]["protocol"], 1);
-    assert_eq!(m["result"]["backend"], "rlimit");
-    assert_eq!(m["result"]["limits"]["max_calls"], 2000);
+    assert_eq!(m["result"]["backend"], RIG_BACKEND);
+    // The rig sets no [scripts]: the daemon reports the built-in defaults.
+    let d = scriptgate::config::Scripts::default();
+    assert_eq!(m["result"]["limits"]["max_calls"], d.max_calls);
+    assert_eq!(m["result"]["limits"]["timeout_s"], d.timeout_s);
 }
 
 #[test]
