@@ -343,7 +343,16 @@ fn admin_cli_tables_and_json() {
         "{t}"
     );
     assert!(
-        t.contains("max_calls 2000, max_concurrency 4, timeout_s 1800, memory 1024 MiB"),
+        t.contains(&{
+            let d = scriptgate::config::Scripts::default();
+            format!(
+                "max_calls {}, max_concurrency {}, timeout_s {}, memory {} MiB",
+                d.max_calls,
+                d.max_concurrency,
+                d.timeout_s,
+                d.memory_max_bytes >> 20
+            )
+        }),
         "{t}"
     );
     let j: Value = serde_json::from_slice(&admin(&rig, &["status", "--json"]).stdout).unwrap();

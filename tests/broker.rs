@@ -239,9 +239,10 @@ fn long_output_is_truncated_in_the_result_but_complete_on_disk() {
     let r = e.run(&rig.token(&rig.snapshot("auto")), code, &[]);
     assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(r["output_truncated"], true);
-    assert_eq!(r["output"].as_str().unwrap().chars().count(), 20000);
+    let max = scriptgate::config::Scripts::default().return_max_chars;
+    assert_eq!(r["output"].as_str().unwrap().chars().count(), max);
     let text = r["text"].as_str().unwrap();
-    assert!(text.contains("[output truncated to return_max_chars = 20000 characters; all of it is in .agent/scripts/"), "{}", &text[text.len() - 300..]);
+    assert!(text.contains(&format!("[output truncated to return_max_chars = {max} characters; all of it is in .agent/scripts/")), "{}", &text[text.len() - 300..]);
     let full = std::fs::read_to_string(
         rig.details(r["script_id"].as_str().unwrap())
             .join("output.txt"),

@@ -327,12 +327,14 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
         assert_eq!(
             rig.sh_ok(&format!("systemctl show -p TasksMax --value {unit}"))
                 .trim(),
-            "256"
+            scriptgate::config::Scripts::default().tasks_max.to_string()
         );
         assert_eq!(
             rig.sh_ok(&format!("systemctl show -p MemoryMax --value {unit}"))
                 .trim(),
-            "1073741824"
+            scriptgate::config::Scripts::default()
+                .memory_max_bytes
+                .to_string()
         );
         let status_text = rig.sh_ok("systemctl show -p StatusText --value scriptgate.service");
         assert!(status_text.contains("1 scripts running"), "{status_text}");
