@@ -33,3 +33,33 @@ pub mod token;
 pub use cli::main as cli_main;
 /// `scriptgated`'s entry point (`src/bin/scriptgated.rs` is a one-line shim).
 pub use service::main as daemon_main;
+
+/// Golden files: output that is a contract (the run_script description, bwrap's
+/// argv) compared with a reviewed copy under `tests/fixtures/`.
+#[cfg(test)]
+pub(crate) mod golden {
+    /// Compare `actual` with `tests/fixtures/<name>`. With
+    /// `SCRIPTGATE_UPDATE_GOLDEN=1`, write it instead (then review the diff).
+    pub fn check(name: &str, actual: &str) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        if std::env::var_os("SCRIPTGATE_UPDATE_GOLDEN").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, actual).unwrap();
+            return;
+        }
+        let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (SCRIPTGATE_UPDATE_GOLDEN=1 cargo test --lib writes it)",
+                path.display()
+            )
+        });
+        assert!(
+            actual == expected,
+            "{} differs from the output; if the change is meant, rewrite it with \
+             SCRIPTGATE_UPDATE_GOLDEN=1 cargo test --lib and review the diff.\n--- expected\n{expected}\n--- actual\n{actual}",
+            path.display()
+        );
+    }
+}

@@ -515,4 +515,14 @@ mod tests {
             .collect();
         assert!(has(&a, &["--ro-bind", "/opt/py", "/opt/py"]));
     }
+
+    /// bwrap's whole argv for a fake host, one argument per line (Rust-quoted, so
+    /// the embedded init program stays on one line): every flag and mount, and
+    /// their order, is reviewed as a diff of `tests/fixtures/bwrap-argv*.txt`.
+    #[test]
+    fn argv_matches_the_golden_files() {
+        let lines = |a: Vec<String>| a.iter().map(|s| format!("{s:?}\n")).collect::<String>();
+        crate::golden::check("bwrap-argv.txt", &lines(argv(false)));
+        crate::golden::check("bwrap-argv-read-only.txt", &lines(argv(true)));
+    }
 }
