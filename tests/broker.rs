@@ -82,6 +82,16 @@ fn the_500_device_fleet_summary() {
         .iter()
         .any(|(p, _)| p["progress"]["total"] == 500
             && p["progress"]["message"] == "querying devices"));
+    // The script reports after every batch; the engine gets the first at once, then
+    // at most one a second, and the final state: never more than the run's whole
+    // seconds allow (checked against the run's own duration, not a guess).
+    let secs = r["duration_ms"].as_u64().unwrap() / 1000;
+    assert!(
+        progress.len() >= 2 && progress.len() as u64 <= secs + 2,
+        "{} progress notifications in {} ms",
+        progress.len(),
+        r["duration_ms"]
+    );
     // (The last may follow closely: the final state always goes out before the end.)
     for w in progress[..progress.len() - 1].windows(2) {
         assert!(
@@ -281,6 +291,7 @@ agent_tools.call("fleet__list_devices", {})
 agent_tools.progress(1, 3, "one down")
 time.sleep(30)
 "#;
+    let t0 = std::time::Instant::now();
     let id = e
         .start(&rig.token(&rig.snapshot("auto")), code, &[])
         .unwrap();
@@ -305,7 +316,13 @@ time.sleep(30)
         s["progress"],
         json!({"done": 1, "total": 3, "message": "one down"})
     );
-    assert!(s["elapsed_ms"].as_u64().is_some());
+    // Elapsed since the start: not more than this test has waited since asking.
+    let elapsed = s["elapsed_ms"].as_u64().unwrap();
+    assert!(
+        elapsed > 0 && elapsed <= t0.elapsed().as_millis() as u64,
+        "elapsed_ms {elapsed} > {} ms since the start request",
+        t0.elapsed().as_millis()
+    );
     let w = e
         .request("script.wait", json!({"script_id": id, "timeout_s": 0.2}))
         .unwrap_err();
