@@ -9,6 +9,7 @@ use clap::Parser;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser, Debug)]
@@ -117,6 +118,9 @@ fn fail(e: &dyn std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// The daemon's life, in order: state (which completes what a killed daemon left
+/// running), the socket, capabilities dropped, ready, the housekeeping tasks,
+/// serving until a signal or idle exit, then interrupting what still runs.
 async fn run(
     cfg: Config,
     key: Vec<u8>,
@@ -124,8 +128,10 @@ async fn run(
     listen: Option<PathBuf>,
     watchdog_usec: Option<u64>,
 ) -> ExitCode {
-    let idle_exit = (!activated.is_empty() && cfg.server.idle_exit_s > 0)
+    let activated = activated.into_iter().next();
+    let idle_exit = (activated.is_some() && cfg.server.idle_exit_s > 0)
         .then(|| Duration::from_secs(cfg.server.idle_exit_s));
+    // 1. State first: a bad state dir or config stops us before any socket exists.
     let (daemon, interrupted) = match Daemon::new(cfg, key).await {
         Ok(d) => d,
         Err(e) => return fail(&e),
@@ -135,25 +141,56 @@ async fn run(
     for r in &interrupted {
         crate::journal::script_finished(&r.result, r.runner.as_deref(), r.run_uid, None);
     }
-    let activated_empty = activated.is_empty();
-    let listener = match activated.into_iter().next() {
-        Some(fd) => {
-            let std = std::os::unix::net::UnixListener::from(fd);
-            std.set_nonblocking(true)
-                .and_then(|()| tokio::net::UnixListener::from_std(std))
-        }
-        None => bind(
-            listen.as_deref().expect("checked above"),
-            &daemon.cfg.auth.allowed_groups,
-        ),
-    };
-    let listener = match listener {
+    // 2. The socket (systemd's, or our own --listen), still with every capability:
+    //    binding and chgrp may need them.
+    let bound = activated.is_none();
+    let listener = match listener(
+        activated,
+        listen.as_deref(),
+        &daemon.cfg.auth.allowed_groups,
+    ) {
         Ok(l) => l,
         Err(e) => return fail(&format!("listening socket: {e}")),
     };
+    // 3. From here on only what scripts need.
     if let Err(e) = crate::sys::drop_daemon_capabilities() {
         tracing::warn!("could not drop capabilities: {e}");
     }
+    // 4. Ready: `systemctl start` returns now, and the status line begins.
+    announce_ready(&daemon);
+    let housekeeping = Housekeeping::start(&daemon, watchdog_usec);
+    // 5. Serve until a signal, idle exit or an accept error.
+    let code = serve_until_stopped(&daemon, listener, idle_exit).await;
+    // 6. Stop: running scripts are interrupted and recorded before we exit.
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    daemon.interrupt_all(Duration::from_secs(10)).await;
+    daemon.flush_refusals().await;
+    drop(housekeeping);
+    if let Some(p) = listen.filter(|_| bound) {
+        let _ = std::fs::remove_file(p);
+    }
+    code
+}
+
+/// The listening socket: the one systemd passed, or `--listen PATH` bound now.
+fn listener(
+    activated: Option<OwnedFd>,
+    listen: Option<&Path>,
+    groups: &[String],
+) -> std::io::Result<tokio::net::UnixListener> {
+    match activated {
+        Some(fd) => {
+            let std = std::os::unix::net::UnixListener::from(fd);
+            std.set_nonblocking(true)?;
+            tokio::net::UnixListener::from_std(std)
+        }
+        None => bind(listen.expect("main checked: a socket or --listen"), groups),
+    }
+}
+
+/// Log readiness with the backend (a warning when scripts of one uid share their
+/// limits), and tell systemd.
+fn announce_ready(daemon: &Daemon) {
     let notes = if daemon.backend.notes.is_empty() {
         "as configured".to_string()
     } else {
@@ -178,65 +215,79 @@ async fn run(
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Status("0 scripts running"),
     ]);
-    let d3 = daemon.clone();
-    let pruner = tokio::spawn(async move {
-        let days = d3.cfg.audit.retain_days;
-        if days == 0 {
-            return; // retain_days = 0 keeps everything
-        }
-        let mut t = tokio::time::interval(Duration::from_secs(3600));
-        loop {
-            t.tick().await;
-            match d3.store.prune(days).await {
-                Ok((0, 0)) => {}
-                Ok((s, r)) => tracing::info!(
-                    "audit retention ({days} days): pruned {s} scripts and {r} refusals"
-                ),
-                Err(e) => tracing::warn!("audit retention: {e}"),
+}
+
+/// The tasks that run beside the server: audit retention (at start, then hourly),
+/// the status line systemd shows, and the watchdog ping. Dropping it stops them.
+struct Housekeeping(Vec<tokio::task::JoinHandle<()>>);
+
+impl Housekeeping {
+    fn start(daemon: &Arc<Daemon>, watchdog_usec: Option<u64>) -> Housekeeping {
+        let mut tasks = Vec::new();
+        let d = daemon.clone();
+        tasks.push(tokio::spawn(async move {
+            let days = d.cfg.audit.retain_days;
+            if days == 0 {
+                return; // retain_days = 0 keeps everything
             }
-        }
-    });
-    let d2 = daemon.clone();
-    let status = tokio::spawn(async move {
-        loop {
-            d2.changed().await;
-            let s = format!("{} scripts running", d2.running_count());
-            let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&s)]);
-        }
-    });
-    let wd = watchdog_usec.map(|usec| {
-        tokio::spawn(async move {
-            let mut t = tokio::time::interval(Duration::from_micros(usec / 2));
+            let mut t = tokio::time::interval(Duration::from_secs(3600));
             loop {
                 t.tick().await;
-                let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                match d.store.prune(days).await {
+                    Ok((0, 0)) => {}
+                    Ok((s, r)) => tracing::info!(
+                        "audit retention ({days} days): pruned {s} scripts and {r} refusals"
+                    ),
+                    Err(e) => tracing::warn!("audit retention: {e}"),
+                }
             }
-        })
-    });
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .expect("SIGINT handler");
-    let code = tokio::select! {
+        }));
+        let d = daemon.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                d.changed().await;
+                let s = format!("{} scripts running", d.running_count());
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&s)]);
+            }
+        }));
+        if let Some(usec) = watchdog_usec {
+            tasks.push(tokio::spawn(async move {
+                let mut t = tokio::time::interval(Duration::from_micros(usec / 2));
+                loop {
+                    t.tick().await;
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+            }));
+        }
+        Housekeeping(tasks)
+    }
+}
+
+impl Drop for Housekeeping {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// Serve connections until SIGTERM, SIGINT, idle exit or an accept error.
+async fn serve_until_stopped(
+    daemon: &Arc<Daemon>,
+    listener: tokio::net::UnixListener,
+    idle_exit: Option<Duration>,
+) -> ExitCode {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
         r = crate::server::serve(daemon.clone(), listener, idle_exit) => match r {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&format!("accept: {e}")),
         },
         _ = term.recv() => { tracing::info!("SIGTERM: stopping"); ExitCode::SUCCESS }
         _ = int.recv() => { tracing::info!("SIGINT: stopping"); ExitCode::SUCCESS }
-    };
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-    daemon.interrupt_all(Duration::from_secs(10)).await;
-    daemon.flush_refusals().await;
-    status.abort();
-    pruner.abort();
-    if let Some(w) = wd {
-        w.abort();
     }
-    if let Some(p) = listen.filter(|_| activated_empty) {
-        let _ = std::fs::remove_file(p);
-    }
-    code
 }
 
 /// Bind `--listen PATH`: refuse if a live daemon answers there, replace a stale
