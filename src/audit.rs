@@ -190,10 +190,6 @@ impl Store {
         ))
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Run a write on the writer thread and wait for it.
     async fn write<T: Send + 'static>(
         &self,
@@ -328,12 +324,11 @@ impl Store {
 /// The store holds every script's code: readable by its owner and `reader_gid`
 /// (the admin group, for `scriptgate audit` while the daemon is down), nobody else.
 fn restrict_access(path: &Path, reader_gid: Option<u32>) {
-    use std::os::unix::fs::PermissionsExt;
     for suffix in ["", "-wal", "-shm"] {
         let p = PathBuf::from(format!("{}{suffix}", path.display()));
-        let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640));
+        let _ = crate::sys::chmod(&p, 0o640);
         if let Some(g) = reader_gid {
-            let _ = nix::unistd::chown(&p, None, Some(nix::unistd::Gid::from_raw(g)));
+            let _ = crate::sys::chown(&p, None, Some(g));
         }
     }
 }

@@ -265,14 +265,42 @@ impl Config {
     }
 }
 
+/// Read the key the way sudo-rs reads its policy (`secure_open`): open first, then
+/// judge the open file, so that nothing can be swapped in between the check and
+/// the read. `O_NOFOLLOW` refuses a symlink in the last component, `O_NONBLOCK`
+/// keeps a planted FIFO from hanging the open; the descriptor's own metadata
+/// (fstat) must then show a regular file owned by root or by us, with no
+/// permissions for others.
 pub fn read_key_file(path: &Path) -> Result<Vec<u8>, ConfigError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
     let err = |message: String| ConfigError::Key {
         path: path.to_path_buf(),
         message,
     };
-    let meta = std::fs::symlink_metadata(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    let not_regular = || err("not a regular file (symlinks are refused)".into());
+    let mut file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+    {
+        Ok(f) => f,
+        // O_NOFOLLOW on a symlink: ELOOP.
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(not_regular()),
+        Err(e) => return Err(err(format!("cannot read: {e}"))),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| err(format!("cannot read: {e}")))?;
     if !meta.file_type().is_file() {
-        return Err(err("not a regular file (symlinks are refused)".into()));
+        return Err(not_regular());
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(err(format!(
+            "owned by uid {}, who could change the key; chown it to root (or to uid {me}, who reads it)",
+            meta.uid()
+        )));
     }
     if meta.mode() & 0o007 != 0 {
         return Err(err(format!(
@@ -280,7 +308,9 @@ pub fn read_key_file(path: &Path) -> Result<Vec<u8>, ConfigError> {
             meta.mode() & 0o7777
         )));
     }
-    let key = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    let mut key = Vec::new();
+    file.read_to_end(&mut key)
+        .map_err(|e| err(format!("cannot read: {e}")))?;
     if key.len() < MIN_KEY_BYTES {
         return Err(err(format!(
             "{} bytes; a key needs at least {MIN_KEY_BYTES} random bytes (head -c 32 /dev/urandom > FILE)",
@@ -294,19 +324,35 @@ pub fn read_key_file(path: &Path) -> Result<Vec<u8>, ConfigError> {
 mod tests {
     use super::*;
 
+    /// The shipped `packaging/scriptgate.toml` shows defaults ("every key is
+    /// optional"): read with it or with an empty file, the daemon is configured the
+    /// same. The numbers are compared with the code's, not copied from it.
     #[test]
-    fn empty_file_gives_documented_defaults() {
-        let c = Config::parse("", Path::new("x.toml")).unwrap();
-        assert_eq!(c.server.max_message_bytes, 16777216);
-        assert_eq!(c.server.max_running, 64);
-        assert_eq!(c.scripts.max_calls, 2000);
-        assert_eq!(c.scripts.max_concurrency, 4);
-        assert_eq!(c.scripts.timeout_s, 1800);
-        assert_eq!(c.scripts.memory_max_bytes, 1073741824);
-        assert_eq!(c.scripts.return_max_chars, 20000);
-        assert_eq!(c.sandbox.run_as, "nobody");
-        assert_eq!(c.auth.allowed_groups, vec!["scriptgate"]);
-        assert_eq!(c.audit.retain_days, 90);
+    fn the_shipped_config_shows_the_defaults() {
+        let shipped = include_str!("../packaging/scriptgate.toml");
+        let c = Config::parse(shipped, Path::new("packaging/scriptgate.toml")).unwrap();
+        let empty = Config::parse("", Path::new("x.toml")).unwrap();
+        assert_eq!(format!("{c:?}"), format!("{empty:?}"));
+        assert_eq!(
+            format!("{:?}", empty.scripts),
+            format!("{:?}", Scripts::default())
+        );
+    }
+
+    /// scriptgate.toml(5) shows every key with its default in one `.nf` block:
+    /// that block is a config file, and it configures exactly what an empty one
+    /// does, so the page cannot drift from the code.
+    #[test]
+    fn the_man_page_shows_the_defaults() {
+        let page = include_str!("../man/scriptgate.toml.5");
+        let block = page
+            .split(".nf\n")
+            .nth(1)
+            .and_then(|b| b.split("\n.fi").next())
+            .expect("the .nf block of scriptgate.toml(5)");
+        let documented = Config::parse(block, Path::new("scriptgate.toml.5")).unwrap();
+        let empty = Config::parse("", Path::new("x.toml")).unwrap();
+        assert_eq!(format!("{documented:?}"), format!("{empty:?}"));
     }
 
     #[test]
@@ -343,5 +389,32 @@ mod tests {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(read_key_file(&p).unwrap_err().to_string().contains("chmod"));
         assert!(read_key_file(&d.path().join("missing")).is_err());
+    }
+
+    /// The key swapped for a symlink (to a file that would pass every check
+    /// itself) is refused: the open does not follow it.
+    #[test]
+    fn key_file_symlink_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().join("real");
+        std::fs::write(&real, [7u8; 32]).unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(read_key_file(&real).unwrap().len(), 32);
+        let link = d.path().join("k");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let e = read_key_file(&link).unwrap_err().to_string();
+        assert!(e.contains("symlinks are refused"), "{e}");
+        // Not a regular file at all: a FIFO does not hang the open.
+        let fifo = d.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let e = read_key_file(&fifo).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        // Owned by someone else (who could rewrite it): refused when we are root.
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(&real, Some(65534), None).unwrap();
+            let e = read_key_file(&real).unwrap_err().to_string();
+            assert!(e.contains("owned by uid 65534"), "{e}");
+        }
     }
 }

@@ -8,8 +8,6 @@
 //! slot, create the record, then make the broker and supervise the script.
 
 // The registry of running and finished scripts; only the daemon uses it.
-#[path = "registry.rs"]
-pub(crate) mod registry;
 
 use crate::audit::{now_ms, Refusal as RefusalRow, StartRow, Store};
 use crate::broker::{Broker, Live, RevokedRuns};
@@ -23,11 +21,11 @@ use crate::protocol::{
     StartParams, Started, Status,
 };
 use crate::ratelimit::{RefusalLimiter, Verdict};
+use crate::registry::{Registry, Slot};
 use crate::runner::{Launch, Stop};
 use crate::sandbox::SandboxSpec;
 use crate::sys::{resolve_run_as, ArtifactDir, Identity, Spawner, WorkspaceDir};
 use crate::token::{self, PermissionMode, RunClaims, RunRef, Signed};
-use registry::{Registry, Slot};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -182,11 +180,8 @@ impl Daemon {
         let module = runtime_dir.join("agent_tools.py");
         let tmp = runtime_dir.join(".agent_tools.py.new");
         std::fs::write(&tmp, AGENT_TOOLS_PY).map_err(io("write", &tmp))?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))
-            .map_err(io("chmod", &tmp))?;
-        std::fs::set_permissions(&runtime_dir, std::fs::Permissions::from_mode(0o755))
-            .map_err(io("chmod", &runtime_dir))?;
+        crate::sys::chmod(&tmp, 0o644).map_err(io("chmod", &tmp))?;
+        crate::sys::chmod(&runtime_dir, 0o755).map_err(io("chmod", &runtime_dir))?;
         std::fs::rename(&tmp, &module).map_err(io("rename", &module))?;
         let admin_gid = cfg
             .auth

@@ -208,4 +208,13 @@ mod tests {
         let ro = describe(&snap(true), &l, 20000);
         assert!(!ro.contains("fs__mkdir") && ro.contains("read-only"));
     }
+
+    /// The description is what the model reads: any change to it is reviewed as a
+    /// diff of `tests/fixtures/describe*.txt`.
+    #[test]
+    fn description_matches_the_golden_files() {
+        let l = Limits::effective(&Scripts::default(), &Default::default());
+        crate::golden::check("describe.txt", &describe(&snap(false), &l, 20000));
+        crate::golden::check("describe-read-only.txt", &describe(&snap(true), &l, 20000));
+    }
 }

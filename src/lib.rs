@@ -1,26 +1,67 @@
 //! scriptgate: run model-written Python scripts in a bubblewrap sandbox and broker
 //! their tool calls back to the engine under a signed authorization snapshot.
+//!
+//! Every `unsafe` block is in `sys`, the privileged seam.
+#![deny(unsafe_code)]
 
-pub mod audit;
+pub(crate) mod audit;
 pub mod broker;
-pub mod cli;
+pub(crate) mod cli;
 pub mod config;
-pub mod daemon;
-pub mod describe;
-pub mod engine;
-pub mod framing;
+pub(crate) mod daemon;
+pub(crate) mod describe;
+pub(crate) mod engine;
+pub(crate) mod framing;
 pub mod journal;
-pub mod limits;
-pub mod mcp;
-pub mod policy;
+pub(crate) mod limits;
+pub(crate) mod mcp;
+pub(crate) mod policy;
 pub mod protocol;
 pub mod ratelimit;
-pub mod rpc;
-pub mod runner;
+pub(crate) mod registry;
+pub(crate) mod rpc;
+pub(crate) mod runner;
 pub mod sandbox;
-pub mod seccomp;
-pub mod server;
-pub mod service;
-pub mod sys;
-pub mod time;
+pub(crate) mod seccomp;
+pub(crate) mod server;
+pub(crate) mod service;
+pub mod snapshot;
+#[allow(unsafe_code)]
+pub(crate) mod sys;
+pub(crate) mod time;
 pub mod token;
+
+/// `scriptgate`'s entry point (`src/bin/scriptgate.rs` is a one-line shim).
+pub use cli::main as cli_main;
+/// `scriptgated`'s entry point (`src/bin/scriptgated.rs` is a one-line shim).
+pub use service::main as daemon_main;
+
+/// Golden files: output that is a contract (the run_script description, bwrap's
+/// argv) compared with a reviewed copy under `tests/fixtures/`.
+#[cfg(test)]
+pub(crate) mod golden {
+    /// Compare `actual` with `tests/fixtures/<name>`. With
+    /// `SCRIPTGATE_UPDATE_GOLDEN=1`, write it instead (then review the diff).
+    pub fn check(name: &str, actual: &str) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        if std::env::var_os("SCRIPTGATE_UPDATE_GOLDEN").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, actual).unwrap();
+            return;
+        }
+        let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (SCRIPTGATE_UPDATE_GOLDEN=1 cargo test --lib writes it)",
+                path.display()
+            )
+        });
+        assert!(
+            actual == expected,
+            "{} differs from the output; if the change is meant, rewrite it with \
+             SCRIPTGATE_UPDATE_GOLDEN=1 cargo test --lib and review the diff.\n--- expected\n{expected}\n--- actual\n{actual}",
+            path.display()
+        );
+    }
+}

@@ -417,10 +417,7 @@ impl Server {
             .is_err()
         {
             if let Some(pg) = self.pgid {
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pg),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
+                let _ = crate::sys::signal_group(pg, crate::sys::GroupSignal::Terminate);
             }
             if tokio::time::timeout(Duration::from_secs(2), child.wait())
                 .await
@@ -431,15 +428,8 @@ impl Server {
             }
         }
         if let Some(pg) = self.pgid {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pg),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            let _ = crate::sys::signal_group(pg, crate::sys::GroupSignal::Kill);
         }
-    }
-
-    pub fn pid(&self) -> Option<i32> {
-        self.pgid
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::config::Scripts;
 use crate::protocol::{code, RpcError};
-use crate::token::snapshot::{
+use crate::snapshot::{
     missing_schema_error, PermissionMode, Snapshot, SnapshotLimits, ToolClass, ToolSpec,
 };
 use jsonschema::error::ValidationErrorKind;

@@ -183,6 +183,11 @@ fn push(args: &mut Vec<OsString>, items: &[&dyn AsRef<std::ffi::OsStr>]) {
 /// bwrap's argv (without the program name). The order matters: later mounts cover
 /// earlier ones, so the workspace comes after the system dirs and `.agent` is
 /// remounted read-only over the workspace last.
+///
+/// It is one long function on purpose (about 130 lines): the argv is one ordered
+/// list, read top to bottom as the sandbox's layout, and split into helpers the
+/// order that makes it safe would no longer be visible in one place. The golden
+/// file `tests/fixtures/bwrap-argv.txt` pins the whole of it.
 pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
     // Namespaces: all of them (no network, not even loopback to the host), and an
@@ -514,5 +519,15 @@ mod tests {
             .map(|s| s.into_string().unwrap())
             .collect();
         assert!(has(&a, &["--ro-bind", "/opt/py", "/opt/py"]));
+    }
+
+    /// bwrap's whole argv for a fake host, one argument per line (Rust-quoted, so
+    /// the embedded init program stays on one line): every flag and mount, and
+    /// their order, is reviewed as a diff of `tests/fixtures/bwrap-argv*.txt`.
+    #[test]
+    fn argv_matches_the_golden_files() {
+        let lines = |a: Vec<String>| a.iter().map(|s| format!("{s:?}\n")).collect::<String>();
+        crate::golden::check("bwrap-argv.txt", &lines(argv(false)));
+        crate::golden::check("bwrap-argv-read-only.txt", &lines(argv(true)));
     }
 }

@@ -6,9 +6,10 @@
 use crate::config::{Config, DEFAULT_PATH};
 use crate::daemon::Daemon;
 use clap::Parser;
-use std::os::fd::FromRawFd;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser, Debug)]
@@ -62,11 +63,11 @@ pub fn main() -> ExitCode {
     let cloexec = crate::sys::cloexec_inherited_fds();
     let args = Args::parse();
     // 1. Before any thread exists: take (and unset) LISTEN_FDS / WATCHDOG_USEC.
-    let activated: Vec<i32> = sd_notify::listen_fds()
-        .map(|fds| fds.collect())
-        .unwrap_or_default();
-    let mut watchdog_usec = 0u64;
-    let watchdog = sd_notify::watchdog_enabled(true, &mut watchdog_usec);
+    let activated = match crate::sys::activated_sockets() {
+        Ok(fds) => fds,
+        Err(e) => return fail(&format!("socket activation: {e}")),
+    };
+    let watchdog = crate::sys::take_watchdog();
     // 2. Config and key: any error stops us here, before a socket is created.
     let (path, explicit) = match &args.config {
         Some(p) => (p.clone(), true),
@@ -105,7 +106,7 @@ pub fn main() -> ExitCode {
         key,
         activated,
         args.listen,
-        watchdog.then_some(watchdog_usec),
+        watchdog.map(|d| d.as_micros() as u64),
     ));
     // Scripts were interrupted and recorded; do not wait for stray blocking tasks.
     rt.shutdown_timeout(Duration::from_secs(1));
@@ -117,15 +118,20 @@ fn fail(e: &dyn std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// The daemon's life, in order: state (which completes what a killed daemon left
+/// running), the socket, capabilities dropped, ready, the housekeeping tasks,
+/// serving until a signal or idle exit, then interrupting what still runs.
 async fn run(
     cfg: Config,
     key: Vec<u8>,
-    activated: Vec<i32>,
+    activated: Vec<OwnedFd>,
     listen: Option<PathBuf>,
     watchdog_usec: Option<u64>,
 ) -> ExitCode {
-    let idle_exit = (!activated.is_empty() && cfg.server.idle_exit_s > 0)
+    let activated = activated.into_iter().next();
+    let idle_exit = (activated.is_some() && cfg.server.idle_exit_s > 0)
         .then(|| Duration::from_secs(cfg.server.idle_exit_s));
+    // 1. State first: a bad state dir or config stops us before any socket exists.
     let (daemon, interrupted) = match Daemon::new(cfg, key).await {
         Ok(d) => d,
         Err(e) => return fail(&e),
@@ -135,26 +141,56 @@ async fn run(
     for r in &interrupted {
         crate::journal::script_finished(&r.result, r.runner.as_deref(), r.run_uid, None);
     }
-    let listener = match activated.first() {
-        Some(&fd) => {
-            // SAFETY: systemd passed this listening socket to us (LISTEN_FDS) and
-            // nothing else in the process owns it.
-            let std = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
-            std.set_nonblocking(true)
-                .and_then(|()| tokio::net::UnixListener::from_std(std))
-        }
-        None => bind(
-            listen.as_deref().expect("checked above"),
-            &daemon.cfg.auth.allowed_groups,
-        ),
-    };
-    let listener = match listener {
+    // 2. The socket (systemd's, or our own --listen), still with every capability:
+    //    binding and chgrp may need them.
+    let bound = activated.is_none();
+    let listener = match listener(
+        activated,
+        listen.as_deref(),
+        &daemon.cfg.auth.allowed_groups,
+    ) {
         Ok(l) => l,
         Err(e) => return fail(&format!("listening socket: {e}")),
     };
+    // 3. From here on only what scripts need.
     if let Err(e) = crate::sys::drop_daemon_capabilities() {
         tracing::warn!("could not drop capabilities: {e}");
     }
+    // 4. Ready: `systemctl start` returns now, and the status line begins.
+    announce_ready(&daemon);
+    let housekeeping = Housekeeping::start(&daemon, watchdog_usec);
+    // 5. Serve until a signal, idle exit or an accept error.
+    let code = serve_until_stopped(&daemon, listener, idle_exit).await;
+    // 6. Stop: running scripts are interrupted and recorded before we exit.
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    daemon.interrupt_all(Duration::from_secs(10)).await;
+    daemon.flush_refusals().await;
+    drop(housekeeping);
+    if let Some(p) = listen.filter(|_| bound) {
+        let _ = std::fs::remove_file(p);
+    }
+    code
+}
+
+/// The listening socket: the one systemd passed, or `--listen PATH` bound now.
+fn listener(
+    activated: Option<OwnedFd>,
+    listen: Option<&Path>,
+    groups: &[String],
+) -> std::io::Result<tokio::net::UnixListener> {
+    match activated {
+        Some(fd) => {
+            let std = std::os::unix::net::UnixListener::from(fd);
+            std.set_nonblocking(true)?;
+            tokio::net::UnixListener::from_std(std)
+        }
+        None => bind(listen.expect("main checked: a socket or --listen"), groups),
+    }
+}
+
+/// Log readiness with the backend (a warning when scripts of one uid share their
+/// limits), and tell systemd.
+fn announce_ready(daemon: &Daemon) {
     let notes = if daemon.backend.notes.is_empty() {
         "as configured".to_string()
     } else {
@@ -175,78 +211,89 @@ async fn run(
             "scriptgated ready (backend {backend}; {notes})"
         );
     }
-    let _ = sd_notify::notify(
-        false,
-        &[
-            sd_notify::NotifyState::Ready,
-            sd_notify::NotifyState::Status("0 scripts running"),
-        ],
-    );
-    let d3 = daemon.clone();
-    let pruner = tokio::spawn(async move {
-        let days = d3.cfg.audit.retain_days;
-        if days == 0 {
-            return; // retain_days = 0 keeps everything
-        }
-        let mut t = tokio::time::interval(Duration::from_secs(3600));
-        loop {
-            t.tick().await;
-            match d3.store.prune(days).await {
-                Ok((0, 0)) => {}
-                Ok((s, r)) => tracing::info!(
-                    "audit retention ({days} days): pruned {s} scripts and {r} refusals"
-                ),
-                Err(e) => tracing::warn!("audit retention: {e}"),
+    let _ = sd_notify::notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status("0 scripts running"),
+    ]);
+}
+
+/// The tasks that run beside the server: audit retention (at start, then hourly),
+/// the status line systemd shows, and the watchdog ping. Dropping it stops them.
+struct Housekeeping(Vec<tokio::task::JoinHandle<()>>);
+
+impl Housekeeping {
+    fn start(daemon: &Arc<Daemon>, watchdog_usec: Option<u64>) -> Housekeeping {
+        let mut tasks = Vec::new();
+        let d = daemon.clone();
+        tasks.push(tokio::spawn(async move {
+            let days = d.cfg.audit.retain_days;
+            if days == 0 {
+                return; // retain_days = 0 keeps everything
             }
-        }
-    });
-    let d2 = daemon.clone();
-    let status = tokio::spawn(async move {
-        loop {
-            d2.changed().await;
-            let s = format!("{} scripts running", d2.running_count());
-            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&s)]);
-        }
-    });
-    let wd = watchdog_usec.map(|usec| {
-        tokio::spawn(async move {
-            let mut t = tokio::time::interval(Duration::from_micros(usec / 2));
+            let mut t = tokio::time::interval(Duration::from_secs(3600));
             loop {
                 t.tick().await;
-                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+                match d.store.prune(days).await {
+                    Ok((0, 0)) => {}
+                    Ok((s, r)) => tracing::info!(
+                        "audit retention ({days} days): pruned {s} scripts and {r} refusals"
+                    ),
+                    Err(e) => tracing::warn!("audit retention: {e}"),
+                }
             }
-        })
-    });
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .expect("SIGINT handler");
-    let code = tokio::select! {
+        }));
+        let d = daemon.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                d.changed().await;
+                let s = format!("{} scripts running", d.running_count());
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&s)]);
+            }
+        }));
+        if let Some(usec) = watchdog_usec {
+            tasks.push(tokio::spawn(async move {
+                let mut t = tokio::time::interval(Duration::from_micros(usec / 2));
+                loop {
+                    t.tick().await;
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+            }));
+        }
+        Housekeeping(tasks)
+    }
+}
+
+impl Drop for Housekeeping {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// Serve connections until SIGTERM, SIGINT, idle exit or an accept error.
+async fn serve_until_stopped(
+    daemon: &Arc<Daemon>,
+    listener: tokio::net::UnixListener,
+    idle_exit: Option<Duration>,
+) -> ExitCode {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
         r = crate::server::serve(daemon.clone(), listener, idle_exit) => match r {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&format!("accept: {e}")),
         },
         _ = term.recv() => { tracing::info!("SIGTERM: stopping"); ExitCode::SUCCESS }
         _ = int.recv() => { tracing::info!("SIGINT: stopping"); ExitCode::SUCCESS }
-    };
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
-    daemon.interrupt_all(Duration::from_secs(10)).await;
-    daemon.flush_refusals().await;
-    status.abort();
-    pruner.abort();
-    if let Some(w) = wd {
-        w.abort();
     }
-    if let Some(p) = listen.filter(|_| activated.is_empty()) {
-        let _ = std::fs::remove_file(p);
-    }
-    code
 }
 
 /// Bind `--listen PATH`: refuse if a live daemon answers there, replace a stale
 /// socket, mode 0660 with the first allowed group when we can set it.
 fn bind(path: &Path, groups: &[String]) -> std::io::Result<tokio::net::UnixListener> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::os::unix::fs::FileTypeExt;
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
             return Err(std::io::Error::other(format!(
@@ -263,12 +310,12 @@ fn bind(path: &Path, groups: &[String]) -> std::io::Result<tokio::net::UnixListe
         std::fs::remove_file(path)?;
     }
     let l = tokio::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    crate::sys::chmod(path, 0o660)?;
     if let Some(g) = groups
         .iter()
         .find_map(|g| nix::unistd::Group::from_name(g).ok().flatten())
     {
-        let _ = nix::unistd::chown(path, None, Some(g.gid));
+        let _ = crate::sys::chown(path, None, Some(g.gid.as_raw()));
     }
     Ok(l)
 }

@@ -165,19 +165,18 @@ impl WorkspaceDir {
                 };
                 walked.push(name);
                 let fd = openat(
-                    Some(dir.as_raw_fd()),
+                    &dir,
                     name,
                     OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
                     Mode::empty(),
                 );
                 dir = match fd {
-                    // SAFETY: openat returned a fresh descriptor that nothing else owns.
-                    Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
+                    Ok(fd) => fd,
                     // O_DIRECTORY | O_NOFOLLOW on a symlink gives ENOTDIR (or
                     // ELOOP): look at the entry itself to say which it is.
                     Err(nix::Error::ELOOP | nix::Error::ENOTDIR) => {
                         let link = nix::sys::stat::fstatat(
-                            Some(dir.as_raw_fd()),
+                            &dir,
                             name,
                             nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
                         )
@@ -216,7 +215,7 @@ pub fn mode_permits(owner: u32, group: u32, mode: u32, id: Identity, want: u32) 
 impl WorkspaceDir {
     /// May `id` create files in the workspace (write and search)?
     pub fn writable_by(&self, id: Identity) -> Result<bool, SysError> {
-        let st = fstat(self.dir.as_raw_fd()).map_err(path_err("stat", &self.path))?;
+        let st = fstat(&self.dir).map_err(path_err("stat", &self.path))?;
         Ok(mode_permits(st.st_uid, st.st_gid, st.st_mode, id, 0o3))
     }
 }
@@ -233,16 +232,14 @@ pub struct ArtifactDir {
     owner: Identity,
 }
 
-fn open_dir_at(parent: RawFd, name: &str, path: &Path) -> Result<OwnedFd, SysError> {
-    let fd = openat(
-        Some(parent),
+fn open_dir_at(parent: &OwnedFd, name: &str, path: &Path) -> Result<OwnedFd, SysError> {
+    openat(
+        parent,
         name,
         OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
         Mode::empty(),
     )
-    .map_err(path_err("open (no symlinks)", path))?;
-    // SAFETY: openat returned a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    .map_err(path_err("open (no symlinks)", path))
 }
 
 fn mkdir_owned(
@@ -252,17 +249,13 @@ fn mkdir_owned(
     owner: Identity,
     must_be_new: bool,
 ) -> Result<OwnedFd, SysError> {
-    match mkdirat(
-        Some(parent.as_raw_fd()),
-        name,
-        Mode::from_bits_truncate(0o755),
-    ) {
+    match mkdirat(parent, name, Mode::from_bits_truncate(0o755)) {
         Ok(()) => {}
         Err(nix::Error::EEXIST) if !must_be_new => {}
         Err(e) => return Err(path_err("mkdir", path)(e)),
     }
-    let fd = open_dir_at(parent.as_raw_fd(), name, path)?;
-    let st = fstat(fd.as_raw_fd()).map_err(path_err("stat", path))?;
+    let fd = open_dir_at(parent, name, path)?;
+    let st = fstat(&fd).map_err(path_err("stat", path))?;
     if st.st_uid != owner.uid && st.st_uid != 0 {
         return Err(SysError::Refused(format!(
             "{} is owned by uid {}, not by the script's uid {} or root",
@@ -272,7 +265,7 @@ fn mkdir_owned(
         )));
     }
     fchown(
-        fd.as_raw_fd(),
+        &fd,
         Some(Uid::from_raw(owner.uid)),
         Some(Gid::from_raw(owner.gid)),
     )
@@ -304,16 +297,14 @@ impl ArtifactDir {
     pub fn create_file(&self, name: &str, mode: u32) -> Result<File, SysError> {
         let p = self.path.join(name);
         let fd = openat(
-            Some(self.dir.as_raw_fd()),
+            &self.dir,
             name,
             OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(mode),
         )
         .map_err(path_err("create", &p))?;
-        // SAFETY: openat returned a fresh descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         fchown(
-            fd.as_raw_fd(),
+            &fd,
             Some(Uid::from_raw(self.owner.uid)),
             Some(Gid::from_raw(self.owner.gid)),
         )
@@ -669,10 +660,101 @@ pub fn install_cloexec_above_fixed(cmd: &mut std::process::Command) {
 /// script can reopen its own stdout/stderr through `/dev/stdout` (a
 /// `/proc/self/fd` link, which checks the pipe's owner and mode 0600).
 pub fn give_pipe(fd: &impl std::os::fd::AsFd, to: Identity) -> io::Result<()> {
-    fchown(
-        fd.as_fd().as_raw_fd(),
-        Some(Uid::from_raw(to.uid)),
-        Some(Gid::from_raw(to.gid)),
-    )
-    .map_err(io::Error::from)
+    fchown(fd, Some(Uid::from_raw(to.uid)), Some(Gid::from_raw(to.gid))).map_err(io::Error::from)
+}
+
+/// Change a path's permission bits (following a final symlink, as chmod(1) does;
+/// the callers name paths in directories only root or the daemon can write).
+pub fn chmod(path: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// Change a path's owner and/or group (None leaves that one as it is).
+pub fn chown(path: &Path, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+    nix::unistd::chown(path, uid.map(Uid::from_raw), gid.map(Gid::from_raw))
+        .map_err(io::Error::from)
+}
+
+/// A signal the daemon or the CLI sends to a process group it started.
+// Used by mcp.rs's shutdown once its two killpg calls come here (issue 10 merge).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupSignal {
+    Terminate,
+    Kill,
+}
+
+/// Send `sig` to the process group `pgid` (a child started with
+/// `process_group(0)`, whose pgid is its pid). ESRCH (the group is gone) is Ok.
+pub fn signal_group(pgid: i32, sig: GroupSignal) -> io::Result<()> {
+    use nix::sys::signal::{killpg, Signal};
+    if pgid <= 1 {
+        // killpg(0) would signal our own group and killpg(1) init's: never meant.
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let sig = match sig {
+        GroupSignal::Terminate => Signal::SIGTERM,
+        GroupSignal::Kill => Signal::SIGKILL,
+    };
+    match killpg(nix::unistd::Pid::from_raw(pgid), sig) {
+        Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// Whether `activated_sockets` has handed out the LISTEN_FDS descriptors.
+static ACTIVATION_TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Is this process running a single thread? Changing the environment is only
+/// sound then (another thread might be reading it: getenv is not locked against
+/// setenv in glibc).
+fn single_threaded() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.strip_prefix("Threads:").map(str::trim) == Some("1"))
+    })
+}
+
+/// Take the listening sockets systemd passed (LISTEN_FDS, unsetting the variables
+/// so no child sees them), as owned descriptors. Only the first call gets them:
+/// later calls return nothing, so no descriptor is ever owned twice. It must run
+/// before any thread exists (it changes the environment): with more than one
+/// thread it refuses.
+pub fn activated_sockets() -> io::Result<Vec<OwnedFd>> {
+    use std::sync::atomic::Ordering;
+    if !single_threaded() {
+        return Err(io::Error::other(
+            "LISTEN_FDS must be taken before any thread starts",
+        ));
+    }
+    if ACTIVATION_TAKEN.swap(true, Ordering::SeqCst) {
+        return Ok(Vec::new());
+    }
+    // SAFETY: the process has one thread (checked above), so nothing reads the
+    // environment while sd_notify unsets LISTEN_PID/LISTEN_FDS/LISTEN_FDNAMES.
+    let fds = unsafe { sd_notify::listen_fds_and_unset_env() };
+    // Malformed LISTEN_* variables: as if not socket-activated (as before), and
+    // `--listen` or the "no socket" error takes over.
+    let Ok(fds) = fds else {
+        return Ok(Vec::new());
+    };
+    Ok(fds
+        // SAFETY: systemd passed these descriptors to this process (LISTEN_FDS,
+        // checked against LISTEN_PID by sd_notify, which also set each one
+        // close-on-exec, so each is open), and the flag above makes this the only
+        // place that ever takes them, once.
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+        .collect())
+}
+
+/// The watchdog interval systemd asks for (WATCHDOG_USEC for this pid), unsetting
+/// the variables so no child inherits them. Like `activated_sockets`, only with a
+/// single thread; with more it leaves the environment alone and answers None.
+pub fn take_watchdog() -> Option<std::time::Duration> {
+    if !single_threaded() {
+        return None;
+    }
+    // SAFETY: the process has one thread (checked above), so nothing reads the
+    // environment while sd_notify unsets WATCHDOG_USEC/WATCHDOG_PID.
+    unsafe { sd_notify::watchdog_enabled_and_unset_env() }
 }

@@ -4,6 +4,7 @@
 
 use jiff::civil::{Date, DateTime};
 use jiff::{SignedDuration, Span, SpanRelativeTo, Timestamp};
+#[cfg(test)]
 use std::sync::atomic::{AtomicI64, Ordering};
 
 /// Where "now" comes from. The daemon uses `SystemClock`; tests use `FakeClock`.
@@ -30,9 +31,11 @@ impl Clock for SystemClock {
 }
 
 /// A clock that stands still until told to move.
+#[cfg(test)]
 #[derive(Debug, Default)]
 pub struct FakeClock(AtomicI64);
 
+#[cfg(test)]
 impl FakeClock {
     pub fn at_ms(ms: i64) -> FakeClock {
         FakeClock(AtomicI64::new(ms))
@@ -42,6 +45,7 @@ impl FakeClock {
     }
 }
 
+#[cfg(test)]
 impl Clock for FakeClock {
     fn now_ms(&self) -> i64 {
         self.0.load(Ordering::SeqCst)

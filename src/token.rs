@@ -13,10 +13,8 @@
 //! The snapshot's types live in [`crate::snapshot`]; they are re-exported here.
 
 // The snapshot types moved to their own module; `crate::token::X` keeps working.
-#[path = "snapshot.rs"]
-pub mod snapshot;
 
-pub use snapshot::{
+pub use crate::snapshot::{
     missing_schema_error, parse_snapshot, PermissionMode, Snapshot, SnapshotLimits, ToolClass,
     ToolSpec,
 };

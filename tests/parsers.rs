@@ -1896,7 +1896,7 @@ proptest! {
         for (g, w) in got.tools.iter().zip(tools) {
             prop_assert_eq!(&g.name, &w["name"]);
             prop_assert_eq!(g.class.as_str(), w["class"].as_str().unwrap());
-            prop_assert_eq!(g.enabled, w.get("enabled").map_or(true, |e| e == true));
+            prop_assert_eq!(g.enabled, w.get("enabled").is_none_or(|e| e == true));
             prop_assert_eq!(g.input_schema.as_ref(), Some(&w["input_schema"]));
             prop_assert_eq!(json!(g.frozen), w.get("frozen").cloned().unwrap_or(json!({})));
         }

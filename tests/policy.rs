@@ -477,15 +477,29 @@ fn a_token_that_expires_mid_script_refuses_further_calls() {
     let rig = Rig::new();
     let e = rig.engine();
     let token = rig.token_for("run-1", &rig.snapshot("auto"), 2);
-    let code = r#"
+    // The script waits for the event itself, the clock passing the token's `exp`
+    // (whole seconds), instead of sleeping for a guessed while.
+    use base64::Engine as _;
+    let claims: Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(token.split('.').nth(1).unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    let exp = claims["exp"].as_i64().unwrap();
+    let code = format!(
+        r#"
 import agent_tools, time
-agent_tools.call("fleet__list_devices", {})
-time.sleep(3)
+agent_tools.call("fleet__list_devices", {{}})
+while int(time.time()) <= {exp}:
+    time.sleep(0.02)
 try:
-    agent_tools.call("fleet__list_devices", {})
+    agent_tools.call("fleet__list_devices", {{}})
 except agent_tools.ToolError as e:
     print(e.code, e.message)
-"#;
+"#
+    );
+    let code = code.as_str();
     let r = e.run(&token, code, &[]);
     assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(r["output"], "revoked the run token of run run-1 expired\n");

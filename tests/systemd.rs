@@ -67,16 +67,12 @@ fn children_of(pid: i32) -> Vec<i32> {
 
 impl SystemdRig {
     /// Boot a systemd, install the project's units with drop-ins pointing at the
-    /// freshly built binary and at this rig's directory. `None` (with the reason
-    /// printed) where the machine cannot do it.
-    fn boot(extra_config: &str) -> Option<SystemdRig> {
+    /// freshly built binary and at this rig's directory. The tests that boot one
+    /// are `#[ignore]`d (a plain `cargo test` says so); run explicitly on a machine
+    /// that cannot boot it, they fail with the reason.
+    fn boot(extra_config: &str) -> SystemdRig {
         if let Some(why) = skip_reason() {
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED: the systemd rig tests need root, unshare, nsenter and systemd: {why}"
-            );
-            return None;
+            panic!("the systemd rig tests need root, unshare, nsenter and systemd: {why}");
         }
         let dir = PathBuf::from(format!(
             "/var/lib/scriptgate-rig-{}-{}",
@@ -176,7 +172,7 @@ impl SystemdRig {
             std::thread::sleep(Duration::from_millis(100));
         }
         rig.install();
-        Some(rig)
+        rig
     }
 
     fn sh(&self, cmd: &str) -> Output {
@@ -277,14 +273,13 @@ fn rand_suffix() -> u32 {
 }
 
 #[test]
+#[ignore = "needs root, unshare, nsenter and /lib/systemd/systemd (cargo test -- --include-ignored, as root)"]
 fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
     // The rig must leave the host alone: a file in the host's /tmp survives it.
     let marker = PathBuf::from(format!("/tmp/scriptgate-rig-marker-{}", std::process::id()));
     std::fs::write(&marker, "still here").unwrap();
     {
-        let Some(rig) = SystemdRig::boot("[server]\nidle_exit_s = 2\n") else {
-            return;
-        };
+        let rig = SystemdRig::boot("[server]\nidle_exit_s = 2\n");
         let figure =
             rig.sh_ok("systemd-analyze security scriptgate.service --no-pager 2>&1 | tail -1");
         // Straight to fd 2: libtest does not capture it, so CI's log shows the figure.
@@ -332,12 +327,14 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
         assert_eq!(
             rig.sh_ok(&format!("systemctl show -p TasksMax --value {unit}"))
                 .trim(),
-            "256"
+            scriptgate::config::Scripts::default().tasks_max.to_string()
         );
         assert_eq!(
             rig.sh_ok(&format!("systemctl show -p MemoryMax --value {unit}"))
                 .trim(),
-            "1073741824"
+            scriptgate::config::Scripts::default()
+                .memory_max_bytes
+                .to_string()
         );
         let status_text = rig.sh_ok("systemctl show -p StatusText --value scriptgate.service");
         assert!(status_text.contains("1 scripts running"), "{status_text}");
@@ -446,10 +443,9 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
 }
 
 #[test]
+#[ignore = "needs root, unshare, nsenter and /lib/systemd/systemd (cargo test -- --include-ignored, as root)"]
 fn memory_and_task_limits_and_systemctl_stop_in_scopes() {
-    let Some(rig) = SystemdRig::boot("") else {
-        return;
-    };
+    let rig = SystemdRig::boot("");
     let e = Engine::connect(&rig.socket());
 
     // MemoryMax: the kernel's OOM killer ends it, and the unit's counters say so.
@@ -544,10 +540,7 @@ fn sysusers_and_catalog_are_valid_for_systemd() {
         .arg(root.path())
         .arg(src.join("scriptgate.sysusers"))
         .output();
-    let Ok(o) = o else {
-        eprintln!("SKIPPED: no systemd-sysusers");
-        return;
-    };
+    let o = o.expect("systemd-sysusers (tools/install-deps installs systemd)");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let groups = std::fs::read_to_string(etc.join("group")).unwrap();
     assert!(

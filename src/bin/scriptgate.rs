@@ -1,3 +1,6 @@
+// The binaries are shims: every unsafe operation lives in the library's sys.rs.
+#![forbid(unsafe_code)]
+
 fn main() -> std::process::ExitCode {
-    scriptgate::cli::main()
+    scriptgate::cli_main()
 }

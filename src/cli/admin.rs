@@ -16,9 +16,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A failed admin command: one line and a distinct exit status.
-pub type AdminError = Failure;
-
 /// How long the daemon may take to answer an admin request.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 

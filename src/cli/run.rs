@@ -121,10 +121,6 @@ impl Tools {
             s.shutdown().await;
         }
     }
-
-    pub fn server_pids(&self) -> Vec<i32> {
-        self.servers.iter().filter_map(|s| s.pid()).collect()
-    }
 }
 
 /// The engine side of a run: tool calls, approval, progress display.
@@ -376,7 +372,6 @@ fn prepare_workspace(
 
 /// A new directory `run-<time>-<random>` under `base`, owned by the script's uid.
 fn fresh_workspace(base: &Path, id: &crate::sys::Identity) -> Result<PathBuf, Failure> {
-    use std::os::unix::fs::PermissionsExt;
     let cannot = |e: std::io::Error| {
         Failure::setup(format!(
             "cannot create a workspace under {}: {e}; pass --workspace DIR (under the daemon's workspace.roots), or --embedded",
@@ -390,13 +385,9 @@ fn fresh_workspace(base: &Path, id: &crate::sys::Identity) -> Result<PathBuf, Fa
     let ws = base.join(format!("run-{stamp}-{:02x}{:02x}{:02x}", r[0], r[1], r[2]));
     std::fs::create_dir(&ws).map_err(cannot)?;
     if is_root() {
-        let _ = std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o755));
-        nix::unistd::chown(
-            &ws,
-            Some(nix::unistd::Uid::from_raw(id.uid)),
-            Some(nix::unistd::Gid::from_raw(id.gid)),
-        )
-        .map_err(|e| Failure::setup(format!("chown {}: {e}", ws.display())))?;
+        let _ = crate::sys::chmod(base, 0o755);
+        crate::sys::chown(&ws, Some(id.uid), Some(id.gid))
+            .map_err(|e| Failure::setup(format!("chown {}: {e}", ws.display())))?;
     }
     eprintln!("scriptgate: workspace {}", ws.display());
     Ok(ws)

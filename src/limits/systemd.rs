@@ -143,18 +143,4 @@ impl Manager {
         }
         Err(format!("{unit} did not become active"))
     }
-
-    /// Stop the scope (SIGTERM, then SIGKILL after its stop timeout).
-    pub async fn stop(&self, unit: &str) {
-        let _ = self
-            .bus
-            .call_method(
-                Some(DEST),
-                PATH,
-                Some(MANAGER),
-                "StopUnit",
-                &(unit, "replace"),
-            )
-            .await;
-    }
 }

@@ -20,6 +20,33 @@ pub fn is_root() -> bool {
     nix::unistd::Uid::effective().is_root()
 }
 
+/// First line of a test that needs root. Such tests are
+/// `#[ignore = "needs root (…)"]`, so a plain `cargo test` reports them as
+/// ignored, never as passed; `.ci/run` runs them as root with `--include-ignored`.
+/// Run explicitly without root, the test fails with the reason instead of passing
+/// without having checked anything.
+pub fn require_root(why: &str) {
+    assert!(is_root(), "this test needs root: {why}");
+}
+
+/// The sandbox backend every rig pins: `auto` would pick `cgroup` or `systemd`
+/// on some machines and `rlimit` on others, and the tests assert what they get.
+pub const RIG_BACKEND: &str = "rlimit";
+
+/// Pin `sandbox.backend` in a rig's config text, inside the `[sandbox]` table the
+/// test's own `extra` may already have (TOML allows a table header only once).
+fn pin_backend(extra: &str) -> String {
+    let pin = format!("backend = {RIG_BACKEND:?}\n");
+    if extra.lines().any(|l| l.trim_start().starts_with("backend")) {
+        extra.to_string()
+    } else if let Some(at) = extra.find("[sandbox]\n") {
+        let at = at + "[sandbox]\n".len();
+        format!("{}{pin}{}", &extra[..at], &extra[at..])
+    } else {
+        format!("{extra}\n[sandbox]\n{pin}")
+    }
+}
+
 pub struct Rig {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
@@ -66,7 +93,7 @@ impl Rig {
             "[auth]\ntoken_key_file = {:?}\n[workspace]\nroots = [{:?}]\n[state]\ndir = {:?}\n",
             key_file, root, state
         );
-        text.push_str(extra);
+        text.push_str(&pin_backend(extra));
         std::fs::write(&config, text).unwrap();
         let mut rig = Rig {
             socket: dir.path().join("sock"),
