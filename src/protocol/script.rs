@@ -18,6 +18,10 @@ pub const MAX_CODE_BYTES: usize = 32;
 
 /// Cut `s` to at most `max` bytes at a character boundary, marking the cut.
 pub fn clip(s: &str, max: usize) -> String {
+    clip_marked(s, max, "…")
+}
+
+fn clip_marked(s: &str, max: usize, mark: &str) -> String {
     if s.len() <= max {
         return s.to_string();
     }
@@ -25,7 +29,7 @@ pub fn clip(s: &str, max: usize) -> String {
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}…", &s[..end])
+    format!("{}{mark}", &s[..end])
 }
 
 /// A request line on fd 3 as `agent_tools` writes it. Every field is taken
@@ -130,14 +134,7 @@ pub const CLIPPED_NAME_MARK: &str = " …";
 /// A tool name the script sent: whole when it fits in `MAX_NAME_BYTES`, else
 /// cut at a character boundary and marked with `CLIPPED_NAME_MARK`.
 pub fn clip_name(s: &str) -> String {
-    if s.len() <= MAX_NAME_BYTES {
-        return s.to_string();
-    }
-    let mut end = MAX_NAME_BYTES;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{CLIPPED_NAME_MARK}", &s[..end])
+    clip_marked(s, MAX_NAME_BYTES, CLIPPED_NAME_MARK)
 }
 
 fn name(v: &Value) -> String {
