@@ -152,19 +152,16 @@ pub fn parse_line(line: &[u8]) -> Result<Incoming, (Value, RpcError)> {
     // answer without it fails the request it answers (so the failure is seen).
     let versioned = m.remove("jsonrpc").is_some_and(|v| v == "2.0");
     let unversioned = || RpcError::new(code::INVALID_REQUEST, "`jsonrpc` must be \"2.0\"");
-    if !versioned
-        && !m.contains_key("method")
-        && (m.contains_key("result") || m.contains_key("error"))
-    {
-        if let Some(id) = id.as_ref().filter(|i| !i.is_null()) {
-            return Ok(Incoming::Response {
-                id: id.clone(),
-                result: Err(unversioned()),
-            });
-        }
-    }
     if !versioned {
-        return Err((id.unwrap_or(Value::Null), unversioned()));
+        let answer =
+            !m.contains_key("method") && (m.contains_key("result") || m.contains_key("error"));
+        return match id {
+            Some(id) if answer && !id.is_null() => Ok(Incoming::Response {
+                id,
+                result: Err(unversioned()),
+            }),
+            id => Err((id.unwrap_or(Value::Null), unversioned())),
+        };
     }
     if let Some(method) = m.remove("method") {
         let Value::String(method) = method else {

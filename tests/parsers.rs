@@ -929,6 +929,25 @@ fn line_model(line: &[u8]) -> LineWant {
         };
     };
     let id = m.get("id").cloned();
+    // JSON-RPC 2.0: every message says so. An answer without it fails the
+    // request it answers (when it names one); anything else is refused.
+    if m.get("jsonrpc") != Some(&json!("2.0")) {
+        let answer =
+            !m.contains_key("method") && (m.contains_key("result") || m.contains_key("error"));
+        return match id {
+            Some(id) if answer && !id.is_null() => LineWant::ResponseError {
+                id,
+                error: Some(RpcError::new(
+                    code::INVALID_REQUEST,
+                    "`jsonrpc` must be \"2.0\"",
+                )),
+            },
+            id => LineWant::Refused {
+                id: id.unwrap_or(Value::Null),
+                code: code::INVALID_REQUEST,
+            },
+        };
+    }
     let params = m.get("params").cloned().unwrap_or(Value::Null);
     match m.get("method") {
         Some(Value::String(method)) => match id {
