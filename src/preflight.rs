@@ -52,7 +52,9 @@ impl HostFacts {
         HostFacts {
             max_user_namespaces: get("user/max_user_namespaces"),
             unprivileged_userns_clone: get("kernel/unprivileged_userns_clone"),
-            apparmor_restrict_unprivileged_userns: get("kernel/apparmor_restrict_unprivileged_userns"),
+            apparmor_restrict_unprivileged_userns: get(
+                "kernel/apparmor_restrict_unprivileged_userns",
+            ),
         }
     }
 }
@@ -70,7 +72,7 @@ pub enum Cause {
     UsernsExhausted,
     /// EPERM with Debian's `kernel.unprivileged_userns_clone = 0`.
     UnprivilegedCloneOff,
-    /// EPERM otherwise: a seccomp profile (a container's) or another policy.
+    /// EPERM otherwise: a seccomp profile (a container's), a chroot, or another policy.
     UsernsRefused,
     /// EINVAL: a kernel without CONFIG_USER_NS.
     NoUserns,
@@ -140,7 +142,9 @@ pub fn diagnose(stderr: &str, facts: &HostFacts) -> Diagnosis {
             "this bwrap does not know --disable-userns (bubblewrap before 0.8.0)".to_string(),
             "fix: install bubblewrap 0.8.0 or later, or restart scriptgated; its preflight then does without the flag".to_string(),
         )
-    } else if has("Creating new namespace failed") && (has("ENOSPC") || has("No space left on device")) {
+    } else if has("Creating new namespace failed")
+        && (has("ENOSPC") || has("No space left on device"))
+    {
         if facts.max_user_namespaces == Some(0) {
             (
                 Cause::UsernsOff,
@@ -167,8 +171,8 @@ pub fn diagnose(stderr: &str, facts: &HostFacts) -> Diagnosis {
         } else {
             (
                 Cause::UsernsRefused,
-                "a security policy refuses the sandbox its user namespace (in a container: its seccomp profile, as Docker's default one does)".to_string(),
-                "fix: let the container make user namespaces (Docker, Podman: a seccomp profile that allows clone and unshare of user namespaces; LXC, Incus: security.nesting=true)".to_string(),
+                "a security policy refuses the sandbox its user namespace (in a container: its seccomp profile, as Docker's default one does; or scriptgated runs in a chroot)".to_string(),
+                "fix: let the container make user namespaces (Docker, Podman: a seccomp profile that allows clone and unshare of user namespaces; LXC, Incus: security.nesting=true), or run scriptgated outside the chroot".to_string(),
             )
         }
     } else if has("kernel does not support user namespaces") {
@@ -216,11 +220,21 @@ pub struct SandboxCheck {
 }
 
 impl SandboxCheck {
-    fn new(state: &str, disable_userns: bool, problem: Option<String>, detail: Option<String>) -> Self {
+    fn new(
+        state: &str,
+        disable_userns: bool,
+        problem: Option<String>,
+        detail: Option<String>,
+    ) -> Self {
         SandboxCheck {
             info: SandboxInfo {
                 state: state.into(),
-                nested_userns: if disable_userns { "disable-userns" } else { "seccomp" }.into(),
+                nested_userns: if disable_userns {
+                    "disable-userns"
+                } else {
+                    "seccomp"
+                }
+                .into(),
                 problem,
                 detail,
             },
@@ -363,7 +377,11 @@ pub async fn check_sandbox(
     }
     let judged = |run: &ProbeRun, disable_userns: bool| -> SandboxCheck {
         if let Some(why) = &run.failed {
-            let state = if why.starts_with(UNAVAILABLE) { "unavailable" } else { "unchecked" };
+            let state = if why.starts_with(UNAVAILABLE) {
+                "unavailable"
+            } else {
+                "unchecked"
+            };
             let detail = (!run.stderr.trim().is_empty()).then(|| run.stderr.trim().to_string());
             return SandboxCheck::new(state, disable_userns, Some(why.clone()), detail);
         }
@@ -462,8 +480,15 @@ pub struct Preflight {
 impl Preflight {
     /// Probe the sandbox and the limits as the uid a root engine's scripts run as
     /// (`sandbox.run_as`), or as the daemon's own uid when it is not root.
-    pub async fn run(spawner: &Spawner, cfg: &crate::config::Config, backend: &Backend) -> Preflight {
-        let (uid, gid) = (nix::unistd::Uid::effective().as_raw(), nix::unistd::Gid::effective().as_raw());
+    pub async fn run(
+        spawner: &Spawner,
+        cfg: &crate::config::Config,
+        backend: &Backend,
+    ) -> Preflight {
+        let (uid, gid) = (
+            nix::unistd::Uid::effective().as_raw(),
+            nix::unistd::Gid::effective().as_raw(),
+        );
         let identity = match crate::sys::resolve_run_as(uid, gid, &cfg.sandbox.run_as) {
             Ok(id) => (id.uid != uid).then_some(id),
             Err(e) => {
@@ -479,14 +504,18 @@ impl Preflight {
         };
         let limits = Limits::effective(&cfg.scripts, &Default::default());
         Preflight {
-            sandbox: check_sandbox(spawner, &cfg.sandbox.bwrap, &cfg.scripts.python, identity).await,
+            sandbox: check_sandbox(spawner, &cfg.sandbox.bwrap, &cfg.scripts.python, identity)
+                .await,
             limits: check_limits(spawner, backend, &limits, identity).await,
         }
     }
 
     /// `script.start` is refused when `sandbox.require_enforced_limits` is on and
     /// the preflight found the limits not in force.
-    pub fn refuse_unenforced(&self, cfg: &crate::config::Config) -> Result<(), crate::protocol::RpcError> {
+    pub fn refuse_unenforced(
+        &self,
+        cfg: &crate::config::Config,
+    ) -> Result<(), crate::protocol::RpcError> {
         if cfg.sandbox.require_enforced_limits && !self.limits.enforced() {
             return Err(crate::protocol::RpcError::with_reason(
                 crate::protocol::code::INTERNAL,
@@ -546,19 +575,20 @@ mod tests {
             unprivileged_userns_clone: Some(0),
             ..facts()
         };
+        let plain = facts();
         let table: Vec<(&str, &HostFacts, Cause, &str)> = vec![
-            ("bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted", &facts(), Cause::AppArmor, "apparmor_parser -r /etc/apparmor.d/scriptgated"),
-            ("bwrap: setting up uid map: Permission denied", &facts(), Cause::AppArmor, "kernel.apparmor_restrict_unprivileged_userns=1"),
+            ("bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted", &plain, Cause::AppArmor, "apparmor_parser -r /etc/apparmor.d/scriptgated"),
+            ("bwrap: setting up uid map: Permission denied", &plain, Cause::AppArmor, "kernel.apparmor_restrict_unprivileged_userns=1"),
             ("bwrap: Creating new namespace failed: nesting depth or /proc/sys/user/max_*_namespaces exceeded (ENOSPC)", &off, Cause::UsernsOff, "sysctl -w user.max_user_namespaces=15000"),
             ("bwrap: Creating new namespace failed: No space left on device", &off, Cause::UsernsOff, "user.max_user_namespaces=0"),
-            ("bwrap: Creating new namespace failed: nesting depth or /proc/sys/user/max_*_namespaces exceeded (ENOSPC)", &facts(), Cause::UsernsExhausted, "32 levels"),
+            ("bwrap: Creating new namespace failed: nesting depth or /proc/sys/user/max_*_namespaces exceeded (ENOSPC)", &plain, Cause::UsernsExhausted, "32 levels"),
             ("bwrap: No permissions to create a new namespace, likely because the kernel does not allow non-privileged user namespaces. On e.g. debian this can be enabled with 'sysctl kernel.unprivileged_userns_clone=1'.", &clone_off, Cause::UnprivilegedCloneOff, "sysctl -w kernel.unprivileged_userns_clone=1"),
-            ("bwrap: No permissions to create new namespace, likely because the kernel does not allow non-privileged user namespaces. On e.g. debian this can be enabled with 'sysctl kernel.unprivileged_userns_clone=1'.", &facts(), Cause::UsernsRefused, "seccomp profile"),
-            ("bwrap: Creating new namespace failed, likely because the kernel does not support user namespaces.  bwrap must be installed setuid on such systems.", &facts(), Cause::NoUserns, "CONFIG_USER_NS"),
-            ("bwrap: Can't mount proc on /newroot/proc: Operation not permitted", &facts(), Cause::ProcRefused, "systempaths=unconfined"),
-            ("bwrap: cannot open /proc/sys/user/max_user_namespaces: Read-only file system", &facts(), Cause::ProcSysReadOnly, "without --disable-userns"),
-            ("bwrap: Unknown option --disable-userns", &facts(), Cause::NoDisableUserns, "0.8.0"),
-            ("bwrap: execvp /nope/python3: No such file or directory", &facts(), Cause::Other, "bwrap's own words"),
+            ("bwrap: No permissions to create new namespace, likely because the kernel does not allow non-privileged user namespaces. On e.g. debian this can be enabled with 'sysctl kernel.unprivileged_userns_clone=1'.", &plain, Cause::UsernsRefused, "seccomp profile"),
+            ("bwrap: Creating new namespace failed, likely because the kernel does not support user namespaces.  bwrap must be installed setuid on such systems.", &plain, Cause::NoUserns, "CONFIG_USER_NS"),
+            ("bwrap: Can't mount proc on /newroot/proc: Operation not permitted", &plain, Cause::ProcRefused, "systempaths=unconfined"),
+            ("bwrap: cannot open /proc/sys/user/max_user_namespaces: Read-only file system", &plain, Cause::ProcSysReadOnly, "without --disable-userns"),
+            ("bwrap: Unknown option --disable-userns", &plain, Cause::NoDisableUserns, "0.8.0"),
+            ("bwrap: execvp /nope/python3: No such file or directory", &plain, Cause::Other, "bwrap's own words"),
         ];
         for (stderr, f, cause, needle) in table {
             let d = diagnose(stderr, f);
@@ -572,11 +602,24 @@ mod tests {
 
     #[test]
     fn a_script_error_puts_the_diagnosis_before_bwraps_words() {
-        let e = explain("bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted\n", &facts()).unwrap();
+        let e = explain(
+            "bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted\n",
+            &facts(),
+        )
+        .unwrap();
         let (first, rest) = e.split_once('\n').unwrap();
-        assert!(first.starts_with("sandbox unavailable: AppArmor"), "{first}");
-        assert_eq!(rest, "bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted");
-        assert_eq!(explain("Traceback (most recent call last):\nValueError", &facts()), None);
+        assert!(
+            first.starts_with("sandbox unavailable: AppArmor"),
+            "{first}"
+        );
+        assert_eq!(
+            rest,
+            "bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted"
+        );
+        assert_eq!(
+            explain("Traceback (most recent call last):\nValueError", &facts()),
+            None
+        );
     }
 
     #[test]
@@ -596,10 +639,22 @@ mod tests {
 
     #[test]
     fn summaries() {
-        assert!(SandboxCheck::new("ok", true, None, None).summary().starts_with("sandbox ok (nested user namespaces: bwrap --disable-userns"));
-        assert!(SandboxCheck::new("ok", false, None, None).summary().contains("the seccomp filter alone"));
-        let bad = SandboxCheck::new("unavailable", true, Some("sandbox unavailable: x; fix: y".into()), Some("bwrap: a\nbwrap: b".into()));
-        assert_eq!(bad.summary(), "sandbox unavailable: x; fix: y (bwrap said: bwrap: a / bwrap: b)");
+        assert!(SandboxCheck::new("ok", true, None, None)
+            .summary()
+            .starts_with("sandbox ok (nested user namespaces: bwrap --disable-userns"));
+        assert!(SandboxCheck::new("ok", false, None, None)
+            .summary()
+            .contains("the seccomp filter alone"));
+        let bad = SandboxCheck::new(
+            "unavailable",
+            true,
+            Some("sandbox unavailable: x; fix: y".into()),
+            Some("bwrap: a\nbwrap: b".into()),
+        );
+        assert_eq!(
+            bad.summary(),
+            "sandbox unavailable: x; fix: y (bwrap said: bwrap: a / bwrap: b)"
+        );
         assert_eq!(bad.info.nested_userns, "disable-userns");
     }
 }

@@ -307,7 +307,8 @@ pub async fn run(
     let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
     let (status, mut error) = judge(&ending, &launch.limits, &unit);
     // bwrap failed before the sandbox existed: say why in one line, its words after.
-    if never_made && ending.cut.is_none() && ending.setup_error.is_none() && status == Status::Error {
+    if never_made && ending.cut.is_none() && ending.setup_error.is_none() && status == Status::Error
+    {
         let facts = crate::preflight::HostFacts::read(std::path::Path::new("/proc/sys"));
         error = crate::preflight::explain(&ending.stderr_tail, &facts).or(error);
     }

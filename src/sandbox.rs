@@ -581,13 +581,20 @@ mod tests {
         let real = argv(false);
         let a = probe(true);
         assert_eq!(a[..3], real[..3], "the namespace flags are the script's");
-        for f in ["--die-with-parent", "--new-session", "--clearenv", "--as-pid-1"] {
+        for f in [
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+            "--as-pid-1",
+        ] {
             assert!(a.contains(&f.to_string()), "{f}");
         }
         assert!(has(&a, &["--seccomp", "8"]));
         assert!(has(&a, &["--proc", "/proc"]));
         assert!(has(&a, &["--symlink", "usr/lib", "/lib"]));
-        assert!(a.ends_with(&["--", "/usr/bin/python3", "-I", "-S", "-c", "pass"].map(String::from)));
+        assert!(
+            a.ends_with(&["--", "/usr/bin/python3", "-I", "-S", "-c", "pass"].map(String::from))
+        );
         assert!(!probe(false).contains(&"--disable-userns".to_string()));
     }
 

@@ -423,10 +423,15 @@ mod tests {
         // unshare and setns are refused whatever their flags; clone3 cannot be
         // inspected, so glibc is sent back to clone.
         for nr in [libc::SYS_unshare, libc::SYS_setns] {
-            let all = NAMESPACE_FLAGS.iter().fold(0u64, |a, f| a | f.1 as u32 as u64);
+            let all = NAMESPACE_FLAGS
+                .iter()
+                .fold(0u64, |a, f| a | f.1 as u32 as u64);
             assert_eq!(call(nr, [all, 0, 0, 0, 0, 0]), errno(libc::EPERM));
         }
-        assert_eq!(call(libc::SYS_clone3, [0, 88, 0, 0, 0, 0]), errno(libc::ENOSYS));
+        assert_eq!(
+            call(libc::SYS_clone3, [0, 88, 0, 0, 0, 0]),
+            errno(libc::ENOSYS)
+        );
     }
 
     #[test]

@@ -182,9 +182,14 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
     let sandbox = match &info.sandbox {
         None => "not reported by this daemon".to_string(),
         Some(s) => match (&s.problem, &s.detail) {
-            (Some(p), Some(d)) => format!("{} ({p}; bwrap said: {})", s.state, d.replace('\n', " / ")),
+            (Some(p), Some(d)) => {
+                format!("{} ({p}; bwrap said: {})", s.state, d.replace('\n', " / "))
+            }
             (Some(p), None) => format!("{} ({p})", s.state),
-            _ => format!("{} (nested user namespaces refused by: {})", s.state, s.nested_userns),
+            _ => format!(
+                "{} (nested user namespaces refused by: {})",
+                s.state, s.nested_userns
+            ),
         },
     };
     let rows = vec![

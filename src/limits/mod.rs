@@ -254,8 +254,18 @@ impl Backend {
     pub fn verify(&self, script_id: &str, pid: u32, l: &Limits) -> Enforcement {
         let (fs, proc, own, cpu) = match self {
             Backend::Rlimit => return Enforcement::default(),
-            Backend::Systemd(s) => (&s.cgroupfs, &s.proc, systemd::unit_name(script_id), s.cpu_quota_percent),
-            Backend::Cgroup(c) => (&c.cgroupfs, &c.proc, cgroup::leaf_name(script_id), c.cpu_quota_percent),
+            Backend::Systemd(s) => (
+                &s.cgroupfs,
+                &s.proc,
+                systemd::unit_name(script_id),
+                s.cpu_quota_percent,
+            ),
+            Backend::Cgroup(c) => (
+                &c.cgroupfs,
+                &c.proc,
+                cgroup::leaf_name(script_id),
+                c.cpu_quota_percent,
+            ),
         };
         let file = proc.join(pid.to_string()).join("cgroup");
         match std::fs::read_to_string(&file) {
@@ -392,6 +402,36 @@ mod tests {
         assert_eq!(b.rlimits(&limits()), [(libc::RLIMIT_CORE, 0)]);
         let placed = b.place("ab", &limits(), &[4242]).await.unwrap();
         assert!(matches!(placed, Placement::Leaf(_)));
+        // The read-back: 4242 is in the leaf, whose parent (on this fake tree) did
+        // not enable memory for it; `place` succeeded all the same.
+        std::fs::create_dir_all(d.path().join("proc/4242")).unwrap();
+        std::fs::write(
+            d.path().join("proc/4242/cgroup"),
+            "0::/system.slice/scriptgate.service/script-ab\n",
+        )
+        .unwrap();
+        std::fs::write(d.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        std::fs::write(root.join("script-ab/cgroup.controllers"), "cpu pids\n").unwrap();
+        let e = b.verify("ab", 4242, &limits());
+        assert!(!e.enforced());
+        assert_eq!(e.problems.len(), 1, "{e:?}");
+        assert!(
+            e.problems[0].contains("the memory controller is not enabled for"),
+            "{e:?}"
+        );
+        std::fs::write(
+            root.join("script-ab/cgroup.controllers"),
+            "cpu memory pids\n",
+        )
+        .unwrap();
+        assert!(b.verify("ab", 4242, &limits()).enforced());
+        let gone = b.verify("ab", 4343, &limits());
+        assert!(
+            gone.problems[0].starts_with("limits cannot be checked: "),
+            "{gone:?}"
+        );
+        // rlimit has nothing to read back: its limits are set before the exec.
+        assert!(Backend::Rlimit.verify("ab", 4242, &limits()).enforced());
         // A host without the subtree: `cgroup` asked for fails, `auto` notes why.
         let bare = Host {
             cgroupfs: d.path().join("nothing"),
