@@ -272,7 +272,6 @@ pub async fn run(
     // 6. Wait for the end, or make it: the timeout counts from here, once the
     //    script can run.
     let init = sandbox_init(ours.info).await;
-    let never_made = init.is_none();
     let (cut, exit) = wait_or_stop(
         &mut sandbox,
         init.as_ref(),
@@ -294,6 +293,10 @@ pub async fn run(
     )
     .await;
 
+    // The init reports at its end, even after a failed script; no report and no
+    // kill means bwrap failed before it ran (its `child-pid` may have come: on
+    // Ubuntu the namespace is made, and its setup then fails).
+    let never_ran = collected.usage.is_none();
     // 8. Decide the status and error, from facts only.
     let ending = Ending {
         cut,
@@ -307,7 +310,7 @@ pub async fn run(
     let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
     let (status, mut error) = judge(&ending, &launch.limits, &unit);
     // bwrap failed before the sandbox existed: say why in one line, its words after.
-    if never_made && ending.cut.is_none() && ending.setup_error.is_none() && status == Status::Error
+    if never_ran && ending.cut.is_none() && ending.setup_error.is_none() && status == Status::Error
     {
         let facts = crate::preflight::HostFacts::read(std::path::Path::new("/proc/sys"));
         error = crate::preflight::explain(&ending.stderr_tail, &facts).or(error);
