@@ -571,6 +571,9 @@ struct Placed {
 /// Step 5: put the sandbox (and a keeper, for a scope) in its unit, then say "go"
 /// through the gate. Without "go" (the gate's write end dropped) the gate shell
 /// exits 125 and bwrap never runs.
+// One argument over clippy's seven: `launch` is partly moved by now, so its
+// parts come one by one.
+#[allow(clippy::too_many_arguments)]
 async fn place_behind_gate(
     spawner: &Spawner,
     backend: &Backend,
