@@ -252,6 +252,7 @@ impl SandboxCheck {
         };
         match (i.state.as_str(), &i.problem) {
             ("ok", _) => format!("sandbox ok ({how})"),
+            ("unchecked", Some(p)) => format!("sandbox not checked: {p}"),
             (_, Some(p)) => match &i.detail {
                 Some(d) => format!("{p} (bwrap said: {})", d.replace('\n', " / ")),
                 None => p.clone(),
