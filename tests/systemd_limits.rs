@@ -291,4 +291,31 @@ fn writable_controllers_are_read_back_as_in_force() {
     let r = e.run(&rig.token(), "print('in force')", &[]);
     assert_eq!(r["status"], "ok", "{r}");
     assert!(r.get("backend_notes").is_none(), "{r}");
+
+    // The controller goes read-only after start-up: the start-up check passed, so
+    // the start is accepted; the script's own read-back fails, and it ends before
+    // it runs (the gate stays shut), saying why.
+    let o = rig
+        .nsenter(&["mount", "-o", "remount,bind,ro", "/sys/fs/cgroup/memory"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let marker = rig.dir.join("roots/ws/ran");
+    let code = format!("open({:?}, 'w').write('x')", marker.display().to_string());
+    let r = e.run(&rig.token(), &code, &[]);
+    assert_eq!(r["status"], "error", "{r}");
+    let err = r["error"].as_str().unwrap();
+    assert!(err.starts_with("limits not enforced: memory_max_bytes = 209715200 is not in force: the script is in memory cgroup "), "{r}");
+    assert!(
+        err.contains("sandbox.require_enforced_limits = true"),
+        "{r}"
+    );
+    assert!(
+        r["backend_notes"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("memory_max_bytes = 209715200 is not in force"),
+        "{r}"
+    );
+    assert!(!marker.exists(), "the script never ran");
 }
