@@ -36,7 +36,6 @@ pub const UNAVAILABLE: &str = "sandbox unavailable:";
 pub struct HostFacts {
     pub max_user_namespaces: Option<u64>,
     pub unprivileged_userns_clone: Option<u64>,
-    pub apparmor_restrict_unprivileged_userns: Option<u64>,
 }
 
 impl HostFacts {
@@ -52,9 +51,6 @@ impl HostFacts {
         HostFacts {
             max_user_namespaces: get("user/max_user_namespaces"),
             unprivileged_userns_clone: get("kernel/unprivileged_userns_clone"),
-            apparmor_restrict_unprivileged_userns: get(
-                "kernel/apparmor_restrict_unprivileged_userns",
-            ),
         }
     }
 }
@@ -393,7 +389,8 @@ pub async fn check_sandbox(
             lines.join("\n")
         };
         let d = diagnose(&raw, &facts);
-        SandboxCheck::new("unavailable", disable_userns, Some(d.line), Some(raw))
+        let detail = (!raw.is_empty()).then_some(raw);
+        SandboxCheck::new("unavailable", disable_userns, Some(d.line), detail)
     };
     let verdict = judged(&first, true);
     let cause = first
@@ -560,7 +557,6 @@ mod tests {
         HostFacts {
             max_user_namespaces: Some(15000),
             unprivileged_userns_clone: None,
-            apparmor_restrict_unprivileged_userns: None,
         }
     }
 
