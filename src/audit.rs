@@ -509,6 +509,7 @@ fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<Recovered>> {
                     text: String::new(),
                     memory_peak_bytes: None,
                     cpu_usec: None,
+                    backend_notes: vec![],
                 }
                 .with_text(None),
             });
@@ -654,6 +655,7 @@ mod tests {
             text: String::new(),
             memory_peak_bytes: None,
             cpu_usec: None,
+            backend_notes: vec![],
         }
     }
 }

@@ -129,6 +129,9 @@ pub struct Sandbox {
     pub bwrap: PathBuf,
     /// Size of the script's private /tmp (extension).
     pub tmp_size_bytes: u64,
+    /// Refuse to run scripts whose memory and task limits are not in force, as
+    /// read back from their cgroup (extension; the package turns it on).
+    pub require_enforced_limits: bool,
 }
 impl Default for Sandbox {
     fn default() -> Self {
@@ -137,6 +140,7 @@ impl Default for Sandbox {
             run_as: "nobody".into(),
             bwrap: "/usr/bin/bwrap".into(),
             tmp_size_bytes: 64 << 20,
+            require_enforced_limits: false,
         }
     }
 }

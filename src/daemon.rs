@@ -66,6 +66,8 @@ pub struct Daemon {
     key: Vec<u8>,
     pub store: Store,
     pub backend: Picked,
+    /// What the start-up preflight found (see `preflight`).
+    pub preflight: crate::preflight::Preflight,
     spawner: Spawner,
     runtime_dir: PathBuf,
     /// Running and finished scripts, `max_running` slots, pending approvals.
@@ -189,6 +191,8 @@ impl Daemon {
             .iter()
             .find_map(|g| nix::unistd::Group::from_name(g).ok().flatten())
             .map(|g| g.gid.as_raw());
+        let spawner = Spawner::start();
+        let preflight = crate::preflight::Preflight::run(&spawner, &cfg, &backend.backend).await;
         let (store, interrupted) = Store::open(&state.join("scriptgate.db"), admin_gid)?;
         let revoked: RevokedRuns =
             Arc::new(RwLock::new(store.revoked_runs()?.into_iter().collect()));
@@ -196,7 +200,8 @@ impl Daemon {
             key,
             store,
             backend,
-            spawner: Spawner::start(),
+            preflight,
+            spawner,
             runtime_dir,
             registry: Registry::new(cfg.server.max_running),
             refusals: Mutex::new(RefusalLimiter::default()),
@@ -233,8 +238,10 @@ impl Daemon {
             version: VERSION.into(),
             protocol: crate::protocol::PROTOCOL_VERSION,
             backend: self.backend.kind.as_str().into(),
-            backend_notes: self.backend.notes.clone(),
+            backend_notes: self.backend_notes(),
             limits_per_script: self.backend.limits_per_script(),
+            limits_enforced: Some(self.preflight.limits.enforced()),
+            sandbox: Some(self.preflight.sandbox.info.clone()),
             running: self.running_count(),
             limits: DaemonLimits {
                 max_calls: s.max_calls,
@@ -248,6 +255,17 @@ impl Daemon {
                 max_running: self.cfg.server.max_running,
             },
         }
+    }
+
+    /// The backend's notes, then what the preflight found not in force.
+    pub fn backend_notes(&self) -> Vec<String> {
+        let mut v = self.backend.notes.clone();
+        v.extend(self.preflight.limits.lines());
+        v
+    }
+
+    pub fn sandbox_check(&self) -> &crate::preflight::SandboxCheck {
+        &self.preflight.sandbox
     }
 
     /// `run.describe`: the run_script description for the token's snapshot.
@@ -348,6 +366,7 @@ impl Daemon {
         // 1. Admit: nothing runs unless the run is proven, not revoked, and its
         //    workspace, plan and identity hold.
         let admitted = self.admit(peer, &p, signed)?;
+        self.preflight.refuse_unenforced(&self.cfg)?;
         let script_id = new_script_id();
         // 2. One approval for all declared write tools. A start waiting for it
         //    holds no max_running slot, so an engine that never answers blocks
@@ -637,6 +656,7 @@ impl Daemon {
                 python: self.cfg.scripts.python.clone(),
                 script: rec.art.path.join("script.py"),
                 tmp_size_bytes: self.cfg.sandbox.tmp_size_bytes,
+                disable_userns: self.sandbox_check().disable_userns,
             },
             workspace_dir: a.workspace.dir,
             agent_dir: rec.art.agent,
@@ -648,6 +668,7 @@ impl Daemon {
             stderr_file: rec.stderr_file,
             output_max_bytes: self.cfg.scripts.output_max_bytes,
             return_max_chars: self.cfg.scripts.return_max_chars,
+            require_enforced_limits: self.cfg.sandbox.require_enforced_limits,
         };
         (broker, launch)
     }
@@ -731,6 +752,7 @@ impl Daemon {
             error: Some(format!("the sandbox could not start: {e}")),
             memory_peak_bytes: None,
             cpu_usec: None,
+            backend_notes: vec![],
         });
         let note = e.output_truncated.then(|| {
             format!("[output truncated to return_max_chars = {} characters; all of it is in {details_dir}/output.txt]", self.cfg.scripts.return_max_chars)
@@ -754,6 +776,7 @@ impl Daemon {
             text: String::new(),
             memory_peak_bytes: e.memory_peak_bytes,
             cpu_usec: e.cpu_usec,
+            backend_notes: e.backend_notes,
         }
         .with_text(note.as_deref())
     }

@@ -16,6 +16,7 @@ pub mod journal;
 pub(crate) mod limits;
 pub(crate) mod mcp;
 pub(crate) mod policy;
+pub(crate) mod preflight;
 pub mod protocol;
 pub mod ratelimit;
 pub(crate) mod registry;

@@ -520,7 +520,8 @@ pub struct Described {
 ///
 /// ```json
 /// {"version": "0.1.0", "protocol": 1, "backend": "cgroup", "backend_notes": [],
-///  "limits_per_script": true, "running": 0,
+///  "limits_per_script": true, "limits_enforced": true, "running": 0,
+///  "sandbox": {"state": "ok", "nested_userns": "disable-userns", "problem": null, "detail": null},
 ///  "limits": {"max_calls": 500, "max_concurrency": 4, "timeout_s": 600,
 ///             "memory_max_bytes": 1073741824, "tasks_max": 64, "output_max_bytes": 10485760,
 ///             "return_max_chars": 20000, "approval_timeout_s": 300, "max_running": 16}}
@@ -532,8 +533,38 @@ pub struct DaemonInfo {
     pub backend: String,
     pub backend_notes: Vec<String>,
     pub limits_per_script: bool,
+    /// The start-up preflight read the limits back from a unit's cgroups and
+    /// found memory_max_bytes and tasks_max in force (extension; `backend_notes`
+    /// says what is not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits_enforced: Option<bool>,
     pub running: usize,
     pub limits: DaemonLimits,
+    /// What the start-up preflight found of the sandbox (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxInfo>,
+}
+
+/// `daemon.info`'s `sandbox`: can bwrap make a sandbox here, as the script uid.
+///
+/// ```json
+/// {"state": "unavailable", "nested_userns": "disable-userns",
+///  "problem": "sandbox unavailable: AppArmor denies the sandbox its user namespace (…); fix: …",
+///  "detail": "bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted"}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    /// `ok`, `unavailable` (scripts will fail; `problem` says why and the fix),
+    /// or `unchecked` (the probe could not be run or did not end).
+    pub state: String,
+    /// What keeps a script from making user namespaces: `disable-userns` (bwrap's
+    /// flag and the seccomp filter) or `seccomp` (the filter alone, where the flag
+    /// cannot be used: a read-only /proc/sys, a bwrap before 0.8).
+    pub nested_userns: String,
+    /// The one-line diagnosis: cause and fix.
+    pub problem: Option<String>,
+    /// bwrap's own words.
+    pub detail: Option<String>,
 }
 
 /// `daemon.info`'s `limits`: the configured limits of every script.
@@ -891,6 +922,10 @@ pub struct ScriptResult {
     /// CPU time of the script's unit/cgroup, when the backend knows it (extension).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_usec: Option<u64>,
+    /// Limits of this script that were not in force, read back from its cgroups
+    /// (extension).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backend_notes: Vec<String>,
 }
 
 impl ScriptResult {
@@ -1172,6 +1207,7 @@ mod tests {
             text: String::new(),
             memory_peak_bytes: None,
             cpu_usec: None,
+            backend_notes: vec![],
         }
     }
 

@@ -41,6 +41,9 @@ pub struct Launch {
     pub stderr_file: std::fs::File,
     pub output_max_bytes: u64,
     pub return_max_chars: usize,
+    /// `sandbox.require_enforced_limits`: no "go" through the gate for a script
+    /// whose limits read back as not in force.
+    pub require_enforced_limits: bool,
 }
 
 /// What the supervisor observed; the daemon turns it into the result object.
@@ -59,6 +62,8 @@ pub struct Ended {
     /// resident set at the fork.
     pub memory_peak_bytes: Option<u64>,
     pub cpu_usec: Option<u64>,
+    /// Limits of this script that were not in force (read back from its cgroups).
+    pub backend_notes: Vec<String>,
 }
 
 /// How much of stderr is kept for the result's `error`.
@@ -259,8 +264,10 @@ pub async fn run(
         &script_id,
         sandbox.pid,
         ours.gate,
+        launch.require_enforced_limits,
     )
     .await;
+    let backend_notes = placed.notes.clone();
 
     // 6. Wait for the end, or make it: the timeout counts from here, once the
     //    script can run.
@@ -286,6 +293,10 @@ pub async fn run(
     )
     .await;
 
+    // The init reports at its end, even after a failed script; no report and no
+    // kill means bwrap failed before it ran (its `child-pid` may have come: on
+    // Ubuntu the namespace is made, and its setup then fails).
+    let never_ran = collected.usage.is_none();
     // 8. Decide the status and error, from facts only.
     let ending = Ending {
         cut,
@@ -297,8 +308,16 @@ pub async fn run(
         stderr_tail: collected.stderr_tail(),
     };
     let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
-    let (status, error) = judge(&ending, &launch.limits, &unit);
-    Ok(collected.ended(status, error, exit, t0, launch.return_max_chars))
+    let (status, mut error) = judge(&ending, &launch.limits, &unit);
+    // bwrap failed before the sandbox existed: say why in one line, its words after.
+    if never_ran && ending.cut.is_none() && ending.setup_error.is_none() && status == Status::Error
+    {
+        let facts = crate::preflight::HostFacts::read(std::path::Path::new("/proc/sys"));
+        error = crate::preflight::explain(&ending.stderr_tail, &facts).or(error);
+    }
+    let mut ended = collected.ended(status, error, exit, t0, launch.return_max_chars);
+    ended.backend_notes = backend_notes;
+    Ok(ended)
 }
 
 /// The child's ends of its descriptors.
@@ -545,11 +564,16 @@ struct Placed {
     keeper: Option<Keeper>,
     /// Why the script could not be placed; it then never passed the gate.
     error: Option<String>,
+    /// Its limits that read back as not in force.
+    notes: Vec<String>,
 }
 
 /// Step 5: put the sandbox (and a keeper, for a scope) in its unit, then say "go"
 /// through the gate. Without "go" (the gate's write end dropped) the gate shell
 /// exits 125 and bwrap never runs.
+// One argument over clippy's seven: `launch` is partly moved by now, so its
+// parts come one by one.
+#[allow(clippy::too_many_arguments)]
 async fn place_behind_gate(
     spawner: &Spawner,
     backend: &Backend,
@@ -558,11 +582,13 @@ async fn place_behind_gate(
     script_id: &str,
     pid: i32,
     gate: Option<OwnedFd>,
+    require_enforced_limits: bool,
 ) -> Placed {
     let mut placed = Placed {
         placement: Placement::None,
         keeper: None,
         error: None,
+        notes: vec![],
     };
     let Some(gate_w) = gate else {
         return placed;
@@ -587,6 +613,13 @@ async fn place_behind_gate(
     match backend.place(script_id, limits, &pids).await {
         Ok(p) => {
             placed.placement = p;
+            // Read back what the unit's cgroups actually have.
+            let e = backend.verify(script_id, pid as u32, limits);
+            placed.notes = e.lines();
+            if require_enforced_limits && !e.enforced() {
+                placed.error = Some(crate::preflight::limits_refusal(&e.problems));
+                return placed;
+            }
             let mut w = std::fs::File::from(gate_w);
             let _ = std::io::Write::write_all(&mut w, b"go\n");
         }
@@ -746,6 +779,7 @@ impl Collected {
             // bwrap reaps the init, which reaps the whole namespace: its rusage
             // covers every process of the sandbox.
             cpu_usec: stats.cpu_usec.or(exit.map(|e| e.cpu_usec)),
+            backend_notes: vec![],
         }
     }
 }

@@ -146,6 +146,11 @@ pub struct SandboxSpec {
     pub script: PathBuf,
     /// Size of the private `/tmp`.
     pub tmp_size_bytes: u64,
+    /// Pass `--disable-userns`. It writes `/proc/sys/user/max_user_namespaces`
+    /// inside the sandbox, which fails where `/proc/sys` is read-only (containers)
+    /// and bwrap before 0.8 does not know it; `preflight` then turns it off, and the
+    /// seccomp filter alone keeps the script from making a user namespace.
+    pub disable_userns: bool,
 }
 
 /// What a host path is, as far as the sandbox layout cares.
@@ -192,10 +197,10 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
     // Namespaces: all of them (no network, not even loopback to the host), and an
     // explicit user namespace so that --disable-userns can forbid nested ones.
-    push(
-        &mut a,
-        &[&"--unshare-all", &"--unshare-user", &"--disable-userns"],
-    );
+    push(&mut a, &[&"--unshare-all", &"--unshare-user"]);
+    if spec.disable_userns {
+        push(&mut a, &[&"--disable-userns"]);
+    }
     // The sandbox dies with its supervisor, has no controlling terminal (no TIOCSTI)
     // and no capabilities, and sees only the environment set below.
     push(
@@ -321,6 +326,46 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
     a
 }
 
+/// The preflight's argv (see `preflight`): the namespaces, isolation flags and
+/// seccomp program of `bwrap_args`, the system dirs, `/proc` and a `/tmp`, and the
+/// configured Python doing nothing. It fails where a script's sandbox would fail
+/// to be made, and costs one short bwrap and one Python start.
+pub fn probe_args(python: &Path, disable_userns: bool, host: &dyn HostView) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::new();
+    push(&mut a, &[&"--unshare-all", &"--unshare-user"]);
+    if disable_userns {
+        push(&mut a, &[&"--disable-userns"]);
+    }
+    push(
+        &mut a,
+        &[
+            &"--die-with-parent",
+            &"--new-session",
+            &"--cap-drop",
+            &"ALL",
+            &"--clearenv",
+            &"--as-pid-1",
+        ],
+    );
+    for dir in SYSTEM_DIRS {
+        match host.entry(Path::new(dir)) {
+            Entry::Symlink(target) => push(&mut a, &[&"--symlink", &target, dir]),
+            Entry::Plain => push(&mut a, &[&"--ro-bind", dir, dir]),
+            Entry::Missing => {}
+        }
+    }
+    if !SYSTEM_DIRS.iter().any(|d| python.starts_with(d)) {
+        if let Some(prefix) = python.parent().and_then(Path::parent) {
+            push(&mut a, &[&"--ro-bind", &prefix, &prefix]);
+        }
+    }
+    push(&mut a, &[&"--proc", &"/proc", &"--tmpfs", &"/tmp"]);
+    push(&mut a, &[&"--remount-ro", &"/", &"--chdir", &"/"]);
+    push(&mut a, &[&"--seccomp", &FD_SECCOMP.to_string()]);
+    push(&mut a, &[&"--", &python, &"-I", &"-S", &"-c", &"pass"]);
+    a
+}
+
 /// Parse the init's report (see INIT): the largest resident set of any process
 /// of the script's tree, in bytes.
 pub fn parse_usage_report(bytes: &[u8]) -> Option<u64> {
@@ -352,6 +397,7 @@ mod tests {
             python: "/usr/bin/python3".into(),
             script: "/srv/ws/run-42/.agent/scripts/abc/script.py".into(),
             tmp_size_bytes: 1 << 20,
+            disable_userns: true,
         }
     }
 
@@ -508,6 +554,48 @@ mod tests {
         let a = argv(true);
         assert!(!a.iter().any(|s| s == "--bind-fd" || s == "--bind"));
         assert!(has(&a, &["--ro-bind-fd", "9", "/srv/ws/run-42"]));
+    }
+
+    #[test]
+    fn without_disable_userns_only_that_flag_goes() {
+        let mut s = spec(false);
+        s.disable_userns = false;
+        let host = FakeHost(HashMap::from([("/usr", None)]));
+        let without: Vec<OsString> = bwrap_args(&s, &host);
+        s.disable_userns = true;
+        let mut with = bwrap_args(&s, &host);
+        assert_eq!(with[2], "--disable-userns");
+        with.remove(2);
+        assert_eq!(with, without);
+    }
+
+    #[test]
+    fn the_probe_makes_the_same_namespaces_and_runs_python() {
+        let host = FakeHost(HashMap::from([("/usr", None), ("/lib", Some("usr/lib"))]));
+        let probe = |d| -> Vec<String> {
+            probe_args(Path::new("/usr/bin/python3"), d, &host)
+                .into_iter()
+                .map(|s| s.into_string().unwrap())
+                .collect()
+        };
+        let real = argv(false);
+        let a = probe(true);
+        assert_eq!(a[..3], real[..3], "the namespace flags are the script's");
+        for f in [
+            "--die-with-parent",
+            "--new-session",
+            "--clearenv",
+            "--as-pid-1",
+        ] {
+            assert!(a.contains(&f.to_string()), "{f}");
+        }
+        assert!(has(&a, &["--seccomp", "8"]));
+        assert!(has(&a, &["--proc", "/proc"]));
+        assert!(has(&a, &["--symlink", "usr/lib", "/lib"]));
+        assert!(
+            a.ends_with(&["--", "/usr/bin/python3", "-I", "-S", "-c", "pass"].map(String::from))
+        );
+        assert!(!probe(false).contains(&"--disable-userns".to_string()));
     }
 
     #[test]

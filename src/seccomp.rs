@@ -11,13 +11,21 @@
 //!    io_uring, perf, userfaultfd, ptrace, NUMA policy, terminal injection) fail
 //!    with EPERM. A call of another architecture (i386 on x86_64) kills the
 //!    process, so the denylist cannot be walked around.
+//!    `clone` with any `CLONE_NEW*` flag fails with EPERM too, as `unshare` and
+//!    `setns` do: no namespace of any kind is made inside the sandbox.
 //! 3. Socket families: `socket` and `socketpair` work for AF_UNIX, AF_INET and
 //!    AF_INET6 only (the network namespace is empty); every other family fails with
 //!    EAFNOSUPPORT. Families that a network namespace does not isolate (AF_VSOCK
 //!    reaches the hypervisor's ports) or that are kernel attack surface (AF_ALG,
 //!    AF_NETLINK, AF_PACKET, ...) are unreachable.
+//! 4. `clone3` fails with ENOSYS. Its flags are in memory, where seccomp cannot
+//!    look, so it cannot be refused for namespace flags only; ENOSYS makes glibc
+//!    (and Python) fall back to `clone`, which part 2 checks (Flatpak does the same).
 //!
-//! seccompiler compiles parts 2 and 3 (one match action per filter, so one filter
+//! Parts 2 and 4 are what keep a script from making a user namespace where bwrap's
+//! `--disable-userns` cannot be used (a read-only `/proc/sys`, see `preflight`).
+//!
+//! seccompiler compiles parts 2, 3 and 4 (one match action per filter, so one filter
 //! each); `then` joins them and the guard is prepended. Classic BPF jumps are
 //! relative to the next instruction and only go forward, and seccompiler's
 //! programs end every path with a return, so a program can be prefixed, and its
@@ -111,6 +119,19 @@ fn arch() -> Result<TargetArch, String> {
     }
 }
 
+/// The `clone` flags that make a namespace; `clone` with any of them is refused.
+/// (`CLONE_NEWTIME` is `unshare`/`clone3` only: in `clone`'s flags 0x80 is part of
+/// the exit signal.)
+pub const NAMESPACE_FLAGS: &[(&str, i32)] = &[
+    ("CLONE_NEWNS", libc::CLONE_NEWNS),
+    ("CLONE_NEWCGROUP", libc::CLONE_NEWCGROUP),
+    ("CLONE_NEWUTS", libc::CLONE_NEWUTS),
+    ("CLONE_NEWIPC", libc::CLONE_NEWIPC),
+    ("CLONE_NEWUSER", libc::CLONE_NEWUSER),
+    ("CLONE_NEWPID", libc::CLONE_NEWPID),
+    ("CLONE_NEWNET", libc::CLONE_NEWNET),
+];
+
 /// The address families `socket` and `socketpair` may create.
 pub const ALLOWED_FAMILIES: &[(&str, i32)] = &[
     ("AF_UNIX", libc::AF_UNIX),
@@ -203,7 +224,29 @@ fn denylist() -> Result<BpfProgram, String> {
         })
         .collect::<Result<Vec<_>, String>>()?;
     rules.insert(libc::SYS_ioctl, ioctl);
+    // clone: flags are argument 0 on every architecture here, and the kernel reads
+    // only their low 32 bits (`Dword`). One rule per flag: rules are alternatives.
+    let clone = NAMESPACE_FLAGS
+        .iter()
+        .map(|&(_, flag)| {
+            let c = SeccompCondition::new(
+                0,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::MaskedEq(flag as u64),
+                flag as u64,
+            )
+            .map_err(|e| e.to_string())?;
+            SeccompRule::new(vec![c]).map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    rules.insert(libc::SYS_clone, clone);
     compile(rules, SeccompAction::Errno(libc::EPERM as u32))
+}
+
+/// Part 4: `clone3`, ENOSYS (see the module comment).
+fn no_clone3() -> Result<BpfProgram, String> {
+    let rules = BTreeMap::from([(libc::SYS_clone3, vec![])]);
+    compile(rules, SeccompAction::Errno(libc::ENOSYS as u32))
 }
 
 /// Part 3: `socket`/`socketpair` of a family not in ALLOWED_FAMILIES, EAFNOSUPPORT.
@@ -229,7 +272,7 @@ fn families() -> Result<BpfProgram, String> {
 /// The whole filter as instructions.
 fn instructions() -> Result<BpfProgram, String> {
     let mut prog = x32_guard();
-    prog.extend(then(denylist()?, families()?));
+    prog.extend(then(then(denylist()?, families()?), no_clone3()?));
     if prog.len() >= 4096 {
         return Err(format!(
             "seccomp program of {} instructions; the kernel takes at most 4095",
@@ -331,6 +374,7 @@ mod tests {
         ] {
             assert_eq!(call(nr, [0; 6]), ALLOW, "{nr}");
         }
+        assert_eq!(call(libc::SYS_clone3, [0; 6]), errno(libc::ENOSYS));
         for (name, nr) in denied_syscalls() {
             assert_eq!(call(nr, [0; 6]), errno(libc::EPERM), "{name}");
         }
@@ -342,6 +386,52 @@ mod tests {
             errno(libc::EPERM)
         );
         assert_eq!(call(libc::SYS_ioctl, [0, 0x5401, 0, 0, 0, 0]), ALLOW); // TCGETS
+    }
+
+    #[test]
+    fn clone_makes_threads_and_processes_but_no_namespace() {
+        // What glibc's fork and pthread_create pass.
+        let fork = (libc::CLONE_CHILD_SETTID | libc::CLONE_CHILD_CLEARTID | libc::SIGCHLD) as u64;
+        let thread = (libc::CLONE_VM
+            | libc::CLONE_FS
+            | libc::CLONE_FILES
+            | libc::CLONE_SIGHAND
+            | libc::CLONE_THREAD
+            | libc::CLONE_SYSVSEM
+            | libc::CLONE_SETTLS
+            | libc::CLONE_PARENT_SETTID
+            | libc::CLONE_CHILD_CLEARTID) as u64;
+        for flags in [fork, thread, libc::SIGCHLD as u64] {
+            assert_eq!(call(libc::SYS_clone, [flags, 0, 0, 0, 0, 0]), ALLOW);
+        }
+        for (name, flag) in NAMESPACE_FLAGS {
+            for with in [0, fork, thread] {
+                let flags = with | *flag as u32 as u64;
+                assert_eq!(
+                    call(libc::SYS_clone, [flags, 0, 0, 0, 0, 0]),
+                    errno(libc::EPERM),
+                    "{name} with {with:#x}"
+                );
+                // High bits do not hide the flag (the kernel ignores them for clone).
+                assert_eq!(
+                    call(libc::SYS_clone, [flags | 1 << 40, 0, 0, 0, 0, 0]),
+                    errno(libc::EPERM),
+                    "{name} with high bits"
+                );
+            }
+        }
+        // unshare and setns are refused whatever their flags; clone3 cannot be
+        // inspected, so glibc is sent back to clone.
+        for nr in [libc::SYS_unshare, libc::SYS_setns] {
+            let all = NAMESPACE_FLAGS
+                .iter()
+                .fold(0u64, |a, f| a | f.1 as u32 as u64);
+            assert_eq!(call(nr, [all, 0, 0, 0, 0, 0]), errno(libc::EPERM));
+        }
+        assert_eq!(
+            call(libc::SYS_clone3, [0, 88, 0, 0, 0, 0]),
+            errno(libc::ENOSYS)
+        );
     }
 
     #[test]
@@ -400,6 +490,7 @@ mod tests {
         // Every RET ALLOW of the denylist became a forward jump to the families part.
         let first = denylist().unwrap();
         let joined = then(first.clone(), families().unwrap());
+        let joined = then(joined, no_clone3().unwrap());
         for (i, (a, b)) in first.iter().zip(&joined).enumerate() {
             if a.code == RET_K && a.k == ALLOW {
                 assert_eq!(b.code, JMP_JA);

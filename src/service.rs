@@ -197,18 +197,21 @@ fn announce_ready(daemon: &Daemon) {
         daemon.backend.notes.join("; ")
     };
     let backend = daemon.backend.kind.as_str();
-    if daemon.backend.limits_per_script() {
+    // The preflight: limits read back from a unit, and the sandbox probed.
+    let preflight = daemon.preflight.summary();
+    if daemon.backend.limits_per_script() && !daemon.preflight.loud() {
         tracing::info!(
             version = crate::daemon::VERSION,
             backend,
-            "scriptgated ready (backend {backend}; {notes})"
+            "scriptgated ready (backend {backend}; {notes}; {preflight})"
         );
     } else {
-        // Loud: scripts of one uid share their limits on this backend.
+        // Loud: scripts of one uid share their limits on this backend, or the
+        // limits are not in force, or the sandbox cannot be made.
         tracing::warn!(
             version = crate::daemon::VERSION,
             backend,
-            "scriptgated ready (backend {backend}; {notes})"
+            "scriptgated ready (backend {backend}; {notes}; {preflight})"
         );
     }
     let _ = sd_notify::notify(&[

@@ -174,10 +174,29 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
     } else {
         format!("{} ({})", info.backend, info.backend_notes.join("; "))
     };
+    // The preflight's word: limits not in force, and the sandbox, loudly.
+    let backend = match info.limits_enforced {
+        Some(false) => format!("{backend}; LIMITS NOT ENFORCED"),
+        _ => backend,
+    };
+    let sandbox = match &info.sandbox {
+        None => "not reported by this daemon".to_string(),
+        Some(s) => match (&s.problem, &s.detail) {
+            (Some(p), Some(d)) => {
+                format!("{} ({p}; bwrap said: {})", s.state, d.replace('\n', " / "))
+            }
+            (Some(p), None) => format!("{} ({p})", s.state),
+            _ => format!(
+                "{} (nested user namespaces refused by: {})",
+                s.state, s.nested_userns
+            ),
+        },
+    };
     let rows = vec![
         vec!["daemon".into(), format!("running at {}", ctx.socket.display())],
         vec!["version".into(), format!("{} (protocol {})", info.version, info.protocol)],
         vec!["backend".into(), backend],
+        vec!["sandbox".into(), sandbox],
         vec!["running".into(), format!("{} of {}", info.running, l.max_running)],
         vec![
             "limits".into(),

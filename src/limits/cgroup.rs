@@ -72,6 +72,168 @@ pub fn stats(fs: &Path, cg: &str) -> Stats {
     s
 }
 
+/// Whether a script's limits are in force, as read back from the cgroup its
+/// first process is actually in (not from what was asked for): `problems` are
+/// memory or task limits not in force, `notes` a CPU quota not in force (the
+/// daemon's own timeout bounds the time a script runs in any case).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Enforcement {
+    pub problems: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+impl Enforcement {
+    pub fn enforced(&self) -> bool {
+        self.problems.is_empty()
+    }
+
+    /// Everything said, problems first, for a backend's notes.
+    pub fn lines(&self) -> Vec<String> {
+        self.problems.iter().chain(&self.notes).cloned().collect()
+    }
+}
+
+/// One controller's cgroup directory for a process: on cgroup v1 the hierarchy
+/// it is bound to (`fs/<controllers>/<path>`), else the v2 directory, if that
+/// has the controller enabled. `Err` says where the process is and why that is
+/// not its own cgroup with the controller.
+fn controller_dir(
+    fs: &Path,
+    proc_cgroup: &str,
+    controller: &str,
+    own: &str,
+) -> Result<PathBuf, String> {
+    let mut v2 = None;
+    for line in proc_cgroup.lines() {
+        let mut it = line.splitn(3, ':');
+        let (Some(_), Some(ctrls), Some(path)) = (it.next(), it.next(), it.next()) else {
+            continue;
+        };
+        if ctrls.is_empty() {
+            v2 = Some(path);
+        } else if ctrls.split(',').any(|c| c == controller) {
+            let dir = fs.join(ctrls).join(path.trim_start_matches('/'));
+            return own_cgroup(path, own, controller).map(|()| dir);
+        }
+    }
+    let path = v2.ok_or_else(|| format!("the script is in no {controller} cgroup"))?;
+    own_cgroup(path, own, controller)?;
+    let rel = path.trim_start_matches('/');
+    let dir = if fs.join("cgroup.controllers").exists() {
+        fs.join(rel)
+    } else {
+        fs.join("unified").join(rel)
+    };
+    let enabled = read(&dir.join("cgroup.controllers")).unwrap_or_default();
+    if enabled.split_whitespace().any(|c| c == controller) {
+        Ok(dir)
+    } else {
+        Err(format!(
+            "the {controller} controller is not enabled for {} (its parent's cgroup.subtree_control lacks it)",
+            dir.display()
+        ))
+    }
+}
+
+fn own_cgroup(path: &str, own: &str, controller: &str) -> Result<(), String> {
+    if path.rsplit('/').next() == Some(own) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the script is in {controller} cgroup {path}, not in its own {own} (the controller is not writable, or not delegated)"
+        ))
+    }
+}
+
+/// A limit file's value: a number, or None for `max` / v1's "unlimited".
+fn limit_value(text: &str) -> Option<u64> {
+    let v = text.split_whitespace().next()?;
+    v.parse::<u64>().ok().filter(|&n| n < (1 << 62))
+}
+
+/// Read back the limits in force for the process whose `/proc/PID/cgroup` is
+/// `proc_cgroup`, whose own cgroup is named `own` (`scriptgate-<id>.scope`,
+/// `script-<id>`), against the limits it was given. Paths under `fs` (normally
+/// /sys/fs/cgroup), so tests use a fake tree.
+pub fn read_back(
+    fs: &Path,
+    proc_cgroup: &str,
+    own: &str,
+    l: &Limits,
+    cpu_quota_percent: u32,
+) -> Enforcement {
+    let mut e = Enforcement::default();
+    for (key, want, controller, v1, v2) in [
+        (
+            "memory_max_bytes",
+            l.memory_max_bytes,
+            "memory",
+            "memory.limit_in_bytes",
+            "memory.max",
+        ),
+        ("tasks_max", l.tasks_max, "pids", "pids.max", "pids.max"),
+    ] {
+        let not = |why: String| format!("{key} = {want} is not in force: {why}");
+        match controller_dir(fs, proc_cgroup, controller, own) {
+            Err(why) => e.problems.push(not(why)),
+            Ok(dir) => {
+                let file = [dir.join(v1), dir.join(v2)]
+                    .into_iter()
+                    .find(|f| f.exists());
+                let Some(file) = file else {
+                    e.problems
+                        .push(not(format!("{} has neither {v1} nor {v2}", dir.display())));
+                    continue;
+                };
+                let text = read(&file).unwrap_or_default();
+                match limit_value(&text) {
+                    Some(n) if n <= want => {}
+                    _ => e
+                        .problems
+                        .push(not(format!("{} says {:?}", file.display(), text.trim()))),
+                }
+            }
+        }
+    }
+    if cpu_quota_percent > 0 {
+        let not =
+            |why: String| format!("cpu_quota_percent = {cpu_quota_percent} is not in force: {why}");
+        match controller_dir(fs, proc_cgroup, "cpu", own) {
+            Err(why) => e.notes.push(not(why)),
+            Ok(dir) => {
+                let v2 = read(&dir.join("cpu.max")).map(|t| {
+                    let mut it = t.split_whitespace();
+                    (
+                        it.next().and_then(|q| q.parse::<u64>().ok()),
+                        it.next().and_then(|p| p.parse::<u64>().ok()),
+                        t.trim().to_string(),
+                    )
+                });
+                let v1 = || {
+                    let q = read(&dir.join("cpu.cfs_quota_us"))?;
+                    let p = read(&dir.join("cpu.cfs_period_us"))?;
+                    Some((
+                        q.trim().parse::<u64>().ok(),
+                        p.trim().parse::<u64>().ok(),
+                        format!("cfs_quota_us {}", q.trim()),
+                    ))
+                };
+                match v2.or_else(v1) {
+                    Some((Some(q), Some(p), _))
+                        if p > 0 && q * 100 <= p * u64::from(cpu_quota_percent) + p => {}
+                    Some((_, _, said)) => e
+                        .notes
+                        .push(not(format!("{} says {said:?}", dir.display()))),
+                    None => e
+                        .notes
+                        .push(not(format!("{} has no CPU quota file", dir.display()))),
+                }
+            }
+        }
+    }
+    e
+}
+
 /// The daemon's delegated cgroup v2 subtree.
 #[derive(Debug, Clone)]
 pub struct Tree {
@@ -130,7 +292,7 @@ impl Tree {
 
     /// A leaf for one script, with its limits written.
     pub fn leaf(&self, script_id: &str, l: &Limits, cpu_quota_percent: u32) -> io::Result<Leaf> {
-        let dir = self.root.join(format!("script-{script_id}"));
+        let dir = self.root.join(leaf_name(script_id));
         mkdir(&dir)?;
         let leaf = Leaf { dir };
         write(
@@ -147,6 +309,11 @@ impl Tree {
         }
         Ok(leaf)
     }
+}
+
+/// The name of a script's leaf.
+pub fn leaf_name(script_id: &str) -> String {
+    format!("script-{script_id}")
 }
 
 /// One script's cgroup.
@@ -323,6 +490,153 @@ mod tests {
                 cpu_usec: Some(1500)
             }
         );
+    }
+
+    fn limits(mem: u64, tasks: u64) -> Limits {
+        Limits {
+            memory_max_bytes: mem,
+            tasks_max: tasks,
+            ..Limits::effective(&Scripts::default(), &Default::default())
+        }
+    }
+
+    fn put(dir: &Path, files: &[(&str, &str)]) {
+        std::fs::create_dir_all(dir).unwrap();
+        for (f, v) in files {
+            std::fs::write(dir.join(f), v).unwrap();
+        }
+    }
+
+    #[test]
+    fn read_back_of_a_v2_leaf() {
+        let d = tempfile::tempdir().unwrap();
+        put(d.path(), &[("cgroup.controllers", "cpu memory pids\n")]);
+        let leaf = d.path().join("svc/script-ab");
+        put(
+            &leaf,
+            &[
+                ("cgroup.controllers", "cpu memory pids\n"),
+                ("memory.max", "1048576\n"),
+                ("pids.max", "32\n"),
+                ("cpu.max", "50000 100000\n"),
+            ],
+        );
+        let proc = "0::/svc/script-ab\n";
+        let e = read_back(d.path(), proc, "script-ab", &limits(1 << 20, 32), 50);
+        assert_eq!(e, Enforcement::default());
+        assert!(e.enforced());
+        // Stricter than asked is in force; looser, or "max", is not.
+        std::fs::write(leaf.join("pids.max"), "max\n").unwrap();
+        std::fs::write(leaf.join("cpu.max"), "max 100000\n").unwrap();
+        let e = read_back(d.path(), proc, "script-ab", &limits(2 << 20, 32), 50);
+        assert_eq!(e.problems.len(), 1, "{e:?}");
+        assert!(
+            e.problems[0].starts_with("tasks_max = 32 is not in force: "),
+            "{e:?}"
+        );
+        assert!(e.problems[0].ends_with("pids.max says \"max\""), "{e:?}");
+        assert_eq!(
+            e.notes.len(),
+            1,
+            "a CPU quota not in force is a note: {e:?}"
+        );
+        assert!(e.notes[0].starts_with("cpu_quota_percent = 50 is not in force"));
+        assert_eq!(e.lines().len(), 2);
+    }
+
+    /// The parent did not enable memory and pids for its children: the leaf's
+    /// cgroup.controllers lacks them, whatever files a write may have left.
+    #[test]
+    fn read_back_when_the_parent_has_not_enabled_a_controller() {
+        let d = tempfile::tempdir().unwrap();
+        put(d.path(), &[("cgroup.controllers", "cpu memory pids\n")]);
+        let leaf = d.path().join("svc/script-ab");
+        put(
+            &leaf,
+            &[
+                ("cgroup.controllers", "cpu\n"),
+                ("memory.max", "1048576"),
+                ("pids.max", "32"),
+            ],
+        );
+        let e = read_back(
+            d.path(),
+            "0::/svc/script-ab\n",
+            "script-ab",
+            &limits(1 << 20, 32),
+            0,
+        );
+        assert_eq!(e.problems.len(), 2, "{e:?}");
+        assert!(
+            e.problems[0].contains("the memory controller is not enabled for"),
+            "{e:?}"
+        );
+        assert!(
+            e.problems[1].contains("the pids controller is not enabled for"),
+            "{e:?}"
+        );
+    }
+
+    /// The container: systemd started the scope, but the read-only v1
+    /// memory controller left the script in the container's own memory cgroup.
+    #[test]
+    fn read_back_on_a_hybrid_host_with_a_controller_systemd_could_not_write() {
+        let d = tempfile::tempdir().unwrap();
+        put(
+            &d.path().join("memory/machine/c1"),
+            &[("memory.limit_in_bytes", "9223372036854771712\n")],
+        );
+        put(
+            &d.path().join("pids/scriptgate.slice/scriptgate-ab.scope"),
+            &[("pids.max", "64\n")],
+        );
+        let cpu = d
+            .path()
+            .join("cpu,cpuacct/scriptgate.slice/scriptgate-ab.scope");
+        put(
+            &cpu,
+            &[
+                ("cpu.cfs_quota_us", "100000\n"),
+                ("cpu.cfs_period_us", "100000\n"),
+            ],
+        );
+        let proc = "12:pids:/scriptgate.slice/scriptgate-ab.scope\n4:memory:/machine/c1\n3:cpu,cpuacct:/scriptgate.slice/scriptgate-ab.scope\n0::/scriptgate.slice/scriptgate-ab.scope\n";
+        let e = read_back(
+            d.path(),
+            proc,
+            "scriptgate-ab.scope",
+            &limits(200 << 20, 64),
+            100,
+        );
+        assert_eq!(e.problems, ["memory_max_bytes = 209715200 is not in force: the script is in memory cgroup /machine/c1, not in its own scriptgate-ab.scope (the controller is not writable, or not delegated)"]);
+        assert!(e.notes.is_empty(), "{e:?}");
+        // In its own scope, v1's "unlimited" is not in force either.
+        let mem = d.path().join("memory/scriptgate.slice/scriptgate-ab.scope");
+        put(&mem, &[("memory.limit_in_bytes", "9223372036854771712\n")]);
+        let proc = proc.replace(
+            "4:memory:/machine/c1",
+            "4:memory:/scriptgate.slice/scriptgate-ab.scope",
+        );
+        let e = read_back(
+            d.path(),
+            &proc,
+            "scriptgate-ab.scope",
+            &limits(200 << 20, 64),
+            100,
+        );
+        assert!(
+            e.problems[0].contains("memory.limit_in_bytes says \"9223372036854771712\""),
+            "{e:?}"
+        );
+        std::fs::write(mem.join("memory.limit_in_bytes"), "209715200\n").unwrap();
+        assert!(read_back(
+            d.path(),
+            &proc,
+            "scriptgate-ab.scope",
+            &limits(200 << 20, 64),
+            100
+        )
+        .enforced());
     }
 
     #[test]

@@ -44,6 +44,8 @@ impl Kind {
 pub struct Host {
     pub cgroupfs: PathBuf,
     pub proc_self_cgroup: String,
+    /// Where `PID/cgroup` is read to see which cgroups a placed script is in.
+    pub proc: PathBuf,
 }
 
 impl Host {
@@ -51,9 +53,12 @@ impl Host {
         Host {
             cgroupfs: "/sys/fs/cgroup".into(),
             proc_self_cgroup: std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(),
+            proc: "/proc".into(),
         }
     }
 }
+
+pub use cgroup::Enforcement;
 
 /// A limit backend: where a script's processes go and what bounds them. One
 /// variant per backend, each with what only it needs (youki's `AnyCgroupManager`
@@ -74,12 +79,15 @@ pub struct SystemdBackend {
     /// Where a scope's counters are read (`memory.peak`, `memory.events`, …).
     cgroupfs: PathBuf,
     cpu_quota_percent: u32,
+    proc: PathBuf,
 }
 
 #[derive(Clone)]
 pub struct CgroupBackend {
     tree: cgroup::Tree,
     cpu_quota_percent: u32,
+    cgroupfs: PathBuf,
+    proc: PathBuf,
 }
 
 /// The backend picked at start-up, and why the others were not.
@@ -130,6 +138,7 @@ impl Backend {
                         manager,
                         cgroupfs: host.cgroupfs.clone(),
                         cpu_quota_percent,
+                        proc: host.proc.clone(),
                     });
                     return Ok(Picked::new(b, notes));
                 }
@@ -148,6 +157,8 @@ impl Backend {
                     let b = Backend::Cgroup(CgroupBackend {
                         tree,
                         cpu_quota_percent,
+                        cgroupfs: host.cgroupfs.clone(),
+                        proc: host.proc.clone(),
                     });
                     return Ok(Picked::new(b, notes));
                 }
@@ -234,6 +245,39 @@ impl Backend {
     }
 }
 
+impl Backend {
+    /// Are the limits of a placed script in force? Read back from the cgroups its
+    /// process `pid` is actually in (`place` succeeding is not enough: systemd
+    /// starts a scope even where it cannot write a controller, e.g. read-only
+    /// cgroup v1 controllers in a container). rlimit: the rlimits are set before
+    /// the exec, or the spawn fails; what they bound is in `RLIMIT_SHARED`.
+    pub fn verify(&self, script_id: &str, pid: u32, l: &Limits) -> Enforcement {
+        let (fs, proc, own, cpu) = match self {
+            Backend::Rlimit => return Enforcement::default(),
+            Backend::Systemd(s) => (
+                &s.cgroupfs,
+                &s.proc,
+                systemd::unit_name(script_id),
+                s.cpu_quota_percent,
+            ),
+            Backend::Cgroup(c) => (
+                &c.cgroupfs,
+                &c.proc,
+                cgroup::leaf_name(script_id),
+                c.cpu_quota_percent,
+            ),
+        };
+        let file = proc.join(pid.to_string()).join("cgroup");
+        match std::fs::read_to_string(&file) {
+            Ok(text) => cgroup::read_back(fs, &text, &own, l, cpu),
+            Err(e) => Enforcement {
+                problems: vec![format!("limits cannot be checked: {}: {e}", file.display())],
+                notes: vec![],
+            },
+        }
+    }
+}
+
 /// Where one script runs.
 pub enum Placement {
     None,
@@ -309,6 +353,7 @@ mod tests {
         let host = Host {
             cgroupfs: "/nonexistent".into(),
             proc_self_cgroup: String::new(),
+            proc: "/nonexistent".into(),
         };
         let p = Backend::pick(BackendChoice::Rlimit, &host, 100)
             .await
@@ -344,6 +389,7 @@ mod tests {
         let host = Host {
             cgroupfs: d.path().to_path_buf(),
             proc_self_cgroup: "0::/system.slice/scriptgate.service\n".into(),
+            proc: d.path().join("proc"),
         };
         let p = Backend::pick(BackendChoice::Cgroup, &host, 100)
             .await
@@ -356,10 +402,41 @@ mod tests {
         assert_eq!(b.rlimits(&limits()), [(libc::RLIMIT_CORE, 0)]);
         let placed = b.place("ab", &limits(), &[4242]).await.unwrap();
         assert!(matches!(placed, Placement::Leaf(_)));
+        // The read-back: 4242 is in the leaf, whose parent (on this fake tree) did
+        // not enable memory for it; `place` succeeded all the same.
+        std::fs::create_dir_all(d.path().join("proc/4242")).unwrap();
+        std::fs::write(
+            d.path().join("proc/4242/cgroup"),
+            "0::/system.slice/scriptgate.service/script-ab\n",
+        )
+        .unwrap();
+        std::fs::write(d.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        std::fs::write(root.join("script-ab/cgroup.controllers"), "cpu pids\n").unwrap();
+        let e = b.verify("ab", 4242, &limits());
+        assert!(!e.enforced());
+        assert_eq!(e.problems.len(), 1, "{e:?}");
+        assert!(
+            e.problems[0].contains("the memory controller is not enabled for"),
+            "{e:?}"
+        );
+        std::fs::write(
+            root.join("script-ab/cgroup.controllers"),
+            "cpu memory pids\n",
+        )
+        .unwrap();
+        assert!(b.verify("ab", 4242, &limits()).enforced());
+        let gone = b.verify("ab", 4343, &limits());
+        assert!(
+            gone.problems[0].starts_with("limits cannot be checked: "),
+            "{gone:?}"
+        );
+        // rlimit has nothing to read back: its limits are set before the exec.
+        assert!(Backend::Rlimit.verify("ab", 4242, &limits()).enforced());
         // A host without the subtree: `cgroup` asked for fails, `auto` notes why.
         let bare = Host {
             cgroupfs: d.path().join("nothing"),
             proc_self_cgroup: "0::/x\n".into(),
+            proc: d.path().join("proc"),
         };
         let e = Backend::pick(BackendChoice::Cgroup, &bare, 100)
             .await

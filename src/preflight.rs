@@ -1,0 +1,657 @@
+//! The start-up preflight, and what a sandbox failure means.
+//!
+//! - The sandbox: bwrap is run once, as the uid scripts run as, with the
+//!   namespaces, flags and seccomp program of a real sandbox (`sandbox::probe_args`).
+//!   Where it cannot make its namespaces (Ubuntu's AppArmor restriction, a sysctl,
+//!   a container), [`diagnose`] turns bwrap's words into one line that names the
+//!   cause and the fix. Where only `--disable-userns` fails (a read-only
+//!   `/proc/sys`, as containers mount it; a bwrap older than 0.8), the sandbox runs
+//!   without it and the seccomp filter alone refuses new namespaces.
+//! - The limits: one process is placed in a unit of the chosen backend with the
+//!   configured limits, and the limits are read back from the cgroups it is in.
+//!
+//! [`diagnose`] is pure; the probes run the real launcher.
+
+use crate::limits::{Backend, Enforcement};
+use crate::policy::Limits;
+use crate::protocol::SandboxInfo;
+use crate::sandbox::{probe_args, RealHost, FD_SECCOMP};
+use crate::sys::{
+    channel_pipe, dup_high, install_cloexec_above_fixed, install_pre_exec, wait_child, ChildSetup,
+    Identity, PidFd, Spawner,
+};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+
+/// How long a probe may take before start-up goes on without its answer.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Every line this module says starts so, for those who grep for it.
+pub const UNAVAILABLE: &str = "sandbox unavailable:";
+
+/// The sysctls a diagnosis depends on, as this host has them (None: absent).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostFacts {
+    pub max_user_namespaces: Option<u64>,
+    pub unprivileged_userns_clone: Option<u64>,
+}
+
+impl HostFacts {
+    /// Read from `proc_sys` (normally /proc/sys).
+    pub fn read(proc_sys: &Path) -> HostFacts {
+        let get = |rel: &str| {
+            std::fs::read_to_string(proc_sys.join(rel))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        HostFacts {
+            max_user_namespaces: get("user/max_user_namespaces"),
+            unprivileged_userns_clone: get("kernel/unprivileged_userns_clone"),
+        }
+    }
+}
+
+/// Why bwrap could not make a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// Ubuntu ≥ 23.10: the user namespace is made, but AppArmor's
+    /// `unprivileged_userns` profile takes every capability in it, so bwrap cannot
+    /// set up loopback (`--unshare-net`) or write its uid map.
+    AppArmor,
+    /// `clone(CLONE_NEWUSER)` gave ENOSPC with `user.max_user_namespaces = 0`.
+    UsernsOff,
+    /// ENOSPC otherwise: the count or the nesting depth (32) is used up.
+    UsernsExhausted,
+    /// EPERM with Debian's `kernel.unprivileged_userns_clone = 0`.
+    UnprivilegedCloneOff,
+    /// EPERM otherwise: a seccomp profile (a container's), a chroot, or another policy.
+    UsernsRefused,
+    /// EINVAL: a kernel without CONFIG_USER_NS.
+    NoUserns,
+    /// The kernel refused a new /proc: the host's /proc has hidden or read-only
+    /// parts (a container's masked paths), so no proc is "fully visible".
+    ProcRefused,
+    /// `--disable-userns` could not write `/proc/sys/user/max_user_namespaces`.
+    ProcSysReadOnly,
+    /// This bwrap does not know `--disable-userns` (before 0.8.0).
+    NoDisableUserns,
+    /// Any other failure of bwrap before the script ran.
+    Other,
+}
+
+impl Cause {
+    /// Failures of `--disable-userns` alone: the sandbox works without it.
+    pub fn only_disable_userns(self) -> bool {
+        matches!(self, Cause::ProcSysReadOnly | Cause::NoDisableUserns)
+    }
+}
+
+/// A sandbox failure explained: its cause and the one line that says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnosis {
+    pub cause: Cause,
+    pub line: String,
+}
+
+/// bwrap's own lines (`bwrap: …`, or `<3>bwrap: …` with --level-prefix) in `stderr`.
+pub fn bwrap_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("bwrap: ") || l.starts_with("<3>bwrap: "))
+        .collect()
+}
+
+/// The one line for a bwrap failure. `stderr` is what bwrap printed (texts from
+/// bubblewrap's source: `die()` and `die_with_error()` print "bwrap: MESSAGE" and
+/// "bwrap: MESSAGE: strerror", then exit 1).
+pub fn diagnose(stderr: &str, facts: &HostFacts) -> Diagnosis {
+    let has = |s: &str| stderr.contains(s);
+    let sysctl_fix = |key: &str, value: &str| {
+        format!("fix: `sysctl -w {key}={value}`, and keep it in a file in /etc/sysctl.d/")
+    };
+    let (cause, what, fix) = if has("loopback: Failed RTM_NEWADDR: Operation not permitted")
+        || has("setting up uid map: Permission denied")
+        || has("setting up gid map: Permission denied")
+        || has("loopback: Failed RTM_NEWLINK: Operation not permitted")
+    {
+        (
+            Cause::AppArmor,
+            "AppArmor denies the sandbox its user namespace (kernel.apparmor_restrict_unprivileged_userns=1, the default since Ubuntu 23.10)".to_string(),
+            "fix: load the profile scriptgate ships, `apparmor_parser -r /etc/apparmor.d/scriptgated`, then restart scriptgated".to_string(),
+        )
+    } else if has("cannot open /proc/sys/user/max_user_namespaces")
+        || has("sysctl user.max_user_namespaces = 1")
+    {
+        (
+            Cause::ProcSysReadOnly,
+            "/proc/sys is read-only here (a container), so bwrap --disable-userns cannot set user.max_user_namespaces".to_string(),
+            "fix: restart scriptgated; its preflight then runs the sandbox without --disable-userns, and the seccomp filter refuses new namespaces".to_string(),
+        )
+    } else if has("Unknown option --disable-userns") {
+        (
+            Cause::NoDisableUserns,
+            "this bwrap does not know --disable-userns (bubblewrap before 0.8.0)".to_string(),
+            "fix: install bubblewrap 0.8.0 or later, or restart scriptgated; its preflight then does without the flag".to_string(),
+        )
+    } else if has("Creating new namespace failed")
+        && (has("ENOSPC") || has("No space left on device"))
+    {
+        if facts.max_user_namespaces == Some(0) {
+            (
+                Cause::UsernsOff,
+                "user namespaces are switched off (user.max_user_namespaces=0)".to_string(),
+                sysctl_fix("user.max_user_namespaces", "15000"),
+            )
+        } else {
+            (
+                Cause::UsernsExhausted,
+                format!(
+                    "no more user namespaces may be made here (user.max_user_namespaces{} is used up, or 32 levels of nesting are reached)",
+                    facts.max_user_namespaces.map(|n| format!("={n}")).unwrap_or_default()
+                ),
+                "fix: raise user.max_user_namespaces with `sysctl -w` (and in /etc/sysctl.d/), or run scriptgated in a less deeply nested container".to_string(),
+            )
+        }
+    } else if has("No permissions to create") {
+        if facts.unprivileged_userns_clone == Some(0) {
+            (
+                Cause::UnprivilegedCloneOff,
+                "unprivileged user namespaces are switched off (kernel.unprivileged_userns_clone=0)".to_string(),
+                sysctl_fix("kernel.unprivileged_userns_clone", "1"),
+            )
+        } else {
+            (
+                Cause::UsernsRefused,
+                "a security policy refuses the sandbox its user namespace (in a container: its seccomp profile, as Docker's default one does; or scriptgated runs in a chroot)".to_string(),
+                "fix: let the container make user namespaces (Docker, Podman: a seccomp profile that allows clone and unshare of user namespaces; LXC, Incus: security.nesting=true), or run scriptgated outside the chroot".to_string(),
+            )
+        }
+    } else if has("kernel does not support user namespaces") {
+        (
+            Cause::NoUserns,
+            "this kernel has no user namespaces (CONFIG_USER_NS)".to_string(),
+            "fix: boot a kernel built with user namespaces".to_string(),
+        )
+    } else if has("Can't mount proc on") {
+        (
+            Cause::ProcRefused,
+            "the kernel refuses the sandbox a /proc of its own, because parts of this /proc are hidden or read-only (a container's masked /proc paths)".to_string(),
+            "fix: give the container an unmasked /proc (Docker, Podman: --security-opt systempaths=unconfined; LXC: lxc.mount.auto = proc:rw)".to_string(),
+        )
+    } else {
+        (
+            Cause::Other,
+            "bwrap failed before the script ran".to_string(),
+            "fix: see bwrap's own words, which follow".to_string(),
+        )
+    };
+    Diagnosis {
+        cause,
+        line: format!("{UNAVAILABLE} {what}; {fix}"),
+    }
+}
+
+/// The error of a script whose sandbox was never made: the diagnosis, then
+/// bwrap's own words. None when bwrap said nothing (the failure was elsewhere).
+pub fn explain(stderr_tail: &str, facts: &HostFacts) -> Option<String> {
+    let lines = bwrap_lines(stderr_tail);
+    if lines.is_empty() {
+        return None;
+    }
+    let raw = lines.join("\n");
+    Some(format!("{}\n{raw}", diagnose(&raw, facts).line))
+}
+
+/// What the sandbox preflight found; `daemon.info`'s `sandbox`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxCheck {
+    pub info: SandboxInfo,
+    /// Whether scripts' sandboxes get `--disable-userns`.
+    pub disable_userns: bool,
+}
+
+impl SandboxCheck {
+    fn new(
+        state: &str,
+        disable_userns: bool,
+        problem: Option<String>,
+        detail: Option<String>,
+    ) -> Self {
+        SandboxCheck {
+            info: SandboxInfo {
+                state: state.into(),
+                nested_userns: if disable_userns {
+                    "disable-userns"
+                } else {
+                    "seccomp"
+                }
+                .into(),
+                problem,
+                detail,
+            },
+            disable_userns,
+        }
+    }
+
+    /// The start-up line's part: `sandbox ok (...)` or the diagnosis.
+    pub fn summary(&self) -> String {
+        let i = &self.info;
+        let how = if self.disable_userns {
+            "nested user namespaces: bwrap --disable-userns and the seccomp filter"
+        } else {
+            "nested user namespaces: the seccomp filter alone, as --disable-userns cannot be used here"
+        };
+        match (i.state.as_str(), &i.problem) {
+            ("ok", _) => format!("sandbox ok ({how})"),
+            ("unchecked", Some(p)) => format!("sandbox not checked: {p}"),
+            (_, Some(p)) => match &i.detail {
+                Some(d) => format!("{p} (bwrap said: {})", d.replace('\n', " / ")),
+                None => p.clone(),
+            },
+            _ => format!("sandbox not checked ({how})"),
+        }
+    }
+}
+
+/// How one probe ended.
+struct ProbeRun {
+    ok: bool,
+    stderr: String,
+    /// Why it could not be run or waited for.
+    failed: Option<String>,
+}
+
+/// Run bwrap once as `identity` with the probe's argv.
+async fn probe_once(
+    spawner: &Spawner,
+    bwrap: &Path,
+    python: &Path,
+    identity: Option<Identity>,
+    disable_userns: bool,
+) -> ProbeRun {
+    let failed = |why: String| ProbeRun {
+        ok: false,
+        stderr: String::new(),
+        failed: Some(why),
+    };
+    let setup = || -> std::io::Result<_> {
+        let (seccomp_r, seccomp_w) = channel_pipe()?;
+        let program = crate::seccomp::cached().map_err(std::io::Error::other)?;
+        std::io::Write::write_all(&mut std::fs::File::from(seccomp_w), program)?;
+        let (err_r, err_w) = channel_pipe()?;
+        Ok((dup_high(&seccomp_r)?, err_r, err_w))
+    };
+    let (seccomp_fd, err_r, err_w) = match setup() {
+        Ok(x) => x,
+        Err(e) => return failed(format!("cannot set up the probe: {e}")),
+    };
+    let mut cmd = std::process::Command::new(bwrap);
+    cmd.env_clear()
+        .args(probe_args(python, disable_userns, &RealHost))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(err_w));
+    install_pre_exec(
+        &mut cmd,
+        ChildSetup {
+            identity,
+            rlimits: vec![(libc::RLIMIT_CORE, 0)],
+            dups: vec![(std::os::fd::AsRawFd::as_raw_fd(&seccomp_fd), FD_SECCOMP)],
+            parent_pid: std::process::id() as libc::pid_t,
+        },
+    );
+    install_cloexec_above_fixed(&mut cmd);
+    let child = match spawner.spawn(cmd).await {
+        Ok(c) => c,
+        Err(e) => {
+            return ProbeRun {
+                ok: false,
+                stderr: String::new(),
+                failed: Some(format!(
+                    "{UNAVAILABLE} sandbox.bwrap = {} cannot be run ({e}); fix: install bubblewrap, or set sandbox.bwrap to its path",
+                    bwrap.display()
+                )),
+            }
+        }
+    };
+    drop(seccomp_fd);
+    let pid = child.id() as i32;
+    let pidfd = PidFd::open(pid);
+    let exited = wait_child(pid);
+    let read_err = async {
+        let mut buf = Vec::new();
+        if let Ok(mut r) = tokio::net::unix::pipe::Receiver::from_owned_fd(err_r) {
+            let mut chunk = [0u8; 1024];
+            while buf.len() < 8192 {
+                match r.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, async { tokio::join!(exited, read_err) }).await {
+        Ok((Ok(Ok(exit)), stderr)) => ProbeRun {
+            ok: exit.code == Some(0),
+            stderr,
+            failed: None,
+        },
+        Ok((_, stderr)) => ProbeRun {
+            ok: false,
+            stderr,
+            failed: Some("the probe's exit status was lost".into()),
+        },
+        Err(_) => {
+            if let Ok(p) = pidfd {
+                let _ = p.kill();
+            }
+            failed(format!(
+                "the sandbox probe did not end within {} s",
+                PROBE_TIMEOUT.as_secs()
+            ))
+        }
+    }
+}
+
+/// The sandbox preflight: with `--disable-userns`, and without it when only that
+/// flag fails.
+pub async fn check_sandbox(
+    spawner: &Spawner,
+    bwrap: &Path,
+    python: &Path,
+    identity: Option<Identity>,
+) -> SandboxCheck {
+    let facts = HostFacts::read(Path::new("/proc/sys"));
+    let first = probe_once(spawner, bwrap, python, identity, true).await;
+    if first.ok {
+        return SandboxCheck::new("ok", true, None, None);
+    }
+    let judged = |run: &ProbeRun, disable_userns: bool| -> SandboxCheck {
+        if let Some(why) = &run.failed {
+            let state = if why.starts_with(UNAVAILABLE) {
+                "unavailable"
+            } else {
+                "unchecked"
+            };
+            let detail = (!run.stderr.trim().is_empty()).then(|| run.stderr.trim().to_string());
+            return SandboxCheck::new(state, disable_userns, Some(why.clone()), detail);
+        }
+        let lines = bwrap_lines(&run.stderr);
+        let raw = if lines.is_empty() {
+            run.stderr.trim().to_string()
+        } else {
+            lines.join("\n")
+        };
+        let d = diagnose(&raw, &facts);
+        let detail = (!raw.is_empty()).then_some(raw);
+        SandboxCheck::new("unavailable", disable_userns, Some(d.line), detail)
+    };
+    let verdict = judged(&first, true);
+    let cause = first
+        .failed
+        .is_none()
+        .then(|| diagnose(&first.stderr, &facts).cause);
+    if !cause.is_some_and(Cause::only_disable_userns) {
+        return verdict;
+    }
+    let second = probe_once(spawner, bwrap, python, identity, false).await;
+    if second.ok {
+        SandboxCheck::new("ok", false, None, None)
+    } else {
+        judged(&second, false)
+    }
+}
+
+/// The limits preflight: a placeholder process (as the script uid) placed in a
+/// unit of `backend` with `limits`, the limits read back, the unit let go.
+pub async fn check_limits(
+    spawner: &Spawner,
+    backend: &Backend,
+    limits: &Limits,
+    identity: Option<Identity>,
+) -> Enforcement {
+    if matches!(backend, Backend::Rlimit) {
+        return Enforcement::default();
+    }
+    let cannot = |why: String| Enforcement {
+        problems: vec![format!("limits cannot be checked: {why}")],
+        notes: vec![],
+    };
+    let sleep = ["/usr/bin/sleep", "/bin/sleep"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("sleep");
+    let mut cmd = std::process::Command::new(sleep);
+    cmd.arg("infinity")
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    install_pre_exec(
+        &mut cmd,
+        ChildSetup {
+            identity,
+            rlimits: vec![],
+            dups: vec![],
+            parent_pid: std::process::id() as libc::pid_t,
+        },
+    );
+    let child = match spawner.spawn(cmd).await {
+        Ok(c) => c,
+        Err(e) => return cannot(format!("{sleep}: {e}")),
+    };
+    let pid = child.id();
+    let pidfd = PidFd::open(pid as i32);
+    let exited = wait_child(pid as i32);
+    let id = format!("preflight-{}", std::process::id());
+    let placed = backend.place(&id, limits, &[pid]).await;
+    let verdict = match &placed {
+        Ok(_) => backend.verify(&id, pid, limits),
+        Err(e) => cannot(format!(
+            "cannot place a process in a {} unit: {e}",
+            backend.kind().as_str()
+        )),
+    };
+    if let Ok(p) = &pidfd {
+        let _ = p.kill();
+    }
+    let _ = exited.await;
+    if let Ok(placement) = placed {
+        placement.finish().await;
+    }
+    verdict
+}
+
+/// What the start-up preflight found.
+#[derive(Debug, Clone)]
+pub struct Preflight {
+    pub sandbox: SandboxCheck,
+    pub limits: Enforcement,
+}
+
+impl Preflight {
+    /// Probe the sandbox and the limits as the uid a root engine's scripts run as
+    /// (`sandbox.run_as`), or as the daemon's own uid when it is not root.
+    pub async fn run(
+        spawner: &Spawner,
+        cfg: &crate::config::Config,
+        backend: &Backend,
+    ) -> Preflight {
+        let (uid, gid) = (
+            nix::unistd::Uid::effective().as_raw(),
+            nix::unistd::Gid::effective().as_raw(),
+        );
+        let identity = match crate::sys::resolve_run_as(uid, gid, &cfg.sandbox.run_as) {
+            Ok(id) => (id.uid != uid).then_some(id),
+            Err(e) => {
+                let why = format!("the preflight cannot take the script uid: {e}");
+                return Preflight {
+                    sandbox: SandboxCheck::new("unchecked", true, Some(why.clone()), None),
+                    limits: Enforcement {
+                        problems: vec![format!("limits cannot be checked: {why}")],
+                        notes: vec![],
+                    },
+                };
+            }
+        };
+        let limits = Limits::effective(&cfg.scripts, &Default::default());
+        Preflight {
+            sandbox: check_sandbox(spawner, &cfg.sandbox.bwrap, &cfg.scripts.python, identity)
+                .await,
+            limits: check_limits(spawner, backend, &limits, identity).await,
+        }
+    }
+
+    /// `script.start` is refused when `sandbox.require_enforced_limits` is on and
+    /// the preflight found the limits not in force.
+    pub fn refuse_unenforced(
+        &self,
+        cfg: &crate::config::Config,
+    ) -> Result<(), crate::protocol::RpcError> {
+        if cfg.sandbox.require_enforced_limits && !self.limits.enforced() {
+            return Err(crate::protocol::RpcError::with_reason(
+                crate::protocol::code::INTERNAL,
+                limits_refusal(&self.limits.problems),
+                "limits_not_enforced",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The start-up line's words after the backend: the limits, then the sandbox.
+    pub fn summary(&self) -> String {
+        let limits = if self.limits.enforced() {
+            "limits in force".to_string()
+        } else {
+            format!("LIMITS NOT ENFORCED: {}", self.limits.problems.join("; "))
+        };
+        format!("{limits}; {}", self.sandbox.summary())
+    }
+
+    /// Whether the start-up line must be a warning.
+    pub fn loud(&self) -> bool {
+        !self.limits.enforced() || self.sandbox.info.state != "ok" || !self.limits.notes.is_empty()
+    }
+}
+
+/// The refusal when `sandbox.require_enforced_limits` is on and they are not.
+pub fn limits_refusal(problems: &[String]) -> String {
+    format!(
+        "limits not enforced: {}; scripts are refused because sandbox.require_enforced_limits = true \
+         (fix: give scriptgated a backend whose cgroups it can write, see scriptgated(8), or set it to false)",
+        problems.join("; ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> HostFacts {
+        HostFacts {
+            max_user_namespaces: Some(15000),
+            unprivileged_userns_clone: None,
+        }
+    }
+
+    /// bwrap's real texts (bubblewrap.c, network.c; 0.8 to 0.11), and the cause
+    /// each one gets.
+    #[test]
+    fn each_bwrap_failure_gets_its_cause_and_fix() {
+        let off = HostFacts {
+            max_user_namespaces: Some(0),
+            ..facts()
+        };
+        let clone_off = HostFacts {
+            unprivileged_userns_clone: Some(0),
+            ..facts()
+        };
+        let plain = facts();
+        let table: Vec<(&str, &HostFacts, Cause, &str)> = vec![
+            ("bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted", &plain, Cause::AppArmor, "apparmor_parser -r /etc/apparmor.d/scriptgated"),
+            ("bwrap: setting up uid map: Permission denied", &plain, Cause::AppArmor, "kernel.apparmor_restrict_unprivileged_userns=1"),
+            ("bwrap: Creating new namespace failed: nesting depth or /proc/sys/user/max_*_namespaces exceeded (ENOSPC)", &off, Cause::UsernsOff, "sysctl -w user.max_user_namespaces=15000"),
+            ("bwrap: Creating new namespace failed: No space left on device", &off, Cause::UsernsOff, "user.max_user_namespaces=0"),
+            ("bwrap: Creating new namespace failed: nesting depth or /proc/sys/user/max_*_namespaces exceeded (ENOSPC)", &plain, Cause::UsernsExhausted, "32 levels"),
+            ("bwrap: No permissions to create a new namespace, likely because the kernel does not allow non-privileged user namespaces. On e.g. debian this can be enabled with 'sysctl kernel.unprivileged_userns_clone=1'.", &clone_off, Cause::UnprivilegedCloneOff, "sysctl -w kernel.unprivileged_userns_clone=1"),
+            ("bwrap: No permissions to create new namespace, likely because the kernel does not allow non-privileged user namespaces. On e.g. debian this can be enabled with 'sysctl kernel.unprivileged_userns_clone=1'.", &plain, Cause::UsernsRefused, "seccomp profile"),
+            ("bwrap: Creating new namespace failed, likely because the kernel does not support user namespaces.  bwrap must be installed setuid on such systems.", &plain, Cause::NoUserns, "CONFIG_USER_NS"),
+            ("bwrap: Can't mount proc on /newroot/proc: Operation not permitted", &plain, Cause::ProcRefused, "systempaths=unconfined"),
+            ("bwrap: cannot open /proc/sys/user/max_user_namespaces: Read-only file system", &plain, Cause::ProcSysReadOnly, "without --disable-userns"),
+            ("bwrap: Unknown option --disable-userns", &plain, Cause::NoDisableUserns, "0.8.0"),
+            ("bwrap: execvp /nope/python3: No such file or directory", &plain, Cause::Other, "bwrap's own words"),
+        ];
+        for (stderr, f, cause, needle) in table {
+            let d = diagnose(stderr, f);
+            assert_eq!(d.cause, cause, "{stderr}");
+            assert!(d.line.starts_with(UNAVAILABLE), "{}", d.line);
+            assert!(d.line.contains("; fix: "), "names a fix: {}", d.line);
+            assert!(d.line.contains(needle), "{stderr}: {}", d.line);
+            assert!(!d.line.contains('\n'), "one line: {}", d.line);
+        }
+    }
+
+    #[test]
+    fn a_script_error_puts_the_diagnosis_before_bwraps_words() {
+        let e = explain(
+            "bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted\n",
+            &facts(),
+        )
+        .unwrap();
+        let (first, rest) = e.split_once('\n').unwrap();
+        assert!(
+            first.starts_with("sandbox unavailable: AppArmor"),
+            "{first}"
+        );
+        assert_eq!(
+            rest,
+            "bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted"
+        );
+        assert_eq!(
+            explain("Traceback (most recent call last):\nValueError", &facts()),
+            None
+        );
+    }
+
+    #[test]
+    fn only_disable_userns_failures_fall_back() {
+        let fallback: Vec<Cause> = [
+            "bwrap: cannot open /proc/sys/user/max_user_namespaces: Read-only file system",
+            "bwrap: Unknown option --disable-userns",
+            "bwrap: setting up uid map: Permission denied",
+            "bwrap: Can't mount proc on /newroot/proc: Operation not permitted",
+        ]
+        .iter()
+        .map(|s| diagnose(s, &facts()).cause)
+        .filter(|c| c.only_disable_userns())
+        .collect();
+        assert_eq!(fallback, [Cause::ProcSysReadOnly, Cause::NoDisableUserns]);
+    }
+
+    #[test]
+    fn summaries() {
+        assert!(SandboxCheck::new("ok", true, None, None)
+            .summary()
+            .starts_with("sandbox ok (nested user namespaces: bwrap --disable-userns"));
+        assert!(SandboxCheck::new("ok", false, None, None)
+            .summary()
+            .contains("the seccomp filter alone"));
+        let bad = SandboxCheck::new(
+            "unavailable",
+            true,
+            Some("sandbox unavailable: x; fix: y".into()),
+            Some("bwrap: a\nbwrap: b".into()),
+        );
+        assert_eq!(
+            bad.summary(),
+            "sandbox unavailable: x; fix: y (bwrap said: bwrap: a / bwrap: b)"
+        );
+        assert_eq!(bad.info.nested_userns, "disable-userns");
+    }
+}
