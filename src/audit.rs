@@ -250,6 +250,28 @@ impl Store {
         .await
     }
 
+    /// Keep running scripts' counters current (one transaction for all of them),
+    /// so that a daemon killed mid-script leaves the counts it had, not 0. Only
+    /// rows still `running` are touched: a finished row keeps its final counts.
+    pub async fn checkpoint_counts(&self, rows: Vec<(String, u64, u64)>) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.write("checkpoint running scripts' counts", move |c| {
+            let tx = c.transaction()?;
+            {
+                let mut s = tx.prepare_cached(
+                    "UPDATE scripts SET calls = ?2, failures = ?3 WHERE script_id = ?1 AND status = 'running'",
+                )?;
+                for (id, calls, failures) in &rows {
+                    s.execute(params![id, *calls as i64, *failures as i64])?;
+                }
+            }
+            tx.commit()
+        })
+        .await
+    }
+
     pub async fn refusal(&self, r: Refusal) -> Result<(), StoreError> {
         self.write("record refusal", move |c| {
             c.execute(

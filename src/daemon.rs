@@ -215,7 +215,35 @@ impl Daemon {
                 d.flush_refusals().await;
             }
         });
+        // Running scripts' counts reach the audit row at least every tick, in
+        // one write: a kill -9 leaves real counts (crate::checkpoint).
+        let weak = Arc::downgrade(&d);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::checkpoint::TICK);
+            let mut written = crate::checkpoint::Checkpoint::default();
+            loop {
+                tick.tick().await;
+                let Some(d) = weak.upgrade() else { break };
+                let changed = written.changed(d.live_counts());
+                if let Err(e) = d.store.checkpoint_counts(changed).await {
+                    tracing::warn!("{e}");
+                }
+            }
+        });
         Ok((d, interrupted))
+    }
+
+    /// `(script_id, calls, failures)` of every running script.
+    fn live_counts(&self) -> Vec<crate::checkpoint::Counts> {
+        self.registry
+            .all_running()
+            .into_iter()
+            .map(|(id, r)| {
+                let l = &r.live;
+                let calls = l.calls.load(Ordering::Relaxed);
+                (id, calls, l.failures.load(Ordering::Relaxed))
+            })
+            .collect()
     }
 
     pub fn running_count(&self) -> usize {
