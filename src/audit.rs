@@ -484,6 +484,8 @@ fn row_json(r: &rusqlite::Row) -> rusqlite::Result<Value> {
 #[derive(Debug, Clone)]
 pub struct Recovered {
     pub result: ScriptResult,
+    /// The workspace's absolute path, as recorded at the start.
+    pub workspace: String,
     pub runner: Option<String>,
     pub run_uid: u32,
 }
@@ -494,7 +496,7 @@ fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<Recovered>> {
     let mut out = Vec::new();
     {
         let mut s = tx.prepare(
-            "SELECT script_id, run_id, started_at, details_dir, calls, failures, runner, run_uid FROM scripts WHERE status = 'running'",
+            "SELECT script_id, run_id, started_at, details_dir, calls, failures, runner, run_uid, workspace FROM scripts WHERE status = 'running'",
         )?;
         let rows = s.query_map([], |r| {
             Ok((
@@ -505,15 +507,25 @@ fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<Recovered>> {
                 r.get::<_, i64>(4)?,
                 r.get::<_, i64>(5)?,
                 (r.get::<_, Option<String>>(6)?, r.get::<_, Option<i64>>(7)?),
+                r.get::<_, String>(8)?,
             ))
         })?;
         let now = now_ms();
         for row in rows {
-            let (script_id, run_id, started, details_dir, calls, failures, (runner, run_uid)) =
-                row?;
+            let (
+                script_id,
+                run_id,
+                started,
+                details_dir,
+                calls,
+                failures,
+                (runner, run_uid),
+                workspace,
+            ) = row?;
             let duration_ms = (now - started).max(0) as u64;
             let error = "the daemon stopped while the script ran".to_string();
             out.push(Recovered {
+                workspace,
                 runner,
                 run_uid: run_uid.unwrap_or(0) as u32,
                 result: ScriptResult {

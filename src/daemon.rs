@@ -34,6 +34,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Why a script whose engine connection closed is cancelled.
+const ENGINE_LOST: &str = "engine disconnected";
 const AGENT_TOOLS_PY: &str = include_str!("runtime/agent_tools.py");
 
 /// Who is on the other end of a connection (from SO_PEERCRED).
@@ -56,6 +58,8 @@ struct Running {
     run_uid: u32,
     started: Instant,
     details_dir: String,
+    /// The workspace's absolute path (journal entries).
+    workspace: PathBuf,
     live: Arc<Live>,
     stop: watch::Sender<Option<Stop>>,
     result: watch::Receiver<Option<ScriptResult>>,
@@ -74,6 +78,8 @@ pub struct Daemon {
     refusals: Mutex<RefusalLimiter>,
     revoked: RevokedRuns,
     changed: tokio::sync::Notify,
+    /// Set on SIGTERM: no new script starts (graceful stop, `server.drain_s`).
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -202,6 +208,7 @@ impl Daemon {
             refusals: Mutex::new(RefusalLimiter::default()),
             revoked,
             changed: tokio::sync::Notify::new(),
+            stopping: Default::default(),
             cfg,
         };
         let d = Arc::new(d);
@@ -248,6 +255,33 @@ impl Daemon {
 
     pub fn running_count(&self) -> usize {
         self.registry.running_count()
+    }
+
+    /// Graceful stop, first step: refuse new starts from now on.
+    pub fn stop_starting(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    /// Refuse a start once the daemon is stopping.
+    fn check_not_stopping(&self) -> Result<(), RpcError> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(RpcError::stopping(self.cfg.server.drain_s));
+        }
+        Ok(())
+    }
+
+    /// Wait until no script runs.
+    pub async fn all_finished(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.running_count() == 0 {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// Wakes when a script starts or ends (idle tracking, STATUS=).
@@ -375,6 +409,7 @@ impl Daemon {
     ) -> Result<Started, RpcError> {
         // 1. Admit: nothing runs unless the run is proven, not revoked, and its
         //    workspace, plan and identity hold.
+        self.check_not_stopping()?;
         let admitted = self.admit(peer, &p, signed)?;
         let script_id = new_script_id();
         // 2. One approval for all declared write tools. A start waiting for it
@@ -384,6 +419,7 @@ impl Daemon {
             .seek_approval(engine.as_ref(), &script_id, &admitted, &p)
             .await?;
         // 3. A max_running slot, held until the script's end is recorded.
+        self.check_not_stopping()?;
         let slot = self.registry.reserve_slot()?;
         // 4. The record directory and the audit row, before anything runs.
         let record = self
@@ -588,6 +624,7 @@ impl Daemon {
             run_uid: a.identity.uid,
             started: Instant::now(),
             details_dir: rec.details_dir.clone(),
+            workspace: a.workspace.path.clone(),
             live: Arc::new(Live::default()),
             stop: stop_tx,
             result: result_rx,
@@ -720,6 +757,11 @@ impl Daemon {
         if live.dirty.swap(false, Ordering::Relaxed) {
             engine.send(Notification::ScriptProgress(status_of(&sid, &running)));
         }
+        // Not the script's doing: no sandbox, no limits, or no engine any more.
+        let infrastructure = match &outcome {
+            Err(_) => true,
+            Ok(e) => e.setup_failed,
+        } || matches!(&*running.stop.borrow(), Some(Stop::Cancel(why)) if why == ENGINE_LOST);
         let result = self.build_result(&sid, &running.run_id, &running.details_dir, live, outcome);
         let counts = json!(*live.tool_counts.lock().unwrap());
         if let Err(e) = self.store.finish(&result, counts).await {
@@ -729,12 +771,14 @@ impl Daemon {
         // told: whoever hears of the end can start the next script at once.
         self.registry.finish(&sid, running.owner);
         drop(slot);
-        crate::journal::script_finished(
-            &result,
-            running.runner.as_deref(),
-            running.run_uid,
-            running.unit.as_deref(),
-        );
+        crate::journal::script_finished(&crate::journal::Finished {
+            result: &result,
+            runner: running.runner.as_deref(),
+            uid: running.run_uid,
+            unit: running.unit.as_deref(),
+            workspace: &running.workspace.display().to_string(),
+            infrastructure,
+        });
         engine.send(Notification::ScriptFinished(Box::new(result.clone())));
         let _ = result_tx.send(Some(result));
         self.changed.notify_waiters();
@@ -759,6 +803,7 @@ impl Daemon {
             error: Some(format!("the sandbox could not start: {e}")),
             memory_peak_bytes: None,
             cpu_usec: None,
+            setup_failed: true,
         });
         let note = e.output_truncated.then(|| {
             format!("[output truncated to return_max_chars = {} characters; all of it is in {details_dir}/output.txt]", self.cfg.scripts.return_max_chars)
@@ -925,9 +970,7 @@ impl Daemon {
     /// A connection closed: its scripts lose their engine and are cancelled.
     pub fn disconnected(&self, conn: u64) {
         for r in self.registry.running_where(|r| r.owner == conn) {
-            let _ = r
-                .stop
-                .send(Some(Stop::Cancel("engine disconnected".into())));
+            let _ = r.stop.send(Some(Stop::Cancel(ENGINE_LOST.into())));
         }
     }
 

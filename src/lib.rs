@@ -27,6 +27,7 @@ pub(crate) mod seccomp;
 pub(crate) mod server;
 pub(crate) mod service;
 pub mod snapshot;
+pub(crate) mod startfail;
 #[allow(unsafe_code)]
 pub(crate) mod sys;
 pub(crate) mod time;

@@ -59,6 +59,9 @@ pub struct Ended {
     /// resident set at the fork.
     pub memory_peak_bytes: Option<u64>,
     pub cpu_usec: Option<u64>,
+    /// The script never ran as configured: its unit or limits could not be set up
+    /// (the journal entry says so at `err`, not as the script's own failure).
+    pub setup_failed: bool,
 }
 
 /// How much of stderr is kept for the result's `error`.
@@ -298,7 +301,10 @@ pub async fn run(
     };
     let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
     let (status, error) = judge(&ending, &launch.limits, &unit);
-    Ok(collected.ended(status, error, exit, t0, launch.return_max_chars))
+    let setup_failed = ending.setup_error.is_some();
+    let mut ended = collected.ended(status, error, exit, t0, launch.return_max_chars);
+    ended.setup_failed = setup_failed;
+    Ok(ended)
 }
 
 /// The child's ends of its descriptors.
@@ -746,6 +752,7 @@ impl Collected {
             // bwrap reaps the init, which reaps the whole namespace: its rusage
             // covers every process of the sandbox.
             cpu_usec: stats.cpu_usec.or(exit.map(|e| e.cpu_usec)),
+            setup_failed: false,
         }
     }
 }
