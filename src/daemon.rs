@@ -385,17 +385,21 @@ impl Daemon {
         };
         let message = s.message(now_ms());
         crate::journal::refusals_counted(s.count, &message);
+        let by_reason = s.by_reason.clone().into_iter().collect();
         let _ = self
             .store
-            .refusal(RefusalRow {
-                run_id: None,
-                runner: None,
-                peer_uid: u32::MAX,
-                peer_pid: None,
-                code: 0,
-                reason: Some("rate_limited".into()),
-                message,
-            })
+            .refusal_counted(
+                RefusalRow {
+                    run_id: None,
+                    runner: None,
+                    peer_uid: u32::MAX,
+                    peer_pid: None,
+                    code: 0,
+                    reason: Some("rate_limited".into()),
+                    message,
+                },
+                by_reason,
+            )
             .await;
     }
 

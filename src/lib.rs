@@ -16,6 +16,7 @@ pub(crate) mod framing;
 pub mod journal;
 pub(crate) mod limits;
 pub(crate) mod mcp;
+pub(crate) mod metrics;
 pub(crate) mod policy;
 pub mod protocol;
 pub mod ratelimit;

@@ -225,6 +225,9 @@ fn announce_ready(daemon: &Daemon) {
             "scriptgated ready (backend {backend}; {notes})"
         );
     }
+    if let Err(e) = crate::metrics::write_daemon_file(&daemon.cfg.state.dir, &daemon.info()) {
+        tracing::warn!("cannot write daemon.json for scriptgate metrics: {e}");
+    }
     let _ = sd_notify::notify(&[
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Status("0 scripts running"),

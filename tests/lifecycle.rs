@@ -70,3 +70,150 @@ fn counts_survive_a_kill_9() {
         "{r}"
     );
 }
+
+/// `scriptgate metrics` parsed: `name{labels}` → value; every sample's family
+/// has its `# TYPE`.
+fn parse_metrics(text: &str) -> std::collections::BTreeMap<String, f64> {
+    let mut typed = std::collections::BTreeSet::new();
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            typed.insert(rest.split(' ').next().unwrap().to_string());
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (name, value) = line.rsplit_once(' ').unwrap();
+        let family = name.split('{').next().unwrap();
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| family.strip_suffix(s).filter(|b| typed.contains(*b)))
+            .unwrap_or(family);
+        assert!(typed.contains(base), "{line}: no # TYPE for {base}");
+        let v: f64 = if value == "+Inf" {
+            f64::INFINITY
+        } else {
+            value.parse().unwrap()
+        };
+        out.insert(name.to_string(), v);
+    }
+    out
+}
+
+fn metrics(rig: &Rig, extra: &[&str]) -> String {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_scriptgate"))
+        .arg("metrics")
+        .arg("--config")
+        .arg(&rig.config)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// Scripts with known outcomes, a refusal and one still running: the metrics say
+/// exactly that, and keep saying it across a kill -9 and restart.
+#[test]
+#[ignore = "needs root: the daemon runs scripts as nobody (cargo test -- --include-ignored, as root)"]
+fn metrics_count_what_happened_and_survive_a_restart() {
+    require_root("scripts run as nobody");
+    let mut rig = Rig::new();
+    let e = rig.engine();
+    let token = rig.token(&rig.snapshot("auto"));
+    let ok = "import agent_tools\nagent_tools.call('fleet__list_devices', {})\nagent_tools.call('fleet__list_devices', {})\ntry:\n    agent_tools.call('fleet__fail', {})\nexcept Exception:\n    pass\n";
+    assert_eq!(e.run(&token, ok, &[])["status"], "ok");
+    assert_eq!(e.run(&token, "raise SystemExit(3)", &[])["status"], "error");
+    let mut snap = rig.snapshot("auto");
+    snap["limits"] = json!({"timeout_s": 1});
+    let r = e.run(&rig.token(&snap), "import time\ntime.sleep(30)", &[]);
+    assert_eq!(r["status"], "timeout", "{r}");
+    let expired = rig.token_for("late", &rig.snapshot("auto"), -5);
+    assert_eq!(
+        code_reason(&e.start(&expired, "print(1)", &[]).unwrap_err()).1,
+        "expired"
+    );
+    let running = e
+        .start(&token, "import time\ntime.sleep(600)", &[])
+        .unwrap();
+
+    let text = metrics(&rig, &[]);
+    let m = parse_metrics(&text);
+    let get = |k: &str| *m.get(k).unwrap_or_else(|| panic!("no {k} in\n{text}"));
+    assert_eq!(get("scriptgate_scripts_started_total"), 4.0, "{text}");
+    assert_eq!(get("scriptgate_scripts_finished_total{status=\"ok\"}"), 1.0);
+    assert_eq!(
+        get("scriptgate_scripts_finished_total{status=\"error\"}"),
+        1.0
+    );
+    assert_eq!(
+        get("scriptgate_scripts_finished_total{status=\"timeout\"}"),
+        1.0
+    );
+    assert_eq!(
+        get("scriptgate_scripts_finished_total{status=\"interrupted\"}"),
+        0.0
+    );
+    assert_eq!(get("scriptgate_scripts_running"), 1.0);
+    assert_eq!(get("scriptgate_tool_calls_total"), 3.0);
+    assert_eq!(get("scriptgate_tool_call_failures_total"), 1.0);
+    assert_eq!(
+        get("scriptgate_start_refusals_total{reason=\"expired\"}"),
+        1.0
+    );
+    assert_eq!(get("scriptgate_script_duration_seconds_count"), 3.0);
+    assert_eq!(
+        get("scriptgate_script_duration_seconds_bucket{le=\"+Inf\"}"),
+        3.0
+    );
+    assert!(
+        get("scriptgate_script_duration_seconds_bucket{le=\"0.5\"}") <= 2.0,
+        "the timeout ran a second: {text}"
+    );
+    assert_eq!(
+        get("scriptgate_script_duration_seconds_bucket{le=\"5\"}"),
+        3.0,
+        "{text}"
+    );
+    assert!(get("scriptgate_script_duration_seconds_sum") >= 1.0);
+    assert_eq!(
+        get(&format!(
+            "scriptgate_daemon_info{{version=\"{}\",backend=\"{RIG_BACKEND}\"}}",
+            env!("CARGO_PKG_VERSION")
+        )),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        get("scriptgate_limits_enforced_per_script"),
+        0.0,
+        "rlimit shares limits per uid"
+    );
+
+    // --output: the same text, written atomically (no temporary file left).
+    let out_dir = tempfile::tempdir().unwrap();
+    let prom = out_dir.path().join("scriptgate.prom");
+    assert_eq!(metrics(&rig, &["--output", prom.to_str().unwrap()]), "");
+    assert_eq!(std::fs::read_to_string(&prom).unwrap(), text);
+    assert_eq!(std::fs::read_dir(out_dir.path()).unwrap().count(), 1);
+
+    // kill -9 and a restart: the counters are in the store, and the script that
+    // was running is counted as interrupted.
+    rig.stop(nix::sys::signal::Signal::SIGKILL);
+    rig.start();
+    let r = rig
+        .engine()
+        .request("script.wait", json!({"script_id": running, "token": token}))
+        .unwrap();
+    assert_eq!(r["status"], "interrupted");
+    let m = parse_metrics(&metrics(&rig, &[]));
+    assert_eq!(m["scriptgate_scripts_started_total"], 4.0);
+    assert_eq!(
+        m["scriptgate_scripts_finished_total{status=\"interrupted\"}"],
+        1.0
+    );
+    assert_eq!(m["scriptgate_scripts_finished_total{status=\"ok\"}"], 1.0);
+    assert_eq!(m["scriptgate_scripts_running"], 0.0);
+    assert_eq!(m["scriptgate_script_duration_seconds_count"], 4.0);
+}

@@ -64,6 +64,19 @@ pub enum Cmd {
     },
     /// Query the audit store; works with the daemon down (admin).
     Audit(AuditCmd),
+    /// Prometheus metrics from the audit store; works with the daemon down (admin).
+    Metrics(MetricsCmd),
+}
+
+#[derive(Args, Debug)]
+pub struct MetricsCmd {
+    /// Write them to this file (atomically: a temporary file, then a rename), for
+    /// node_exporter's textfile collector, instead of standard output.
+    #[arg(long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+    /// The daemon's configuration (state.dir, auth.admin_groups).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 /// Options of the admin commands.
@@ -332,6 +345,23 @@ fn audit_cmd(c: AuditCmd) -> ExitCode {
     })
 }
 
+/// `scriptgate metrics`: the text on stdout, or written to `--output`.
+fn metrics_cmd(c: MetricsCmd) -> ExitCode {
+    let r = admin::Ctx::load(None, c.config.clone()).and_then(|ctx| {
+        let reader = ctx.reader()?;
+        let source =
+            crate::metrics::collect(&reader, &ctx.config.state.dir).map_err(Failure::setup)?;
+        let text = crate::metrics::render(&source);
+        match &c.output {
+            None => Ok(text),
+            Some(p) => crate::metrics::write_atomically(p, &text, 0o644)
+                .map(|()| String::new())
+                .map_err(|e| Failure::setup(format!("{}: {e}", p.display()))),
+        }
+    });
+    done("metrics", r)
+}
+
 /// `scriptgate token mint`: the token on stdout.
 fn mint_cmd(
     key: PathBuf,
@@ -373,6 +403,7 @@ pub fn main() -> ExitCode {
         Cmd::Show { id, a } => admin_cmd("show", &a, |ctx| admin::show(ctx, &id, a.json)),
         Cmd::Cancel { id, a } => admin_cmd("cancel", &a, |ctx| admin::cancel(ctx, &id, a.json)),
         Cmd::Audit(c) => audit_cmd(c),
+        Cmd::Metrics(c) => metrics_cmd(c),
         Cmd::Token(TokenCmd::Mint {
             key,
             run_id,
