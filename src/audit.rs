@@ -543,6 +543,15 @@ impl Reader {
         rows.collect()
     }
 
+    /// The workspaces of rows that say `running`.
+    pub fn running_workspaces(&self) -> rusqlite::Result<Vec<String>> {
+        let mut s = self
+            .0
+            .prepare("SELECT DISTINCT workspace FROM scripts WHERE status = 'running'")?;
+        let rows = s.query_map([], |r| r.get(0))?;
+        rows.collect()
+    }
+
     /// Scripts whose row says `running`.
     pub fn running(&self) -> rusqlite::Result<u64> {
         self.0.query_row(

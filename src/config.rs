@@ -72,11 +72,16 @@ impl Default for Auth {
 #[serde(deny_unknown_fields, default)]
 pub struct Workspace {
     pub roots: Vec<PathBuf>,
+    /// Workspaces scriptgate created (`scriptgate run` without `--workspace`) are
+    /// removed once unused for this many days; 0 keeps them. Engines' own
+    /// workspaces are never removed.
+    pub retain_days: u64,
 }
 impl Default for Workspace {
     fn default() -> Self {
         Workspace {
             roots: vec!["/var/lib/scriptgate/workspaces".into()],
+            retain_days: 30,
         }
     }
 }

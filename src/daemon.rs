@@ -253,6 +253,15 @@ impl Daemon {
             .collect()
     }
 
+    /// The workspaces of running scripts (retention leaves them alone).
+    pub fn running_workspaces(&self) -> Vec<PathBuf> {
+        self.registry
+            .all_running()
+            .into_iter()
+            .map(|(_, r)| r.workspace.clone())
+            .collect()
+    }
+
     pub fn running_count(&self) -> usize {
         self.registry.running_count()
     }

@@ -19,6 +19,7 @@ pub(crate) mod mcp;
 pub(crate) mod metrics;
 pub(crate) mod policy;
 pub mod protocol;
+pub(crate) mod prune;
 pub mod ratelimit;
 pub(crate) mod registry;
 pub(crate) mod rpc;

@@ -260,6 +260,8 @@ impl Housekeeping {
             }
         }));
         let d = daemon.clone();
+        tasks.push(tokio::spawn(workspace_retention(d)));
+        let d = daemon.clone();
         tasks.push(tokio::spawn(async move {
             loop {
                 d.changed().await;
@@ -277,6 +279,40 @@ impl Housekeeping {
             }));
         }
         Housekeeping(tasks)
+    }
+}
+
+/// `[workspace] retain_days`: at start, then hourly, remove the workspaces
+/// scriptgate created that nothing used for that long (crate::prune; bounded per
+/// pass, never an engine's own workspace, never one a running script uses).
+async fn workspace_retention(d: Arc<Daemon>) {
+    let days = d.cfg.workspace.retain_days;
+    if days == 0 {
+        return;
+    }
+    let mut t = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        t.tick().await;
+        let (roots, busy) = (d.cfg.workspace.roots.clone(), d.running_workspaces());
+        let pass = tokio::task::spawn_blocking(move || {
+            crate::prune::run_pass(&roots, days, &|p| busy.iter().any(|b| b == p))
+        })
+        .await;
+        let Ok((plan, failed)) = pass else { continue };
+        for c in plan
+            .expired
+            .iter()
+            .filter(|c| !failed.iter().any(|(p, _)| *p == c.path))
+        {
+            tracing::info!(
+                "workspace retention ({days} days): removed {} (last used {})",
+                c.path.display(),
+                crate::time::rfc3339(c.last_used_ms)
+            );
+        }
+        for (p, e) in &failed {
+            tracing::warn!("workspace retention: cannot remove {}: {e}", p.display());
+        }
     }
 }
 

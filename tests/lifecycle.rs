@@ -217,3 +217,142 @@ fn metrics_count_what_happened_and_survive_a_restart() {
     assert_eq!(m["scriptgate_scripts_running"], 0.0);
     assert_eq!(m["scriptgate_script_duration_seconds_count"], 4.0);
 }
+
+/// Set a directory's modification time `days` ago.
+fn age(p: &std::path::Path, days: u64) {
+    let t = std::time::SystemTime::now() - Duration::from_secs(days * 86_400);
+    std::fs::File::open(p).unwrap().set_modified(t).unwrap();
+}
+
+fn age_workspace(ws: &std::path::Path, days: u64) {
+    for p in [
+        ws.join(".agent/scripts"),
+        ws.join(".agent/workspace.json"),
+        ws.to_path_buf(),
+    ] {
+        if p.exists() {
+            age(&p, days);
+        }
+    }
+}
+
+fn prune(rig: &Rig, extra: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_scriptgate"))
+        .arg("prune")
+        .arg("--config")
+        .arg(&rig.config)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// `scriptgate run` through the daemon makes a fresh workspace marked as
+/// scriptgate's; once unused for `workspace.retain_days` (30 by default)
+/// `scriptgate prune --dry-run` names it and `scriptgate prune` removes it, while
+/// an engine's own workspace, however old, and a marked one a script still runs
+/// in are kept.
+#[test]
+#[ignore = "needs root: scripts run as nobody, and the test ages directories (cargo test -- --include-ignored, as root)"]
+fn prune_removes_only_old_workspaces_scriptgate_created() {
+    require_root("scripts run as nobody");
+    let rig = Rig::new();
+    let time =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/venv/bin/mcp-server-time");
+    assert!(
+        time.exists(),
+        "{} is missing: run tools/install-deps first",
+        time.display()
+    );
+    let script = rig.dir.path().join("s.py");
+    std::fs::write(&script, "print('hi')\n").unwrap();
+    let cli_run = || {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_scriptgate"))
+            .arg("run")
+            .arg("--socket")
+            .arg(&rig.socket)
+            .arg("--config")
+            .arg(&rig.config)
+            .arg("--mcp")
+            .arg(format!("time={}", time.display()))
+            .arg(&script)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        let ws = err
+            .lines()
+            .find_map(|l| l.strip_prefix("scriptgate: workspace "))
+            .unwrap_or_else(|| panic!("{err}"))
+            .to_string();
+        std::path::PathBuf::from(ws)
+    };
+    let done = cli_run();
+    let busy = cli_run();
+    let marker: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(done.join(".agent/workspace.json")).unwrap())
+            .unwrap();
+    assert_eq!(marker["created_by"], "scriptgate run", "{marker}");
+    // The engine's own workspace, used by a script; and a script still running in
+    // the second CLI workspace.
+    let e = rig.engine();
+    assert_eq!(
+        e.run(&rig.token(&rig.snapshot("auto")), "print(1)", &[])["status"],
+        "ok"
+    );
+    let running = e
+        .start(
+            &rig.token(&fleet_snapshot(&busy, "auto")),
+            "import time\ntime.sleep(600)",
+            &[],
+        )
+        .unwrap();
+    for ws in [&done, &busy, &rig.workspace] {
+        age_workspace(ws, 40);
+    }
+
+    let o = prune(&rig, &["--dry-run"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        out.lines()
+            .next()
+            .unwrap()
+            .split(" (last used")
+            .next()
+            .unwrap(),
+        format!("would remove {}", done.display()),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("1 workspace would be removed (unused for more than 30 days); 1 kept (recent or in use)\n"),
+        "{out}"
+    );
+    assert!(done.exists(), "a dry run removes nothing");
+
+    let o = prune(&rig, &[]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.starts_with(&format!("removed {} (last used ", done.display())),
+        "{out}"
+    );
+    assert!(!done.exists());
+    assert!(
+        busy.join(".agent/scripts").join(&running).exists(),
+        "in use: kept"
+    );
+    assert!(
+        rig.workspace.join(".agent/scripts").exists(),
+        "an engine's own workspace: kept"
+    );
+    let o = prune(&rig, &[]);
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("0 workspaces removed"));
+}
