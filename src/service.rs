@@ -261,6 +261,7 @@ impl Housekeeping {
         }));
         let d = daemon.clone();
         tasks.push(tokio::spawn(workspace_retention(d)));
+        tasks.push(tokio::spawn(refuse_reload()));
         let d = daemon.clone();
         tasks.push(tokio::spawn(async move {
             loop {
@@ -279,6 +280,23 @@ impl Housekeeping {
             }));
         }
         Housekeeping(tasks)
+    }
+}
+
+/// SIGHUP does not reload (the unit has no ExecReload=): it is logged and
+/// otherwise ignored, instead of ending the daemon as its default action would.
+/// A new config takes effect with `systemctl restart scriptgate`, which lets
+/// running scripts finish first (server.drain_s).
+async fn refuse_reload() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        tracing::warn!(
+            "SIGHUP ignored: scriptgated does not reload its configuration; \
+             run \"systemctl restart scriptgate\" (running scripts may finish first, server.drain_s)"
+        );
     }
 }
 

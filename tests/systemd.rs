@@ -676,6 +676,35 @@ fn restart_drains_running_scripts() {
     assert_eq!(again["status"], "ok", "{again}");
 }
 
+/// Reload is not supported, and says so: `systemctl reload` is refused by the
+/// unit, and a SIGHUP (a sysadmin's habit) neither reloads nor ends the daemon.
+#[test]
+#[ignore = "needs root, unshare, nsenter and /lib/systemd/systemd (cargo test -- --include-ignored, as root)"]
+fn reload_is_refused_and_sighup_is_harmless() {
+    let rig = SystemdRig::boot("");
+    let e = Engine::connect(&rig.socket());
+    e.request("daemon.info", json!({})).unwrap();
+    let pid = rig.sh_ok("systemctl show -p MainPID --value scriptgate.service");
+    let o = rig.sh("systemctl reload scriptgate.service");
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not applicable"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    rig.sh_ok("systemctl kill -s HUP scriptgate.service");
+    eventually("the SIGHUP to be logged", Duration::from_secs(10), || {
+        rig.sh_ok("journalctl --no-pager -u scriptgate.service")
+            .contains("SIGHUP ignored: scriptgated does not reload its configuration")
+    });
+    assert_eq!(rig.is_active("scriptgate.service"), "active");
+    assert_eq!(
+        rig.sh_ok("systemctl show -p MainPID --value scriptgate.service"),
+        pid
+    );
+    e.request("daemon.info", json!({})).unwrap();
+}
+
 /// A config broken long enough for systemd to give up, then fixed: `systemctl
 /// restart scriptgate` brings it back (no reset-failed needed), and the socket
 /// serves again.
