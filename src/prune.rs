@@ -151,7 +151,12 @@ pub fn plan(
                         last_used_ms: last,
                     }),
                     Some(_) => plan.kept += 1,
-                    None if depth == 0 => stack.push((fd, p, 1)),
+                    // One level down (per-uid directories), but never into a
+                    // workspace scripts ran in: a script cannot make its own
+                    // workspace's subdirectories look like scriptgate's.
+                    None if depth == 0 && open_dir(&fd, MARKER_DIR.as_ref()).is_err() => {
+                        stack.push((fd, p, 1))
+                    }
                     None => {}
                 }
             }
@@ -342,9 +347,14 @@ mod tests {
         std::fs::create_dir_all(&busy).unwrap();
         mark_created(&busy, "test").unwrap();
         age_ws(&busy, 40);
-        // An engine's own, old, no marker: never touched.
+        // An engine's own, old, no marker: never touched; nor a subdirectory a
+        // script of it dressed up with a marker.
         let engines = root.join("engine-ws");
         std::fs::create_dir_all(engines.join(".agent/scripts")).unwrap();
+        let planted = engines.join("data");
+        std::fs::create_dir_all(&planted).unwrap();
+        mark_created(&planted, "a script").unwrap();
+        age_ws(&planted, 400);
         age_ws(&engines, 400);
         // A marker that is a symlink does not count.
         let forged = root.join("forged");
@@ -376,7 +386,7 @@ mod tests {
         assert!(failed.is_empty(), "{failed:?}");
         assert!(!old.exists() && !nested.exists());
         assert!(root.join("1001").exists(), "the per-uid directory stays");
-        for kept in [&recent, &busy, &engines, &forged, &elsewhere] {
+        for kept in [&recent, &busy, &engines, &planted, &forged, &elsewhere] {
             assert!(kept.exists(), "{}", kept.display());
         }
         assert_eq!(
