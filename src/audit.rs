@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Mutex};
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 const MIGRATIONS: &[&str] = &[
     // v1
@@ -58,7 +58,77 @@ const MIGRATIONS: &[&str] = &[
         run_id TEXT PRIMARY KEY,
         at INTEGER NOT NULL
      );",
+    // v2: counters for `scriptgate metrics`, kept apart from the rows so that they
+    // survive audit retention and restarts (seeded from the rows by seed_metrics).
+    "CREATE TABLE metrics (
+        name TEXT NOT NULL,
+        label TEXT NOT NULL DEFAULT '',
+        value REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (name, label)
+     );",
 ];
+
+/// Add `by` to one counter of the `metrics` table.
+fn bump(c: &Connection, name: &str, label: &str, by: f64) -> rusqlite::Result<()> {
+    c.execute(
+        "INSERT INTO metrics (name, label, value) VALUES (?1, ?2, ?3)
+         ON CONFLICT (name, label) DO UPDATE SET value = value + excluded.value",
+        params![name, label, by],
+    )
+    .map(|_| ())
+}
+
+/// The counters of one finished script: by status, its calls and failures, and
+/// its duration in the histogram.
+fn count_finished(
+    c: &Connection,
+    status: &str,
+    calls: u64,
+    failures: u64,
+    duration_ms: u64,
+) -> rusqlite::Result<()> {
+    bump(c, "finished", status, 1.0)?;
+    bump(c, "calls", "", calls as f64)?;
+    bump(c, "failures", "", failures as f64)?;
+    let secs = duration_ms as f64 / 1000.0;
+    for (le, bound) in crate::metrics::duration_buckets() {
+        if secs <= bound {
+            bump(c, "duration_bucket", &le, 1.0)?;
+        }
+    }
+    bump(c, "duration_sum", "", secs)?;
+    bump(c, "duration_count", "", 1.0)
+}
+
+/// A store older than v2 has rows but no counters: count what the rows hold.
+fn seed_metrics(c: &Connection) -> rusqlite::Result<()> {
+    let started: i64 = c.query_row("SELECT count(*) FROM scripts", [], |r| r.get(0))?;
+    bump(c, "started", "", started as f64)?;
+    let mut s = c.prepare(
+        "SELECT status, calls, failures, coalesce(duration_ms, 0) FROM scripts WHERE status != 'running'",
+    )?;
+    let rows = s.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, i64>(2)?,
+            r.get::<_, i64>(3)?,
+        ))
+    })?;
+    for row in rows {
+        let (status, calls, failures, ms) = row?;
+        count_finished(c, &status, calls as u64, failures as u64, ms.max(0) as u64)?;
+    }
+    let mut s = c.prepare(
+        "SELECT coalesce(reason, 'other'), count(*) FROM refusals WHERE code != 0 GROUP BY 1",
+    )?;
+    let rows = s.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+    for row in rows {
+        let (reason, n) = row?;
+        bump(c, "refusals", &reason, n as f64)?;
+    }
+    Ok(())
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -156,6 +226,9 @@ impl Store {
         for (i, m) in MIGRATIONS.iter().enumerate().skip(version as usize) {
             let tx = w.transaction().map_err(sql("begin migration"))?;
             tx.execute_batch(m).map_err(sql("migrate"))?;
+            if i + 1 == 2 {
+                seed_metrics(&tx).map_err(sql("count the existing rows for metrics"))?;
+            }
             tx.pragma_update(None, "user_version", (i + 1) as i64)
                 .map_err(sql("set user_version"))?;
             tx.commit().map_err(sql("commit migration"))?;
@@ -213,7 +286,8 @@ impl Store {
 
     pub async fn insert_started(&self, r: StartRow) -> Result<(), StoreError> {
         self.write("insert started script", move |c| {
-            c.execute(
+            let tx = c.transaction()?;
+            tx.execute(
                 "INSERT INTO scripts (script_id, run_id, runner, peer_uid, peer_pid, run_uid, description, code, tools,
                    approval, workspace, backend, unit, started_at, status, details_dir)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 'running', ?15)",
@@ -222,8 +296,9 @@ impl Store {
                     serde_json::to_string(&r.tools).unwrap_or_default(), r.approval, r.workspace, r.backend, r.unit,
                     r.started_at_ms, r.details_dir
                 ],
-            )
-            .map(|_| ())
+            )?;
+            bump(&tx, "started", "", 1.0)?;
+            tx.commit()
         })
         .await
     }
@@ -235,7 +310,8 @@ impl Store {
     ) -> Result<(), StoreError> {
         let r = result.clone();
         self.write("record finished script", move |c| {
-            c.execute(
+            let tx = c.transaction()?;
+            let n = tx.execute(
                 "UPDATE scripts SET ended_at = ?2, status = ?3, exit_code = ?4, calls = ?5, failures = ?6,
                    tool_counts = ?7, duration_ms = ?8, memory_peak_bytes = ?9, cpu_usec = ?10, result = ?11
                  WHERE script_id = ?1",
@@ -244,20 +320,60 @@ impl Store {
                     tool_counts.to_string(), r.duration_ms as i64, r.memory_peak_bytes.map(|v| v as i64),
                     r.cpu_usec.map(|v| v as i64), serde_json::to_string(&r).unwrap_or_default()
                 ],
-            )
-            .map(|_| ())
+            )?;
+            if n > 0 {
+                count_finished(&tx, r.status.as_str(), r.calls, r.failures, r.duration_ms)?;
+            }
+            tx.commit()
+        })
+        .await
+    }
+
+    /// Keep running scripts' counters current (one transaction for all of them),
+    /// so that a daemon killed mid-script leaves the counts it had, not 0. Only
+    /// rows still `running` are touched: a finished row keeps its final counts.
+    pub async fn checkpoint_counts(&self, rows: Vec<(String, u64, u64)>) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.write("checkpoint running scripts' counts", move |c| {
+            let tx = c.transaction()?;
+            {
+                let mut s = tx.prepare_cached(
+                    "UPDATE scripts SET calls = ?2, failures = ?3 WHERE script_id = ?1 AND status = 'running'",
+                )?;
+                for (id, calls, failures) in &rows {
+                    s.execute(params![id, *calls as i64, *failures as i64])?;
+                }
+            }
+            tx.commit()
         })
         .await
     }
 
     pub async fn refusal(&self, r: Refusal) -> Result<(), StoreError> {
+        let reason = r.reason.clone().unwrap_or_else(|| "other".into());
+        self.refusal_counted(r, vec![(reason, 1)]).await
+    }
+
+    /// A refusal row, and the refusals it stands for counted by reason (one
+    /// refusal, or a summary of those that came faster than the rate limit).
+    pub async fn refusal_counted(
+        &self,
+        r: Refusal,
+        by_reason: Vec<(String, u64)>,
+    ) -> Result<(), StoreError> {
         self.write("record refusal", move |c| {
-            c.execute(
+            let tx = c.transaction()?;
+            tx.execute(
                 "INSERT INTO refusals (at, run_id, runner, peer_uid, peer_pid, code, reason, message)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 params![now_ms(), r.run_id, r.runner, r.peer_uid, r.peer_pid, r.code, r.reason, r.message],
-            )
-            .map(|_| ())
+            )?;
+            for (reason, n) in &by_reason {
+                bump(&tx, "refusals", reason, *n as f64)?;
+            }
+            tx.commit()
         })
         .await
     }
@@ -418,6 +534,33 @@ impl Reader {
             .optional()
     }
 
+    /// Every counter of the `metrics` table: `(name, label, value)`.
+    pub fn metrics(&self) -> rusqlite::Result<Vec<(String, String, f64)>> {
+        let mut s = self
+            .0
+            .prepare("SELECT name, label, value FROM metrics ORDER BY name, label")?;
+        let rows = s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        rows.collect()
+    }
+
+    /// The workspaces of rows that say `running`.
+    pub fn running_workspaces(&self) -> rusqlite::Result<Vec<String>> {
+        let mut s = self
+            .0
+            .prepare("SELECT DISTINCT workspace FROM scripts WHERE status = 'running'")?;
+        let rows = s.query_map([], |r| r.get(0))?;
+        rows.collect()
+    }
+
+    /// Scripts whose row says `running`.
+    pub fn running(&self) -> rusqlite::Result<u64> {
+        self.0.query_row(
+            "SELECT count(*) FROM scripts WHERE status = 'running'",
+            [],
+            |r| r.get::<_, i64>(0).map(|n| n as u64),
+        )
+    }
+
     pub fn refusals(&self, q: &Query) -> rusqlite::Result<Vec<Value>> {
         let mut s = self.0.prepare(
             "SELECT at, run_id, runner, peer_uid, peer_pid, code, reason, message FROM refusals
@@ -462,6 +605,8 @@ fn row_json(r: &rusqlite::Row) -> rusqlite::Result<Value> {
 #[derive(Debug, Clone)]
 pub struct Recovered {
     pub result: ScriptResult,
+    /// The workspace's absolute path, as recorded at the start.
+    pub workspace: String,
     pub runner: Option<String>,
     pub run_uid: u32,
 }
@@ -472,7 +617,7 @@ fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<Recovered>> {
     let mut out = Vec::new();
     {
         let mut s = tx.prepare(
-            "SELECT script_id, run_id, started_at, details_dir, calls, failures, runner, run_uid FROM scripts WHERE status = 'running'",
+            "SELECT script_id, run_id, started_at, details_dir, calls, failures, runner, run_uid, workspace FROM scripts WHERE status = 'running'",
         )?;
         let rows = s.query_map([], |r| {
             Ok((
@@ -483,15 +628,25 @@ fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<Recovered>> {
                 r.get::<_, i64>(4)?,
                 r.get::<_, i64>(5)?,
                 (r.get::<_, Option<String>>(6)?, r.get::<_, Option<i64>>(7)?),
+                r.get::<_, String>(8)?,
             ))
         })?;
         let now = now_ms();
         for row in rows {
-            let (script_id, run_id, started, details_dir, calls, failures, (runner, run_uid)) =
-                row?;
+            let (
+                script_id,
+                run_id,
+                started,
+                details_dir,
+                calls,
+                failures,
+                (runner, run_uid),
+                workspace,
+            ) = row?;
             let duration_ms = (now - started).max(0) as u64;
             let error = "the daemon stopped while the script ran".to_string();
             out.push(Recovered {
+                workspace,
                 runner,
                 run_uid: run_uid.unwrap_or(0) as u32,
                 result: ScriptResult {
@@ -516,6 +671,7 @@ fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<Recovered>> {
         }
     }
     for r in out.iter().map(|r| &r.result) {
+        count_finished(&tx, r.status.as_str(), r.calls, r.failures, r.duration_ms)?;
         tx.execute(
             "UPDATE scripts SET status = 'interrupted', ended_at = ?2, duration_ms = ?3, result = ?4 WHERE script_id = ?1",
             params![r.script_id, now_ms(), r.duration_ms as i64, serde_json::to_string(r).unwrap_or_default()],
@@ -637,6 +793,62 @@ mod tests {
             0o640,
             "the store holds code: not world-readable"
         );
+    }
+
+    /// A v1 store (rows, no counters) upgraded to v2 counts what its rows hold.
+    #[tokio::test]
+    async fn upgrading_a_v1_store_seeds_the_metrics_from_its_rows() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.db");
+        {
+            let (s, _) = Store::open(&p, None).unwrap();
+            for id in ["a", "b", "c"] {
+                s.insert_started(row(id)).await.unwrap();
+            }
+            let mut r = interrupted_result("a");
+            (r.status, r.calls, r.failures, r.duration_ms) = (Status::Ok, 5, 2, 2000);
+            s.finish(&r, serde_json::json!({})).await.unwrap();
+            s.refusal(Refusal {
+                run_id: None,
+                runner: None,
+                peer_uid: 1,
+                peer_pid: None,
+                code: -32010,
+                reason: Some("expired".into()),
+                message: "m".into(),
+            })
+            .await
+            .unwrap();
+            s.write("back to v1", |c| {
+                c.execute_batch("DROP TABLE metrics; PRAGMA user_version = 1;")
+            })
+            .await
+            .unwrap();
+        }
+        let (_s, recovered) = Store::open(&p, None).unwrap();
+        assert_eq!(recovered.len(), 2, "b and c were left running");
+        let m: std::collections::HashMap<(String, String), f64> = Reader::open(&p)
+            .unwrap()
+            .metrics()
+            .unwrap()
+            .into_iter()
+            .map(|(n, l, v)| ((n, l), v))
+            .collect();
+        let get = |n: &str, l: &str| m.get(&(n.to_string(), l.to_string())).copied();
+        assert_eq!(get("started", ""), Some(3.0));
+        assert_eq!(get("finished", "ok"), Some(1.0));
+        assert_eq!(get("finished", "interrupted"), Some(2.0));
+        assert_eq!(
+            (get("calls", ""), get("failures", "")),
+            (Some(5.0), Some(2.0))
+        );
+        assert_eq!(get("refusals", "expired"), Some(1.0));
+        assert_eq!(
+            get("duration_bucket", "1"),
+            Some(2.0),
+            "the two interrupted took ~0 s"
+        );
+        assert_eq!(get("duration_bucket", "5"), Some(3.0));
     }
 
     fn interrupted_result(id: &str) -> ScriptResult {

@@ -33,6 +33,9 @@ pub struct Server {
     /// Bytes of partly received lines held for all connections together, beyond
     /// the first 64 KiB of each line.
     pub max_buffered_bytes: usize,
+    /// On SIGTERM, running scripts may finish for this many seconds before they
+    /// are interrupted; no new script starts meanwhile.
+    pub drain_s: u64,
 }
 impl Default for Server {
     fn default() -> Self {
@@ -43,6 +46,7 @@ impl Default for Server {
             max_connections: 256,
             line_timeout_s: 30,
             max_buffered_bytes: 32 << 20,
+            drain_s: 30,
         }
     }
 }
@@ -68,11 +72,16 @@ impl Default for Auth {
 #[serde(deny_unknown_fields, default)]
 pub struct Workspace {
     pub roots: Vec<PathBuf>,
+    /// Workspaces scriptgate created (`scriptgate run` without `--workspace`) are
+    /// removed once unused for this many days; 0 keeps them. Engines' own
+    /// workspaces are never removed.
+    pub retain_days: u64,
 }
 impl Default for Workspace {
     fn default() -> Self {
         Workspace {
             roots: vec!["/var/lib/scriptgate/workspaces".into()],
+            retain_days: 30,
         }
     }
 }

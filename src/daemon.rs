@@ -34,6 +34,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Why a script whose engine connection closed is cancelled.
+const ENGINE_LOST: &str = "engine disconnected";
 const AGENT_TOOLS_PY: &str = include_str!("runtime/agent_tools.py");
 
 /// Who is on the other end of a connection (from SO_PEERCRED).
@@ -56,6 +58,8 @@ struct Running {
     run_uid: u32,
     started: Instant,
     details_dir: String,
+    /// The workspace's absolute path (journal entries).
+    workspace: PathBuf,
     live: Arc<Live>,
     stop: watch::Sender<Option<Stop>>,
     result: watch::Receiver<Option<ScriptResult>>,
@@ -76,6 +80,8 @@ pub struct Daemon {
     refusals: Mutex<RefusalLimiter>,
     revoked: RevokedRuns,
     changed: tokio::sync::Notify,
+    /// Set on SIGTERM: no new script starts (graceful stop, `server.drain_s`).
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -207,6 +213,7 @@ impl Daemon {
             refusals: Mutex::new(RefusalLimiter::default()),
             revoked,
             changed: tokio::sync::Notify::new(),
+            stopping: Default::default(),
             cfg,
         };
         let d = Arc::new(d);
@@ -220,11 +227,75 @@ impl Daemon {
                 d.flush_refusals().await;
             }
         });
+        // Running scripts' counts reach the audit row at least every tick, in
+        // one write: a kill -9 leaves real counts (crate::checkpoint).
+        let weak = Arc::downgrade(&d);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::checkpoint::TICK);
+            let mut written = crate::checkpoint::Checkpoint::default();
+            loop {
+                tick.tick().await;
+                let Some(d) = weak.upgrade() else { break };
+                let changed = written.changed(d.live_counts());
+                if let Err(e) = d.store.checkpoint_counts(changed).await {
+                    tracing::warn!("{e}");
+                }
+            }
+        });
         Ok((d, interrupted))
+    }
+
+    /// `(script_id, calls, failures)` of every running script.
+    fn live_counts(&self) -> Vec<crate::checkpoint::Counts> {
+        self.registry
+            .all_running()
+            .into_iter()
+            .map(|(id, r)| {
+                let l = &r.live;
+                let calls = l.calls.load(Ordering::Relaxed);
+                (id, calls, l.failures.load(Ordering::Relaxed))
+            })
+            .collect()
+    }
+
+    /// The workspaces of running scripts (retention leaves them alone).
+    pub fn running_workspaces(&self) -> Vec<PathBuf> {
+        self.registry
+            .all_running()
+            .into_iter()
+            .map(|(_, r)| r.workspace.clone())
+            .collect()
     }
 
     pub fn running_count(&self) -> usize {
         self.registry.running_count()
+    }
+
+    /// Graceful stop, first step: refuse new starts from now on.
+    pub fn stop_starting(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    /// Refuse a start once the daemon is stopping.
+    fn check_not_stopping(&self) -> Result<(), RpcError> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(RpcError::stopping(self.cfg.server.drain_s));
+        }
+        Ok(())
+    }
+
+    /// Wait until no script runs.
+    pub async fn all_finished(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.running_count() == 0 {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// Wakes when a script starts or ends (idle tracking, STATUS=).
@@ -341,17 +412,21 @@ impl Daemon {
         };
         let message = s.message(now_ms());
         crate::journal::refusals_counted(s.count, &message);
+        let by_reason = s.by_reason.clone().into_iter().collect();
         let _ = self
             .store
-            .refusal(RefusalRow {
-                run_id: None,
-                runner: None,
-                peer_uid: u32::MAX,
-                peer_pid: None,
-                code: 0,
-                reason: Some("rate_limited".into()),
-                message,
-            })
+            .refusal_counted(
+                RefusalRow {
+                    run_id: None,
+                    runner: None,
+                    peer_uid: u32::MAX,
+                    peer_pid: None,
+                    code: 0,
+                    reason: Some("rate_limited".into()),
+                    message,
+                },
+                by_reason,
+            )
             .await;
     }
 
@@ -365,6 +440,7 @@ impl Daemon {
     ) -> Result<Started, RpcError> {
         // 1. Admit: nothing runs unless the run is proven, not revoked, and its
         //    workspace, plan and identity hold.
+        self.check_not_stopping()?;
         let admitted = self.admit(peer, &p, signed)?;
         self.preflight.refuse_unenforced(&self.cfg)?;
         let script_id = new_script_id();
@@ -375,6 +451,7 @@ impl Daemon {
             .seek_approval(engine.as_ref(), &script_id, &admitted, &p)
             .await?;
         // 3. A max_running slot, held until the script's end is recorded.
+        self.check_not_stopping()?;
         let slot = self.registry.reserve_slot()?;
         // 4. The record directory and the audit row, before anything runs.
         let record = self
@@ -579,6 +656,7 @@ impl Daemon {
             run_uid: a.identity.uid,
             started: Instant::now(),
             details_dir: rec.details_dir.clone(),
+            workspace: a.workspace.path.clone(),
             live: Arc::new(Live::default()),
             stop: stop_tx,
             result: result_rx,
@@ -713,6 +791,11 @@ impl Daemon {
         if live.dirty.swap(false, Ordering::Relaxed) {
             engine.send(Notification::ScriptProgress(status_of(&sid, &running)));
         }
+        // Not the script's doing: no sandbox, no limits, or no engine any more.
+        let infrastructure = match &outcome {
+            Err(_) => true,
+            Ok(e) => e.setup_failed,
+        } || matches!(&*running.stop.borrow(), Some(Stop::Cancel(why)) if why == ENGINE_LOST);
         let result = self.build_result(&sid, &running.run_id, &running.details_dir, live, outcome);
         let counts = json!(*live.tool_counts.lock().unwrap());
         if let Err(e) = self.store.finish(&result, counts).await {
@@ -722,12 +805,14 @@ impl Daemon {
         // told: whoever hears of the end can start the next script at once.
         self.registry.finish(&sid, running.owner);
         drop(slot);
-        crate::journal::script_finished(
-            &result,
-            running.runner.as_deref(),
-            running.run_uid,
-            running.unit.as_deref(),
-        );
+        crate::journal::script_finished(&crate::journal::Finished {
+            result: &result,
+            runner: running.runner.as_deref(),
+            uid: running.run_uid,
+            unit: running.unit.as_deref(),
+            workspace: &running.workspace.display().to_string(),
+            infrastructure,
+        });
         engine.send(Notification::ScriptFinished(Box::new(result.clone())));
         let _ = result_tx.send(Some(result));
         self.changed.notify_waiters();
@@ -753,6 +838,7 @@ impl Daemon {
             memory_peak_bytes: None,
             cpu_usec: None,
             backend_notes: vec![],
+            setup_failed: true,
         });
         let note = e.output_truncated.then(|| {
             format!("[output truncated to return_max_chars = {} characters; all of it is in {details_dir}/output.txt]", self.cfg.scripts.return_max_chars)
@@ -920,9 +1006,7 @@ impl Daemon {
     /// A connection closed: its scripts lose their engine and are cancelled.
     pub fn disconnected(&self, conn: u64) {
         for r in self.registry.running_where(|r| r.owner == conn) {
-            let _ = r
-                .stop
-                .send(Some(Stop::Cancel("engine disconnected".into())));
+            let _ = r.stop.send(Some(Stop::Cancel(ENGINE_LOST.into())));
         }
     }
 

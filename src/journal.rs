@@ -11,29 +11,69 @@ pub const SCRIPT_FINISHED: &str = "346f6012b1654d13bd185a7cfc0553cb";
 /// MESSAGE_ID of "script.start refused" (fixed forever).
 pub const START_REFUSED: &str = "e1b3fc3a8d8142699a4d42cc4f6acfcb";
 
-pub fn script_finished(r: &ScriptResult, runner: Option<&str>, uid: u32, unit: Option<&str>) {
+/// What the "script finished" entry says about one script.
+pub struct Finished<'a> {
+    pub result: &'a ScriptResult,
+    pub runner: Option<&'a str>,
+    pub uid: u32,
+    pub unit: Option<&'a str>,
+    /// The workspace's absolute path (`SCRIPTGATE_WORKSPACE`).
+    pub workspace: &'a str,
+    /// Not the script's doing: the sandbox or its limits could not be set up, the
+    /// engine was lost, or the daemon stopped under it.
+    pub infrastructure: bool,
+}
+
+/// The journal priority of a finished script, by cause: what went wrong around
+/// the script is `err` (3); the script's own end (ok, its error, timeout, oom,
+/// call limit, a cancel) is `notice` (5, tracing's INFO through tracing-journald).
+pub fn priority(status: Status, infrastructure: bool) -> tracing::Level {
+    if infrastructure || status == Status::Interrupted {
+        tracing::Level::ERROR
+    } else {
+        tracing::Level::INFO
+    }
+}
+
+/// The first line of an error, for the entry's message and `SCRIPTGATE_ERROR`
+/// (the whole text is in the audit row and the result).
+pub fn first_line(error: Option<&str>) -> &str {
+    error
+        .map(str::trim_start)
+        .and_then(|e| e.lines().next())
+        .unwrap_or("")
+}
+
+pub fn script_finished(f: &Finished) {
+    let r = f.result;
+    let error = first_line(r.error.as_deref());
+    let sep = if error.is_empty() { "" } else { ": " };
     macro_rules! entry {
         ($level:ident) => {
             tracing::$level!(
                 message_id = SCRIPT_FINISHED,
                 scriptgate_script_id = %r.script_id,
                 scriptgate_run_id = %r.run_id,
-                scriptgate_runner = runner.unwrap_or(""),
-                scriptgate_uid = uid,
+                scriptgate_runner = f.runner.unwrap_or(""),
+                scriptgate_uid = f.uid,
                 scriptgate_status = r.status.as_str(),
                 scriptgate_calls = r.calls,
                 scriptgate_failures = r.failures,
                 scriptgate_duration_ms = r.duration_ms,
+                scriptgate_workspace = f.workspace,
                 scriptgate_details_dir = %r.details_dir,
-                scriptgate_unit = unit.unwrap_or(""),
-                "script {} of run {} finished: {} ({} calls, {} failed, {} ms)",
+                scriptgate_error = error,
+                scriptgate_cause = if f.infrastructure { "infrastructure" } else { "script" },
+                scriptgate_unit = f.unit.unwrap_or(""),
+                "script {} of run {} finished: {} ({} calls, {} failed, {} ms){sep}{error}",
                 r.script_id, r.run_id, r.status.as_str(), r.calls, r.failures, r.duration_ms
             )
         };
     }
-    match r.status {
-        Status::Ok | Status::Cancelled => entry!(info),
-        _ => entry!(warn),
+    if priority(r.status, f.infrastructure) == tracing::Level::ERROR {
+        entry!(error)
+    } else {
+        entry!(info)
     }
 }
 
@@ -67,4 +107,44 @@ pub fn refusals_counted(count: u64, message: &str) {
         scriptgate_suppressed = count,
         "{message}"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priority_is_by_cause() {
+        use tracing::Level;
+        for st in [
+            Status::Ok,
+            Status::Error,
+            Status::Timeout,
+            Status::Oom,
+            Status::Limit,
+            Status::Cancelled,
+        ] {
+            assert_eq!(
+                priority(st, false),
+                Level::INFO,
+                "{st:?}: the script's own end is notice"
+            );
+            assert_eq!(
+                priority(st, true),
+                Level::ERROR,
+                "{st:?}: infrastructure is err"
+            );
+        }
+        assert_eq!(priority(Status::Interrupted, false), Level::ERROR);
+    }
+
+    #[test]
+    fn first_line_of_an_error() {
+        assert_eq!(first_line(None), "");
+        assert_eq!(
+            first_line(Some("\nTraceback (most recent call last):\n  File x")),
+            "Traceback (most recent call last):"
+        );
+        assert_eq!(first_line(Some("exit code 3")), "exit code 3");
+    }
 }

@@ -6,6 +6,7 @@
 
 pub(crate) mod audit;
 pub mod broker;
+pub(crate) mod checkpoint;
 pub(crate) mod cli;
 pub mod config;
 pub(crate) mod daemon;
@@ -15,9 +16,11 @@ pub(crate) mod framing;
 pub mod journal;
 pub(crate) mod limits;
 pub(crate) mod mcp;
+pub(crate) mod metrics;
 pub(crate) mod policy;
 pub(crate) mod preflight;
 pub mod protocol;
+pub(crate) mod prune;
 pub mod ratelimit;
 pub(crate) mod registry;
 pub(crate) mod rpc;
@@ -27,6 +30,7 @@ pub(crate) mod seccomp;
 pub(crate) mod server;
 pub(crate) mod service;
 pub mod snapshot;
+pub(crate) mod startfail;
 #[allow(unsafe_code)]
 pub(crate) mod sys;
 pub(crate) mod time;

@@ -101,6 +101,16 @@ impl RpcError {
             "too_many_connections",
         )
     }
+    /// A `script.start` while the daemon drains for a stop or restart.
+    pub fn stopping(drain_s: u64) -> Self {
+        Self::with_reason(
+            code::BUSY,
+            format!(
+                "scriptgated is stopping: it lets running scripts finish (up to server.drain_s = {drain_s} s) and starts no new ones; retry once it is back (socket activation starts it again on the next connection)"
+            ),
+            "stopping",
+        )
+    }
     /// An admin method from a peer that is not an administrator.
     pub fn not_admin() -> Self {
         Self::with_reason(

@@ -64,6 +64,9 @@ pub struct Ended {
     pub cpu_usec: Option<u64>,
     /// Limits of this script that were not in force (read back from its cgroups).
     pub backend_notes: Vec<String>,
+    /// The script never ran as configured: its unit or limits could not be set up
+    /// (the journal entry says so at `err`, not as the script's own failure).
+    pub setup_failed: bool,
 }
 
 /// How much of stderr is kept for the result's `error`.
@@ -309,14 +312,19 @@ pub async fn run(
     };
     let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
     let (status, mut error) = judge(&ending, &launch.limits, &unit);
+    let mut setup_failed = ending.setup_error.is_some();
     // bwrap failed before the sandbox existed: say why in one line, its words after.
     if never_ran && ending.cut.is_none() && ending.setup_error.is_none() && status == Status::Error
     {
         let facts = crate::preflight::HostFacts::read(std::path::Path::new("/proc/sys"));
-        error = crate::preflight::explain(&ending.stderr_tail, &facts).or(error);
+        if let Some(why) = crate::preflight::explain(&ending.stderr_tail, &facts) {
+            error = Some(why);
+            setup_failed = true;
+        }
     }
     let mut ended = collected.ended(status, error, exit, t0, launch.return_max_chars);
     ended.backend_notes = backend_notes;
+    ended.setup_failed = setup_failed;
     Ok(ended)
 }
 
@@ -780,6 +788,7 @@ impl Collected {
             // covers every process of the sandbox.
             cpu_usec: stats.cpu_usec.or(exit.map(|e| e.cpu_usec)),
             backend_notes: vec![],
+            setup_failed: false,
         }
     }
 }

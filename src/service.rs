@@ -75,11 +75,11 @@ pub fn main() -> ExitCode {
     };
     let cfg = match Config::load(&path, explicit) {
         Ok(c) => c,
-        Err(e) => return fail(&e),
+        Err(e) => return cannot_start(&activated, &e),
     };
     let key = match cfg.read_key() {
         Ok(k) => k,
-        Err(e) => return fail(&e),
+        Err(e) => return cannot_start(&activated, &e),
     };
     if activated.is_empty() && args.listen.is_none() {
         return fail(
@@ -113,6 +113,13 @@ pub fn main() -> ExitCode {
     code
 }
 
+/// Exit 1 (the unit does not restart on it), telling the engines queued on an
+/// activated socket why first (crate::startfail).
+fn cannot_start(activated: &[OwnedFd], e: &dyn std::fmt::Display) -> ExitCode {
+    crate::startfail::answer_pending(activated, e);
+    fail(e)
+}
+
 fn fail(e: &dyn std::fmt::Display) -> ExitCode {
     eprintln!("scriptgated: {e}");
     ExitCode::from(1)
@@ -134,12 +141,19 @@ async fn run(
     // 1. State first: a bad state dir or config stops us before any socket exists.
     let (daemon, interrupted) = match Daemon::new(cfg, key).await {
         Ok(d) => d,
-        Err(e) => return fail(&e),
+        Err(e) => return cannot_start(activated.as_slice(), &e),
     };
     // Scripts a killed daemon left running: their record is completed now, and so is
     // their journal entry.
     for r in &interrupted {
-        crate::journal::script_finished(&r.result, r.runner.as_deref(), r.run_uid, None);
+        crate::journal::script_finished(&crate::journal::Finished {
+            result: &r.result,
+            runner: r.runner.as_deref(),
+            uid: r.run_uid,
+            unit: None,
+            workspace: &r.workspace,
+            infrastructure: true,
+        });
     }
     // 2. The socket (systemd's, or our own --listen), still with every capability:
     //    binding and chgrp may need them.
@@ -214,6 +228,9 @@ fn announce_ready(daemon: &Daemon) {
             "scriptgated ready (backend {backend}; {notes}; {preflight})"
         );
     }
+    if let Err(e) = crate::metrics::write_daemon_file(&daemon.cfg.state.dir, &daemon.info()) {
+        tracing::warn!("cannot write daemon.json for scriptgate metrics: {e}");
+    }
     let _ = sd_notify::notify(&[
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Status("0 scripts running"),
@@ -246,6 +263,9 @@ impl Housekeeping {
             }
         }));
         let d = daemon.clone();
+        tasks.push(tokio::spawn(workspace_retention(d)));
+        tasks.push(tokio::spawn(refuse_reload()));
+        let d = daemon.clone();
         tasks.push(tokio::spawn(async move {
             loop {
                 d.changed().await;
@@ -266,6 +286,57 @@ impl Housekeeping {
     }
 }
 
+/// SIGHUP does not reload (the unit has no ExecReload=): it is logged and
+/// otherwise ignored, instead of ending the daemon as its default action would.
+/// A new config takes effect with `systemctl restart scriptgate`, which lets
+/// running scripts finish first (server.drain_s).
+async fn refuse_reload() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        tracing::warn!(
+            "SIGHUP ignored: scriptgated does not reload its configuration; \
+             run \"systemctl restart scriptgate\" (running scripts may finish first, server.drain_s)"
+        );
+    }
+}
+
+/// `[workspace] retain_days`: at start, then hourly, remove the workspaces
+/// scriptgate created that nothing used for that long (crate::prune; bounded per
+/// pass, never an engine's own workspace, never one a running script uses).
+async fn workspace_retention(d: Arc<Daemon>) {
+    let days = d.cfg.workspace.retain_days;
+    if days == 0 {
+        return;
+    }
+    let mut t = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        t.tick().await;
+        let (roots, busy) = (d.cfg.workspace.roots.clone(), d.running_workspaces());
+        let pass = tokio::task::spawn_blocking(move || {
+            crate::prune::run_pass(&roots, days, &|p| busy.iter().any(|b| b == p))
+        })
+        .await;
+        let Ok((plan, failed)) = pass else { continue };
+        for c in plan
+            .expired
+            .iter()
+            .filter(|c| !failed.iter().any(|(p, _)| *p == c.path))
+        {
+            tracing::info!(
+                "workspace retention ({days} days): removed {} (last used {})",
+                c.path.display(),
+                crate::time::rfc3339(c.last_used_ms)
+            );
+        }
+        for (p, e) in &failed {
+            tracing::warn!("workspace retention: cannot remove {}: {e}", p.display());
+        }
+    }
+}
+
 impl Drop for Housekeeping {
     fn drop(&mut self) {
         for t in &self.0 {
@@ -274,7 +345,10 @@ impl Drop for Housekeeping {
     }
 }
 
-/// Serve connections until SIGTERM, SIGINT, idle exit or an accept error.
+/// Serve connections until SIGTERM, SIGINT, idle exit or an accept error. On a
+/// signal, drain: refuse new starts, keep serving the running scripts (their tool
+/// calls, script.wait) until they end or `server.drain_s` passes, or a second
+/// signal comes; the caller then interrupts what still runs.
 async fn serve_until_stopped(
     daemon: &Arc<Daemon>,
     listener: tokio::net::UnixListener,
@@ -283,14 +357,48 @@ async fn serve_until_stopped(
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        r = crate::server::serve(daemon.clone(), listener, idle_exit) => match r {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(&format!("accept: {e}")),
-        },
-        _ = term.recv() => { tracing::info!("SIGTERM: stopping"); ExitCode::SUCCESS }
-        _ = int.recv() => { tracing::info!("SIGINT: stopping"); ExitCode::SUCCESS }
+    let serve = crate::server::serve(daemon.clone(), listener, idle_exit);
+    tokio::pin!(serve);
+    let served = |r: std::io::Result<()>| match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&format!("accept: {e}")),
+    };
+    let signal = tokio::select! {
+        r = &mut serve => return served(r),
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    daemon.stop_starting();
+    let drain = Duration::from_secs(daemon.cfg.server.drain_s);
+    let n = daemon.running_count();
+    if n == 0 {
+        tracing::info!("{signal}: stopping");
+        return ExitCode::SUCCESS;
     }
+    tracing::info!(
+        "{signal}: stopping; no new scripts; {n} running may finish within server.drain_s = {} s",
+        drain.as_secs()
+    );
+    let status = format!(
+        "stopping: draining {n} running scripts (up to {} s)",
+        drain.as_secs()
+    );
+    let _ = sd_notify::notify(&[
+        sd_notify::NotifyState::Stopping,
+        sd_notify::NotifyState::Status(&status),
+    ]);
+    tokio::select! {
+        r = &mut serve => return served(r),
+        _ = daemon.all_finished() => tracing::info!("every running script finished; stopping"),
+        _ = tokio::time::sleep(drain) => tracing::warn!(
+            "server.drain_s = {} s passed with {} scripts running: interrupting them",
+            drain.as_secs(),
+            daemon.running_count()
+        ),
+        _ = term.recv() => tracing::info!("SIGTERM again: interrupting the running scripts"),
+        _ = int.recv() => tracing::info!("SIGINT again: interrupting the running scripts"),
+    }
+    ExitCode::SUCCESS
 }
 
 /// Bind `--listen PATH`: refuse if a live daemon answers there, replace a stale

@@ -37,7 +37,8 @@ fn out(o: &Output) -> String {
 
 #[test]
 fn every_ending_leaves_a_complete_row() {
-    let mut rig = Rig::new();
+    // drain_s = 0: the SIGTERM below interrupts at once (no graceful drain).
+    let mut rig = Rig::with_config("[server]\ndrain_s = 0\n");
     let e = rig.engine();
     let mut snap = rig.snapshot("approval");
     snap["limits"] = json!({"timeout_s": 2, "max_calls": 1});

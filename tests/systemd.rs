@@ -377,8 +377,83 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
                 >= 3000
         );
         assert_eq!(j["SCRIPTGATE_DETAILS_DIR"], format!(".agent/scripts/{id}"));
+        assert_eq!(
+            j["SCRIPTGATE_WORKSPACE"],
+            rig.workspace().display().to_string(),
+            "the workspace's absolute path"
+        );
+        assert_eq!(j["SCRIPTGATE_ERROR"], "");
+        assert_eq!(j["PRIORITY"], "5", "a script's own end is notice");
         assert_eq!(j["SCRIPTGATE_UNIT"], unit.as_str());
         assert_eq!(j["_SYSTEMD_UNIT"], "scriptgate.service");
+        // A script's own error: notice, with the first line of the error; an engine
+        // lost mid-script: err (not the script's doing).
+        let bad = e.run(
+            &token,
+            "import sys\nsys.exit('bad input: SN9\\nsecond line')\n",
+            &[],
+        );
+        assert_eq!(bad["status"], "error", "{bad}");
+        let failed = bad["script_id"].as_str().unwrap().to_string();
+        let lost_engine = Engine::connect(&rig.socket());
+        let lost = lost_engine
+            .start(
+                &token,
+                "import time\nprint('up', flush=True)\ntime.sleep(60)\n",
+                &[],
+            )
+            .unwrap();
+        let out = rig
+            .workspace()
+            .join(".agent/scripts")
+            .join(&lost)
+            .join("output.txt");
+        eventually("the script to run", Duration::from_secs(10), || {
+            std::fs::read_to_string(&out).unwrap_or_default() == "up\n"
+        });
+        lost_engine.close();
+        let entry = |sid: &str| {
+            let mut found = None;
+            eventually("the journal entry", Duration::from_secs(10), || {
+                found = rig
+                    .journal(FINISHED)
+                    .into_iter()
+                    .find(|j| j["SCRIPTGATE_SCRIPT_ID"] == sid);
+                found.is_some()
+            });
+            found.unwrap()
+        };
+        let j = entry(&failed);
+        assert_eq!(
+            (
+                j["PRIORITY"].as_str(),
+                j["SCRIPTGATE_ERROR"].as_str(),
+                j["SCRIPTGATE_CAUSE"].as_str()
+            ),
+            (Some("5"), Some("bad input: SN9"), Some("script")),
+            "{j}"
+        );
+        let m = j["MESSAGE"].as_str().unwrap();
+        assert!(
+            m.contains(": error (0 calls") && m.ends_with(" ms): bad input: SN9"),
+            "{m}"
+        );
+        let j = entry(&lost);
+        assert_eq!(
+            (
+                j["PRIORITY"].as_str(),
+                j["SCRIPTGATE_STATUS"].as_str(),
+                j["SCRIPTGATE_ERROR"].as_str(),
+                j["SCRIPTGATE_CAUSE"].as_str()
+            ),
+            (
+                Some("3"),
+                Some("cancelled"),
+                Some("engine disconnected"),
+                Some("infrastructure")
+            ),
+            "{j}"
+        );
         let _ = e.start(
             &scriptgate::token::mint(
                 KEY,
@@ -445,7 +520,8 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
 #[test]
 #[ignore = "needs root, unshare, nsenter and /lib/systemd/systemd (cargo test -- --include-ignored, as root)"]
 fn memory_and_task_limits_and_systemctl_stop_in_scopes() {
-    let rig = SystemdRig::boot("");
+    // drain_s = 1: the stop below interrupts its 60 s script after a second.
+    let rig = SystemdRig::boot("[server]\ndrain_s = 1\n");
     let e = Engine::connect(&rig.socket());
 
     // MemoryMax: the kernel's OOM killer ends it, and the unit's counters say so.
@@ -522,6 +598,157 @@ fn memory_and_task_limits_and_systemctl_stop_in_scopes() {
         .request("script.wait", json!({"script_id": id, "token": token}))
         .unwrap();
     assert_eq!(r["status"], "interrupted", "{r}");
+}
+
+/// Graceful stop: `systemctl restart` while a short script runs lets it finish
+/// (status ok, its record complete); a start during the drain is refused with a
+/// clear reason; the unit's stop timeout covers the drain.
+#[test]
+#[ignore = "needs root, unshare, nsenter and /lib/systemd/systemd (cargo test -- --include-ignored, as root)"]
+fn restart_drains_running_scripts() {
+    let rig = SystemdRig::boot("");
+    let timeout_stop = rig.sh_ok("systemctl show -p TimeoutStopUSec --value scriptgate.service");
+    assert_eq!(
+        timeout_stop.trim(),
+        "45s",
+        "TimeoutStopSec = server.drain_s (30 s) + 10 s to interrupt + margin"
+    );
+    let e = Engine::connect(&rig.socket());
+    let token = rig.token(json!({}));
+    let id = e
+        .start(
+            &token,
+            "import agent_tools, time\nprint('up', flush=True)\ntime.sleep(4)\nagent_tools.call('fleet__list_devices', {})\nprint('done')\n",
+            &[],
+        )
+        .unwrap();
+    let out = rig
+        .workspace()
+        .join(".agent/scripts")
+        .join(&id)
+        .join("output.txt");
+    eventually("the script to run", Duration::from_secs(10), || {
+        std::fs::read_to_string(&out).unwrap_or_default() == "up\n"
+    });
+    let old_pid = rig.sh_ok("systemctl show -p MainPID --value scriptgate.service");
+    let restart = {
+        let pid1 = rig.pid1;
+        std::thread::spawn(move || {
+            Command::new("nsenter")
+                .args(["-t", &pid1.to_string(), "-m", "-p", "-u", "-i"])
+                .args(["systemctl", "restart", "scriptgate.service"])
+                .output()
+                .unwrap()
+        })
+    };
+    eventually("the stop to begin", Duration::from_secs(10), || {
+        rig.is_active("scriptgate.service") == "deactivating"
+    });
+    // A new script during the drain: refused, saying why.
+    let late = Engine::connect(&rig.socket());
+    let err = late.start(&token, "print(1)", &[]).unwrap_err();
+    assert_eq!(code_reason(&err), (-32015, "stopping".to_string()), "{err}");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("scriptgated is stopping"),
+        "{err}"
+    );
+    // The running one finishes, its tool call served, with status ok.
+    let r = e.wait(&id);
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["output"], "up\ndone\n", "{r}");
+    assert_eq!(r["calls"], 1);
+    let o = restart.join().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(rig.is_active("scriptgate.service"), "active");
+    assert_ne!(
+        rig.sh_ok("systemctl show -p MainPID --value scriptgate.service"),
+        old_pid,
+        "restarted"
+    );
+    // The stop was clean (not a timeout), and the new daemon serves the record.
+    let e = Engine::connect(&rig.socket());
+    let again = e
+        .request("script.wait", json!({"script_id": id, "token": token}))
+        .unwrap();
+    assert_eq!(again["status"], "ok", "{again}");
+}
+
+/// Reload is not supported, and says so: `systemctl reload` is refused by the
+/// unit, and a SIGHUP (a sysadmin's habit) neither reloads nor ends the daemon.
+#[test]
+#[ignore = "needs root, unshare, nsenter and /lib/systemd/systemd (cargo test -- --include-ignored, as root)"]
+fn reload_is_refused_and_sighup_is_harmless() {
+    let rig = SystemdRig::boot("");
+    let e = Engine::connect(&rig.socket());
+    e.request("daemon.info", json!({})).unwrap();
+    let pid = rig.sh_ok("systemctl show -p MainPID --value scriptgate.service");
+    let o = rig.sh("systemctl reload scriptgate.service");
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not applicable"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    rig.sh_ok("systemctl kill -s HUP scriptgate.service");
+    eventually("the SIGHUP to be logged", Duration::from_secs(10), || {
+        rig.sh_ok("journalctl --no-pager -u scriptgate.service")
+            .contains("SIGHUP ignored: scriptgated does not reload its configuration")
+    });
+    assert_eq!(rig.is_active("scriptgate.service"), "active");
+    assert_eq!(
+        rig.sh_ok("systemctl show -p MainPID --value scriptgate.service"),
+        pid
+    );
+    e.request("daemon.info", json!({})).unwrap();
+}
+
+/// A config broken long enough for systemd to give up, then fixed: `systemctl
+/// restart scriptgate` brings it back (no reset-failed needed), and the socket
+/// serves again.
+#[test]
+#[ignore = "needs root, unshare, nsenter and /lib/systemd/systemd (cargo test -- --include-ignored, as root)"]
+fn a_fixed_config_recovers_with_systemctl_restart() {
+    let rig = SystemdRig::boot("");
+    let e = Engine::connect(&rig.socket());
+    e.request("daemon.info", json!({})).unwrap();
+    e.close();
+    let config = rig.dir.join("scriptgate.toml");
+    let good = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{good}\n[bogus]\n")).unwrap();
+    let o = rig.sh("systemctl restart scriptgate.service");
+    assert!(!o.status.success(), "a broken config does not start");
+    // Engines keep knocking on the socket, faster than the old start limit (5 in
+    // 10 s) allowed: each is told why, and the socket stays up.
+    for _ in 0..8 {
+        let mut s = std::os::unix::net::UnixStream::connect(rig.socket()).unwrap();
+        use std::io::Read;
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let v: Value =
+            serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        let m = v["error"]["message"].as_str().unwrap();
+        assert!(
+            m.starts_with("scriptgated cannot start: ") && m.contains("unknown field `bogus`"),
+            "{m}"
+        );
+    }
+    assert_eq!(rig.is_active("scriptgate.socket"), "active");
+    assert_eq!(
+        rig.sh_ok("systemctl show -p NRestarts --value scriptgate.service")
+            .trim(),
+        "0",
+        "a start-up failure (exit 1) is not restarted in a loop"
+    );
+    // Fixed: one restart brings it back, no reset-failed.
+    std::fs::write(&config, &good).unwrap();
+    rig.sh_ok("systemctl restart scriptgate.service");
+    assert_eq!(rig.is_active("scriptgate.service"), "active");
+    let e = Engine::connect(&rig.socket());
+    e.request("daemon.info", json!({})).unwrap();
 }
 
 /// The sysusers file and the message catalog, read by systemd's own tools against a

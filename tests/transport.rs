@@ -162,7 +162,8 @@ fn scripts_are_visible_to_their_connection_or_a_token_of_their_run() {
 
 #[test]
 fn results_survive_a_restart_and_sigterm_interrupts_running_scripts() {
-    let mut rig = Rig::new();
+    // drain_s = 0: SIGTERM interrupts at once (the drain is tested in tests/systemd.rs).
+    let mut rig = Rig::with_config("[server]\ndrain_s = 0\n");
     let token = rig.token(&rig.snapshot("auto"));
     let e = rig.engine();
     let done = e.run(&token, "print('kept')", &[]);

@@ -109,7 +109,7 @@ impl Ctx {
     }
 
     /// The audit store, for root and members of `auth.admin_groups` only.
-    fn reader(&self) -> Result<Reader, Failure> {
+    pub(crate) fn reader(&self) -> Result<Reader, Failure> {
         let (uid, gid) = (
             nix::unistd::getuid().as_raw(),
             nix::unistd::getgid().as_raw(),

@@ -64,6 +64,32 @@ pub enum Cmd {
     },
     /// Query the audit store; works with the daemon down (admin).
     Audit(AuditCmd),
+    /// Prometheus metrics from the audit store; works with the daemon down (admin).
+    Metrics(MetricsCmd),
+    /// Remove the workspaces scriptgate created and nothing used for
+    /// workspace.retain_days (admin; the daemon also does it hourly).
+    Prune(PruneCmd),
+}
+
+#[derive(Args, Debug)]
+pub struct PruneCmd {
+    /// Only show what would be removed.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The daemon's configuration (workspace.roots, workspace.retain_days).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct MetricsCmd {
+    /// Write them to this file (atomically: a temporary file, then a rename), for
+    /// node_exporter's textfile collector, instead of standard output.
+    #[arg(long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+    /// The daemon's configuration (state.dir, auth.admin_groups).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 /// Options of the admin commands.
@@ -332,6 +358,54 @@ fn audit_cmd(c: AuditCmd) -> ExitCode {
     })
 }
 
+/// `scriptgate prune [--dry-run]`: one retention pass, each workspace on a line.
+fn prune_cmd(c: PruneCmd) -> ExitCode {
+    let r = admin::Ctx::load(None, c.config.clone()).and_then(|ctx| {
+        let ws = &ctx.config.workspace;
+        if ws.retain_days == 0 {
+            return Ok("workspace.retain_days = 0: workspaces are kept\n".to_string());
+        }
+        let busy = ctx
+            .reader()?
+            .running_workspaces()
+            .map_err(|e| Failure::setup(e.to_string()))?;
+        let in_use = |p: &std::path::Path| busy.iter().any(|b| std::path::Path::new(b) == p);
+        let (plan, failed) = if c.dry_run {
+            let now = crate::audit::now_ms();
+            (
+                crate::prune::plan(&ws.roots, ws.retain_days, now, &in_use),
+                vec![],
+            )
+        } else {
+            crate::prune::run_pass(&ws.roots, ws.retain_days, &in_use)
+        };
+        Ok(crate::prune::report(
+            &plan,
+            &failed,
+            ws.retain_days,
+            c.dry_run,
+        ))
+    });
+    done("prune", r)
+}
+
+/// `scriptgate metrics`: the text on stdout, or written to `--output`.
+fn metrics_cmd(c: MetricsCmd) -> ExitCode {
+    let r = admin::Ctx::load(None, c.config.clone()).and_then(|ctx| {
+        let reader = ctx.reader()?;
+        let source =
+            crate::metrics::collect(&reader, &ctx.config.state.dir).map_err(Failure::setup)?;
+        let text = crate::metrics::render(&source);
+        match &c.output {
+            None => Ok(text),
+            Some(p) => crate::metrics::write_atomically(p, &text, 0o644)
+                .map(|()| String::new())
+                .map_err(|e| Failure::setup(format!("{}: {e}", p.display()))),
+        }
+    });
+    done("metrics", r)
+}
+
 /// `scriptgate token mint`: the token on stdout.
 fn mint_cmd(
     key: PathBuf,
@@ -373,6 +447,8 @@ pub fn main() -> ExitCode {
         Cmd::Show { id, a } => admin_cmd("show", &a, |ctx| admin::show(ctx, &id, a.json)),
         Cmd::Cancel { id, a } => admin_cmd("cancel", &a, |ctx| admin::cancel(ctx, &id, a.json)),
         Cmd::Audit(c) => audit_cmd(c),
+        Cmd::Metrics(c) => metrics_cmd(c),
+        Cmd::Prune(c) => prune_cmd(c),
         Cmd::Token(TokenCmd::Mint {
             key,
             run_id,

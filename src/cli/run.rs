@@ -384,6 +384,8 @@ fn fresh_workspace(base: &Path, id: &crate::sys::Identity) -> Result<PathBuf, Fa
     let _ = getrandom::getrandom(&mut r);
     let ws = base.join(format!("run-{stamp}-{:02x}{:02x}{:02x}", r[0], r[1], r[2]));
     std::fs::create_dir(&ws).map_err(cannot)?;
+    // Ours to remove once unused for workspace.retain_days (crate::prune).
+    crate::prune::mark_created(&ws, "scriptgate run").map_err(cannot)?;
     if is_root() {
         let _ = crate::sys::chmod(base, 0o755);
         crate::sys::chown(&ws, Some(id.uid), Some(id.gid))

@@ -1,0 +1,326 @@
+//! `scriptgate metrics`: the Prometheus text format (0.0.4, which node_exporter's
+//! textfile collector and OpenMetrics parsers read) from the audit store, which
+//! holds the counters (they survive restarts and audit retention), and from
+//! `daemon.json`, which the daemon writes to its state directory when it is
+//! ready (backend, whether limits are enforced per script). Nothing goes over the
+//! socket: scraping never activates or keeps alive a socket-activated daemon.
+
+use crate::protocol::{DaemonInfo, Status};
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Upper bounds of the script-duration histogram, in seconds.
+const DURATION_BOUNDS_S: [f64; 11] = [
+    0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0,
+];
+
+/// The histogram's buckets as `(le label, bound)`, `+Inf` last.
+pub fn duration_buckets() -> Vec<(String, f64)> {
+    DURATION_BOUNDS_S
+        .iter()
+        .map(|b| (format!("{b}"), *b))
+        .chain(std::iter::once(("+Inf".to_string(), f64::INFINITY)))
+        .collect()
+}
+
+/// Every status a finished script can have (`running` is not one).
+const FINISHED: [Status; 7] = [
+    Status::Ok,
+    Status::Error,
+    Status::Timeout,
+    Status::Cancelled,
+    Status::Oom,
+    Status::Limit,
+    Status::Interrupted,
+];
+
+/// The file the daemon describes itself in, under `state.dir`.
+pub fn daemon_file(state_dir: &Path) -> PathBuf {
+    state_dir.join("daemon.json")
+}
+
+/// Write `daemon.json`: what `daemon.info` says (less the running count, which
+/// the audit store keeps), the pid and the start time. Atomic (tmp + rename).
+pub fn write_daemon_file(state_dir: &Path, info: &DaemonInfo) -> std::io::Result<()> {
+    let mut v = serde_json::to_value(info).map_err(std::io::Error::other)?;
+    if let Value::Object(m) = &mut v {
+        m.remove("running");
+        m.insert("pid".into(), std::process::id().into());
+        m.insert("started_at_ms".into(), crate::audit::now_ms().into());
+    }
+    write_atomically(&daemon_file(state_dir), &(v.to_string() + "\n"), 0o644)
+}
+
+/// Write `text` to `path` through a temporary file in the same directory and a
+/// rename, so a reader (node_exporter) sees the old file or the new, never half.
+pub fn write_atomically(path: &Path, text: &str, mode: u32) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other(format!("{}: not a file name", path.display())))?;
+    let tmp = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let r = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+/// What the metrics are made of.
+#[derive(Debug, Default)]
+pub struct Source {
+    /// `(name, label, value)` rows of the audit store's `metrics` table.
+    pub counters: Vec<(String, String, f64)>,
+    /// Rows still `running`.
+    pub running: u64,
+    /// `daemon.json`, if the daemon has ever been ready.
+    pub daemon: Option<Value>,
+}
+
+impl Source {
+    fn get(&self, name: &str, label: &str) -> f64 {
+        self.counters
+            .iter()
+            .find(|(n, l, _)| n == name && l == label)
+            .map_or(0.0, |(_, _, v)| *v)
+    }
+
+    fn labelled<'a>(&'a self, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+        self.counters
+            .iter()
+            .filter(move |(n, _, _)| n == name)
+            .map(|(_, l, v)| (l.as_str(), *v))
+    }
+}
+
+/// A label value, escaped as the text format wants.
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn num(v: f64) -> String {
+    if v.is_infinite() {
+        "+Inf".into()
+    } else {
+        format!("{v}")
+    }
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// The metrics text. Pure: the same source gives the same text.
+pub fn render(s: &Source) -> String {
+    let mut o = String::new();
+    family(
+        &mut o,
+        "scriptgate_scripts_started_total",
+        "counter",
+        "Scripts started.",
+    );
+    let _ = writeln!(
+        o,
+        "scriptgate_scripts_started_total {}",
+        num(s.get("started", ""))
+    );
+    family(
+        &mut o,
+        "scriptgate_scripts_finished_total",
+        "counter",
+        "Scripts finished, by status.",
+    );
+    for st in FINISHED {
+        let _ = writeln!(
+            o,
+            "scriptgate_scripts_finished_total{{status=\"{}\"}} {}",
+            st.as_str(),
+            num(s.get("finished", st.as_str()))
+        );
+    }
+    family(
+        &mut o,
+        "scriptgate_scripts_running",
+        "gauge",
+        "Scripts running now (audit rows still running).",
+    );
+    let _ = writeln!(o, "scriptgate_scripts_running {}", s.running);
+    family(
+        &mut o,
+        "scriptgate_tool_calls_total",
+        "counter",
+        "Tool calls of finished scripts.",
+    );
+    let _ = writeln!(o, "scriptgate_tool_calls_total {}", num(s.get("calls", "")));
+    family(
+        &mut o,
+        "scriptgate_tool_call_failures_total",
+        "counter",
+        "Tool calls of finished scripts that failed.",
+    );
+    let _ = writeln!(
+        o,
+        "scriptgate_tool_call_failures_total {}",
+        num(s.get("failures", ""))
+    );
+    family(
+        &mut o,
+        "scriptgate_start_refusals_total",
+        "counter",
+        "Refused script.start requests, by reason.",
+    );
+    for (reason, v) in s.labelled("refusals") {
+        let _ = writeln!(
+            o,
+            "scriptgate_start_refusals_total{{reason=\"{}\"}} {}",
+            esc(reason),
+            num(v)
+        );
+    }
+    family(
+        &mut o,
+        "scriptgate_script_duration_seconds",
+        "histogram",
+        "Wall-clock duration of finished scripts.",
+    );
+    for (le, _) in duration_buckets() {
+        let _ = writeln!(
+            o,
+            "scriptgate_script_duration_seconds_bucket{{le=\"{le}\"}} {}",
+            num(s.get("duration_bucket", &le))
+        );
+    }
+    let _ = writeln!(
+        o,
+        "scriptgate_script_duration_seconds_sum {}",
+        num(s.get("duration_sum", ""))
+    );
+    let _ = writeln!(
+        o,
+        "scriptgate_script_duration_seconds_count {}",
+        num(s.get("duration_count", ""))
+    );
+    if let Some(d) = &s.daemon {
+        let text = |k: &str| d[k].as_str().unwrap_or("").to_string();
+        family(
+            &mut o,
+            "scriptgate_daemon_info",
+            "gauge",
+            "The daemon last started: version and limit backend (value 1).",
+        );
+        let _ = writeln!(
+            o,
+            "scriptgate_daemon_info{{version=\"{}\",backend=\"{}\"}} 1",
+            esc(&text("version")),
+            esc(&text("backend"))
+        );
+        family(&mut o, "scriptgate_limits_enforced_per_script", "gauge", "1 when each script has limits of its own (systemd or cgroup backend), 0 when scripts of one uid share them (rlimit).");
+        let _ = writeln!(
+            o,
+            "scriptgate_limits_enforced_per_script {}",
+            u8::from(d["limits_per_script"].as_bool().unwrap_or(false))
+        );
+        if let Some(ms) = d["started_at_ms"].as_i64() {
+            family(
+                &mut o,
+                "scriptgate_daemon_start_time_seconds",
+                "gauge",
+                "When the daemon last became ready, in seconds since the epoch.",
+            );
+            let _ = writeln!(
+                o,
+                "scriptgate_daemon_start_time_seconds {}",
+                ms as f64 / 1000.0
+            );
+        }
+    }
+    o
+}
+
+/// Read the source: the audit store (read-only) and `daemon.json`.
+pub fn collect(reader: &crate::audit::Reader, state_dir: &Path) -> Result<Source, String> {
+    let counters = reader.metrics().map_err(|e| format!("audit store: {e}"))?;
+    let running = reader.running().map_err(|e| format!("audit store: {e}"))?;
+    let daemon = std::fs::read_to_string(daemon_file(state_dir))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    Ok(Source {
+        counters,
+        running,
+        daemon,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_ordered_and_end_with_inf() {
+        let b = duration_buckets();
+        assert!(b.windows(2).all(|w| w[0].1 < w[1].1));
+        assert_eq!(b.last().unwrap().0, "+Inf");
+        assert_eq!(b[0].0, "0.1");
+    }
+
+    #[test]
+    fn render_lists_every_status_escapes_labels_and_omits_an_unknown_daemon() {
+        let s = Source {
+            counters: vec![
+                ("finished".into(), "ok".into(), 2.0),
+                ("refusals".into(), "we\"ird\n".into(), 1.0),
+            ],
+            running: 1,
+            daemon: None,
+        };
+        let t = render(&s);
+        assert!(
+            t.contains("scriptgate_scripts_finished_total{status=\"ok\"} 2\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("scriptgate_scripts_finished_total{status=\"oom\"} 0\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("scriptgate_start_refusals_total{reason=\"we\\\"ird\\n\"} 1\n"),
+            "{t}"
+        );
+        assert!(t.contains("scriptgate_scripts_running 1\n"), "{t}");
+        assert!(!t.contains("scriptgate_daemon_info"), "{t}");
+        for line in t.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.starts_with("scriptgate_"), "{line}");
+        }
+    }
+
+    #[test]
+    fn write_atomically_replaces_the_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("m.prom");
+        write_atomically(&p, "a 1\n", 0o644).unwrap();
+        write_atomically(&p, "a 2\n", 0o644).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "a 2\n");
+        assert_eq!(
+            std::fs::read_dir(d.path()).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
+    }
+}
