@@ -237,6 +237,18 @@ pub fn render(s: &Source) -> String {
             "scriptgate_limits_enforced_per_script {}",
             u8::from(d["limits_per_script"].as_bool().unwrap_or(false))
         );
+        if let Some(enforced) = d["limits_enforced"].as_bool() {
+            family(&mut o, "scriptgate_limits_enforced", "gauge", "1 when the start-up read-back found the configured limits in force, 0 when it did not (scriptgate status says which).");
+            let _ = writeln!(o, "scriptgate_limits_enforced {}", u8::from(enforced));
+        }
+        if let Some(state) = d["sandbox"]["state"].as_str() {
+            family(&mut o, "scriptgate_sandbox_available", "gauge", "1 when the start-up preflight made a sandbox as the script uid, 0 when it could not (or did not check).");
+            let _ = writeln!(
+                o,
+                "scriptgate_sandbox_available {}",
+                u8::from(state == "ok")
+            );
+        }
         if let Some(ms) = d["started_at_ms"].as_i64() {
             family(
                 &mut o,

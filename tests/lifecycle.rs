@@ -190,6 +190,9 @@ fn metrics_count_what_happened_and_survive_a_restart() {
         0.0,
         "rlimit shares limits per uid"
     );
+    // The start-up preflight's findings (daemon.info's limits_enforced and sandbox).
+    assert_eq!(get("scriptgate_limits_enforced"), 1.0, "{text}");
+    assert_eq!(get("scriptgate_sandbox_available"), 1.0, "{text}");
 
     // --output: the same text, written atomically (no temporary file left).
     let out_dir = tempfile::tempdir().unwrap();
