@@ -246,7 +246,8 @@ impl Housekeeping {
         tasks.push(tokio::spawn(async move {
             loop {
                 d.changed().await;
-                let s = format!("{} scripts running", d.running_count());
+                let n = d.running_count();
+                let s = format!("{n} script{} running", if n == 1 { "" } else { "s" });
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&s)]);
             }
         }));
