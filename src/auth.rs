@@ -127,9 +127,8 @@ impl Engines {
         let mut list: Vec<Engine> = Vec::with_capacity(auth.engines.len());
         for e in &auth.engines {
             let matches = resolve(e, path)?;
-            let key = read_key_file(&e.token_key_file).map_err(|err| {
-                invalid(format!("{}: {err}", e.label()))
-            })?;
+            let key = read_key_file(&e.token_key_file)
+                .map_err(|err| invalid(format!("{}: {err}", e.label())))?;
             let label = e.label();
             for other in &list {
                 if other.matches == matches {
@@ -200,9 +199,7 @@ pub fn entry_for<'a>(
     for e in &auth.engines {
         m.push(resolve(e, path)?);
     }
-    Ok(matching(&m, uid, gids)
-        .first()
-        .map(|i| &auth.engines[*i]))
+    Ok(matching(&m, uid, gids).first().map(|i| &auth.engines[*i]))
 }
 
 /// Does user entry `a` fall inside group entry `b` (as a listed member, or by
@@ -276,7 +273,10 @@ mod tests {
         );
         let own = vec![PathBuf::from("/srv/gw")];
         assert_eq!(peer_roots(&roots, Some(&own), 1000), own);
-        assert_eq!(engine_dir_owner(Path::new("/w/1000/ws"), &roots), Some(1000));
+        assert_eq!(
+            engine_dir_owner(Path::new("/w/1000/ws"), &roots),
+            Some(1000)
+        );
         assert_eq!(engine_dir_owner(Path::new("/v/17"), &roots), Some(17));
         assert_eq!(engine_dir_owner(Path::new("/w/run-1/x"), &roots), None);
         assert_eq!(engine_dir_owner(Path::new("/elsewhere/1/x"), &roots), None);

@@ -307,10 +307,9 @@ impl Config {
                     ));
                 }
             }
-            if let Some(prev) = self.auth.engines[..i]
-                .iter()
-                .find(|p| (p.user.is_some() && p.user == e.user) || (p.group.is_some() && p.group == e.group))
-            {
+            if let Some(prev) = self.auth.engines[..i].iter().find(|p| {
+                (p.user.is_some() && p.user == e.user) || (p.group.is_some() && p.group == e.group)
+            }) {
                 return bad(format!(
                     "{label} appears twice; merge the two entries (the second would never be used: {})",
                     prev.label()

@@ -407,9 +407,10 @@ impl Daemon {
         let snap = &claims.snapshot;
         // Opened once, beneath its root, never following symlinks; everything
         // later (the record, the sandbox's bind mount) uses this descriptor.
-        let workspace = WorkspaceDir::open(&snap.workspace, &self.roots_for(peer)).map_err(|e| {
-            RpcError::with_field(code::SNAPSHOT, e.to_string(), e.reason(), "workspace")
-        })?;
+        let workspace =
+            WorkspaceDir::open(&snap.workspace, &self.roots_for(peer)).map_err(|e| {
+                RpcError::with_field(code::SNAPSHOT, e.to_string(), e.reason(), "workspace")
+            })?;
         self.check_engine_dir(peer, &workspace)?;
         let (policy, plan) = Policy::plan(snap, &p.tools)?;
         if p.code.len() > self.cfg.server.max_message_bytes {

@@ -217,9 +217,15 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream, budget: Arc<tokio::
             {
                 Ok(e) => e,
                 Err(message) => {
-                    tracing::warn!(peer_uid = uid, peer_pid = cred.pid(), "connection refused: {message}");
-                    let e = RpcError::with_reason(code::PEER_NOT_ALLOWED, message, "engine_ambiguous");
-                    let _ = stream.try_write(protocol::response_line(&Value::Null, &Err(e)).as_bytes());
+                    tracing::warn!(
+                        peer_uid = uid,
+                        peer_pid = cred.pid(),
+                        "connection refused: {message}"
+                    );
+                    let e =
+                        RpcError::with_reason(code::PEER_NOT_ALLOWED, message, "engine_ambiguous");
+                    let _ =
+                        stream.try_write(protocol::response_line(&Value::Null, &Err(e)).as_bytes());
                     return;
                 }
             }
@@ -381,7 +387,10 @@ fn engine_dirs(daemon: &Daemon, uid: u32, gid: u32, engine: Option<usize>) {
         }
         let owner = crate::sys::Identity { uid, gid };
         if let Err(e) = crate::sys::ensure_engine_dir(root, owner) {
-            tracing::warn!(peer_uid = uid, "cannot give uid {uid} its workspace directory: {e}");
+            tracing::warn!(
+                peer_uid = uid,
+                "cannot give uid {uid} its workspace directory: {e}"
+            );
         }
     }
 }

@@ -249,7 +249,7 @@ fn mkdir_owned(
     owner: Identity,
     must_be_new: bool,
 ) -> Result<OwnedFd, SysError> {
-    match mkdirat(parent, name, Mode::from_bits_truncate(0o755)) {
+    match mkdirat(parent, name, Mode::from_bits_truncate(0o700)) {
         Ok(()) => {}
         Err(nix::Error::EEXIST) if !must_be_new => {}
         Err(e) => return Err(path_err("mkdir", path)(e)),

@@ -24,7 +24,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {
     Yes,
@@ -538,8 +537,11 @@ async fn connect(path: &Path, system: bool, cfg: &Config) -> Result<Connected, F
             CallError::Disconnected => fail("closed the connection without an answer".into()),
             CallError::Timeout { .. } => fail("did not answer daemon.info within 60 s".into()),
         })?;
-    let info = serde_json::from_value(info)
-        .map_err(|e| fail(format!("answered daemon.info with something unexpected: {e}")))?;
+    let info = serde_json::from_value(info).map_err(|e| {
+        fail(format!(
+            "answered daemon.info with something unexpected: {e}"
+        ))
+    })?;
     Ok(Connected {
         path: path.to_path_buf(),
         system,
