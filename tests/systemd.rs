@@ -337,7 +337,7 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
                 .to_string()
         );
         let status_text = rig.sh_ok("systemctl show -p StatusText --value scriptgate.service");
-        assert!(status_text.contains("1 scripts running"), "{status_text}");
+        assert!(status_text.contains("1 script running"), "{status_text}");
         let admin_ps = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
             .arg("ps")
             .arg("--json")
