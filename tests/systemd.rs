@@ -298,6 +298,15 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
         assert!(exposure <= 4.5, "exposure {exposure} above the 4.5 target");
 
         assert_eq!(rig.is_active("scriptgate.socket"), "active");
+        // SocketMode=0666: the daemon's SO_PEERCRED check is the gate.
+        assert_eq!(
+            std::fs::metadata(rig.socket())
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o666
+        );
         assert_eq!(
             rig.is_active("scriptgate.service"),
             "inactive",

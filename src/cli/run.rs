@@ -745,9 +745,12 @@ async fn run_socket(
     mut params: StartParams,
     engine: Arc<CliEngine>,
 ) -> Result<ScriptResult, Failure> {
-    let key_file = match my_entry(cfg)? {
-        Some(e) if !is_root() => e.token_key_file,
-        _ => cfg.auth.token_key_file.clone(),
+    // Root is never bound to an entry (the daemon checks its tokens against
+    // auth.token_key_file).
+    let entry = if is_root() { None } else { my_entry(cfg)? };
+    let key_file = match entry {
+        Some(e) => e.token_key_file,
+        None => cfg.auth.token_key_file.clone(),
     };
     let key = crate::config::read_key_file(&key_file).map_err(|e| {
         Failure::setup(format!("the daemon at {} needs tokens signed with its key, and {e}; run as root or a member of the key's group, or pass --embedded", c.path.display()))
