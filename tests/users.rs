@@ -231,11 +231,11 @@ fn cli_as(uid: u32, gid: u32, args: &[&std::ffi::OsStr], env: &[(&str, &Path)]) 
     c.args(args)
         .stdin(Stdio::null())
         .env_remove("SCRIPTGATE_SOCKET");
-    for (k, v) in env {
-        c.env(k, v);
-    }
     if uid != 0 {
         c.uid(uid).gid(gid).env("HOME", "/nonexistent");
+    }
+    for (k, v) in env {
+        c.env(k, v);
     }
     c.output().unwrap()
 }
@@ -542,14 +542,29 @@ fn the_cli_never_falls_back_silently() {
         1,
         "nothing was made but the rig's own workspace"
     );
-    // Asked for: embedded, and the one line says so.
-    let o = run(0, 0, &["--embedded"], &[("SCRIPTGATE_SOCKET", &dead)]);
+    // Asked for (by the user the system daemon refuses): embedded, and the one
+    // line says so.
+    let home = rig.dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(40001), Some(40001)).unwrap();
+    let o = run(
+        40001,
+        40001,
+        &["--embedded"],
+        &[("SCRIPTGATE_SOCKET", &rig.socket), ("HOME", &home)],
+    );
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert_eq!(
-        err.lines().filter(|l| l.starts_with("scriptgate: mode: ")).collect::<Vec<_>>(),
-        vec!["scriptgate: mode: embedded daemon in this process (asked for with --embedded); records in /var/lib/scriptgate/cli"]
+        err.lines()
+            .filter(|l| l.starts_with("scriptgate: mode: "))
+            .collect::<Vec<_>>(),
+        vec![format!(
+            "scriptgate: mode: embedded daemon in this process (asked for with --embedded); records in {}/.local/state/scriptgate",
+            home.display()
+        )]
     );
+    assert_eq!(text(&o.stdout).lines().last(), Some("hi"));
     // The system daemon, found by SCRIPTGATE_SOCKET: named.
     let ws = rig.workspace.display().to_string();
     let o = run(
