@@ -57,6 +57,10 @@ pub struct Auth {
     pub token_key_file: PathBuf,
     pub allowed_groups: Vec<String>,
     pub admin_groups: Vec<String>,
+    /// `[[auth.engine]]`: engines bound to their own key and workspaces
+    /// (scriptgate.toml(5)); resolved and checked by `crate::auth`.
+    #[serde(rename = "engine", skip_serializing_if = "Vec::is_empty")]
+    pub engines: Vec<EngineAuth>,
 }
 impl Default for Auth {
     fn default() -> Self {
@@ -64,6 +68,34 @@ impl Default for Auth {
             token_key_file: "/etc/scriptgate/token.key".into(),
             allowed_groups: vec!["scriptgate".into()],
             admin_groups: vec!["scriptgate-admin".into()],
+            engines: vec![],
+        }
+    }
+}
+
+/// One `[[auth.engine]]` entry: the peers it matches (one `user` or one
+/// `group`, by name or number), the key their tokens must be signed with, and
+/// the directories their workspaces must lie under (default: their per-uid
+/// directories `<root>/<uid>` of `workspace.roots`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineAuth {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    pub token_key_file: PathBuf,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workspace_roots: Vec<PathBuf>,
+}
+
+impl EngineAuth {
+    /// `user gateway` or `group gw-engines`, as messages name the entry.
+    pub fn label(&self) -> String {
+        match (&self.user, &self.group) {
+            (Some(u), _) => format!("[[auth.engine]] user = {u:?}"),
+            (None, Some(g)) => format!("[[auth.engine]] group = {g:?}"),
+            (None, None) => "[[auth.engine]]".into(),
         }
     }
 }
@@ -266,6 +298,35 @@ impl Config {
         for r in &self.workspace.roots {
             if !r.is_absolute() {
                 return bad(format!("workspace.roots: {r:?} is not an absolute path"));
+            }
+        }
+        for (i, e) in self.auth.engines.iter().enumerate() {
+            let label = e.label();
+            if e.user.is_some() == e.group.is_some() {
+                return bad(format!(
+                    "{label}: an engine entry names exactly one of `user` or `group`"
+                ));
+            }
+            if !e.token_key_file.is_absolute() {
+                return bad(format!(
+                    "{label}: token_key_file {:?} is not an absolute path",
+                    e.token_key_file
+                ));
+            }
+            for r in &e.workspace_roots {
+                if !r.is_absolute() {
+                    return bad(format!(
+                        "{label}: workspace_roots: {r:?} is not an absolute path"
+                    ));
+                }
+            }
+            if let Some(prev) = self.auth.engines[..i].iter().find(|p| {
+                (p.user.is_some() && p.user == e.user) || (p.group.is_some() && p.group == e.group)
+            }) {
+                return bad(format!(
+                    "{label} appears twice; merge the two entries (the second would never be used: {})",
+                    prev.label()
+                ));
             }
         }
         Ok(())

@@ -46,6 +46,9 @@ pub struct Peer {
     pub pid: Option<i32>,
     /// Root or a member of `auth.admin_groups`: may see and cancel any script.
     pub admin: bool,
+    /// The `[[auth.engine]]` entry the peer is bound to (`Daemon::engines`);
+    /// None: `auth.token_key_file` and `workspace.roots`.
+    pub engine: Option<usize>,
 }
 
 /// What the daemon keeps of a running script.
@@ -68,6 +71,8 @@ struct Running {
 pub struct Daemon {
     pub cfg: Config,
     key: Vec<u8>,
+    /// `[[auth.engine]]`: engines bound to their own keys and workspaces.
+    pub engines: crate::auth::Engines,
     pub store: Store,
     pub backend: Picked,
     /// What the start-up preflight found (see `preflight`).
@@ -174,6 +179,7 @@ impl Daemon {
             let path = path.to_path_buf();
             move |source| StartupError::Io { op, path, source }
         };
+        let engines = crate::auth::Engines::load(&cfg.auth, Some(&key), Path::new("auth.engine"))?;
         let backend = Backend::pick(
             cfg.sandbox.backend,
             &crate::limits::Host::real(),
@@ -204,6 +210,7 @@ impl Daemon {
             Arc::new(RwLock::new(store.revoked_runs()?.into_iter().collect()));
         let d = Daemon {
             key,
+            engines,
             store,
             backend,
             preflight,
@@ -339,9 +346,26 @@ impl Daemon {
         &self.preflight.sandbox
     }
 
+    /// The key the tokens of an engine (`Peer::engine`) are signed with.
+    fn key_for(&self, engine: Option<usize>) -> &[u8] {
+        match engine.and_then(|i| self.engines.list.get(i)) {
+            Some(e) => &e.key,
+            None => &self.key,
+        }
+    }
+
+    /// The directories a peer's workspaces must lie under: an engine entry's
+    /// `workspace_roots` or per-uid directories, or `workspace.roots`.
+    fn roots_for(&self, peer: Peer) -> Vec<PathBuf> {
+        match peer.engine.and_then(|i| self.engines.list.get(i)) {
+            Some(e) => crate::auth::peer_roots(&self.cfg.workspace.roots, Some(&e.roots), peer.uid),
+            None => self.cfg.workspace.roots.clone(),
+        }
+    }
+
     /// `run.describe`: the run_script description for the token's snapshot.
-    pub fn describe(&self, token_str: &str) -> Result<Described, RpcError> {
-        let claims = token::verify(token_str, &self.key, true)?;
+    pub fn describe(&self, engine: Option<usize>, token_str: &str) -> Result<Described, RpcError> {
+        let claims = token::verify(token_str, self.key_for(engine), true)?;
         let limits = Limits::effective(&self.cfg.scripts, &claims.snapshot.limits);
         Ok(Described {
             text: crate::describe::describe(
@@ -361,7 +385,7 @@ impl Daemon {
         engine: Arc<dyn EngineLink>,
         p: StartParams,
     ) -> Result<Started, RpcError> {
-        let (run, r) = match Signed::verify(&p.token, &self.key) {
+        let (run, r) = match Signed::verify(&p.token, self.key_for(peer.engine)) {
             Ok(signed) => (
                 signed.run(),
                 self.start_signed(peer, engine, p, signed).await,
@@ -480,9 +504,10 @@ impl Daemon {
         // Opened once, beneath its root, never following symlinks; everything
         // later (the record, the sandbox's bind mount) uses this descriptor.
         let workspace =
-            WorkspaceDir::open(&snap.workspace, &self.cfg.workspace.roots).map_err(|e| {
+            WorkspaceDir::open(&snap.workspace, &self.roots_for(peer)).map_err(|e| {
                 RpcError::with_field(code::SNAPSHOT, e.to_string(), e.reason(), "workspace")
             })?;
+        self.check_engine_dir(peer, &workspace)?;
         let (policy, plan) = Policy::plan(snap, &p.tools)?;
         if p.code.len() > self.cfg.server.max_message_bytes {
             return Err(RpcError::invalid_params(
@@ -505,6 +530,39 @@ impl Daemon {
             plan,
             identity,
         })
+    }
+
+    /// A per-uid directory `<root>/<uid>` belongs to the engine of that uid:
+    /// another non-root engine cannot name a workspace in it, even with a valid
+    /// token of the shared key.
+    fn check_engine_dir(&self, peer: Peer, workspace: &WorkspaceDir) -> Result<(), RpcError> {
+        if peer.uid == 0 || peer.engine.is_some() {
+            return Ok(());
+        }
+        let roots: Vec<PathBuf> = self
+            .cfg
+            .workspace
+            .roots
+            .iter()
+            .filter_map(|r| std::fs::canonicalize(r).ok())
+            .collect();
+        match crate::auth::engine_dir_owner(&workspace.path, &roots) {
+            Some(owner) if owner != peer.uid => Err(RpcError::with_field(
+                code::SNAPSHOT,
+                format!(
+                    "workspace {} lies in the directory of the engine with uid {owner}; uid {} uses its own, {}",
+                    workspace.path.display(),
+                    peer.uid,
+                    roots
+                        .first()
+                        .map(|r| r.join(peer.uid.to_string()).display().to_string())
+                        .unwrap_or_default()
+                ),
+                "other_engine",
+                "workspace",
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn not_writable(&self, workspace: &WorkspaceDir, identity: Identity, peer: Peer) -> RpcError {
@@ -590,12 +648,12 @@ impl Daemon {
         let art = ArtifactDir::create(&a.workspace, script_id, a.identity)
             .map_err(|e| internal("cannot create the script's record directory", &e))?;
         let mut f = art
-            .create_file("script.py", 0o644)
+            .create_file("script.py", 0o600)
             .map_err(|e| internal("record", &e))?;
         std::io::Write::write_all(&mut f, p.code.as_bytes())
             .map_err(|e| internal("write script.py", &e))?;
         let create = |name| {
-            art.create_file(name, 0o644)
+            art.create_file(name, 0o600)
                 .map_err(|e| internal("record", &e))
         };
         let (calls_log, stdout_file, stderr_file) = (
@@ -870,31 +928,35 @@ impl Daemon {
     /// May this connection see the script? Its starter, or a holder of a valid token
     /// of the script's run (protocol §4). Administrators use the `admin.*` methods.
     fn visible(&self, who: Access, owner: Option<u64>, run_id: &str, token: Option<&str>) -> bool {
-        let conn = match who {
+        let (conn, engine) = match who {
             Access::Admin => return true,
-            Access::Conn(c) => c,
+            Access::Conn(c, engine) => (c, engine),
         };
         if owner == Some(conn) {
             return true;
         }
         token
-            .and_then(|t| token::verify(t, &self.key, false).ok())
+            .and_then(|t| token::verify(t, self.key_for(engine), false).ok())
             .is_some_and(|c| c.run_id == run_id)
     }
 
     fn lookup(&self, who: Access, r: &ScriptRef) -> Result<Lookup, RpcError> {
+        let not_found = || match who {
+            Access::Admin => RpcError::no_such_script(&r.script_id),
+            Access::Conn(..) => RpcError::not_found(&r.script_id),
+        };
         if let Some(run) = self.registry.running(&r.script_id) {
             if self.visible(who, Some(run.owner), &run.run_id, r.token.as_deref()) {
                 return Ok(Lookup::Running(run));
             }
-            return Err(RpcError::not_found(&r.script_id));
+            return Err(not_found());
         }
         let owner = self.registry.finished_owner(&r.script_id);
         match self.store.result(&r.script_id) {
             Ok(Some(res)) if self.visible(who, owner, &res.run_id, r.token.as_deref()) => {
                 Ok(Lookup::Done(Box::new(res)))
             }
-            Ok(_) => Err(RpcError::not_found(&r.script_id)),
+            Ok(_) => Err(not_found()),
             Err(e) => Err(RpcError::internal(e.to_string())),
         }
     }
@@ -956,6 +1018,7 @@ impl Daemon {
                 return Ok(ScriptState {
                     script_id: res.script_id,
                     state: res.status,
+                    already_finished: true,
                 })
             }
             Lookup::Running(run) => run,
@@ -974,12 +1037,17 @@ impl Daemon {
         Ok(ScriptState {
             script_id: r.script_id,
             state: state.unwrap_or(Status::Cancelled),
+            already_finished: false,
         })
     }
 
     /// `run.revoke`: refuse further starts and calls of the run, cancel its scripts.
-    pub async fn revoke(&self, token_str: &str) -> Result<Revoked, RpcError> {
-        let claims = token::verify(token_str, &self.key, false)?;
+    pub async fn revoke(
+        &self,
+        engine: Option<usize>,
+        token_str: &str,
+    ) -> Result<Revoked, RpcError> {
+        let claims = token::verify(token_str, self.key_for(engine), false)?;
         self.revoked.write().unwrap().insert(claims.run_id.clone());
         self.store
             .revoke(&claims.run_id)
@@ -1044,8 +1112,9 @@ impl Daemon {
 /// On whose behalf a script is looked up.
 #[derive(Debug, Clone, Copy)]
 pub enum Access {
-    /// A connection: sees the scripts it started, or those of a run it has a token for.
-    Conn(u64),
+    /// A connection (and the `[[auth.engine]]` entry its peer is bound to): sees
+    /// the scripts it started, or those of a run it has a token for.
+    Conn(u64, Option<usize>),
     /// An administrator (`admin.*` methods, checked by the caller): sees every script.
     Admin,
 }

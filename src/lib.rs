@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 pub(crate) mod audit;
+pub(crate) mod auth;
 pub mod broker;
 pub(crate) mod checkpoint;
 pub(crate) mod cli;

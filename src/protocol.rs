@@ -75,6 +75,24 @@ impl RpcError {
             json!({"reason": "not_found", "script_id": script_id}),
         )
     }
+    /// No such script, as administrators are told (they see every script).
+    pub fn no_such_script(script_id: &str) -> Self {
+        Self::with_data(
+            code::NOT_FOUND,
+            format!("no script {script_id} is running or recorded"),
+            json!({"reason": "not_found", "script_id": script_id}),
+        )
+    }
+    /// An engine method from a peer that is only an administrator.
+    pub fn admin_only_peer(uid: u32, allowed_groups: &[String]) -> Self {
+        Self::with_reason(
+            code::PEER_NOT_ALLOWED,
+            format!(
+                "uid {uid} is an administrator (auth.admin_groups) but not an engine: it may use daemon.info and admin.* only; scripts and tokens are for root and members of auth.allowed_groups {allowed_groups:?}"
+            ),
+            "admin_only",
+        )
+    }
     /// An error whose `data` is `{"reason": reason}`.
     pub fn with_reason(code: i64, message: impl Into<String>, reason: &str) -> Self {
         Self::with_data(code, message, json!({ "reason": reason }))
@@ -471,11 +489,19 @@ pub struct Started {
 }
 
 /// The answer to `script.cancel` and `admin.cancel`: the script's state after it.
+/// `already_finished` (sent only when true) says the script had ended before
+/// the cancel, with `state` its own status.
 ///
 /// ```json
 /// {"script_id": "4f1c…", "state": "cancelled"}
 /// ```
-pub type ScriptState = Started;
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScriptState {
+    pub script_id: String,
+    pub state: Status,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub already_finished: bool,
+}
 
 /// Progress a script reported (`agent_tools.progress`).
 ///

@@ -2,10 +2,11 @@
 //! dispatch of protocol methods to `Daemon`. Each connection is also the
 //! `EngineLink` of the scripts it starts.
 
+use crate::auth::Role;
 use crate::daemon::{Access, Daemon, Peer};
 use crate::engine::{BoxFuture, EngineLink, LinkError};
 use crate::protocol::{
-    self, ApprovalAnswer, ApprovalRequest, DaemonRequest, Decision, EngineRequest, Method,
+    self, code, ApprovalAnswer, ApprovalRequest, DaemonRequest, Decision, EngineRequest, Method,
     Notification, RpcError, ToolCall, ToolResult,
 };
 use crate::rpc::{self, Bounds, CallError, Strict};
@@ -13,7 +14,6 @@ use serde_json::Value;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
@@ -191,25 +191,57 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream, budget: Arc<tokio::
         }
     };
     let (uid, gid) = (cred.uid(), cred.gid());
-    let (read, mut write) = stream.into_split();
     let auth = &daemon.cfg.auth;
-    if !crate::sys::peer_in_groups(uid, gid, &auth.allowed_groups) {
-        tracing::warn!(
-            peer_uid = uid,
-            peer_pid = cred.pid(),
-            "connection refused: uid {uid} is not root nor in auth.allowed_groups"
-        );
-        let e = RpcError::peer_not_allowed(uid, &auth.allowed_groups);
-        let _ = write
-            .write_all(protocol::response_line(&Value::Null, &Err(e)).as_bytes())
-            .await;
-        return;
+    // The gate (the socket is 0666: this is the only one). Nothing is read from
+    // a refused peer: one error line with a non-blocking write, then closed.
+    let role = crate::auth::role(
+        uid == 0,
+        crate::sys::peer_in_groups(uid, gid, &auth.allowed_groups),
+        crate::sys::peer_in_groups(uid, gid, &auth.admin_groups),
+    );
+    let admin = match role {
+        Role::Refused => {
+            refused_log(uid, cred.pid());
+            let e = RpcError::peer_not_allowed(uid, &auth.allowed_groups);
+            let _ = stream.try_write(protocol::response_line(&Value::Null, &Err(e)).as_bytes());
+            return;
+        }
+        Role::AdminOnly => true,
+        Role::Engine { admin } => admin,
+    };
+    let engine = match role {
+        Role::Engine { .. } if uid != 0 => {
+            match daemon
+                .engines
+                .for_peer(uid, &crate::sys::peer_gids(uid, gid))
+            {
+                Ok(e) => e,
+                Err(message) => {
+                    tracing::warn!(
+                        peer_uid = uid,
+                        peer_pid = cred.pid(),
+                        "connection refused: {message}"
+                    );
+                    let e =
+                        RpcError::with_reason(code::PEER_NOT_ALLOWED, message, "engine_ambiguous");
+                    let _ =
+                        stream.try_write(protocol::response_line(&Value::Null, &Err(e)).as_bytes());
+                    return;
+                }
+            }
+        }
+        _ => None,
+    };
+    if matches!(role, Role::Engine { .. }) && uid != 0 {
+        engine_dirs(&daemon, uid, gid, engine);
     }
+    let (read, write) = stream.into_split();
     let peer = Peer {
         uid,
         gid,
         pid: cred.pid(),
-        admin: crate::sys::peer_in_groups(uid, gid, &auth.admin_groups),
+        admin,
+        engine,
     };
     let (rpc_peer, writer) = rpc::Peer::new(write);
     let conn = Arc::new(Conn {
@@ -235,6 +267,7 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream, budget: Arc<tokio::
     let handler = Arc::new(Engine {
         daemon: daemon.clone(),
         peer,
+        admin_only: role == Role::AdminOnly,
         conn: conn.clone(),
     });
     conn.peer.serve(read, &bounds, handler).await;
@@ -248,6 +281,8 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream, budget: Arc<tokio::
 struct Engine {
     daemon: Arc<Daemon>,
     peer: Peer,
+    /// In `auth.admin_groups` only: `daemon.info` and `admin.*`, nothing else.
+    admin_only: bool,
     conn: Arc<Conn>,
 }
 
@@ -269,7 +304,14 @@ impl Engine {
         if method.admin_only() && !self.peer.admin {
             return Err(RpcError::not_admin());
         }
-        let (d, conn, who) = (&self.daemon, &self.conn, Access::Conn(self.conn.id));
+        if self.admin_only && !method.admin_only() && method != Method::DaemonInfo {
+            return Err(RpcError::admin_only_peer(
+                self.peer.uid,
+                &self.daemon.cfg.auth.allowed_groups,
+            ));
+        }
+        let engine = self.peer.engine;
+        let (d, conn, who) = (&self.daemon, &self.conn, Access::Conn(self.conn.id, engine));
         match EngineRequest::parse(method, params)? {
             EngineRequest::ScriptStart(sp) => {
                 let link: Arc<dyn EngineLink> = conn.clone();
@@ -280,8 +322,8 @@ impl Engine {
             EngineRequest::ScriptCancel(r) => {
                 to_value(d.cancel(who, r, "cancelled by the engine").await?)
             }
-            EngineRequest::RunRevoke(t) => to_value(d.revoke(&t.token).await?),
-            EngineRequest::RunDescribe(t) => to_value(d.describe(&t.token)?),
+            EngineRequest::RunRevoke(t) => to_value(d.revoke(engine, &t.token).await?),
+            EngineRequest::RunDescribe(t) => to_value(d.describe(engine, &t.token)?),
             EngineRequest::DaemonInfo => to_value(d.info()),
             EngineRequest::AdminList => to_value(protocol::AdminList {
                 scripts: d.list_running(),
@@ -290,6 +332,65 @@ impl Engine {
                 let why = format!("cancelled by an administrator (uid {})", self.peer.uid);
                 to_value(d.cancel(Access::Admin, r, &why).await?)
             }
+        }
+    }
+}
+
+/// Refused peers logged one by one per minute; past that they are counted and
+/// the count is logged with the next refusal of a later minute, so that a local
+/// user who loops on connect cannot flood the journal.
+const REFUSED_LOGGED_PER_MIN: u64 = 20;
+
+/// (minute, refusals in it).
+static REFUSED: std::sync::Mutex<(u64, u64)> = std::sync::Mutex::new((0, 0));
+
+fn refused_log(uid: u32, pid: Option<i32>) {
+    let minute = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() / 60)
+        .unwrap_or(0);
+    let mut r = REFUSED.lock().unwrap_or_else(|p| p.into_inner());
+    if r.0 != minute {
+        if r.1 > REFUSED_LOGGED_PER_MIN {
+            tracing::warn!(
+                "{} more connections from peers not in auth.allowed_groups nor auth.admin_groups were refused in a minute (logged: the first {REFUSED_LOGGED_PER_MIN})",
+                r.1 - REFUSED_LOGGED_PER_MIN
+            );
+        }
+        *r = (minute, 0);
+    }
+    r.1 += 1;
+    if r.1 <= REFUSED_LOGGED_PER_MIN {
+        tracing::warn!(
+            peer_uid = uid,
+            peer_pid = pid,
+            "connection refused: uid {uid} is not root nor in auth.allowed_groups or auth.admin_groups"
+        );
+    }
+}
+
+/// The per-uid directories `<root>/<uid>` of a non-root engine that uses
+/// `workspace.roots` (no entry, or an entry without `workspace_roots`), created on
+/// its first connection so that it can make workspaces in them before it starts
+/// anything. A daemon that is not root can only make its own uid's.
+fn engine_dirs(daemon: &Daemon, uid: u32, gid: u32, engine: Option<usize>) {
+    let explicit = engine
+        .and_then(|i| daemon.engines.list.get(i))
+        .is_some_and(|e| !e.roots.is_empty());
+    let me = nix::unistd::Uid::effective().as_raw();
+    if explicit || (me != 0 && me != uid) {
+        return;
+    }
+    for root in &daemon.cfg.workspace.roots {
+        if !root.is_dir() {
+            continue;
+        }
+        let owner = crate::sys::Identity { uid, gid };
+        if let Err(e) = crate::sys::ensure_engine_dir(root, owner) {
+            tracing::warn!(
+                peer_uid = uid,
+                "cannot give uid {uid} its workspace directory: {e}"
+            );
         }
     }
 }

@@ -269,7 +269,8 @@ impl Housekeeping {
         tasks.push(tokio::spawn(async move {
             loop {
                 d.changed().await;
-                let s = format!("{} scripts running", d.running_count());
+                let n = d.running_count();
+                let s = format!("{n} script{} running", if n == 1 { "" } else { "s" });
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&s)]);
             }
         }));
@@ -402,7 +403,9 @@ async fn serve_until_stopped(
 }
 
 /// Bind `--listen PATH`: refuse if a live daemon answers there, replace a stale
-/// socket, mode 0660 with the first allowed group when we can set it.
+/// socket, mode 0666 like scriptgate.socket (the SO_PEERCRED check in `server`
+/// is the gate: administrators who are not engines must reach it too), group
+/// the first allowed group when we can set it.
 fn bind(path: &Path, groups: &[String]) -> std::io::Result<tokio::net::UnixListener> {
     use std::os::unix::fs::FileTypeExt;
     if let Ok(meta) = std::fs::symlink_metadata(path) {
@@ -421,7 +424,7 @@ fn bind(path: &Path, groups: &[String]) -> std::io::Result<tokio::net::UnixListe
         std::fs::remove_file(path)?;
     }
     let l = tokio::net::UnixListener::bind(path)?;
-    crate::sys::chmod(path, 0o660)?;
+    crate::sys::chmod(path, 0o666)?;
     if let Some(g) = groups
         .iter()
         .find_map(|g| nix::unistd::Group::from_name(g).ok().flatten())

@@ -249,7 +249,7 @@ fn mkdir_owned(
     owner: Identity,
     must_be_new: bool,
 ) -> Result<OwnedFd, SysError> {
-    match mkdirat(parent, name, Mode::from_bits_truncate(0o755)) {
+    match mkdirat(parent, name, Mode::from_bits_truncate(0o700)) {
         Ok(()) => {}
         Err(nix::Error::EEXIST) if !must_be_new => {}
         Err(e) => return Err(path_err("mkdir", path)(e)),
@@ -757,4 +757,65 @@ pub fn take_watchdog() -> Option<std::time::Duration> {
     // SAFETY: the process has one thread (checked above), so nothing reads the
     // environment while sd_notify unsets WATCHDOG_USEC/WATCHDOG_PID.
     unsafe { sd_notify::watchdog_enabled_and_unset_env() }
+}
+
+/// The peer's primary gid and the supplementary groups its user has in the
+/// group database (none when the uid has no user entry).
+pub fn peer_gids(uid: u32, gid: u32) -> Vec<u32> {
+    let mut gids = vec![gid];
+    if let Some(user) = User::from_uid(Uid::from_raw(uid)).ok().flatten() {
+        if let Ok(name) = CString::new(user.name) {
+            if let Ok(gs) = nix::unistd::getgrouplist(&name, Gid::from_raw(gid)) {
+                gids.extend(gs.iter().map(|g| g.as_raw()));
+            }
+        }
+    }
+    gids.sort_unstable();
+    gids.dedup();
+    gids
+}
+
+/// The per-uid directory `<root>/<uid>` of an engine (scriptgated(8)), created
+/// on first use: owned by the engine's uid and primary gid, mode 0700, so that
+/// the engine and its scripts (which run as its uid) can use it and no other
+/// engine can even list it. Created relative to the opened root, never through a
+/// symlink. An existing one must be a directory owned by that uid, whose mode is
+/// then the owner's to choose; one owned by root (made by the sysadmin, or left
+/// by a daemon killed between the mkdir and the chown) is handed over.
+pub fn ensure_engine_dir(root: &Path, owner: Identity) -> Result<PathBuf, SysError> {
+    let root_fd = nix::fcntl::open(
+        root,
+        OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
+        Mode::empty(),
+    )
+    .map_err(path_err("open", root))?;
+    let name = owner.uid.to_string();
+    let path = root.join(&name);
+    match mkdirat(&root_fd, name.as_str(), Mode::from_bits_truncate(0o700)) {
+        Ok(()) | Err(nix::Error::EEXIST) => {}
+        Err(e) => return Err(path_err("mkdir", &path)(e)),
+    }
+    let fd = open_dir_at(&root_fd, &name, &path)?;
+    let st = fstat(&fd).map_err(path_err("stat", &path))?;
+    if st.st_uid == owner.uid {
+        return Ok(path);
+    }
+    if st.st_uid != 0 {
+        return Err(SysError::Refused(format!(
+            "{} is owned by uid {}, not by the engine's uid {}; remove it or chown it to uid {}",
+            path.display(),
+            st.st_uid,
+            owner.uid,
+            owner.uid
+        )));
+    }
+    nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(0o700))
+        .map_err(path_err("chmod", &path))?;
+    fchown(
+        &fd,
+        Some(Uid::from_raw(owner.uid)),
+        Some(Gid::from_raw(owner.gid)),
+    )
+    .map_err(path_err("chown", &path))?;
+    Ok(path)
 }

@@ -298,6 +298,15 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
         assert!(exposure <= 4.5, "exposure {exposure} above the 4.5 target");
 
         assert_eq!(rig.is_active("scriptgate.socket"), "active");
+        // SocketMode=0666: the daemon's SO_PEERCRED check is the gate.
+        assert_eq!(
+            std::fs::metadata(rig.socket())
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o666
+        );
         assert_eq!(
             rig.is_active("scriptgate.service"),
             "inactive",
@@ -337,7 +346,7 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
                 .to_string()
         );
         let status_text = rig.sh_ok("systemctl show -p StatusText --value scriptgate.service");
-        assert!(status_text.contains("1 scripts running"), "{status_text}");
+        assert!(status_text.contains("1 script running"), "{status_text}");
         let admin_ps = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
             .arg("ps")
             .arg("--json")

@@ -48,7 +48,7 @@ impl Ctx {
         };
         let config = Config::load(&path, explicit).map_err(|e| Failure::setup(e.to_string()))?;
         Ok(Ctx {
-            socket: socket.unwrap_or_else(|| super::run::DEFAULT_SOCKET.into()),
+            socket: socket.unwrap_or_else(super::target::system_socket),
             config,
         })
     }
@@ -96,9 +96,10 @@ impl Ctx {
             std::io::ErrorKind::PermissionDenied => Failure::new(
                 exit::NOT_PERMITTED,
                 format!(
-                    "permission denied: {}: {e} (root and members of {:?} may connect)",
+                    "permission denied: {}: {e} (root and members of {:?} or {:?} may connect; is the socket unit's SocketMode=0666?)",
                     self.socket.display(),
-                    self.config.auth.allowed_groups
+                    self.config.auth.allowed_groups,
+                    self.config.auth.admin_groups
                 ),
             ),
             _ => Failure::new(
@@ -257,10 +258,38 @@ pub fn cancel(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, Failure> {
     };
     let raw = ctx.call(Method::AdminCancel, &r)?;
     if json_out {
+        if raw["already_finished"] == Value::Bool(true) {
+            // The JSON on stdout, the exit status as without --json.
+            print!("{}", pretty(&raw));
+            return cancel_outcome(&typed(Method::AdminCancel, raw)?);
+        }
         return Ok(pretty(&raw));
     }
     let st: ScriptState = typed(Method::AdminCancel, raw)?;
-    Ok(format!("{}: {}\n", st.script_id, st.state.as_str()))
+    cancel_outcome(&st)
+}
+
+/// What `scriptgate cancel` says: a script that had already ended is not
+/// reported as cancelled (exit 13, like a script that is not there to cancel).
+fn cancel_outcome(st: &ScriptState) -> Result<String, Failure> {
+    if st.already_finished {
+        return Err(Failure::new(
+            exit::NOT_FOUND,
+            format!(
+                "script {} had already finished ({}); nothing to cancel",
+                st.script_id,
+                st.state.as_str()
+            ),
+        ));
+    }
+    Ok(match st.state {
+        crate::protocol::Status::Cancelled => format!("{}: cancelled\n", st.script_id),
+        other => format!(
+            "{}: finished ({}) before the cancel took effect\n",
+            st.script_id,
+            other.as_str()
+        ),
+    })
 }
 
 pub fn show(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, Failure> {

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod exit;
 pub mod run;
 pub mod table;
+pub mod target;
 
 use crate::mcp::ServerSpec;
 use crate::protocol::Status;

@@ -2,8 +2,8 @@
 //! servers. It builds the run's snapshot from the servers' tool lists, mints the
 //! token, and serves the daemon's `tool.call` and `approval.request` by calling the
 //! servers and asking on the terminal. The daemon is the system one (over its
-//! socket) or, when none answers, an embedded one in this process: same sandbox,
-//! policy, limits and artifacts.
+//! socket) or, only when none is installed or when asked, an embedded one in
+//! this process (`super::target`): same sandbox, policy, limits and artifacts.
 
 use super::exit::Failure;
 use super::RunCmd;
@@ -23,8 +23,6 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-pub const DEFAULT_SOCKET: &str = "/run/scriptgate/scriptgate.sock";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {
@@ -255,8 +253,10 @@ impl EngineLink for Embedded {
     }
 }
 
-/// The CLI engine as the system daemon sees it over its socket.
-struct SocketEngine(Arc<CliEngine>);
+/// The CLI engine as the system daemon sees it over its socket. The connection
+/// comes first (the daemon makes the per-uid directory the workspace goes in),
+/// the engine (its MCP servers) once the workspace exists.
+struct SocketEngine(Arc<std::sync::OnceLock<Arc<CliEngine>>>);
 
 impl rpc::Handler for SocketEngine {
     fn request(
@@ -265,13 +265,19 @@ impl rpc::Handler for SocketEngine {
         params: Value,
     ) -> BoxFuture<'static, Result<Value, RpcError>> {
         Box::pin(async move {
+            let Some(engine) = self.0.get() else {
+                return Err(RpcError::new(
+                    -32000,
+                    "the scriptgate CLI has started no script on this connection yet",
+                ));
+            };
             match DaemonRequest::parse(&method, params)? {
-                DaemonRequest::ToolCall(c) => match self.0.tool_call(&c).await {
+                DaemonRequest::ToolCall(c) => match engine.tool_call(&c).await {
                     Ok(r) => to_value(r),
                     Err(err) => Err(RpcError::new(-32000, err.to_string())),
                 },
                 DaemonRequest::ApprovalRequest(p) => {
-                    let decision = match self.0.approve_async(p).await {
+                    let decision = match engine.approve_async(p).await {
                         Ok(true) => Decision::AllowOnce,
                         _ => Decision::Deny,
                     };
@@ -281,8 +287,10 @@ impl rpc::Handler for SocketEngine {
         })
     }
     fn notification(&self, method: &str, params: Value) {
-        if let Ok(Notification::ScriptProgress(p)) = Notification::parse(method, params) {
-            self.0.show_progress(&p);
+        if let (Some(engine), Ok(Notification::ScriptProgress(p))) =
+            (self.0.get(), Notification::parse(method, params))
+        {
+            engine.show_progress(&p);
         }
     }
 }
@@ -312,6 +320,8 @@ fn embedded_config(path: Option<&Path>) -> Result<Config, Failure> {
         Some(p) => Config::load(p, true).map_err(|e| Failure::setup(e.to_string()))?,
         None => Config::load(Path::new(crate::config::DEFAULT_PATH), false).unwrap_or_default(),
     };
+    // The embedded daemon signs its own tokens with a fresh key: no engine entries.
+    cfg.auth.engines.clear();
     cfg.state.dir = if is_root() {
         PathBuf::from("/var/lib/scriptgate/cli")
     } else {
@@ -384,10 +394,13 @@ fn fresh_workspace(base: &Path, id: &crate::sys::Identity) -> Result<PathBuf, Fa
     let _ = getrandom::getrandom(&mut r);
     let ws = base.join(format!("run-{stamp}-{:02x}{:02x}{:02x}", r[0], r[1], r[2]));
     std::fs::create_dir(&ws).map_err(cannot)?;
+    // Private: only the script's uid (the user, or sandbox.run_as for root) and
+    // root may enter it.
+    crate::sys::chmod(&ws, 0o700)
+        .map_err(|e| Failure::setup(format!("chmod {}: {e}", ws.display())))?;
     // Ours to remove once unused for workspace.retain_days (crate::prune).
     crate::prune::mark_created(&ws, "scriptgate run").map_err(cannot)?;
     if is_root() {
-        let _ = crate::sys::chmod(base, 0o755);
         crate::sys::chown(&ws, Some(id.uid), Some(id.gid))
             .map_err(|e| Failure::setup(format!("chown {}: {e}", ws.display())))?;
     }
@@ -469,46 +482,164 @@ fn read_script(p: &Path) -> Result<String, Failure> {
     r.map_err(|e| Failure::usage(format!("script {}: {e}", p.display())))
 }
 
-enum Target {
-    Embedded,
-    Socket(PathBuf),
+/// The system daemon (or the one at `--socket`), connected and past its peer
+/// check; the engine is bound once its MCP servers run.
+struct Connected {
+    path: PathBuf,
+    system: bool,
+    peer: rpc::Peer,
+    engine: Arc<std::sync::OnceLock<Arc<CliEngine>>>,
+    reader: tokio::task::JoinHandle<()>,
+    info: crate::protocol::DaemonInfo,
 }
 
-fn pick_target(o: &RunCmd) -> Target {
-    if o.embedded {
-        return Target::Embedded;
+impl Drop for Connected {
+    fn drop(&mut self) {
+        self.reader.abort();
     }
-    if let Some(s) = &o.socket {
-        return Target::Socket(s.clone());
-    }
-    if std::os::unix::net::UnixStream::connect(DEFAULT_SOCKET).is_ok() {
-        return Target::Socket(DEFAULT_SOCKET.into());
-    }
-    Target::Embedded
+}
+
+/// Connect and ask `daemon.info`: a refusal (the peer check), a dead socket or
+/// a daemon that does not answer fail here, before anything is started, with
+/// what to do. The answer also means the daemon has made this uid's directory.
+async fn connect(path: &Path, system: bool, cfg: &Config) -> Result<Connected, Failure> {
+    let whose = if system {
+        format!("the system daemon at {}", path.display())
+    } else {
+        format!("the daemon at {}", path.display())
+    };
+    let advice = if system {
+        "; the script was not run. Check `systemctl status scriptgate.socket scriptgate.service`, or pass --embedded to run it in this process (no system audit, no journal entry)"
+    } else {
+        "; the script was not run"
+    };
+    let fail = |what: String| Failure::setup(format!("{whose} {what}{advice}"));
+    let stream = tokio::net::UnixStream::connect(path)
+        .await
+        .map_err(|e| fail(format!("cannot be reached: {e}")))?;
+    let (read, write) = stream.into_split();
+    let (peer, _writer) = rpc::Peer::new(write);
+    let engine: Arc<std::sync::OnceLock<Arc<CliEngine>>> = Default::default();
+    let reader = {
+        let (peer, bounds) = (peer.clone(), Bounds::client(cfg.server.max_message_bytes));
+        let handler = Arc::new(SocketEngine(engine.clone()));
+        tokio::spawn(async move { peer.serve(read, &bounds, handler).await })
+    };
+    let info = peer
+        .request(
+            crate::protocol::Method::DaemonInfo.name(),
+            &serde_json::json!({}),
+            Some(Duration::from_secs(60)),
+        )
+        .await
+        .map_err(|e| match e {
+            CallError::Answered(e) | CallError::Closed(e) => {
+                fail(format!("refused this client: {}", e.message))
+            }
+            CallError::Disconnected => fail("closed the connection without an answer".into()),
+            CallError::Timeout { .. } => fail("did not answer daemon.info within 60 s".into()),
+        })?;
+    let info = serde_json::from_value(info).map_err(|e| {
+        fail(format!(
+            "answered daemon.info with something unexpected: {e}"
+        ))
+    })?;
+    Ok(Connected {
+        path: path.to_path_buf(),
+        system,
+        peer,
+        engine,
+        reader,
+        info,
+    })
+}
+
+/// The config the client reads for a daemon over a socket (its key, roots and
+/// limits): `--config`, or the system file.
+fn socket_config(o: &RunCmd) -> Result<Config, Failure> {
+    Config::load(
+        o.config
+            .as_deref()
+            .unwrap_or(Path::new(crate::config::DEFAULT_PATH)),
+        o.config.is_some(),
+    )
+    .map_err(|e| Failure::setup(e.to_string()))
+}
+
+/// This user's `[[auth.engine]]` entry in the daemon's config, if any.
+fn my_entry(cfg: &Config) -> Result<Option<crate::config::EngineAuth>, Failure> {
+    let (uid, gid) = (
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw(),
+    );
+    crate::auth::entry_for(
+        &cfg.auth,
+        uid,
+        &crate::sys::peer_gids(uid, gid),
+        Path::new("auth.engine"),
+    )
+    .map(|e| e.cloned())
+    .map_err(|e| Failure::setup(e.to_string()))
+}
+
+/// Where a fresh workspace goes with a daemon over a socket: root's under the
+/// first workspace root; another user's in its engine entry's first
+/// `workspace_roots`, or in its per-uid directory `<root>/<uid>`, which the
+/// daemon made when this client connected.
+fn socket_fresh_base(cfg: &Config, path: &Path) -> Result<PathBuf, Failure> {
+    let uid = nix::unistd::getuid().as_raw();
+    let roots = if is_root() {
+        cfg.workspace.roots.clone()
+    } else {
+        let entry = my_entry(cfg)?;
+        crate::auth::peer_roots(
+            &cfg.workspace.roots,
+            entry.as_ref().map(|e| e.workspace_roots.as_slice()),
+            uid,
+        )
+    };
+    roots.into_iter().next().ok_or_else(|| {
+        Failure::setup(format!(
+            "the daemon at {} has no workspace.roots",
+            path.display()
+        ))
+    })
 }
 
 pub async fn run(o: RunCmd) -> Result<ScriptResult, Failure> {
+    use super::target::{choose, Facts, Target};
     let code = read_script(&o.script)?;
-    let target = pick_target(&o);
-    let cfg = match &target {
-        Target::Embedded => embedded_config(o.config.as_deref())?,
-        Target::Socket(_) => Config::load(
-            o.config
-                .as_deref()
-                .unwrap_or(Path::new(crate::config::DEFAULT_PATH)),
-            o.config.is_some(),
-        )
-        .map_err(|e| Failure::setup(e.to_string()))?,
+    let target = choose(o.embedded, o.socket.as_deref(), &Facts::gather());
+    let (cfg, conn) = match &target {
+        Target::Embedded(_) => (embedded_config(o.config.as_deref())?, None),
+        Target::Socket { path, system } => {
+            let cfg = socket_config(&o)?;
+            let conn = connect(path, *system, &cfg).await?;
+            (cfg, Some(conn))
+        }
     };
-    // A fresh workspace goes under the daemon's first root (socket), or ours.
-    let fresh_base = match &target {
-        Target::Embedded => embedded_workspaces(),
-        Target::Socket(s) => cfg.workspace.roots.first().cloned().ok_or_else(|| {
-            Failure::setup(format!(
-                "the daemon at {} has no workspace.roots",
-                s.display()
-            ))
-        })?,
+    // One line on stderr naming the mode.
+    match &conn {
+        None => eprintln!(
+            "scriptgate: mode: embedded daemon in this process ({}); records in {}",
+            match &target {
+                Target::Embedded(why) => why,
+                Target::Socket { .. } => "",
+            },
+            cfg.state.dir.display()
+        ),
+        Some(c) => eprintln!(
+            "scriptgate: mode: {} at {} (scriptgated {}, {} backend)",
+            if c.system { "system daemon" } else { "daemon" },
+            c.path.display(),
+            c.info.version,
+            c.info.backend
+        ),
+    }
+    // A fresh workspace goes under the daemon's roots (socket), or ours.
+    let fresh_base = match &conn {
+        None => embedded_workspaces(),
+        Some(c) => socket_fresh_base(&cfg, &c.path)?,
     };
     let ws = prepare_workspace(o.workspace.as_deref(), &fresh_base, &cfg, o.read_only)?;
     let tools = Tools::start(
@@ -534,9 +665,9 @@ pub async fn run(o: RunCmd) -> Result<ScriptResult, Failure> {
             .clone()
             .unwrap_or_else(|| format!("scriptgate run {}", o.script.display())),
     };
-    let result = match target {
-        Target::Embedded => run_embedded(cfg, snap, params, &o, engine.clone()).await,
-        Target::Socket(path) => run_socket(&path, &cfg, snap, params, engine.clone()).await,
+    let result = match conn {
+        None => run_embedded(cfg, snap, params, &o, engine.clone()).await,
+        Some(c) => run_socket(c, &cfg, snap, params, engine.clone()).await,
     };
     engine.clear_progress();
     engine.tools.shutdown().await;
@@ -585,6 +716,7 @@ async fn run_embedded(
         gid: nix::unistd::getgid().as_raw(),
         pid: Some(std::process::id() as i32),
         admin: false,
+        engine: None,
     };
     let link: Arc<dyn EngineLink> = Arc::new(Embedded(engine));
     let started = daemon
@@ -592,7 +724,7 @@ async fn run_embedded(
         .await
         .map_err(|e| Failure::refused(&e))?;
     daemon
-        .wait(Access::Conn(1), script_ref(started.script_id))
+        .wait(Access::Conn(1, None), script_ref(started.script_id))
         .await
         .map_err(|e| Failure::setup(e.message))
 }
@@ -605,53 +737,67 @@ fn script_ref(script_id: String) -> ScriptRef {
     }
 }
 
-/// Act as an engine over the system daemon's socket: start the script, serve
-/// its tool calls and approval while waiting for its result.
+/// Act as an engine over the daemon's socket: start the script, serve its tool
+/// calls and approval while waiting for its result. A daemon that goes away
+/// after the start leaves the script's end unknown: that is `interrupted` (7).
 async fn run_socket(
-    path: &Path,
+    c: Connected,
     cfg: &Config,
     snap: Snapshot,
     mut params: StartParams,
     engine: Arc<CliEngine>,
 ) -> Result<ScriptResult, Failure> {
-    let key = cfg.read_key().map_err(|e| {
-        Failure::setup(format!("the daemon at {} needs tokens signed with its key, and {e}; run as root or a member of the key's group, or pass --embedded", path.display()))
+    // Root is never bound to an entry (the daemon checks its tokens against
+    // auth.token_key_file).
+    let entry = if is_root() { None } else { my_entry(cfg)? };
+    let key_file = match entry {
+        Some(e) => e.token_key_file,
+        None => cfg.auth.token_key_file.clone(),
+    };
+    let key = crate::config::read_key_file(&key_file).map_err(|e| {
+        Failure::setup(format!("the daemon at {} needs tokens signed with its key, and {e}; run as root or a member of the key's group, or pass --embedded", c.path.display()))
     })?;
     params.token = mint(&key, &snap)?;
-    let stream = tokio::net::UnixStream::connect(path)
-        .await
-        .map_err(|e| Failure::setup(format!("{}: {e}", path.display())))?;
-    let (read, write) = stream.into_split();
-    let (peer, _writer) = rpc::Peer::new(write);
-    let reader = {
-        let (peer, bounds) = (peer.clone(), Bounds::client(cfg.server.max_message_bytes));
-        let handler = Arc::new(SocketEngine(engine));
-        tokio::spawn(async move { peer.serve(read, &bounds, handler).await })
-    };
-    let closed = |e: CallError, answered: fn(RpcError) -> Failure| match e {
-        CallError::Answered(e) => answered(e),
-        CallError::Closed(e) => {
-            Failure::setup(format!("the daemon closed the connection: {}", e.message))
-        }
-        CallError::Disconnected | CallError::Timeout { .. } => {
-            Failure::setup("the daemon closed the connection")
-        }
-    };
-    let started = peer
+    let _ = c.engine.set(engine);
+    let started = c
+        .peer
         .request(crate::protocol::Method::ScriptStart.name(), &params, None)
         .await
-        .map_err(|e| closed(e, |e| Failure::refused(&e)))?;
+        .map_err(|e| match e {
+            CallError::Answered(e) => Failure::refused(&e),
+            CallError::Closed(e) => {
+                Failure::setup(format!("the daemon closed the connection: {}", e.message))
+            }
+            CallError::Disconnected | CallError::Timeout { .. } => {
+                Failure::setup("the daemon closed the connection before the script started")
+            }
+        })?;
     let started: Started =
         serde_json::from_value(started).map_err(|e| Failure::setup(format!("start: {e}")))?;
-    let r = peer
+    let sid = started.script_id.clone();
+    let lost = |why: String| {
+        Failure::new(
+            super::exit::INTERRUPTED,
+            format!(
+                "the daemon at {} went away while script {sid} was running ({why}); the script was interrupted. See `journalctl -u scriptgate` and `scriptgate show {sid}`",
+                c.path.display()
+            ),
+        )
+    };
+    let r = c
+        .peer
         .request(
             crate::protocol::Method::ScriptWait.name(),
             &script_ref(started.script_id),
             None,
         )
         .await
-        .map_err(|e| closed(e, |e| Failure::setup(e.message)))?;
-    reader.abort();
+        .map_err(|e| match e {
+            CallError::Answered(e) => Failure::setup(e.message),
+            CallError::Closed(e) => lost(e.message),
+            CallError::Disconnected => lost("the connection closed".into()),
+            CallError::Timeout { .. } => lost("no answer".into()),
+        })?;
     serde_json::from_value(r).map_err(|e| Failure::setup(format!("result: {e}")))
 }
 
