@@ -37,11 +37,11 @@ pub fn mark_created(ws: &Path, by: &str) -> io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let agent = ws.join(MARKER_DIR);
-    std::fs::DirBuilder::new().mode(0o755).create(&agent)?;
+    std::fs::DirBuilder::new().mode(0o700).create(&agent)?;
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o644)
+        .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(agent.join(MARKER))?;
     let text = serde_json::json!({
