@@ -6,6 +6,7 @@
 
 pub(crate) mod audit;
 pub mod broker;
+pub(crate) mod checkconfig;
 pub(crate) mod cli;
 pub mod config;
 pub(crate) mod daemon;

@@ -2,6 +2,7 @@
 //! the system daemon or an embedded one), mint tokens, and administer the daemon.
 
 pub mod admin;
+pub mod completions;
 pub mod exit;
 pub mod run;
 pub mod table;
@@ -64,6 +65,11 @@ pub enum Cmd {
     },
     /// Query the audit store; works with the daemon down (admin).
     Audit(AuditCmd),
+    /// Print a shell completion script (bash, zsh or fish) on stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: completions::Shell,
+    },
 }
 
 /// Options of the admin commands.
@@ -373,6 +379,7 @@ pub fn main() -> ExitCode {
         Cmd::Show { id, a } => admin_cmd("show", &a, |ctx| admin::show(ctx, &id, a.json)),
         Cmd::Cancel { id, a } => admin_cmd("cancel", &a, |ctx| admin::cancel(ctx, &id, a.json)),
         Cmd::Audit(c) => audit_cmd(c),
+        Cmd::Completions { shell } => completions::print(shell),
         Cmd::Token(TokenCmd::Mint {
             key,
             run_id,
