@@ -7,6 +7,7 @@
 pub(crate) mod audit;
 pub(crate) mod auth;
 pub mod broker;
+pub(crate) mod checkconfig;
 pub(crate) mod checkpoint;
 pub(crate) mod cli;
 pub mod config;

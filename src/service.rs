@@ -25,6 +25,10 @@ pub struct Args {
     /// Configuration file.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Check the configuration and the token key, print what the daemon would run
+    /// with (backend included), and exit 0 (ok) or 1; nothing is started.
+    #[arg(long, conflicts_with = "listen")]
+    pub check_config: bool,
 }
 
 pub fn init_logging() {
@@ -62,6 +66,9 @@ pub fn main() -> ExitCode {
     //    reach the sandboxes: close-on-exec, before anything is spawned.
     let cloexec = crate::sys::cloexec_inherited_fds();
     let args = Args::parse();
+    if args.check_config {
+        return crate::checkconfig::main(args.config);
+    }
     // 1. Before any thread exists: take (and unset) LISTEN_FDS / WATCHDOG_USEC.
     let activated = match crate::sys::activated_sockets() {
         Ok(fds) => fds,

@@ -2,6 +2,7 @@
 //! the system daemon or an embedded one), mint tokens, and administer the daemon.
 
 pub mod admin;
+pub mod completions;
 pub mod exit;
 pub mod run;
 pub mod table;
@@ -65,6 +66,11 @@ pub enum Cmd {
     },
     /// Query the audit store; works with the daemon down (admin).
     Audit(AuditCmd),
+    /// Print a shell completion script (bash, zsh or fish) on stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: completions::Shell,
+    },
     /// Prometheus metrics from the audit store; works with the daemon down (admin).
     Metrics(MetricsCmd),
     /// Remove the workspaces scriptgate created and nothing used for
@@ -450,6 +456,7 @@ pub fn main() -> ExitCode {
         Cmd::Audit(c) => audit_cmd(c),
         Cmd::Metrics(c) => metrics_cmd(c),
         Cmd::Prune(c) => prune_cmd(c),
+        Cmd::Completions { shell } => completions::print(shell),
         Cmd::Token(TokenCmd::Mint {
             key,
             run_id,
