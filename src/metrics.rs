@@ -267,6 +267,20 @@ pub fn render(s: &Source) -> String {
 }
 
 /// Read the source: the audit store (read-only) and `daemon.json`.
+/// No audit store yet (no script ever ran): every counter at 0, and what the
+/// daemon last started with, if it ever became ready.
+impl Source {
+    pub fn fresh(state_dir: &Path) -> Source {
+        Source {
+            counters: vec![],
+            running: 0,
+            daemon: std::fs::read_to_string(daemon_file(state_dir))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok()),
+        }
+    }
+}
+
 pub fn collect(reader: &crate::audit::Reader, state_dir: &Path) -> Result<Source, String> {
     let counters = reader.metrics().map_err(|e| format!("audit store: {e}"))?;
     let running = reader.running().map_err(|e| format!("audit store: {e}"))?;

@@ -359,3 +359,31 @@ fn prune_removes_only_old_workspaces_scriptgate_created() {
     let o = prune(&rig, &[]);
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("0 workspaces removed"));
 }
+
+/// A fresh installation, before its first script, has no audit store: the
+/// metrics are all 0 and the scrape succeeds (node_exporter's timer must not fail).
+#[test]
+#[ignore = "needs root: the metrics are for root and the admin groups (cargo test -- --include-ignored, as root)"]
+fn metrics_before_the_first_script_are_zero() {
+    require_root("the metrics are for admins");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("scriptgate.toml");
+    let state = dir.path().join("state");
+    std::fs::write(&cfg, format!("[state]\ndir = {state:?}\n")).unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_scriptgate"))
+        .args(["metrics", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        text.contains("\nscriptgate_scripts_started_total 0\n"),
+        "{text}"
+    );
+    assert!(text.contains("\nscriptgate_scripts_running 0\n"), "{text}");
+    assert!(
+        !state.join("scriptgate.db").exists(),
+        "a scrape creates nothing"
+    );
+}

@@ -111,6 +111,13 @@ impl Ctx {
 
     /// The audit store, for root and members of `auth.admin_groups` only.
     pub(crate) fn reader(&self) -> Result<Reader, Failure> {
+        self.reader_allowed()?;
+        let db = self.config.state.dir.join("scriptgate.db");
+        Reader::open(&db).map_err(|e| Failure::setup(e.to_string()))
+    }
+
+    /// The caller may read the audit store (root or an admin group).
+    pub(crate) fn reader_allowed(&self) -> Result<(), Failure> {
         let (uid, gid) = (
             nix::unistd::getuid().as_raw(),
             nix::unistd::getgid().as_raw(),
@@ -124,8 +131,7 @@ impl Ctx {
                 ),
             ));
         }
-        let db = self.config.state.dir.join("scriptgate.db");
-        Reader::open(&db).map_err(|e| Failure::setup(e.to_string()))
+        Ok(())
     }
 }
 

@@ -399,9 +399,15 @@ fn prune_cmd(c: PruneCmd) -> ExitCode {
 /// `scriptgate metrics`: the text on stdout, or written to `--output`.
 fn metrics_cmd(c: MetricsCmd) -> ExitCode {
     let r = admin::Ctx::load(None, c.config.clone()).and_then(|ctx| {
-        let reader = ctx.reader()?;
-        let source =
-            crate::metrics::collect(&reader, &ctx.config.state.dir).map_err(Failure::setup)?;
+        // Before the first script there is no audit store yet: every counter is 0
+        // (a scrape must not fail on a fresh installation).
+        let source = if ctx.config.state.dir.join("scriptgate.db").exists() {
+            let reader = ctx.reader()?;
+            crate::metrics::collect(&reader, &ctx.config.state.dir).map_err(Failure::setup)?
+        } else {
+            ctx.reader_allowed()?;
+            crate::metrics::Source::fresh(&ctx.config.state.dir)
+        };
         let text = crate::metrics::render(&source);
         match &c.output {
             None => Ok(text),
