@@ -637,6 +637,7 @@ impl Daemon {
                 python: self.cfg.scripts.python.clone(),
                 script: rec.art.path.join("script.py"),
                 tmp_size_bytes: self.cfg.sandbox.tmp_size_bytes,
+                init: crate::sandbox_init::exe(),
             },
             workspace_dir: a.workspace.dir,
             agent_dir: rec.art.agent,
