@@ -107,16 +107,26 @@ struct Round {
 fn round(rig: &Rig, inline: &Inline, threaded: &Engine, token: &str) -> Round {
     const SEQ: usize = 1000;
     const MANY: usize = 5000;
+    let pid = rig.daemon.as_ref().unwrap().id();
+    let trace = |what: &str| {
+        if std::env::var_os("SCRIPTGATE_BENCH_TRACE_RSS").is_some() {
+            println!("    daemon RSS after {what}: {} KiB", status_kib(pid, "VmRSS:"));
+        }
+    };
     let hop_p50 = baselines::raw_hop(2000).0;
     let seq_inline = two_floats(&inline.run(token, &sequential_script(SEQ)));
+    trace("sequential, inline");
     let seq_threaded = two_floats(&threaded.run(token, &sequential_script(SEQ), &[]));
+    trace("sequential, threaded");
     let t = Instant::now();
     let r = inline.run(token, &call_many_script(MANY));
     let e2e = t.elapsed();
     let many_inline = MANY as f64 / two_floats(&r).0;
     let many_inline_e2e = (MANY + 100) as f64 / e2e.as_secs_f64();
+    trace("call_many, inline");
     let many_threaded =
         MANY as f64 / two_floats(&threaded.run(token, &call_many_script(MANY), &[])).0;
+    trace("call_many, threaded");
     // Start to result, interleaved with its baselines so that they see the same load.
     let (mut py, mut bw, mut sg) = (vec![], vec![], vec![]);
     for _ in 0..11 {
@@ -130,7 +140,7 @@ fn round(rig: &Rig, inline: &Inline, threaded: &Engine, token: &str) -> Round {
             (Some("ok"), Some("1\n"))
         );
     }
-    let _ = rig;
+    trace("empty scripts");
     Round {
         hop_p50,
         seq_inline,
