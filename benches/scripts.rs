@@ -110,7 +110,10 @@ fn round(rig: &Rig, inline: &Inline, threaded: &Engine, token: &str) -> Round {
     let pid = rig.daemon.as_ref().unwrap().id();
     let trace = |what: &str| {
         if std::env::var_os("SCRIPTGATE_BENCH_TRACE_RSS").is_some() {
-            println!("    daemon RSS after {what}: {} KiB", status_kib(pid, "VmRSS:"));
+            println!(
+                "    daemon RSS after {what}: {} KiB",
+                status_kib(pid, "VmRSS:")
+            );
         }
     };
     let hop_p50 = baselines::raw_hop(2000).0;
