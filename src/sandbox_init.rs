@@ -59,6 +59,14 @@ fn fail(what: &str, code: i32) -> i32 {
 }
 
 fn run(args: Vec<OsString>) -> i32 {
+    // It kills every other process it can see once the script ends: only ever
+    // as PID 1 of a namespace of its own, never in the host's.
+    if std::process::id() != 1 {
+        return fail(
+            "not PID 1 of a sandbox's PID namespace; refusing to run (this mode is for bwrap --as-pid-1 only)",
+            125,
+        );
+    }
     let Some((report, argv)) = args
         .split_first()
         .and_then(|(r, rest)| Some((r.to_str()?.parse::<i32>().ok()?, rest)))
