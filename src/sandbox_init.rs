@@ -2,8 +2,11 @@
 //! whose `run` embeds a daemon) become it when started as `BIN --sandbox-init
 //! REPORT_FD PROGRAM ARGS...`, checked first thing in `main`. bwrap runs it with
 //! `--as-pid-1`, from the daemon's own binary bound read-only at `MOUNT` (no
-//! second program to ship). It replaced a Python init with the same duties that
-//! cost a second interpreter start (+40–70 ms and ~8 MB per script). It:
+//! second program to ship). It stands in for bwrap's own init, which was dumpable
+//! by the script's uid (so `/proc/1/environ` showed bwrap's environment and
+//! `/proc/1/mem` opened for writing) and did not always carry the seccomp filter;
+//! and it replaced a Python init with the same duties that cost a second
+//! interpreter start (+40–70 ms and ~8 MB per script). It:
 //!
 //! - carries the seccomp filter (bwrap loads it before the exec) and makes
 //!   itself non-dumpable before the script exists, which closes
