@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 
 // The fd-3/4 messages and their parsing live in `protocol::script`; these names
 // stay here for the callers (and tests) that know them as the broker's.
@@ -34,8 +34,6 @@ pub use crate::protocol::Progress;
 pub const MAX_MESSAGE_BYTES: usize = 1024;
 /// Bytes of a call's arguments kept in its calls.jsonl line.
 pub const MAX_LOGGED_ARGS_BYTES: usize = 4096;
-/// Replies waiting for the script to read fd 4.
-const REPLY_QUEUE: usize = 64;
 /// What one request costs against the request budget beyond its bytes: a
 /// stream of tiny requests is bounded in number too.
 const REQUEST_OVERHEAD: usize = 4096;
@@ -121,7 +119,7 @@ impl Drop for AtEngine<'_> {
 struct Channel {
     reader: BufReader<tokio::net::unix::pipe::Receiver>,
     buf: Vec<u8>,
-    replies: mpsc::Sender<String>,
+    replies: Replies,
     /// The bytes of the requests being served. While they are used up, fd 3 is
     /// not read: a script that floods requests (or never reads its replies)
     /// waits on its own pipe, and the daemon's memory stays bounded.
@@ -148,9 +146,9 @@ impl Broker {
         input: tokio::net::unix::pipe::Receiver,
         output: tokio::net::unix::pipe::Sender,
     ) {
-        let (replies, writer) = spawn_reply_writer(output);
+        let replies = Replies::new(output);
         let mut ch = Channel {
-            reader: BufReader::new(input),
+            reader: BufReader::with_capacity(64 * 1024, input),
             buf: Vec::new(),
             replies,
             budget: Arc::new(Semaphore::new(self.max_line + REQUEST_OVERHEAD)),
@@ -172,7 +170,6 @@ impl Broker {
             tasks.abort_all();
             while tasks.join_next().await.is_some() {}
         }
-        let _ = writer.await;
     }
 
     /// Read and start serving one request line. `false` once fd 3 is done.
@@ -186,8 +183,7 @@ impl Broker {
                     code: "invalid_request",
                     message: format!("request line longer than {} bytes", self.max_line),
                 });
-                ch.replies.send(reply.line()).await.is_ok()
-                    && skip_line(&mut ch.reader).await.is_ok()
+                ch.replies.send(reply.line()).await && skip_line(&mut ch.reader).await.is_ok()
             }
             Ok(Line::Data) => {
                 // What the request will hold once parsed, not only its bytes: the
@@ -204,14 +200,14 @@ impl Broker {
                             self.max_line
                         ),
                     });
-                    return ch.replies.send(reply.line()).await.is_ok();
+                    return ch.replies.send(reply.line()).await;
                 }
                 let Ok(permit) = ch.budget.clone().acquire_many_owned(cost as u32).await else {
                     return false;
                 };
                 let req = match parse_request(&ch.buf) {
                     Ok(r) => r,
-                    Err(b) => return ch.replies.send(bad_request_reply(b).line()).await.is_ok(),
+                    Err(b) => return ch.replies.send(bad_request_reply(b).line()).await,
                 };
                 // The line buffer may have grown to max_line; keep it small.
                 if ch.buf.capacity() > 64 * 1024 {
@@ -238,7 +234,7 @@ impl Broker {
             Request::Call { id, tool, args } => {
                 ch.tasks.spawn(async move {
                     let outcome = this.call(&*clock, &tool, &args).await;
-                    let _ = tx.send(Reply::One { id, outcome }.line()).await;
+                    tx.send(Reply::One { id, outcome }.line()).await;
                     drop(permit);
                 });
             }
@@ -251,7 +247,7 @@ impl Broker {
                     // All items start at once; the semaphore admits max_concurrency.
                     let calls = args_list.iter().map(|a| this.call(&*clock, &tool, a));
                     let results = futures::future::join_all(calls).await;
-                    let _ = tx.send(Reply::Many { id, results }.line()).await;
+                    tx.send(Reply::Many { id, results }.line()).await;
                     drop(permit);
                 });
             }
@@ -416,32 +412,43 @@ impl Broker {
         } else {
             OTHER_TOOLS
         };
-        *self
-            .live
-            .tool_counts
-            .lock()
-            .unwrap()
-            .entry(key.to_string())
-            .or_default() += 1;
+        let mut counts = self.live.tool_counts.lock().unwrap();
+        match counts.get_mut(key) {
+            Some(n) => *n += 1,
+            None => {
+                counts.insert(key.to_string(), 1);
+            }
+        }
+        drop(counts);
         self.live.dirty.store(true, Ordering::Relaxed);
         self.live.changed.notify_one();
     }
 }
 
-/// The writer of fd 4, fed by a bounded queue: a script that never reads its
-/// replies stalls only its own calls.
-fn spawn_reply_writer(
-    mut output: tokio::net::unix::pipe::Sender,
-) -> (mpsc::Sender<String>, tokio::task::JoinHandle<()>) {
-    let (tx, mut rx) = mpsc::channel::<String>(REPLY_QUEUE);
-    let writer = tokio::spawn(async move {
-        while let Some(line) = rx.recv().await {
-            if output.write_all(line.as_bytes()).await.is_err() {
-                break;
-            }
+/// The writer of fd 4, shared by the tasks that answer requests: each writes its
+/// reply itself (no writer task to wake per call). A script that never reads
+/// its replies stalls only its own calls: their tasks wait here holding their
+/// share of the request budget, so fd 3 is not read until replies are.
+#[derive(Clone)]
+struct Replies(Arc<tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>>);
+
+impl Replies {
+    fn new(output: tokio::net::unix::pipe::Sender) -> Replies {
+        Replies(Arc::new(tokio::sync::Mutex::new(Some(output))))
+    }
+
+    /// Write one reply line; `false` once fd 4 is closed (the script is gone).
+    async fn send(&self, line: String) -> bool {
+        let mut out = self.0.lock().await;
+        let Some(w) = out.as_mut() else {
+            return false;
+        };
+        if w.write_all(line.as_bytes()).await.is_err() {
+            *out = None;
+            return false;
         }
-    });
-    (tx, writer)
+        true
+    }
 }
 
 fn result_outcome(r: ToolResult, code: Option<&'static str>) -> Outcome {

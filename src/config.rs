@@ -400,11 +400,17 @@ mod tests {
 
     /// The shipped `packaging/scriptgate.toml` shows defaults ("every key is
     /// optional"): read with it or with an empty file, the daemon is configured the
-    /// same. The numbers are compared with the code's, not copied from it.
+    /// same, but for its one deliberate choice, `require_enforced_limits = true`.
+    /// The numbers are compared with the code's, not copied from it.
     #[test]
     fn the_shipped_config_shows_the_defaults() {
         let shipped = include_str!("../packaging/scriptgate.toml");
-        let c = Config::parse(shipped, Path::new("packaging/scriptgate.toml")).unwrap();
+        let mut c = Config::parse(shipped, Path::new("packaging/scriptgate.toml")).unwrap();
+        assert!(
+            c.sandbox.require_enforced_limits,
+            "the package refuses unbounded scripts"
+        );
+        c.sandbox.require_enforced_limits = false;
         let empty = Config::parse("", Path::new("x.toml")).unwrap();
         assert_eq!(format!("{c:?}"), format!("{empty:?}"));
         assert_eq!(

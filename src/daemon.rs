@@ -793,6 +793,7 @@ impl Daemon {
                 script: rec.art.path.join("script.py"),
                 tmp_size_bytes: self.cfg.sandbox.tmp_size_bytes,
                 disable_userns: self.sandbox_check().disable_userns,
+                init: crate::sandbox_init::exe(),
             },
             workspace_dir: a.workspace.dir,
             agent_dir: rec.art.agent,

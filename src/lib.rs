@@ -28,6 +28,7 @@ pub(crate) mod registry;
 pub(crate) mod rpc;
 pub(crate) mod runner;
 pub mod sandbox;
+pub(crate) mod sandbox_init;
 pub(crate) mod seccomp;
 pub(crate) mod server;
 pub(crate) mod service;
@@ -40,6 +41,9 @@ pub mod token;
 
 /// `scriptgate`'s entry point (`src/bin/scriptgate.rs` is a one-line shim).
 pub use cli::main as cli_main;
+/// Both binaries' first check: `Some(status)` when started as the sandbox's init
+/// (`BIN --sandbox-init ...`; see `sandbox_init`), which then exits with it.
+pub use sandbox_init::dispatch as sandbox_init_main;
 /// `scriptgated`'s entry point (`src/bin/scriptgated.rs` is a one-line shim).
 pub use service::main as daemon_main;
 

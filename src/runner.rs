@@ -187,7 +187,7 @@ fn keeper(identity: Option<Identity>) -> std::process::Command {
     k
 }
 
-/// Read the sandbox init's usage report (see `sandbox::INIT`). Only the init holds
+/// Read the sandbox init's usage report (see `sandbox_init`). Only the init holds
 /// the write end, so EOF comes when it exits; it writes nothing when it is killed.
 async fn read_usage(fd: std::os::fd::OwnedFd) -> Option<u64> {
     let mut r = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok()?;

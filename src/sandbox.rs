@@ -61,76 +61,11 @@ const DEV_TMPFS_BYTES: u64 = 64 << 10;
 /// Python holds the GIL, so two arenas cost it nothing.
 pub const MALLOC_ARENA_MAX: &str = "2";
 
-/// The sandbox's PID 1, run by the configured Python (`-I -S`: no environment, no
-/// site), with argv `REPORT_FD PROGRAM ARGS...`. bwrap runs it with `--as-pid-1`
-/// in place of its own init, which was dumpable by the script's uid (so
-/// `/proc/1/environ` showed bwrap's environment and `/proc/1/mem` opened for
-/// writing) and did not always carry the seccomp filter. This one:
-///
-/// - carries the filter (bwrap loads it before the exec) and makes itself
-///   non-dumpable before the script exists, which closes `/proc/1/{mem,environ,fd}`
-///   and ptrace to the script's uid (it has no capability in the namespace);
-/// - forks the script, which is then an ordinary process (PID 1 drops signals it
-///   has no handler for: a script could not even SIGTERM itself), and reaps
-///   orphans, which would otherwise pile up as zombies against tasks_max;
-/// - when the script exits, kills what is left in the namespace (as bwrap's init
-///   did), reaps it, and writes the tree's largest resident set,
-///   `getrusage(RUSAGE_CHILDREN)`, to REPORT_FD (close-on-exec, never the
-///   script's) as `{"max_rss_kib": N}`; then exits with the script's status
-///   (128 + signal when killed by one).
-///
-/// The child is forked before anything is imported, so that the resident set it
-/// starts with (and that `ru_maxrss` counts) is below any script's.
-pub const INIT: &str = r#"import os, sys
-report, argv = int(sys.argv[1]), sys.argv[2:]
-os.set_inheritable(report, False)
-go_r, go_w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    os.close(go_w)
-    try:
-        if os.read(go_r, 1) == b"g":
-            import signal
-            for s in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
-                signal.signal(s, signal.SIG_DFL)
-            os.execv(argv[0], argv)
-    except BaseException as e:
-        os.write(2, ("scriptgate init: cannot start %s: %s\n" % (argv[0], e)).encode())
-        os._exit(127)
-    os._exit(125)
-os.close(go_r)
-import ctypes, resource, signal
-n = ctypes.c_ulong(0)
-libc = ctypes.CDLL(None, use_errno=True)
-if libc.prctl(4, n, n, n, n) != 0 or libc.prctl(3, n, n, n, n) != 0:
-    os.write(2, b"scriptgate init: cannot make the sandbox init non-dumpable\n")
-    os._exit(125)
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-os.write(go_w, b"g")
-os.close(go_w)
-os.closerange(0, 2)
-os.closerange(3, report)
-main = None
-while True:
-    try:
-        p, st = os.waitpid(-1, 0)
-    except ChildProcessError:
-        break
-    if p == pid:
-        main = st
-    if main is not None:
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except OSError:
-            pass
-peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-os.write(report, b'{"max_rss_kib": %d}\n' % peak)
-if main is not None and os.WIFEXITED(main):
-    os._exit(os.WEXITSTATUS(main))
-if main is not None and os.WIFSIGNALED(main):
-    os._exit(128 + os.WTERMSIG(main))
-os._exit(255)
-"#;
+/// The sandbox's PID 1 is the daemon's own binary in its init mode
+/// (`sandbox_init`, which says what it does), bound read-only at
+/// `sandbox_init::MOUNT` and started as `MOUNT --sandbox-init REPORT_FD PROGRAM
+/// ARGS...`.
+pub use crate::sandbox_init::{ARG as INIT_ARG, MOUNT as INIT_MOUNT};
 
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
@@ -151,6 +86,8 @@ pub struct SandboxSpec {
     /// and bwrap before 0.8 does not know it; `preflight` then turns it off, and the
     /// seccomp filter alone keeps the script from making a user namespace.
     pub disable_userns: bool,
+    /// The sandbox's init: this binary (`sandbox_init::exe()`), bound read-only.
+    pub init: PathBuf,
 }
 
 /// What a host path is, as far as the sandbox layout cares.
@@ -213,7 +150,7 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
             &"--clearenv",
         ],
     );
-    // No bwrap process inside the sandbox: its PID 1 is our INIT (see there).
+    // No bwrap process inside the sandbox: its PID 1 is our init (`sandbox_init`).
     // bwrap then waits for that child itself, so nothing of the sandbox outlives
     // the outer bwrap (bwrap's own init was left behind, a zombie of whoever
     // inherited it, and its rusage never reached the daemon).
@@ -275,6 +212,7 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
         ],
     );
     push(&mut a, &[&"--ro-bind", &spec.runtime_dir, &RUNTIME_MOUNT]);
+    push(&mut a, &[&"--ro-bind", &spec.init, &INIT_MOUNT]);
     // The workspace and its `.agent` come as descriptors the daemon opened without
     // following symlinks: what is mounted is what was checked.
     let ws = &spec.workspace;
@@ -303,24 +241,15 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
     ] {
         push(&mut a, &[&"--setenv", &k, &v]);
     }
-    // The seccomp program (see `seccomp`), loaded just before INIT's exec, so the
+    // The seccomp program (see `seccomp`), loaded just before the init's exec, so the
     // init and everything it starts carry it.
     push(&mut a, &[&"--seccomp", &FD_SECCOMP.to_string()]);
-    // PID 1 is INIT, which runs the script. The script's Python: -s, no user
+    // PID 1 is the init, which runs the script. The script's Python: -s, no user
     // site-packages; -B, no .pyc writes. PYTHONPATH is ours alone because the
     // environment was cleared.
     push(
         &mut a,
-        &[
-            &"--",
-            &spec.python,
-            &"-I",
-            &"-S",
-            &"-B",
-            &"-c",
-            &INIT,
-            &FD_USAGE.to_string(),
-        ],
+        &[&"--", &INIT_MOUNT, &INIT_ARG, &FD_USAGE.to_string()],
     );
     push(&mut a, &[&spec.python, &"-s", &"-B", &spec.script]);
     a
@@ -366,7 +295,7 @@ pub fn probe_args(python: &Path, disable_userns: bool, host: &dyn HostView) -> V
     a
 }
 
-/// Parse the init's report (see INIT): the largest resident set of any process
+/// Parse the init's report (see `sandbox_init`): the largest resident set of any process
 /// of the script's tree, in bytes.
 pub fn parse_usage_report(bytes: &[u8]) -> Option<u64> {
     let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
@@ -398,6 +327,7 @@ mod tests {
             script: "/srv/ws/run-42/.agent/scripts/abc/script.py".into(),
             tmp_size_bytes: 1 << 20,
             disable_userns: true,
+            init: "/usr/libexec/scriptgated".into(),
         }
     }
 
@@ -443,6 +373,14 @@ mod tests {
         assert!(has(&a, &["--info-fd", "5"]));
         assert!(has(&a, &["--seccomp", "8"]));
         assert!(has(&a, &["--setenv", "MALLOC_ARENA_MAX", "2"]));
+        assert!(has(
+            &a,
+            &[
+                "--ro-bind",
+                "/usr/libexec/scriptgated",
+                "/run/scriptgate-init"
+            ]
+        ));
     }
 
     #[test]
@@ -454,12 +392,8 @@ mod tests {
             &a[dashdash..],
             [
                 "--",
-                "/usr/bin/python3",
-                "-I",
-                "-S",
-                "-B",
-                "-c",
-                INIT,
+                "/run/scriptgate-init",
+                "--sandbox-init",
                 "7",
                 "/usr/bin/python3",
                 "-s",

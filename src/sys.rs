@@ -644,6 +644,46 @@ pub fn cloexec_inherited_fds() -> io::Result<()> {
     cloexec_from_raw(3)
 }
 
+/// For the sandbox init (`sandbox_init`): every descriptor from `lowest` up is
+/// close-on-exec, so the script it starts gets only what the init leaves open.
+pub fn cloexec_from(lowest: RawFd) -> io::Result<()> {
+    cloexec_from_raw(lowest)
+}
+
+/// For the sandbox init: close the descriptors `from..=to` (those not open are
+/// skipped), so that it holds none of the script's ends.
+pub fn close_fds(from: RawFd, to: RawFd) {
+    // SAFETY: close_range(2) closes only numbers in the range and owns nothing
+    // Rust holds: the init calls it before it opens anything of its own there.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            from as libc::c_uint,
+            to as libc::c_uint,
+            0 as libc::c_uint,
+        )
+    };
+    if rc != 0 {
+        for fd in from..=to {
+            // SAFETY: as above; EBADF for a number that is not open is ignored.
+            unsafe {
+                libc::close(fd);
+            }
+        }
+    }
+}
+
+/// For the sandbox init: own the descriptor it was started with at number `fd`.
+pub fn inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_GETFD only reads the descriptor's flags; it fails if `fd` is not open.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is open (checked above) and nothing else in this process owns
+    // it: the init was exec'd with it and takes it once, first thing.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// A second `pre_exec` hook, after `install_pre_exec`'s: every descriptor above
 /// the fixed ones is close-on-exec at the exec, whoever opened it and however, so
 /// the child gets exactly stdio and its `dups`.

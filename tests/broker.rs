@@ -138,6 +138,44 @@ print(len(many), [m["sn"] for m in many[:3]])
     );
 }
 
+/// call_many keeps two batches in flight, and the callers of several threads
+/// take turns reading the replies (no reader thread): every thread still gets
+/// its own results, in input order, and the daemon still holds the engine to
+/// four calls at once, each logged.
+#[test]
+fn pipelined_call_many_keeps_order_and_the_in_flight_cap_across_threads() {
+    let rig = Rig::new();
+    let e = rig.engine();
+    e.call_delay_ms.store(2, Ordering::Relaxed);
+    let code = r#"
+import agent_tools, threading
+out = {}
+def worker(k):
+    sns = [f"SN{k}-{i}" for i in range(130)]
+    got = agent_tools.call_many("fleet__get_device_status", [{"sn": s} for s in sns])
+    one = agent_tools.call("fleet__get_device_status", {"sn": f"SN{k}-x"})
+    out[k] = ([g["sn"] for g in got] == sns, one["sn"])
+threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(sorted(out.items()))
+"#;
+    let r = e.run(&rig.token(&rig.snapshot("auto")), code, &[]);
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(
+        r["output"],
+        "[(0, (True, 'SN0-x')), (1, (True, 'SN1-x')), (2, (True, 'SN2-x')), (3, (True, 'SN3-x'))]\n"
+    );
+    assert_eq!(r["calls"], 4 * 131);
+    assert_eq!(e.seen.lock().unwrap().max_in_flight, 4);
+    let log = std::fs::read_to_string(
+        rig.details(r["script_id"].as_str().unwrap())
+            .join("calls.jsonl"),
+    )
+    .unwrap();
+    assert_eq!(log.lines().count(), 4 * 131);
+}
+
 #[test]
 fn snapshot_limits_tighten_concurrency() {
     let rig = Rig::new();

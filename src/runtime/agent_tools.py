@@ -34,52 +34,50 @@ class ToolError(Exception):
         self.message = message
 
 
+class _Slot:
+    __slots__ = ("event", "reply", "done")
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.reply = None
+        self.done = False
+
+
 class _Channel:
+    """Requests go out on fd 3 with one write each; replies come back on fd 4.
+
+    There is no reader thread: a caller waiting for its reply reads fd 4 itself
+    when no other caller is reading (one reader at a time), hands the replies of
+    other callers to them, and when it has its own, wakes the others so that
+    one of them takes over. A single-threaded script thus never switches
+    threads for a call.
+    """
+
     def __init__(self):
         try:
-            self._w = os.fdopen(3, "w", encoding="utf-8", buffering=1, closefd=False)
-            self._r = os.fdopen(4, "r", encoding="utf-8", closefd=False)
+            os.fstat(3)
+            self._r = os.fdopen(4, "rb", buffering=1 << 16, closefd=False)
         except OSError as e:
             raise RuntimeError(
                 "agent_tools: no daemon channel on fd 3/4; run this script with scriptgate"
             ) from e
         self._wlock = threading.Lock()
+        self._rlock = threading.Lock()
         self._plock = threading.Lock()
         self._pending = {}
         self._next = 0
         self._dead = None
-        t = threading.Thread(target=self._read_loop, name="agent_tools-reader", daemon=True)
-        t.start()
-
-    def _read_loop(self):
-        try:
-            for line in self._r:
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    continue
-                if not isinstance(msg, dict):
-                    continue
-                with self._plock:
-                    slot = self._pending.pop(msg.get("id"), None)
-                if slot is not None:
-                    slot[1] = msg
-                    slot[0].set()
-        finally:
-            with self._plock:
-                self._dead = "the daemon closed the tool channel"
-                pending, self._pending = self._pending, {}
-            for slot in pending.values():
-                slot[0].set()
 
     def send(self, obj):
-        data = json.dumps(obj, separators=(",", ":")) + "\n"
+        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
         with self._wlock:
-            self._w.write(data)
-            self._w.flush()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(3, view):]
 
-    def request(self, obj):
-        slot = [threading.Event(), None]
+    def submit(self, obj):
+        """Send a request; the slot its reply will land in (None once the channel is dead)."""
+        slot = _Slot()
         with self._plock:
             if self._dead:
                 return None
@@ -88,8 +86,58 @@ class _Channel:
             self._pending[rid] = slot
         obj["id"] = rid
         self.send(obj)
-        slot[0].wait()
-        return slot[1]
+        return slot
+
+    def wait(self, slot):
+        """The reply for `slot` (None when the daemon closed the channel first)."""
+        if slot is None:
+            return None
+        while not slot.done:
+            if self._rlock.acquire(blocking=False):
+                try:
+                    self._read_until(slot)
+                finally:
+                    self._rlock.release()
+                    self._wake_waiters()
+            else:
+                slot.event.wait()
+                slot.event.clear()
+        return slot.reply
+
+    def request(self, obj):
+        return self.wait(self.submit(obj))
+
+    def _read_until(self, slot):
+        while not slot.done:
+            line = self._r.readline()
+            if not line:
+                with self._plock:
+                    self._dead = "the daemon closed the tool channel"
+                    pending, self._pending = self._pending, {}
+                for s in pending.values():
+                    s.done = True
+                    s.event.set()
+                return
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(msg, dict):
+                continue
+            with self._plock:
+                s = self._pending.pop(msg.get("id"), None)
+            if s is not None:
+                s.reply = msg
+                s.done = True
+                if s is not slot:
+                    s.event.set()
+
+    def _wake_waiters(self):
+        # The reader is leaving: whoever still waits may take over reading.
+        with self._plock:
+            waiting = list(self._pending.values())
+        for s in waiting:
+            s.event.set()
 
 
 _chan = None
@@ -169,15 +217,26 @@ def call(tool, args=None):
 def call_many(tool, args_list, return_errors=False):
     """Call one tool once for each args dict; results in input order.
 
-    The daemon runs each batch of 50 up to max_concurrency at a time. With
+    The daemon runs each batch of 50 up to max_concurrency at a time. The next
+    batch is sent while the current one runs (two batches in flight), so when a
+    failure is raised the batch after it may already have been called. With
     return_errors=True a failed item is a ToolError instance in the list;
     otherwise the first failure (in input order) is raised.
     """
     args_list = [_check_args(tool, a) for a in args_list]
+    batches = [args_list[i:i + BATCH] for i in range(0, len(args_list), BATCH)]
+    chan = _channel()
+
+    def submit(batch):
+        return chan.submit({"op": "call_many", "tool": tool, "args_list": batch})
+
     out = []
-    for start in range(0, len(args_list), BATCH):
-        batch = args_list[start:start + BATCH]
-        reply = _channel().request({"op": "call_many", "tool": tool, "args_list": batch})
+    ahead = [submit(b) for b in batches[:2]]
+    for n, batch in enumerate(batches):
+        reply = chan.wait(ahead[n])
+        if n + 2 < len(batches):
+            ahead.append(submit(batches[n + 2]))
+        ahead[n] = None
         if reply is None:
             err = _lost(tool)
             if not return_errors:
