@@ -37,6 +37,9 @@ impl Booted {
         chown_to_script_uid(&dir.join("roots/ws"));
         let src = Path::new(env!("CARGO_MANIFEST_DIR"));
         std::fs::copy(src.join("tests/systemd/boot.sh"), dir.join("boot.sh")).unwrap();
+        // The booted systemd has a private /tmp (and the checkout may be under it):
+        // the daemon runs from a copy in the rig's directory.
+        std::fs::copy(env!("CARGO_BIN_EXE_scriptgated"), dir.join("scriptgated")).unwrap();
         std::fs::write(
             dir.join("start.sh"),
             format!(
@@ -110,7 +113,7 @@ impl Booted {
         let sock = rig.dir.join("sock");
         let cfg = rig.dir.join("scriptgate.toml");
         let daemon = rig
-            .nsenter(&[env!("CARGO_BIN_EXE_scriptgated")])
+            .nsenter(&[rig.dir.join("scriptgated").to_str().unwrap()])
             .arg("--listen")
             .arg(&sock)
             .arg("--config")
