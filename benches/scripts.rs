@@ -111,8 +111,9 @@ fn round(rig: &Rig, inline: &Inline, threaded: &Engine, token: &str) -> Round {
     let trace = |what: &str| {
         if std::env::var_os("SCRIPTGATE_BENCH_TRACE_RSS").is_some() {
             println!(
-                "    daemon RSS after {what}: {} KiB",
-                status_kib(pid, "VmRSS:")
+                "    daemon RSS after {what}: {} KiB ({} KiB anonymous)",
+                status_kib(pid, "VmRSS:"),
+                status_kib(pid, "RssAnon:")
             );
         }
     };
@@ -194,6 +195,7 @@ fn main() {
     }
     let pid = rig.daemon.as_ref().unwrap().id();
     let idle_fresh = status_kib(pid, "VmRSS:");
+    let anon_fresh = status_kib(pid, "RssAnon:");
     let token = rig.token(&rig.snapshot("auto"));
     let inline = Arc::new(Inline::connect(&rig.socket));
     let threaded = rig.engine();
@@ -232,6 +234,7 @@ fn main() {
     }
     let col = |f: &dyn Fn(&Round) -> f64| all.iter().map(f).collect::<Vec<f64>>();
     let idle = status_kib(pid, "VmRSS:");
+    let anon = status_kib(pid, "RssAnon:");
     println!();
     println!("| figure | median (min–max over {rounds} rounds) | goal |");
     println!("|---|---|---|");
@@ -275,6 +278,13 @@ fn main() {
         "| daemon RSS idle: fresh / after the rounds | {:.1} MiB / {:.1} MiB | ≤ 15 MiB |",
         idle_fresh as f64 / 1024.0,
         idle as f64 / 1024.0
+    );
+    // The heap and stacks, without the binary's code pages (which grow with the
+    // code paths run): what a leak or a cache held for good would grow.
+    println!(
+        "| the same, anonymous part only (RssAnon) | {:.1} MiB / {:.1} MiB | report |",
+        anon_fresh as f64 / 1024.0,
+        anon as f64 / 1024.0
     );
 
     if env_usize("SCRIPTGATE_BENCH_SCALE", 1) == 0 {

@@ -347,16 +347,16 @@ fn schema_problems(
     let mut undeclared: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
     let mut others = Vec::new();
     for e in schema.iter_errors(instance) {
-        let at = e.instance_path.as_str().to_string();
-        let keys: Option<Vec<String>> = match &e.kind {
+        let at = e.instance_path().as_str().to_string();
+        let keys: Option<Vec<String>> = match e.kind() {
             ValidationErrorKind::AdditionalProperties { unexpected }
             | ValidationErrorKind::UnevaluatedProperties { unexpected } => Some(unexpected.clone()),
             // `additionalProperties: false` next to no `properties` and no
             // `patternProperties` is compiled to a validator that reports only the
             // object: every key of it is undeclared.
             ValidationErrorKind::FalseSchema
-                if e.schema_path.as_str().ends_with("/additionalProperties")
-                    || e.schema_path.as_str().ends_with("/unevaluatedProperties") =>
+                if e.schema_path().as_str().ends_with("/additionalProperties")
+                    || e.schema_path().as_str().ends_with("/unevaluatedProperties") =>
             {
                 match instance.pointer(&at) {
                     Some(Value::Object(m)) => Some(m.keys().cloned().collect()),

@@ -505,3 +505,61 @@ except agent_tools.ToolError as e:
     assert_eq!(r["output"], "revoked the run token of run run-1 expired\n");
     assert_eq!(e.calls_seen().len(), 1);
 }
+
+/// Compiling a snapshot's schemas leaves no lasting memory in the daemon: after a
+/// dozen scripts, each of which compiles every schema of its snapshot and has good
+/// and bad arguments validated, the daemon's heap (its anonymous resident memory)
+/// is still close to a fresh one's. jsonschema 0.26 kept ~14 MiB of meta-schema
+/// validators (all five drafts) for good after the first script start, taking an
+/// idle daemon from 9 to 33 MiB (docs/BENCHMARKS.md, "Daemon memory"). The binary's
+/// code pages are left out: they grow with the code paths run, and by build.
+/// Not a timing test: resident memory does not depend on the machine's load, and
+/// the bound is a few times the growth measured here but well under what the old
+/// meta-schema validators alone held.
+#[test]
+fn compiled_schemas_leave_no_lasting_memory_in_the_daemon() {
+    const MIB: u64 = 1 << 20;
+    const SCRIPTS: usize = 12;
+    const GROWTH_BOUND: u64 = 8 * MIB;
+    let rig = Rig::new();
+    let pid = rig.daemon.as_ref().expect("daemon running").id();
+    let (fresh, fresh_anon) = (rss(pid), rss_anon(pid));
+    let e = rig.engine();
+    let token = rig.token(&rig.snapshot("auto"));
+    let code = r#"
+import agent_tools
+agent_tools.call("fleet__get_device_status", {"sn": "SN1"})
+agent_tools.call("fleet__list_devices", {"site": "lab"})
+try:
+    agent_tools.call("fleet__get_device_status", {"sn": 1, "extra": True})
+except agent_tools.ToolError as e:
+    assert e.code == "invalid_arguments", e.code
+"#;
+    for i in 0..SCRIPTS {
+        let r = e.run(&token, code, &[]);
+        assert_eq!(r["status"], "ok", "script {i}: {r}");
+        assert_eq!(r["failures"], 1, "{r}");
+    }
+    assert_eq!(
+        e.calls_seen().len(),
+        2 * SCRIPTS,
+        "the bad call never reaches the engine"
+    );
+    let (after, after_anon) = (rss(pid), rss_anon(pid));
+    let mib = |b: u64| b as f64 / MIB as f64;
+    eprintln!(
+        "daemon RSS (anonymous part): fresh {:.1} MiB ({:.1}), after {SCRIPTS} scripts {:.1} MiB ({:.1})",
+        mib(fresh),
+        mib(fresh_anon),
+        mib(after),
+        mib(after_anon)
+    );
+    assert!(
+        after_anon.saturating_sub(fresh_anon) < GROWTH_BOUND,
+        "the daemon's heap grew by {:.1} MiB over {SCRIPTS} scripts (anonymous RSS from {:.1} to {:.1} MiB): \
+         something the first script start builds (e.g. schema machinery) is held for good",
+        mib(after_anon.saturating_sub(fresh_anon)),
+        mib(fresh_anon),
+        mib(after_anon)
+    );
+}

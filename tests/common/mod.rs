@@ -486,6 +486,17 @@ pub fn peak_rss(pid: u32) -> u64 {
     proc_status_kib(pid, "VmHWM:") * 1024
 }
 
+/// The daemon's resident set now (VmRSS), in bytes.
+pub fn rss(pid: u32) -> u64 {
+    proc_status_kib(pid, "VmRSS:") * 1024
+}
+
+/// The anonymous part of the daemon's resident set now (RssAnon: heap, stacks; not
+/// the binary's code pages, which grow with the code paths run), in bytes.
+pub fn rss_anon(pid: u32) -> u64 {
+    proc_status_kib(pid, "RssAnon:") * 1024
+}
+
 fn proc_status_kib(pid: u32, field: &str) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     s.lines()
