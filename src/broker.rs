@@ -64,6 +64,8 @@ pub type RevokedRuns = Arc<RwLock<HashSet<String>>>;
 pub struct Broker {
     pub script_id: String,
     pub run_id: String,
+    /// The run as the revoked set knows it (scoped to its engine entry).
+    pub run_key: String,
     pub token_exp: i64,
     pub policy: Policy,
     pub budget: Mutex<Budget>,
@@ -327,7 +329,7 @@ impl Broker {
     /// Revocation, expiry (by `clock`), policy, budget: the merged arguments, or
     /// why the call is refused.
     fn check(&self, clock: &dyn Clock, tool: &str, args: &Value) -> Result<Value, Refusal> {
-        if self.revoked.read().unwrap().contains(&self.run_id) {
+        if self.revoked.read().unwrap().contains(&self.run_key) {
             return Err(Refusal {
                 code: "revoked",
                 message: format!("run {} was revoked; no further tool calls", self.run_id),
@@ -526,6 +528,7 @@ mod tests {
         Broker {
             script_id: "s".into(),
             run_id: "r".into(),
+            run_key: "r".into(),
             token_exp,
             policy,
             budget: Mutex::new(Budget::new(10)),

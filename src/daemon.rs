@@ -54,6 +54,8 @@ pub struct Peer {
 /// What the daemon keeps of a running script.
 struct Running {
     run_id: String,
+    /// `Daemon::run_key`: the run, scoped to the key that signed it.
+    run_key: String,
     runner: Option<String>,
     unit: Option<String>,
     owner: u64,
@@ -152,6 +154,9 @@ impl Approval {
 /// A start that passed every check that needs no engine and no slot.
 struct Admitted {
     claims: RunClaims,
+    /// The run as revocation knows it: scoped to the engine entry whose key signed
+    /// it (`Daemon::run_key`), so one engine cannot revoke another's run.
+    run_key: String,
     workspace: WorkspaceDir,
     policy: Policy,
     plan: StartPlan,
@@ -346,6 +351,25 @@ impl Daemon {
         &self.preflight.sandbox
     }
 
+    /// A run as revocation and visibility know it. Engines bound to an
+    /// `[[auth.engine]]` entry have run ids of their own: the id is scoped to the
+    /// entry (`user = "gateway" run-42`), so a token one engine signs for another's
+    /// run id names a different run. Runs signed with `auth.token_key_file` keep
+    /// the bare id (as stored before entries existed).
+    fn run_key(&self, engine: Option<usize>, run_id: &str) -> String {
+        match engine.and_then(|i| self.engines.list.get(i)) {
+            Some(e) => format!("{} {run_id}", e.label),
+            None => run_id.to_string(),
+        }
+    }
+
+    fn run_key_of(&self, who: Access, run_id: &str) -> String {
+        match who {
+            Access::Conn(_, engine) => self.run_key(engine, run_id),
+            Access::Admin => run_id.to_string(),
+        }
+    }
+
     /// The key the tokens of an engine (`Peer::engine`) are signed with.
     fn key_for(&self, engine: Option<usize>) -> &[u8] {
         match engine.and_then(|i| self.engines.list.get(i)) {
@@ -493,7 +517,8 @@ impl Daemon {
         let claims = signed.claims()?;
         claims.check_fresh(token::now_unix())?;
         let claims = claims.parse_snapshot()?;
-        if self.revoked.read().unwrap().contains(&claims.run_id) {
+        let run_key = self.run_key(peer.engine, &claims.run_id);
+        if self.revoked.read().unwrap().contains(&run_key) {
             return Err(RpcError::with_reason(
                 code::TOKEN,
                 format!("run {} was revoked", claims.run_id),
@@ -525,6 +550,7 @@ impl Daemon {
         }
         Ok(Admitted {
             claims,
+            run_key,
             workspace,
             policy,
             plan,
@@ -707,6 +733,7 @@ impl Daemon {
         let (result_tx, result_rx) = watch::channel(None);
         let running = Arc::new(Running {
             run_id: a.claims.run_id.clone(),
+            run_key: a.run_key.clone(),
             runner: a.claims.runner.clone(),
             unit: self.backend.backend.unit_for(&script_id),
             owner: engine.id(),
@@ -769,6 +796,7 @@ impl Daemon {
         let broker = Broker {
             script_id: script_id.to_string(),
             run_id: a.claims.run_id.clone(),
+            run_key: a.run_key.clone(),
             token_exp: a.claims.exp,
             policy: a.policy,
             budget: Mutex::new(Budget::new(rec.limits.max_calls)),
@@ -815,7 +843,7 @@ impl Daemon {
     /// always sees the other.
     fn register(&self, script_id: &str, running: &Arc<Running>) {
         self.registry.insert(script_id, running.clone());
-        if self.revoked.read().unwrap().contains(&running.run_id) {
+        if self.revoked.read().unwrap().contains(&running.run_key) {
             let _ = running.stop.send(Some(Stop::Cancel(format!(
                 "run {} was revoked",
                 running.run_id
@@ -928,7 +956,7 @@ impl Daemon {
 
     /// May this connection see the script? Its starter, or a holder of a valid token
     /// of the script's run (protocol §4). Administrators use the `admin.*` methods.
-    fn visible(&self, who: Access, owner: Option<u64>, run_id: &str, token: Option<&str>) -> bool {
+    fn visible(&self, who: Access, owner: Option<u64>, run_key: &str, token: Option<&str>) -> bool {
         let (conn, engine) = match who {
             Access::Admin => return true,
             Access::Conn(c, engine) => (c, engine),
@@ -938,7 +966,7 @@ impl Daemon {
         }
         token
             .and_then(|t| token::verify(t, self.key_for(engine), false).ok())
-            .is_some_and(|c| c.run_id == run_id)
+            .is_some_and(|c| self.run_key(engine, &c.run_id) == run_key)
     }
 
     fn lookup(&self, who: Access, r: &ScriptRef) -> Result<Lookup, RpcError> {
@@ -947,14 +975,23 @@ impl Daemon {
             Access::Conn(..) => RpcError::not_found(&r.script_id),
         };
         if let Some(run) = self.registry.running(&r.script_id) {
-            if self.visible(who, Some(run.owner), &run.run_id, r.token.as_deref()) {
+            if self.visible(who, Some(run.owner), &run.run_key, r.token.as_deref()) {
                 return Ok(Lookup::Running(run));
             }
             return Err(not_found());
         }
         let owner = self.registry.finished_owner(&r.script_id);
         match self.store.result(&r.script_id) {
-            Ok(Some(res)) if self.visible(who, owner, &res.run_id, r.token.as_deref()) => {
+            // A finished script's row keeps the bare run id, not the entry that
+            // signed it: a token of that id under the caller's own key shows it.
+            Ok(Some(res))
+                if self.visible(
+                    who,
+                    owner,
+                    &self.run_key_of(who, &res.run_id),
+                    r.token.as_deref(),
+                ) =>
+            {
                 Ok(Lookup::Done(Box::new(res)))
             }
             Ok(_) => Err(not_found()),
@@ -1049,12 +1086,13 @@ impl Daemon {
         token_str: &str,
     ) -> Result<Revoked, RpcError> {
         let claims = token::verify(token_str, self.key_for(engine), false)?;
-        self.revoked.write().unwrap().insert(claims.run_id.clone());
+        let run_key = self.run_key(engine, &claims.run_id);
+        self.revoked.write().unwrap().insert(run_key.clone());
         self.store
-            .revoke(&claims.run_id)
+            .revoke(&run_key)
             .await
             .map_err(|e| RpcError::internal(e.to_string()))?;
-        let targets = self.registry.running_where(|r| r.run_id == claims.run_id);
+        let targets = self.registry.running_where(|r| r.run_key == run_key);
         for r in &targets {
             let _ = r.stop.send(Some(Stop::Cancel(format!(
                 "run {} was revoked",

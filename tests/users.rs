@@ -423,6 +423,28 @@ fn engine_entries_bind_each_engine_to_its_own_key_and_workspaces() {
         json!([start(KEY_B, &ws_b), ["script.wait", "LAST_SCRIPT"]]),
     );
     assert_eq!(got[1]["result"]["output"], "40012\n", "{got:?}");
+    // Both engines used the run id "run-e". B revoking its own "run-e" (with its
+    // key) revokes B's run only: A's run of the same id still starts; B's does not.
+    let tb =
+        scriptgate::token::mint(KEY_B, "run-e", None, &fleet_snapshot(&ws_b, "auto"), 600).unwrap();
+    let got = client_as(
+        40012,
+        IRC,
+        &rig.socket,
+        json!([["run.revoke", {"token": tb}], start(KEY_B, &ws_b)]),
+    );
+    assert_eq!(got[0]["result"]["run_id"], "run-e", "{got:?}");
+    assert_eq!(error_of(&got[1]), (-32010, "revoked".into()), "{got:?}");
+    let got = client_as(
+        40011,
+        GAMES,
+        &rig.socket,
+        json!([start(KEY_A, &ws_a), ["script.wait", "LAST_SCRIPT"]]),
+    );
+    assert_eq!(
+        got[1]["result"]["status"], "ok",
+        "another engine's revocation of the same run id: {got:?}"
+    );
 }
 
 /// scriptgated with this config text: its exit status and stderr.
