@@ -541,6 +541,21 @@ impl Daemon {
         }
         let identity = resolve_run_as(peer.uid, peer.gid, &self.cfg.sandbox.run_as)
             .map_err(|e| RpcError::with_reason(code::INTERNAL, e.to_string(), "identity"))?;
+        // A non-root engine's script (its own uid) must be able to reach the
+        // workspace the way a file system walk would; bwrap's bind by descriptor
+        // would not ask.
+        if peer.uid != 0 && !workspace.reachable_by(identity) {
+            return Err(RpcError::with_field(
+                code::SNAPSHOT,
+                format!(
+                    "workspace {}: uid {} may not search a directory above it (below the root)",
+                    workspace.path.display(),
+                    identity.uid
+                ),
+                "not_reachable",
+                "workspace",
+            ));
+        }
         // The workspace is the script's to write (protocol §2), unless read-only.
         let writable = workspace
             .writable_by(identity)

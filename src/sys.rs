@@ -101,6 +101,21 @@ pub struct WorkspaceDir {
     pub dir: OwnedFd,
     /// The directory's path: the root's canonical path plus the components walked.
     pub path: PathBuf,
+    /// Owner, group and mode of each directory walked between the root and the
+    /// workspace (both excluded): bwrap binds the workspace by descriptor, so
+    /// nothing else checks that the script's uid may search its way there.
+    between: Vec<(u32, u32, u32)>,
+}
+
+impl WorkspaceDir {
+    /// May `id` reach the workspace through the directories below its root? A
+    /// read-only run in `<root>/run-X/sub` must not let a script read `sub` when
+    /// `run-X` is another user's 0700 directory.
+    pub fn reachable_by(&self, id: Identity) -> bool {
+        self.between
+            .iter()
+            .all(|&(owner, group, mode)| mode_permits(owner, group, mode, id, 0o1))
+    }
 }
 
 /// Why a workspace cannot be used (protocol §2: error -32011, `data.reason`).
@@ -159,7 +174,12 @@ impl WorkspaceDir {
             };
             let mut dir: OwnedFd = File::open(&canonical).map_err(unusable)?.into();
             let mut walked = canonical.clone();
-            for c in rest.components() {
+            let mut between = Vec::new();
+            for (i, c) in rest.components().enumerate() {
+                if i > 0 {
+                    let st = fstat(&dir).map_err(|e| unusable(io::Error::from(e)))?;
+                    between.push((st.st_uid, st.st_gid, st.st_mode & 0o7777));
+                }
                 let Component::Normal(name) = c else {
                     return Err(outside());
                 };
@@ -191,7 +211,11 @@ impl WorkspaceDir {
                     Err(e) => return Err(unusable(io::Error::from(e))),
                 };
             }
-            return Ok(WorkspaceDir { dir, path: walked });
+            return Ok(WorkspaceDir {
+                dir,
+                path: walked,
+                between,
+            });
         }
         Err(outside())
     }

@@ -348,6 +348,25 @@ fn a_non_root_engine_runs_with_the_defaults_in_its_own_private_directory() {
         .output()
         .unwrap();
     assert!(!ls.status.success());
+    // Nor read, through a read-only run, a directory that lies below another
+    // user's 0700 directory (bwrap binds by descriptor and would not ask).
+    let private = rig.root.join("run-private");
+    std::fs::create_dir_all(private.join("sub")).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(private.join("sub/secret.txt"), "root's").unwrap();
+    let mut snap = fleet_snapshot(&private.join("sub"), "auto");
+    snap["read_only"] = json!(true);
+    let got = client_as(
+        40004,
+        GAMES,
+        &rig.socket,
+        json!([["script.start", {"token": rig.token(&snap), "code": "print(open('secret.txt').read())", "tools": [], "description": "x"}]]),
+    );
+    assert_eq!(
+        error_of(&got[0]),
+        (-32011, "not_reachable".into()),
+        "{got:?}"
+    );
 }
 
 #[test]
