@@ -211,6 +211,9 @@ impl Daemon {
         let spawner = Spawner::start();
         let preflight = crate::preflight::Preflight::run(&spawner, &cfg, &backend.backend).await;
         let (store, interrupted) = Store::open(&state.join("scriptgate.db"), admin_gid)?;
+        // The sandbox init is this binary: resolve its path now, while it is the
+        // file this process runs (an upgrade may replace it before the first script).
+        let _ = crate::sandbox_init::exe();
         let revoked: RevokedRuns =
             Arc::new(RwLock::new(store.revoked_runs()?.into_iter().collect()));
         let d = Daemon {
@@ -249,8 +252,9 @@ impl Daemon {
                 tick.tick().await;
                 let Some(d) = weak.upgrade() else { break };
                 let changed = written.changed(d.live_counts());
-                if let Err(e) = d.store.checkpoint_counts(changed).await {
-                    tracing::warn!("{e}");
+                match d.store.checkpoint_counts(changed.clone()).await {
+                    Ok(()) => written.written(&changed),
+                    Err(e) => tracing::warn!("{e}"),
                 }
             }
         });

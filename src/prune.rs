@@ -119,7 +119,8 @@ fn created(dir: &OwnedFd) -> Option<i64> {
 }
 
 /// Find the workspaces scriptgate created under `roots` and unused for more than
-/// `retain_days`; `in_use` says whether a running script has a workspace.
+/// `retain_days`; `in_use` says whether a running script has a workspace at or
+/// below a path (running workspaces are canonical paths, and so are the roots here).
 pub fn plan(
     roots: &[PathBuf],
     retain_days: u64,
@@ -131,7 +132,10 @@ pub fn plan(
     let mut budget = MAX_SCANNED;
     let mut expired = Vec::new();
     for root in roots {
-        let Ok(root_fd) = File::open(root).map(OwnedFd::from) else {
+        let Ok(root) = std::fs::canonicalize(root) else {
+            continue;
+        };
+        let Ok(root_fd) = File::open(&root).map(OwnedFd::from) else {
             continue;
         };
         // (opened directory, its path, depth below the root)

@@ -324,7 +324,7 @@ async fn workspace_retention(d: Arc<Daemon>) {
         t.tick().await;
         let (roots, busy) = (d.cfg.workspace.roots.clone(), d.running_workspaces());
         let pass = tokio::task::spawn_blocking(move || {
-            crate::prune::run_pass(&roots, days, &|p| busy.iter().any(|b| b == p))
+            crate::prune::run_pass(&roots, days, &|p| busy.iter().any(|b| b.starts_with(p)))
         })
         .await;
         let Ok((plan, failed)) = pass else { continue };

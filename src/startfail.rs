@@ -28,14 +28,22 @@ pub fn error(why: &dyn std::fmt::Display) -> RpcError {
 
 /// Answer every connection queued on the activated sockets with `why`, then
 /// close it. Never blocks: the sockets are switched to non-blocking first.
+/// The socket is 0666 and the configuration (its groups) is what failed: only root
+/// is told why; anyone else learns that the daemon cannot start, and where to look.
 pub fn answer_pending(sockets: &[OwnedFd], why: &dyn std::fmt::Display) {
     let line = response_line(&Value::Null, &Err(error(why)));
+    let generic = response_line(
+        &Value::Null,
+        &Err(error(
+            &"see journalctl -u scriptgate (the reason is shown to root only)",
+        )),
+    );
     for fd in sockets {
-        answer_on(std::os::fd::AsFd::as_fd(fd), &line);
+        answer_on(std::os::fd::AsFd::as_fd(fd), &line, &generic);
     }
 }
 
-fn answer_on(fd: BorrowedFd, line: &str) {
+fn answer_on(fd: BorrowedFd, line: &str, generic: &str) {
     let Ok(owned) = fd.try_clone_to_owned() else {
         return;
     };
@@ -47,6 +55,10 @@ fn answer_on(fd: BorrowedFd, line: &str) {
         match listener.accept() {
             Ok((mut conn, _)) => {
                 let _ = conn.set_nonblocking(true);
+                let root =
+                    nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials)
+                        .is_ok_and(|c| c.uid() == 0);
+                let line = if root { line } else { generic };
                 // A new socket's send buffer is empty: one line fits without waiting.
                 let _ = conn.write_all(line.as_bytes());
             }

@@ -627,7 +627,9 @@ fn restart_drains_running_scripts() {
     let id = e
         .start(
             &token,
-            "import agent_tools, time\nprint('up', flush=True)\ntime.sleep(4)\nagent_tools.call('fleet__list_devices', {})\nprint('done')\n",
+            // It runs until the test has seen the drain refuse a new script (the
+            // file `go`), however slow the machine: no timing assumption.
+            "import agent_tools, os, time\nprint('up', flush=True)\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\nagent_tools.call('fleet__list_devices', {})\nprint('done')\n",
             &[],
         )
         .unwrap();
@@ -665,6 +667,7 @@ fn restart_drains_running_scripts() {
         "{err}"
     );
     // The running one finishes, its tool call served, with status ok.
+    std::fs::write(rig.workspace().join("go"), "").unwrap();
     let r = e.wait(&id);
     assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(r["output"], "up\ndone\n", "{r}");

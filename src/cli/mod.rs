@@ -376,7 +376,9 @@ fn prune_cmd(c: PruneCmd) -> ExitCode {
             .reader()?
             .running_workspaces()
             .map_err(|e| Failure::setup(e.to_string()))?;
-        let in_use = |p: &std::path::Path| busy.iter().any(|b| std::path::Path::new(b) == p);
+        // A script running in the workspace or in a directory below it.
+        let in_use =
+            |p: &std::path::Path| busy.iter().any(|b| std::path::Path::new(b).starts_with(p));
         let (plan, failed) = if c.dry_run {
             let now = crate::audit::now_ms();
             (

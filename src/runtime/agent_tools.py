@@ -85,7 +85,14 @@ class _Channel:
             rid = self._next
             self._pending[rid] = slot
         obj["id"] = rid
-        self.send(obj)
+        try:
+            self.send(obj)
+        except OSError:
+            # The daemon closed fd 3: the call is lost, as when fd 4 closes first.
+            with self._plock:
+                self._dead = "the daemon closed the tool channel"
+                self._pending.pop(rid, None)
+            return None
         return slot
 
     def wait(self, slot):
