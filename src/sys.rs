@@ -855,14 +855,35 @@ pub fn ensure_engine_dir(root: &Path, owner: Identity) -> Result<PathBuf, SysErr
     .map_err(path_err("open", root))?;
     let name = owner.uid.to_string();
     let path = root.join(&name);
-    match mkdirat(&root_fd, name.as_str(), Mode::from_bits_truncate(0o700)) {
-        Ok(()) | Err(nix::Error::EEXIST) => {}
+    let created = match mkdirat(&root_fd, name.as_str(), Mode::from_bits_truncate(0o700)) {
+        Ok(()) => true,
+        Err(nix::Error::EEXIST) => false,
         Err(e) => return Err(path_err("mkdir", &path)(e)),
-    }
+    };
     let fd = open_dir_at(&root_fd, &name, &path)?;
     let st = fstat(&fd).map_err(path_err("stat", &path))?;
     if st.st_uid == owner.uid {
         return Ok(path);
+    }
+    // A root-owned directory of that name is handed over only when it is new or
+    // empty: whatever root keeps in `<root>/1001` is not uid 1001's to read.
+    if st.st_uid == 0 && !created {
+        let listed =
+            std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(|source| {
+                SysError::Path {
+                    op: "list",
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+        if listed.take(1).count() > 0 {
+            return Err(SysError::Refused(format!(
+                "{} is root's and not empty, so it is not handed over to the engine with uid {}; move its contents elsewhere, or chown it to uid {} yourself",
+                path.display(),
+                owner.uid,
+                owner.uid
+            )));
+        }
     }
     if st.st_uid != 0 {
         return Err(SysError::Refused(format!(

@@ -367,6 +367,21 @@ fn a_non_root_engine_runs_with_the_defaults_in_its_own_private_directory() {
         (-32011, "not_reachable".into()),
         "{got:?}"
     );
+    // A root-owned directory named after an engine's uid is handed over on connect
+    // only when empty: root's files in it are not the engine's to read.
+    let (kept, taken) = (rig.root.join("40006"), rig.root.join("40007"));
+    std::fs::create_dir(&kept).unwrap();
+    std::fs::write(kept.join("roots-file"), "root's").unwrap();
+    std::fs::create_dir(&taken).unwrap();
+    for uid in [40006, 40007] {
+        client_as(uid, GAMES, &rig.socket, json!([["daemon.info", {}]]));
+    }
+    assert_eq!(mode_owner(&kept).1, 0, "not empty: not handed over");
+    assert_eq!(
+        mode_owner(&taken),
+        (0o700, 40007, GAMES),
+        "empty: handed over"
+    );
 }
 
 #[test]
