@@ -397,7 +397,14 @@ async fn serve_until_stopped(
     ]);
     tokio::select! {
         r = &mut serve => return served(r),
-        _ = daemon.all_finished() => tracing::info!("every running script finished; stopping"),
+        _ = daemon.all_finished() => {
+            tracing::info!("every running script finished; stopping");
+            // The last result wakes this select and the engines' `script.wait`s at
+            // once: keep serving a moment so those answers are written before the
+            // process exits (bounded; a barrier on the connections' queues would be
+            // exact).
+            let _ = tokio::time::timeout(ANSWER_GRACE, &mut serve).await;
+        }
         _ = tokio::time::sleep(drain) => tracing::warn!(
             "server.drain_s = {} s passed with {} scripts running: interrupting them",
             drain.as_secs(),
@@ -408,6 +415,9 @@ async fn serve_until_stopped(
     }
     ExitCode::SUCCESS
 }
+
+/// After the drain, how long the connections may take to write the last answers.
+const ANSWER_GRACE: Duration = Duration::from_millis(500);
 
 /// Bind `--listen PATH`: refuse if a live daemon answers there, replace a stale
 /// socket, mode 0666 like scriptgate.socket (the SO_PEERCRED check in `server`
