@@ -24,17 +24,6 @@ pub fn duration_buckets() -> Vec<(String, f64)> {
         .collect()
 }
 
-/// Every status a finished script can have (`running` is not one).
-const FINISHED: [Status; 7] = [
-    Status::Ok,
-    Status::Error,
-    Status::Timeout,
-    Status::Cancelled,
-    Status::Oom,
-    Status::Limit,
-    Status::Interrupted,
-];
-
 /// The file the daemon describes itself in, under `state.dir`.
 pub fn daemon_file(state_dir: &Path) -> PathBuf {
     state_dir.join("daemon.json")
@@ -147,7 +136,7 @@ pub fn render(s: &Source) -> String {
         "counter",
         "Scripts finished, by status.",
     );
-    for st in FINISHED {
+    for st in Status::FINAL {
         let _ = writeln!(
             o,
             "scriptgate_scripts_finished_total{{status=\"{}\"}} {}",

@@ -914,6 +914,17 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status a finished script can have (`running` is not one).
+    pub const FINAL: [Status; 7] = [
+        Status::Ok,
+        Status::Error,
+        Status::Timeout,
+        Status::Cancelled,
+        Status::Oom,
+        Status::Limit,
+        Status::Interrupted,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Running => "running",

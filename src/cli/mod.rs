@@ -268,16 +268,11 @@ impl ValueEnum for PermissionMode {
 
 impl ValueEnum for Status {
     fn value_variants<'a>() -> &'a [Self] {
-        &[
-            Status::Ok,
-            Status::Error,
-            Status::Timeout,
-            Status::Cancelled,
-            Status::Oom,
-            Status::Limit,
-            Status::Interrupted,
-            Status::Running,
-        ]
+        const ALL: [Status; 8] = {
+            let f = Status::FINAL;
+            [f[0], f[1], f[2], f[3], f[4], f[5], f[6], Status::Running]
+        };
+        &ALL
     }
     fn to_possible_value(&self) -> Option<PossibleValue> {
         Some(PossibleValue::new(self.as_str()))
