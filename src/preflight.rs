@@ -31,29 +31,107 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Every line this module says starts so, for those who grep for it.
 pub const UNAVAILABLE: &str = "sandbox unavailable:";
 
-/// The sysctls a diagnosis depends on, as this host has them (None: absent).
+/// What a diagnosis depends on, as this host and this process have it (None:
+/// absent or unreadable). Read once by [`HostFacts::read`]; the rules in
+/// [`diagnose`] only look at it, so tests give any host they like.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostFacts {
     pub max_user_namespaces: Option<u64>,
     pub unprivileged_userns_clone: Option<u64>,
+    /// Ubuntu's `kernel.apparmor_restrict_unprivileged_userns` (Debian's kernels
+    /// have no such sysctl).
+    pub apparmor_restrict_userns: Option<u64>,
+    /// AppArmor is enabled in the kernel.
+    pub apparmor_enabled: bool,
+    /// This process's AppArmor label, e.g. `scriptgated (enforce)`, `unconfined`.
+    pub apparmor_label: Option<String>,
+    /// Whether the profile `scriptgated` is loaded (None: the list is unreadable).
+    pub scriptgated_profile: Option<bool>,
+    /// The systemd unit this process runs in, when it was started as one.
+    pub unit: Option<String>,
+    /// The container manager's name (`/run/systemd/container`, `$container`).
+    pub container: Option<String>,
+    /// Mount points below /proc (not /proc itself, nor the permanently empty
+    /// binfmt_misc directory), as `/proc/self/mountinfo` lists them.
+    pub proc_overmounts: Vec<String>,
 }
 
 impl HostFacts {
-    /// Read from `proc_sys` (normally /proc/sys).
-    pub fn read(proc_sys: &Path) -> HostFacts {
-        let get = |rel: &str| {
-            std::fs::read_to_string(proc_sys.join(rel))
-                .ok()?
-                .trim()
-                .parse()
-                .ok()
-        };
+    /// This host's and this process's facts.
+    pub fn read() -> HostFacts {
+        let text = |p: &str| std::fs::read_to_string(p).ok();
+        let num = |p: &str| text(p)?.trim().parse().ok();
+        let label = text("/proc/self/attr/apparmor/current")
+            .or_else(|| text("/proc/self/attr/current"))
+            .map(|l| l.trim_end_matches(['\n', '\0']).to_string())
+            .filter(|l| !l.is_empty());
+        let profiles = text("/sys/kernel/security/apparmor/profiles");
+        // A unit's process has INVOCATION_ID; its unit is the last part of its
+        // cgroup path (`0::/system.slice/scriptgate.service`).
+        let unit = std::env::var_os("INVOCATION_ID").and_then(|_| {
+            let c = text("/proc/self/cgroup")?;
+            unit_of_cgroup(&c).map(str::to_string)
+        });
         HostFacts {
-            max_user_namespaces: get("user/max_user_namespaces"),
-            unprivileged_userns_clone: get("kernel/unprivileged_userns_clone"),
+            max_user_namespaces: num("/proc/sys/user/max_user_namespaces"),
+            unprivileged_userns_clone: num("/proc/sys/kernel/unprivileged_userns_clone"),
+            apparmor_restrict_userns: num("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"),
+            apparmor_enabled: text("/sys/module/apparmor/parameters/enabled")
+                .is_some_and(|v| v.trim() == "Y"),
+            apparmor_label: label,
+            scriptgated_profile: profiles.map(|p| {
+                p.lines()
+                    .any(|l| l.split(' ').next() == Some("scriptgated"))
+            }),
+            unit,
+            container: text("/run/systemd/container")
+                .or_else(|| std::env::var("container").ok())
+                .map(|c| c.trim().to_string())
+                .filter(|c| !c.is_empty()),
+            proc_overmounts: text("/proc/self/mountinfo")
+                .map(|m| proc_overmounts(&m))
+                .unwrap_or_default(),
         }
     }
+
+    /// The daemon runs under scriptgate's own profile (or a stack with it).
+    fn in_our_profile(&self) -> bool {
+        self.apparmor_label
+            .as_deref()
+            .is_some_and(|l| l.starts_with("scriptgated"))
+    }
 }
+
+/// The unit of a `/proc/self/cgroup` text: the last `.service` or `.scope` part
+/// of its cgroup v2 (or systemd v1) path.
+fn unit_of_cgroup(cgroup: &str) -> Option<&str> {
+    cgroup
+        .lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .flat_map(|path| path.rsplit('/'))
+        .find(|part| part.ends_with(".service") || part.ends_with(".scope"))
+}
+
+/// Mount points below /proc in a mountinfo text (field 5), but the permanently
+/// empty `/proc/sys/fs/binfmt_misc`, which the kernel does not count.
+pub fn proc_overmounts(mountinfo: &str) -> Vec<String> {
+    let mut v: Vec<String> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with("/proc/") && *m != "/proc/sys/fs/binfmt_misc")
+        .map(str::to_string)
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// The unit options that mount over parts of /proc, by the path they cover.
+const UNIT_PROC_MOUNTS: [(&str, &str); 3] = [
+    ("/proc/kmsg", "ProtectKernelLogs=yes"),
+    ("/proc/sys/kernel/hostname", "ProtectHostname=yes"),
+    ("/proc/sys/kernel/domainname", "ProtectHostname=yes"),
+];
 
 /// Why bwrap could not make a sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +153,12 @@ pub enum Cause {
     /// The kernel refused a new /proc: the host's /proc has hidden or read-only
     /// parts (a container's masked paths), so no proc is "fully visible".
     ProcRefused,
+    /// The same, because the daemon's own unit mounts over parts of /proc
+    /// (`ProtectKernelLogs=yes`, `ProtectHostname=yes`).
+    UnitProcMounts,
+    /// A seccomp filter answers a system call bwrap needs with ENOSYS: a unit's
+    /// `RestrictSUIDSGID=yes` (openat2), or an old container seccomp profile.
+    SyscallFiltered,
     /// `--disable-userns` could not write `/proc/sys/user/max_user_namespaces`.
     ProcSysReadOnly,
     /// This bwrap does not know `--disable-userns` (before 0.8.0).
@@ -114,16 +198,46 @@ pub fn diagnose(stderr: &str, facts: &HostFacts) -> Diagnosis {
     let sysctl_fix = |key: &str, value: &str| {
         format!("fix: `sysctl -w {key}={value}`, and keep it in a file in /etc/sysctl.d/")
     };
-    let (cause, what, fix) = if has("loopback: Failed RTM_NEWADDR: Operation not permitted")
+    let caps_taken = has("loopback: Failed RTM_NEWADDR: Operation not permitted")
         || has("setting up uid map: Permission denied")
         || has("setting up gid map: Permission denied")
-        || has("loopback: Failed RTM_NEWLINK: Operation not permitted")
-    {
+        || has("loopback: Failed RTM_NEWLINK: Operation not permitted");
+    let no_perm = has("No permissions to create");
+    // AppArmor refuses user namespaces to programs it does not let have them
+    // (Ubuntu's sysctl; or a profile confining bwrap): where it is on, the daemon
+    // is not in our profile and no container is in the way, a refusal is its.
+    let apparmor_refuses = facts.apparmor_enabled
+        && facts.container.is_none()
+        && !facts.in_our_profile()
+        && (facts.apparmor_restrict_userns == Some(1) || facts.scriptgated_profile == Some(false));
+    let unit = facts.unit.as_deref().unwrap_or("scriptgate.service");
+    let (cause, what, fix) = if caps_taken || (no_perm && apparmor_refuses) {
+        let label = match facts.apparmor_label.as_deref() {
+            Some(l) if !facts.in_our_profile() => format!("; scriptgated runs as `{l}`, not under its profile scriptgated"),
+            _ => String::new(),
+        };
         (
             Cause::AppArmor,
-            "AppArmor denies the sandbox its user namespace (kernel.apparmor_restrict_unprivileged_userns=1, the default since Ubuntu 23.10)".to_string(),
-            "fix: load the profile scriptgate ships, `apparmor_parser -r /etc/apparmor.d/scriptgated`, then restart scriptgated".to_string(),
+            format!("AppArmor denies the sandbox its user namespace (kernel.apparmor_restrict_unprivileged_userns=1, the default since Ubuntu 23.10, or a profile confining bwrap){label}"),
+            match facts.scriptgated_profile {
+                Some(true) => "fix: start scriptgated through scriptgate.service, which enters the profile (AppArmorProfile=-scriptgated); a daemon started by hand stays unconfined".to_string(),
+                _ => "fix: load the profile scriptgate ships, `apparmor_parser -r /etc/apparmor.d/scriptgated`, then restart scriptgated".to_string(),
+            },
         )
+    } else if has(": Function not implemented") {
+        if facts.container.is_some() && facts.unit.is_none() {
+            (
+                Cause::SyscallFiltered,
+                format!("the container's seccomp profile answers a system call bwrap needs with ENOSYS (bubblewrap 0.11 and later open files with openat2, which older profiles do not know; container: {})", facts.container.as_deref().unwrap_or("?")),
+                "fix: a container runtime or seccomp profile that knows openat2 (Docker 20.10.0 and later, Podman 3 and later)".to_string(),
+            )
+        } else {
+            (
+                Cause::SyscallFiltered,
+                format!("a seccomp filter of {unit} answers a system call bwrap needs with ENOSYS: most likely RestrictSUIDSGID=yes, whose filter cannot inspect openat2() and refuses it, and bubblewrap 0.11 and later open files with openat2"),
+                format!("fix: `systemctl edit {unit}`, add `[Service]` and `RestrictSUIDSGID=no` (the packaged unit leaves it off), then `systemctl restart {unit}`"),
+            )
+        }
     } else if has("cannot open /proc/sys/user/max_user_namespaces")
         || has("sysctl user.max_user_namespaces = 1")
     {
@@ -178,11 +292,36 @@ pub fn diagnose(stderr: &str, facts: &HostFacts) -> Diagnosis {
             "fix: boot a kernel built with user namespaces".to_string(),
         )
     } else if has("Can't mount proc on") {
-        (
-            Cause::ProcRefused,
-            "the kernel refuses the sandbox a /proc of its own, because parts of this /proc are hidden or read-only (a container's masked /proc paths)".to_string(),
-            "fix: give the container an unmasked /proc (Docker, Podman: --security-opt systempaths=unconfined; LXC: lxc.mount.auto = proc:rw)".to_string(),
-        )
+        let by_unit: Vec<&str> = UNIT_PROC_MOUNTS
+            .iter()
+            .filter(|(path, _)| facts.proc_overmounts.iter().any(|m| m == path))
+            .map(|(_, option)| *option)
+            .fold(vec![], |mut v, o| {
+                if !v.contains(&o) {
+                    v.push(o)
+                }
+                v
+            });
+        let covered = facts.proc_overmounts.join(", ");
+        if !by_unit.is_empty() && facts.unit.is_some() {
+            (
+                Cause::UnitProcMounts,
+                format!("the kernel refuses the sandbox a /proc of its own, because {unit} mounts over parts of this /proc ({covered}: {})", by_unit.join(", ")),
+                format!("fix: `systemctl edit {unit}`, add `[Service]` and {} (the packaged unit leaves them off), then `systemctl restart {unit}`", by_unit.iter().map(|o| format!("`{}no`", o.trim_end_matches("yes"))).collect::<Vec<_>>().join(" and ")),
+            )
+        } else if facts.container.is_some() || !covered.is_empty() {
+            (
+                Cause::ProcRefused,
+                format!("the kernel refuses the sandbox a /proc of its own, because parts of this /proc are hidden or read-only ({}a container's masked /proc paths)", if covered.is_empty() { String::new() } else { format!("mounts over {covered}; ") }),
+                "fix: give the container an unmasked /proc (Docker, Podman: --security-opt systempaths=unconfined; LXC: lxc.mount.auto = proc:rw)".to_string(),
+            )
+        } else {
+            (
+                Cause::ProcRefused,
+                "the kernel refuses the sandbox a /proc of its own: this /proc hides processes or parts of itself (mounted with hidepid= or subset=pid, as a unit's ProtectProc= or ProcSubset= does)".to_string(),
+                format!("fix: mount /proc without hidepid= and subset= for scriptgated, and leave ProtectProc= and ProcSubset= off in {unit}"),
+            )
+        }
     } else {
         (
             Cause::Other,
@@ -367,7 +506,7 @@ pub async fn check_sandbox(
     python: &Path,
     identity: Option<Identity>,
 ) -> SandboxCheck {
-    let facts = HostFacts::read(Path::new("/proc/sys"));
+    let facts = HostFacts::read();
     let first = probe_once(spawner, bwrap, python, identity, true).await;
     if first.ok {
         return SandboxCheck::new("ok", true, None, None);
@@ -556,7 +695,7 @@ mod tests {
     fn facts() -> HostFacts {
         HostFacts {
             max_user_namespaces: Some(15000),
-            unprivileged_userns_clone: None,
+            ..HostFacts::default()
         }
     }
 
@@ -573,7 +712,48 @@ mod tests {
             ..facts()
         };
         let plain = facts();
+        // Debian 13's packaged unit before the fix: systemd 257, bubblewrap 0.12.
+        let unit = HostFacts {
+            unit: Some("scriptgate.service".into()),
+            apparmor_enabled: true,
+            apparmor_label: Some("scriptgated (enforce)".into()),
+            scriptgated_profile: Some(true),
+            proc_overmounts: vec![
+                "/proc/kmsg".into(),
+                "/proc/sys/kernel/domainname".into(),
+                "/proc/sys/kernel/hostname".into(),
+            ],
+            ..facts()
+        };
+        let docker = HostFacts {
+            container: Some("docker".into()),
+            apparmor_enabled: true,
+            apparmor_label: Some("docker-default (enforce)".into()),
+            proc_overmounts: vec!["/proc/kcore".into(), "/proc/keys".into()],
+            ..facts()
+        };
+        // Debian 13 with bwrap confined by a restricting profile and scriptgated's
+        // own profile not loaded (the daemon unconfined): Ubuntu's case.
+        let unconfined = HostFacts {
+            apparmor_enabled: true,
+            apparmor_label: Some("unconfined".into()),
+            scriptgated_profile: Some(false),
+            ..facts()
+        };
+        let ubuntu_by_hand = HostFacts {
+            apparmor_restrict_userns: Some(1),
+            scriptgated_profile: Some(true),
+            ..unconfined.clone()
+        };
+        let no_perm = "bwrap: No permissions to create a new namespace, likely because the kernel does not allow non-privileged user namespaces. On e.g. debian this can be enabled with 'sysctl kernel.unprivileged_userns_clone=1'.";
         let table: Vec<(&str, &HostFacts, Cause, &str)> = vec![
+            ("bwrap: Can't open source /usr: Function not implemented", &unit, Cause::SyscallFiltered, "`RestrictSUIDSGID=no`"),
+            ("bwrap: Can't open source /usr: Function not implemented", &docker, Cause::SyscallFiltered, "knows openat2"),
+            ("bwrap: Can't mount proc on /newroot/proc: Operation not permitted", &unit, Cause::UnitProcMounts, "`ProtectKernelLogs=no` and `ProtectHostname=no`"),
+            ("bwrap: Can't mount proc on /newroot/proc: Operation not permitted", &docker, Cause::ProcRefused, "systempaths=unconfined"),
+            (no_perm, &unconfined, Cause::AppArmor, "apparmor_parser -r /etc/apparmor.d/scriptgated"),
+            (no_perm, &ubuntu_by_hand, Cause::AppArmor, "through scriptgate.service"),
+            (no_perm, &docker, Cause::UsernsRefused, "seccomp profile"),
             ("bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted", &plain, Cause::AppArmor, "apparmor_parser -r /etc/apparmor.d/scriptgated"),
             ("bwrap: setting up uid map: Permission denied", &plain, Cause::AppArmor, "kernel.apparmor_restrict_unprivileged_userns=1"),
             ("bwrap: Creating new namespace failed: nesting depth or /proc/sys/user/max_*_namespaces exceeded (ENOSPC)", &off, Cause::UsernsOff, "sysctl -w user.max_user_namespaces=15000"),
@@ -582,7 +762,7 @@ mod tests {
             ("bwrap: No permissions to create a new namespace, likely because the kernel does not allow non-privileged user namespaces. On e.g. debian this can be enabled with 'sysctl kernel.unprivileged_userns_clone=1'.", &clone_off, Cause::UnprivilegedCloneOff, "sysctl -w kernel.unprivileged_userns_clone=1"),
             ("bwrap: No permissions to create new namespace, likely because the kernel does not allow non-privileged user namespaces. On e.g. debian this can be enabled with 'sysctl kernel.unprivileged_userns_clone=1'.", &plain, Cause::UsernsRefused, "seccomp profile"),
             ("bwrap: Creating new namespace failed, likely because the kernel does not support user namespaces.  bwrap must be installed setuid on such systems.", &plain, Cause::NoUserns, "CONFIG_USER_NS"),
-            ("bwrap: Can't mount proc on /newroot/proc: Operation not permitted", &plain, Cause::ProcRefused, "systempaths=unconfined"),
+            ("bwrap: Can't mount proc on /newroot/proc: Operation not permitted", &plain, Cause::ProcRefused, "hidepid="),
             ("bwrap: cannot open /proc/sys/user/max_user_namespaces: Read-only file system", &plain, Cause::ProcSysReadOnly, "without --disable-userns"),
             ("bwrap: Unknown option --disable-userns", &plain, Cause::NoDisableUserns, "0.8.0"),
             ("bwrap: execvp /nope/python3: No such file or directory", &plain, Cause::Other, "bwrap's own words"),
@@ -595,6 +775,36 @@ mod tests {
             assert!(d.line.contains(needle), "{stderr}: {}", d.line);
             assert!(!d.line.contains('\n'), "one line: {}", d.line);
         }
+    }
+
+    #[test]
+    fn the_unit_and_its_proc_mounts_are_read_from_the_process() {
+        assert_eq!(
+            unit_of_cgroup("0::/system.slice/scriptgate.service\n"),
+            Some("scriptgate.service")
+        );
+        assert_eq!(
+            unit_of_cgroup("12:pids:/x\n1:name=systemd:/system.slice/a.service/sub\n0::/\n"),
+            Some("a.service")
+        );
+        assert_eq!(unit_of_cgroup("0::/\n"), None);
+        let mountinfo = "22 1 0:5 / /proc rw,nosuid - proc proc rw
+30 22 0:6 / /proc/sys/fs/binfmt_misc rw - autofs systemd-1 rw
+41 22 0:40 / /proc/kmsg ro - tmpfs tmpfs ro
+42 22 0:5 /sys/kernel/hostname /proc/sys/kernel/hostname ro - proc proc rw
+43 1 0:41 / /tmp rw - tmpfs tmpfs rw
+";
+        assert_eq!(
+            proc_overmounts(mountinfo),
+            ["/proc/kmsg", "/proc/sys/kernel/hostname"]
+        );
+        // The AppArmor label is "ours" for the profile and a stack on it.
+        let ours = HostFacts {
+            apparmor_label: Some("scriptgated//&scriptgated_bwrap (enforce)".into()),
+            ..HostFacts::default()
+        };
+        assert!(ours.in_our_profile());
+        assert!(!HostFacts::default().in_our_profile());
     }
 
     #[test]

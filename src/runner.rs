@@ -306,6 +306,7 @@ pub async fn run(
         setup_error: placed.error,
         oom_killed: collected.outcome.stats.oom_killed,
         stopped_externally: collected.outcome.stopped_externally,
+        unit_timeout: collected.outcome.unit_timeout,
         exit,
         uncaught: broker.live.uncaught.lock().unwrap().clone(),
         stderr_tail: collected.stderr_tail(),
@@ -316,7 +317,7 @@ pub async fn run(
     // bwrap failed before the sandbox existed: say why in one line, its words after.
     if never_ran && ending.cut.is_none() && ending.setup_error.is_none() && status == Status::Error
     {
-        let facts = crate::preflight::HostFacts::read(std::path::Path::new("/proc/sys"));
+        let facts = crate::preflight::HostFacts::read();
         if let Some(why) = crate::preflight::explain(&ending.stderr_tail, &facts) {
             error = Some(why);
             setup_failed = true;
@@ -812,6 +813,8 @@ pub struct Ending {
     pub oom_killed: bool,
     /// The unit was stopped from outside scriptgate (`systemctl stop`).
     pub stopped_externally: bool,
+    /// systemd ended the unit at its `RuntimeMaxSec=`.
+    pub unit_timeout: bool,
     pub exit: Option<Exit>,
     /// The code of the `ToolError` the script died of, if it did.
     pub uncaught: Option<String>,
@@ -851,6 +854,14 @@ pub fn judge(e: &Ending, limits: &Limits, unit: &str) -> (Status, Option<String>
             Some(format!(
                 "the script ran out of memory (memory_max_bytes = {}) and was killed",
                 limits.memory_max_bytes
+            )),
+        );
+    }
+    if e.unit_timeout {
+        return (
+            Status::Timeout,
+            Some(format!(
+                "the script's unit {unit} reached its RuntimeMaxSec= and systemd stopped it"
             )),
         );
     }
@@ -1057,6 +1068,16 @@ mod tests {
                 },
                 Status::Oom,
                 Some("the script ran out of memory (memory_max_bytes = 1073741824) and was killed"),
+            ),
+            (
+                "the scope's RuntimeMaxSec=",
+                Ending {
+                    unit_timeout: true,
+                    exit: killed,
+                    ..Default::default()
+                },
+                Status::Timeout,
+                Some("the script's unit scriptgate-ab.scope reached its RuntimeMaxSec= and systemd stopped it"),
             ),
             (
                 "systemctl stop",

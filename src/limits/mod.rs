@@ -295,6 +295,9 @@ pub struct Outcome {
     pub stats: cgroup::Stats,
     /// The unit was stopped by someone else (`systemctl stop`).
     pub stopped_externally: bool,
+    /// systemd ended the scope at its `RuntimeMaxSec=` (the backstop behind the
+    /// daemon's own timeout).
+    pub unit_timeout: bool,
 }
 
 impl Placement {
@@ -316,14 +319,16 @@ impl Placement {
                 manager,
                 cgroupfs,
             } => {
-                let state = manager.active_state(&unit).await;
-                let stats = match manager.control_group(&unit).await {
+                let mut stats = match manager.control_group(&unit).await {
                     Some(cg) => cgroup::stats(&cgroupfs, &cg),
                     None => cgroup::Stats::default(),
                 };
+                let end = manager.ended(&unit).await;
+                stats.oom_killed |= end == systemd::ScopeEnd::OomKill;
                 Outcome {
                     stats,
-                    stopped_externally: state.as_deref() != Some("active"),
+                    stopped_externally: end == systemd::ScopeEnd::Stopped,
+                    unit_timeout: end == systemd::ScopeEnd::Timeout,
                 }
             }
             Placement::Leaf(leaf) => {
@@ -332,7 +337,7 @@ impl Placement {
                 leaf.remove().await;
                 Outcome {
                     stats,
-                    stopped_externally: false,
+                    ..Outcome::default()
                 }
             }
         }

@@ -1,8 +1,20 @@
 //! The `systemd` backend: each script's sandbox runs in a transient scope
 //! `scriptgate-<id>.scope` in `scriptgate.slice`, created over D-Bus with
 //! `StartTransientUnit`, so sysadmins see and stop it with systemctl.
+//!
+//! How a scope ended is the unit's word, not a guess: on cgroup v2 the kernel's
+//! OOM kill is in the scope's `memory.events`, which is read while a keeper
+//! process still holds the scope. systemd 253 and later would stop a scope whose
+//! process the OOM killer took (`OOMPolicy=stop`, the default), removing its
+//! cgroup before it is read; the scope is started with `OOMPolicy=continue`
+//! where systemd knows the property, and where systemd stopped the scope all
+//! the same (an older policy, `systemctl stop`, `RuntimeMaxSec=`), its `Result`
+//! says why (`oom-kill`, `timeout`). A failed scope stays loaded for that
+//! (`CollectMode=inactive`) until [`Manager::ended`] resets it.
 
 use crate::policy::Limits;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use zbus::zvariant::{OwnedObjectPath, OwnedValue, Value};
 
@@ -13,6 +25,34 @@ const MANAGER: &str = "org.freedesktop.systemd1.Manager";
 #[derive(Clone)]
 pub struct Manager {
     bus: zbus::Connection,
+    /// Whether this systemd takes `OOMPolicy=` for scopes (253 and later); set
+    /// false the first time it refuses the property.
+    oom_policy: Arc<AtomicBool>,
+}
+
+/// Why a scope that is no longer active ended, from its `Result` property.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScopeEnd {
+    /// Still active: the script's end was its own (or scriptgate's).
+    Active,
+    /// The OOM killer took a process and systemd stopped the scope (`oom-kill`).
+    OomKill,
+    /// `RuntimeMaxSec=` of the scope passed (`timeout`).
+    Timeout,
+    /// Stopped by someone else (`systemctl stop`, `kill`), or gone.
+    Stopped,
+}
+
+impl ScopeEnd {
+    /// From `ActiveState` and `Result` (None: the unit is gone).
+    pub fn from_unit(active_state: Option<&str>, result: Option<&str>) -> ScopeEnd {
+        match (active_state, result) {
+            (Some("active"), _) => ScopeEnd::Active,
+            (_, Some("oom-kill")) => ScopeEnd::OomKill,
+            (_, Some("timeout")) => ScopeEnd::Timeout,
+            _ => ScopeEnd::Stopped,
+        }
+    }
 }
 
 pub fn unit_name(script_id: &str) -> String {
@@ -29,7 +69,10 @@ impl Manager {
             .await
             .map_err(|_| "the system bus did not answer".to_string())?
             .map_err(|e| format!("no system bus: {e}"))?;
-        let m = Manager { bus };
+        let m = Manager {
+            bus,
+            oom_policy: Arc::new(AtomicBool::new(true)),
+        };
         let v = m
             .property(PATH, MANAGER, "Version")
             .await
@@ -62,16 +105,37 @@ impl Manager {
 
     /// `ActiveState` of a unit; `None` when it is gone.
     pub async fn active_state(&self, unit: &str) -> Option<String> {
-        let path = self.unit_path(unit).await.ok()?;
-        let v = self
-            .property(
-                path.as_str(),
-                "org.freedesktop.systemd1.Unit",
-                "ActiveState",
-            )
+        self.string_property(unit, "org.freedesktop.systemd1.Unit", "ActiveState")
             .await
-            .ok()?;
+    }
+
+    async fn string_property(&self, unit: &str, iface: &str, name: &str) -> Option<String> {
+        let path = self.unit_path(unit).await.ok()?;
+        let v = self.property(path.as_str(), iface, name).await.ok()?;
         String::try_from(v).ok()
+    }
+
+    /// How the scope ended, read while it is still loaded; then a failed scope is
+    /// reset, so that systemd collects it.
+    pub async fn ended(&self, unit: &str) -> ScopeEnd {
+        let state = self.active_state(unit).await;
+        if state.as_deref() == Some("active") {
+            return ScopeEnd::Active;
+        }
+        let result = self
+            .string_property(unit, "org.freedesktop.systemd1.Scope", "Result")
+            .await;
+        if state.as_deref() == Some("failed") {
+            self.reset_failed(unit).await;
+        }
+        ScopeEnd::from_unit(state.as_deref(), result.as_deref())
+    }
+
+    async fn reset_failed(&self, unit: &str) {
+        let _ = self
+            .bus
+            .call_method(Some(DEST), PATH, Some(MANAGER), "ResetFailedUnit", &(unit,))
+            .await;
     }
 
     pub async fn control_group(&self, unit: &str) -> Option<String> {
@@ -97,6 +161,44 @@ impl Manager {
         cpu_quota_percent: u32,
     ) -> Result<String, String> {
         let unit = unit_name(script_id);
+        let with_policy = self.oom_policy.load(Ordering::Relaxed);
+        match self
+            .start_transient(script_id, pids, l, cpu_quota_percent, with_policy)
+            .await
+        {
+            // systemd before 253: "Cannot set property OOMPolicy, or unknown
+            // property." Such a systemd does not stop a scope on an OOM kill.
+            Err(e) if with_policy && e.to_string().contains("OOMPolicy") => {
+                tracing::debug!("systemd takes no OOMPolicy= for scopes: {e}");
+                self.oom_policy.store(false, Ordering::Relaxed);
+                self.start_transient(script_id, pids, l, cpu_quota_percent, false)
+                    .await
+            }
+            r => r,
+        }
+        .map_err(|e| format!("StartTransientUnit {unit}: {e}"))?;
+        for _ in 0..200 {
+            match self.active_state(&unit).await.as_deref() {
+                Some("active") => return Ok(unit),
+                Some("failed") => {
+                    self.reset_failed(&unit).await;
+                    return Err(format!("{unit} failed to start"));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        Err(format!("{unit} did not become active"))
+    }
+
+    async fn start_transient(
+        &self,
+        script_id: &str,
+        pids: &[u32],
+        l: &Limits,
+        cpu_quota_percent: u32,
+        oom_policy: bool,
+    ) -> zbus::Result<zbus::Message> {
+        let unit = unit_name(script_id);
         let mut props: Vec<(&str, Value)> = vec![
             (
                 "Description",
@@ -115,8 +217,13 @@ impl Manager {
                 "RuntimeMaxUSec",
                 Value::from((l.timeout_s + 30) * 1_000_000),
             ),
-            ("CollectMode", Value::from("inactive-or-failed")),
+            // A failed scope (oom-kill, timeout) stays loaded until `ended` has
+            // read its Result and reset it.
+            ("CollectMode", Value::from("inactive")),
         ];
+        if oom_policy {
+            props.push(("OOMPolicy", Value::from("continue")));
+        }
         if cpu_quota_percent > 0 {
             props.push((
                 "CPUQuotaPerSecUSec",
@@ -133,14 +240,26 @@ impl Manager {
                 &(unit.as_str(), "fail", props, aux),
             )
             .await
-            .map_err(|e| format!("StartTransientUnit {unit}: {e}"))?;
-        for _ in 0..200 {
-            match self.active_state(&unit).await.as_deref() {
-                Some("active") => return Ok(unit),
-                Some("failed") => return Err(format!("{unit} failed to start")),
-                _ => tokio::time::sleep(Duration::from_millis(10)).await,
-            }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ScopeEnd;
+
+    #[test]
+    fn a_scope_ends_as_its_result_says() {
+        let table = [
+            (Some("active"), Some("oom-kill"), ScopeEnd::Active),
+            (Some("failed"), Some("oom-kill"), ScopeEnd::OomKill),
+            (Some("inactive"), Some("oom-kill"), ScopeEnd::OomKill),
+            (Some("failed"), Some("timeout"), ScopeEnd::Timeout),
+            (Some("inactive"), Some("success"), ScopeEnd::Stopped),
+            (Some("failed"), Some("signal"), ScopeEnd::Stopped),
+            (None, None, ScopeEnd::Stopped),
+        ];
+        for (state, result, end) in table {
+            assert_eq!(ScopeEnd::from_unit(state, result), end, "{state:?} {result:?}");
         }
-        Err(format!("{unit} did not become active"))
     }
 }
