@@ -1,0 +1,392 @@
+# tests/vm/jobs/package.sh: run by tests/vm/run in a booted guest (Debian 12 or
+# 13: systemd as PID 1, cgroup v2, AppArmor), as root, with the share at
+# /mnt/host holding scriptgate.deb, scriptgate-upgrade.deb (a higher version of
+# the same build) and client/ (the Python client, for the bench).
+#
+# Everything goes through the real package and the real unit: apt install
+# (postinst's start branch, with systemd running), socket activation, the systemd
+# and cgroup backends and their limits, a non-root [[auth.engine]], the AppArmor
+# profile loaded and enforcing, Ubuntu's userns restriction reproduced, upgrade
+# with a script running, remove and purge.
+#
+# Each check prints one line, `ok - NAME`, `not ok - NAME` (with what it saw,
+# indented by `#`), or `skip - NAME: why`; `figure NAME VALUE` lines carry
+# measurements. tests/vm/run counts them. The job's exit status is the number of
+# failed checks (capped at 100).
+set -u
+export DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8
+. /etc/os-release
+suite=$VERSION_CODENAME
+failed=0
+# Results and the test scripts, readable by the non-root engine too.
+work=/srv/sg
+mkdir -p "$work"
+chmod 0755 "$work"
+ex=/usr/share/doc/scriptgate/examples
+fleet="fleet=python3 $ex/fleet/fleet_server.py"
+sock=/run/scriptgate/scriptgate.sock
+conf=/etc/scriptgate/scriptgate.toml
+
+ok() { echo "ok - $1"; }
+bad() {
+  echo "not ok - $1"
+  shift
+  [ $# -gt 0 ] && printf '%s\n' "$@" | tail -n 40 | sed 's/^/#   /'
+  failed=$((failed + 1))
+}
+skip() { echo "skip - $1: $2"; }
+section() { printf '\n## %s\n' "$*"; }
+# check NAME COMMAND...: ok when COMMAND exits 0; its output is shown otherwise.
+check() {
+  local name=$1 out
+  shift
+  if out=$("$@" 2>&1); then ok "$name"; else bad "$name" "$out"; fi
+}
+# A field of a JSON file (python3 is in the guest; jq is not).
+jget() { python3 -c 'import json,sys; v=json.load(open(sys.argv[1])).get(sys.argv[2]); print("" if v is None else v)' "$1" "$2"; }
+# run NAME SCRIPT [ARGS...]: scriptgate run --json, as the caller; result in
+# $work/NAME.json, stderr in $work/NAME.err, exit status in $rc.
+run() {
+  local name=$1 script=$2
+  shift 2
+  "$@" scriptgate run --json --mcp "$fleet" "$script" >"$work/$name.json" 2>"$work/$name.err" </dev/null
+  rc=$?
+}
+as_tester() { runuser -u tester -- "$@"; }
+show_run() { cat "$work/$1.err"; head -c 3000 "$work/$1.json"; }
+# expect NAME RC STATUS [NEEDLE]: the last run ended with exit RC, status STATUS,
+# and its output has NEEDLE.
+expect() {
+  local name=$1 want_rc=$2 want=$3 needle=${4:-} got
+  got=$(jget "$work/$name.json" status 2>/dev/null)
+  if [ "$rc" = "$want_rc" ] && [ "$got" = "$want" ] &&
+    { [ -z "$needle" ] || jget "$work/$name.json" output | grep -q -- "$needle"; }; then
+    ok "$name: $want (exit $rc)"
+  else
+    bad "$name: expected $want (exit $want_rc), got ${got:-nothing} (exit $rc)" "$(show_run "$name")"
+  fi
+}
+# The config: the packaged one with [scripts] and [sandbox] replaced.
+write_conf() { # BACKEND MEMORY TASKS CPU_PERCENT TIMEOUT
+  cat >"$conf" <<EOF
+[auth]
+token_key_file = "/etc/scriptgate/token.key"
+allowed_groups = ["scriptgate"]
+admin_groups = ["scriptgate-admin"]
+
+[[auth.engine]]
+user = "tester"
+token_key_file = "/etc/scriptgate/keys/tester.key"
+
+[workspace]
+roots = ["/var/lib/scriptgate/workspaces"]
+
+[scripts]
+max_calls = 2000
+max_concurrency = 4
+timeout_s = $5
+memory_max_bytes = $2
+tasks_max = $3
+cpu_quota_percent = $4
+
+[sandbox]
+backend = "$1"
+run_as = "nobody"
+require_enforced_limits = true
+
+[server]
+drain_s = 30
+EOF
+}
+restart() {
+  local out
+  out=$(scriptgated --check-config 2>&1) || { bad "config for $*" "$out"; return 1; }
+  systemctl restart scriptgate.service
+}
+# The id of the one running script, once the daemon lists it (waits up to 60 s).
+running_id() {
+  local id
+  for _ in $(seq 300); do
+    id=$(scriptgate ps --json 2>/dev/null | python3 -c 'import json,sys; s=json.load(sys.stdin)["scripts"]; print(s[0]["script_id"] if s else "")' 2>/dev/null)
+    [ -n "$id" ] && { echo "$id"; return 0; }
+    sleep 0.2
+  done
+  return 1
+}
+denials() { journalctl -k --no-pager -o cat 2>/dev/null | grep -c 'apparmor="DENIED"'; }
+
+cat >"$work/mem.py" <<'EOF'
+b = bytearray(300 * 1024 * 1024)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+print("allocated 300 MiB: not limited")
+EOF
+cat >"$work/tasks.py" <<'EOF'
+import threading
+ev = threading.Event()
+n = 0
+try:
+    for i in range(64):
+        threading.Thread(target=ev.wait).start()
+        n += 1
+except RuntimeError as e:
+    print("refused thread", n + 1, e)
+ev.set()
+print("threads", n)
+EOF
+cat >"$work/cpu.py" <<'EOF'
+import time
+t0, c0 = time.monotonic(), time.process_time()
+while time.monotonic() - t0 < 4:
+    pass
+print("cpu_share %.3f" % ((time.process_time() - c0) / (time.monotonic() - t0)))
+EOF
+cat >"$work/inet.py" <<'EOF'
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.bind(("127.0.0.1", 0)); s.listen(1)
+c = socket.create_connection(s.getsockname(), timeout=5)
+a, _ = s.accept(); c.sendall(b"ping"); assert a.recv(4) == b"ping"
+u = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+print("inet ok, inet6 socket ok")
+EOF
+cat >"$work/sleep.py" <<'EOF'
+import subprocess, time
+subprocess.Popen(["sleep", "600"])
+print("started", flush=True)
+time.sleep(600)
+EOF
+cat >"$work/drain.py" <<'EOF'
+import time
+time.sleep(12)
+print("survived the upgrade")
+EOF
+
+section "the guest"
+echo "$PRETTY_NAME; kernel $(uname -r); $(systemctl --version | head -n1); $(bwrap --version); $(python3 --version)"
+echo "cgroup: $(stat -fc %T /sys/fs/cgroup); AppArmor enabled: $(cat /sys/module/apparmor/parameters/enabled)"
+apparmor4=no
+[ -e /etc/apparmor.d/abi/4.0 ] && apparmor4=yes
+
+section "install"
+# A key for the non-root engine, made before the package so that the first
+# config names it (the daemon checks key files at start).
+getent group tester >/dev/null || groupadd tester
+id tester >/dev/null 2>&1 || useradd -m -u 1000 -g tester tester
+cp /mnt/host/scriptgate.deb /mnt/host/scriptgate-upgrade.deb "$work/"
+if out=$(apt-get install -y "$work/scriptgate.deb" 2>&1); then
+  ok "apt install ./scriptgate.deb"
+else
+  bad "apt install ./scriptgate.deb" "$out"
+fi
+echo "$out" | grep -iE 'scriptgate|socket' | sed 's/^/  postinst: /'
+check "scriptgate.socket enabled" systemctl is-enabled scriptgate.socket
+check "scriptgate.socket listening after postinst" systemctl is-active scriptgate.socket
+check "scriptgated --check-config" scriptgated --check-config
+mkdir -p /etc/scriptgate/keys
+install -m 0640 -o root -g tester /dev/null /etc/scriptgate/keys/tester.key
+head -c 32 /dev/urandom >/etc/scriptgate/keys/tester.key
+# An engine is a member of auth.allowed_groups; its [[auth.engine]] entry binds it
+# to its own key.
+adduser -q tester scriptgate
+if [ "$apparmor4" = yes ]; then
+  if aa-status 2>/dev/null | sed -n '/profiles are in enforce mode/,/profiles are in complain mode/p' | grep -qx '   scriptgated'; then
+    ok "AppArmor profile scriptgated loaded, enforcing"
+  else
+    bad "AppArmor profile scriptgated loaded, enforcing" "$(aa-status 2>&1 | grep -i scriptgate)"
+  fi
+else
+  skip "AppArmor profile" "AppArmor 3 ($suite) cannot parse the profile's userns rule; the package installs none"
+  check "no AppArmor profile installed on AppArmor 3" test ! -e /etc/apparmor.d/scriptgated
+fi
+denials_before=$(denials)
+
+section "systemd backend, root engine (scripts run as nobody), packaged config"
+run fleet "$ex/fleet_summary.py"
+expect fleet 0 ok "500 devices"
+pid=$(systemctl show -p MainPID --value scriptgate.service)
+label=$(cat "/proc/$pid/attr/apparmor/current" 2>/dev/null || cat "/proc/$pid/attr/current")
+echo "  daemon pid $pid, AppArmor label: $label"
+if [ "$apparmor4" = yes ]; then
+  check "the daemon runs confined (scriptgated, enforce)" test "$label" = "scriptgated (enforce)"
+fi
+status=$(scriptgate status 2>&1)
+echo "$status" | sed 's/^/  /'
+check "status: backend systemd, sandbox ok" grep -qE '^backend +systemd' <<<"$status"
+check "status: sandbox ok" grep -qE '^sandbox +ok' <<<"$status"
+check "journal: limits in force" sh -c "journalctl -u scriptgate.service -o cat --no-pager | grep -q 'limits in force'"
+run inet "$work/inet.py"
+expect inet 0 ok "inet ok"
+
+section "systemd backend: limits (128 MiB, 16 tasks, 20% CPU)"
+write_conf systemd 134217728 16 20 60
+restart systemd limits
+run where "$work/sleep.py" &
+bg=$!
+if id=$(running_id); then
+  scope=scriptgate-$id.scope
+  props=$(systemctl show "$scope" -p MemoryMax -p TasksMax -p CPUQuotaPerSecUSec -p RuntimeMaxUSec -p OOMPolicy 2>&1)
+  cg=/sys/fs/cgroup/scriptgate.slice/$scope
+  echo "$props" | sed 's/^/  /'
+  echo "  $cg: memory.max $(cat $cg/memory.max) pids.max $(cat $cg/pids.max) cpu.max $(cat $cg/cpu.max)"
+  check "scope limits read back from the cgroup" test "$(cat $cg/memory.max) $(cat $cg/pids.max) $(cat $cg/cpu.max)" = "134217728 16 20000 100000"
+  if [ "$suite" = bookworm ]; then
+    echo "  (systemd 252 has no OOMPolicy= for scopes, and does not stop a scope on an OOM kill)"
+  else
+    check "scope has OOMPolicy=continue" grep -qx 'OOMPolicy=continue' <<<"$props"
+  fi
+  # RuntimeMaxSec= is the backstop behind the daemon's own timeout; make it the
+  # first to fire.
+  if out=$(systemctl set-property --runtime "$scope" RuntimeMaxSec=2 2>&1); then
+    wait $bg
+    expect where 3 timeout
+    check "the timeout names the scope's RuntimeMaxSec=" grep -q "RuntimeMaxSec" "$work/where.json"
+  else
+    bad "systemctl set-property RuntimeMaxSec on the running scope" "$out"
+    scriptgate cancel "$id" >/dev/null 2>&1
+    wait $bg
+  fi
+  check "no failed scope left behind" sh -c "! systemctl list-units --all --no-legend 'scriptgate-*.scope' | grep -q ."
+else
+  bad "a running script is listed" "$(scriptgate ps 2>&1)"
+  wait $bg
+fi
+run mem "$work/mem.py"
+expect mem 5 oom
+check "journal: the kernel's OOM kill was in the scope" sh -c "journalctl -k -o cat --no-pager | grep -q 'oom_memcg=/scriptgate.slice/scriptgate-'"
+run tasks "$work/tasks.py"
+expect tasks 0 ok "refused thread"
+jget "$work/tasks.json" output | sed 's/^/  /'
+run cpu "$work/cpu.py"
+expect cpu 0 ok cpu_share
+share=$(jget "$work/cpu.json" output | awk '/cpu_share/ {print $2}')
+echo "figure systemd_cpu_share_at_20pct ${share:-none}"
+check "CPU held to its 20% quota (share ${share:-none} < 0.35)" python3 -c "import sys; sys.exit(0 if float('${share:-9}') < 0.35 else 1)"
+
+section "systemd backend: a non-root [[auth.engine]] (tester)"
+run tester_fleet "$ex/fleet_summary.py" as_tester
+expect tester_fleet 0 ok "500 devices"
+run tester_mem "$work/mem.py" as_tester
+expect tester_mem 5 oom
+
+section "cgroup backend (a delegated v2 subtree of scriptgate.service)"
+write_conf cgroup 134217728 16 20 60
+restart cgroup
+status=$(scriptgate status 2>&1)
+check "status: backend cgroup" grep -qE '^backend +cgroup' <<<"$status"
+run cg_fleet "$ex/fleet_summary.py"
+expect cg_fleet 0 ok "500 devices"
+run cg_mem "$work/mem.py"
+expect cg_mem 5 oom
+peak=$(jget "$work/cg_mem.json" memory_peak_bytes)
+echo "figure cgroup_oom_memory_peak_bytes ${peak:-none}"
+check "memory.peak reported near the 128 MiB limit (${peak:-none})" python3 -c "import sys; sys.exit(0 if 100<<20 <= int('${peak:-0}') <= 129<<20 else 1)"
+run cg_tasks "$work/tasks.py"
+expect cg_tasks 0 ok "refused thread"
+run cg_cpu "$work/cpu.py"
+expect cg_cpu 0 ok cpu_share
+share=$(jget "$work/cg_cpu.json" output | awk '/cpu_share/ {print $2}')
+echo "figure cgroup_cpu_share_at_20pct ${share:-none}"
+check "CPU held to its 20% quota (share ${share:-none} < 0.35)" python3 -c "import sys; sys.exit(0 if float('${share:-9}') < 0.35 else 1)"
+run cg_inet "$work/inet.py"
+expect cg_inet 0 ok "inet ok"
+# The tree ends with the script: a cancelled script's subprocesses and leaf go.
+run cg_cancel "$work/sleep.py" &
+bg=$!
+if id=$(running_id); then
+  leaf=/sys/fs/cgroup/system.slice/scriptgate.service/script-$id
+  echo "  leaf $leaf: $(wc -l <"$leaf/cgroup.procs" 2>&1) processes"
+  scriptgate cancel "$id" >/dev/null 2>&1
+  wait $bg
+  expect cg_cancel 4 cancelled
+  check "cancel ended the tree (no sleep 600 left, leaf removed)" sh -c "! pgrep -u nobody -f 'sleep 600' && test ! -e '$leaf'"
+else
+  bad "a running script is listed (cgroup)" "$(scriptgate ps 2>&1)"
+  wait $bg
+fi
+
+write_conf cgroup 134217728 16 20 3
+restart cgroup timeout
+run cg_timeout "$work/sleep.py"
+expect cg_timeout 3 timeout
+check "the timeout left no process behind" sh -c "! pgrep -u nobody -f 'sleep 600'"
+
+section "the unit"
+score=$(systemd-analyze security scriptgate.service 2>/dev/null | sed -n 's/.*Overall exposure level for scriptgate.service: \([0-9.]*\).*/\1/p')
+echo "figure systemd_analyze_security ${score:-none}"
+check "systemd-analyze security ${score:-none} <= 4.5" python3 -c "import sys; sys.exit(0 if float('${score:-99}') <= 4.5 else 1)"
+if [ "$apparmor4" = yes ]; then
+  new=$(($(denials) - denials_before))
+  if [ "$new" = 0 ]; then ok "no AppArmor denial during the runs"; else
+    bad "no AppArmor denial during the runs ($new)" "$(journalctl -k --no-pager -o cat | grep 'apparmor="DENIED"' | tail -n 5)"
+  fi
+fi
+
+section "bench: empty script, start to finish, beside bare bwrap + python3"
+for b in systemd cgroup rlimit; do
+  write_conf $b 1073741824 256 100 60
+  restart $b && python3 /mnt/host/bench_backends.py "$b" 9 2>&1
+done
+
+if [ "$apparmor4" = yes ]; then
+  section "Ubuntu's userns restriction, reproduced: bwrap under an enforcing copy of unprivileged_userns"
+  write_conf systemd 1073741824 256 100 60
+  # Debian ships Ubuntu's unprivileged_userns profile in complain mode; an
+  # enforcing copy that attaches to /usr/bin/bwrap gives an unconfined bwrap
+  # what Ubuntu 24.04 gives it.
+  sed -e 's/^profile unprivileged_userns[^{]*{/profile sg_ubuntu_sim \/usr\/bin\/bwrap {/' \
+    -e 's/flags=([^)]*)//' /etc/apparmor.d/unprivileged_userns >/etc/apparmor.d/sg-ubuntu-sim
+  grep -n '^profile' /etc/apparmor.d/sg-ubuntu-sim | sed 's/^/  /'
+  check "load the enforcing copy" apparmor_parser -r /etc/apparmor.d/sg-ubuntu-sim
+  out=$(as_tester bwrap --unshare-user --unshare-net --ro-bind / / true 2>&1)
+  echo "  bwrap as tester now: $out"
+  check "an unconfined bwrap is refused its namespace" test -n "$out"
+  # scriptgate's profile not loaded: the daemon runs unconfined.
+  apparmor_parser -R /etc/apparmor.d/scriptgated >/dev/null 2>&1
+  systemctl restart scriptgate.service
+  status=$(scriptgate status 2>&1)
+  echo "$status" | grep -E '^sandbox' | sed 's/^/  /'
+  check "diagnosis names AppArmor" grep -q 'sandbox unavailable: AppArmor denies the sandbox its user namespace' <<<"$status"
+  check "diagnosis names the fix" grep -q 'apparmor_parser -r /etc/apparmor.d/scriptgated' <<<"$status"
+  run sim_refused "$ex/fleet_summary.py"
+  check "a script fails with the diagnosis" grep -q 'AppArmor denies the sandbox' "$work/sim_refused.json"
+  # The fix the diagnosis names.
+  apparmor_parser -r /etc/apparmor.d/scriptgated
+  systemctl restart scriptgate.service
+  run sim_fixed "$ex/fleet_summary.py"
+  expect sim_fixed 0 ok "500 devices"
+  apparmor_parser -R /etc/apparmor.d/sg-ubuntu-sim >/dev/null 2>&1
+  rm -f /etc/apparmor.d/sg-ubuntu-sim
+fi
+
+section "upgrade with a script running, reinstall, remove, purge"
+write_conf systemd 1073741824 256 100 60
+restart upgrade
+run drain "$work/drain.py" &
+bg=$!
+if running_id >/dev/null; then
+  old=$(dpkg-query -W -f '${Version}' scriptgate)
+  if out=$(apt-get install -y "$work/scriptgate-upgrade.deb" 2>&1); then ok "upgrade $old -> $(dpkg-query -W -f '${Version}' scriptgate)"; else bad "upgrade" "$out"; fi
+  wait $bg
+  expect drain 0 ok "survived the upgrade"
+else
+  bad "a running script is listed (upgrade)" "$(scriptgate ps 2>&1)"
+  wait $bg
+fi
+check "the socket listens after the upgrade" systemctl is-active scriptgate.socket
+run after_upgrade "$ex/fleet_summary.py"
+expect after_upgrade 0 ok "500 devices"
+if out=$(apt-get install -y --reinstall "$work/scriptgate-upgrade.deb" 2>&1); then ok "reinstall"; else bad "reinstall" "$out"; fi
+run after_reinstall "$ex/fleet_summary.py"
+expect after_reinstall 0 ok "500 devices"
+if out=$(apt-get remove -y scriptgate 2>&1); then ok "apt remove"; else bad "apt remove" "$out"; fi
+check "remove stops the socket" sh -c "! systemctl is-active scriptgate.socket"
+check "remove keeps the config and the audit store" test -e $conf -a -e /var/lib/scriptgate/scriptgate.db
+if out=$(apt-get purge -y scriptgate 2>&1); then ok "apt purge"; else bad "apt purge" "$out"; fi
+check "purge removes the config, key and audit store" sh -c "test ! -e /etc/scriptgate/scriptgate.toml -a ! -e /etc/scriptgate/token.key -a ! -e /var/lib/scriptgate/scriptgate.db"
+check "purge leaves no unit" sh -c "! systemctl cat scriptgate.socket >/dev/null 2>&1"
+
+echo
+echo "failed checks: $failed"
+[ "$failed" -gt 100 ] && failed=100
+exit "$failed"
