@@ -673,6 +673,10 @@ async fn wait_or_stop(
         }
     };
     let (cut, exit) = tokio::select! {
+        // An exit that is already there is the fact, whatever else is due: a
+        // daemon that was stalled (frozen, swapped out) past the timeout finds
+        // the sandbox gone and asks the unit why (its RuntimeMaxSec= backstop).
+        biased;
         e = sandbox.exit(None) => (None, e),
         _ = tokio::time::sleep(timeout) => (Some(Cut::Timeout), None),
         s = stopped => (Some(Cut::Stopped(s)), None),
