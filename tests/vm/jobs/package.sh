@@ -45,12 +45,14 @@ check() {
 # A field of a JSON file (python3 is in the guest; jq is not).
 jget() { python3 -c 'import json,sys; v=json.load(open(sys.argv[1])).get(sys.argv[2]); print("" if v is None else v)' "$1" "$2"; }
 # run NAME SCRIPT [ARGS...]: scriptgate run --json, as the caller; result in
-# $work/NAME.json, stderr in $work/NAME.err, exit status in $rc.
+# $work/NAME.json, stderr in $work/NAME.err, exit status in $rc (and as its
+# own; after `run … &`, take it with `wait $bg; rc=$?`).
 run() {
   local name=$1 script=$2
   shift 2
   "$@" scriptgate run --json --mcp "$fleet" "$script" >"$work/$name.json" 2>"$work/$name.err" </dev/null
   rc=$?
+  return $rc
 }
 as_tester() { runuser -u tester -- "$@"; }
 show_run() { cat "$work/$1.err"; head -c 3000 "$work/$1.json"; }
@@ -261,7 +263,7 @@ if id=$(running_id); then
   done
   echo "  $scope: $(systemctl show -p ActiveState -p Result "$scope" | tr '\n' ' ')"
   systemctl thaw scriptgate.service
-  wait $bg
+  wait $bg; rc=$?
   expect backstop 3 timeout
   check "the timeout names the scope's RuntimeMaxSec=" grep -q "RuntimeMaxSec" "$work/backstop.json"
   check "no failed scope left behind" sh -c "! systemctl list-units --all --no-legend 'scriptgate-*.scope' | grep -q ."
@@ -319,7 +321,7 @@ if id=$(running_id); then
   leaf=/sys/fs/cgroup/system.slice/scriptgate.service/script-$id
   echo "  leaf $leaf: $(wc -l <"$leaf/cgroup.procs" 2>&1) processes"
   scriptgate cancel "$id" >/dev/null 2>&1
-  wait $bg
+  wait $bg; rc=$?
   expect cg_cancel 4 cancelled
   check "cancel ended the tree (no sleep 600 left, leaf removed)" sh -c "! pgrep -u nobody -f 'sleep 600' && test ! -e '$leaf'"
 else
@@ -389,7 +391,7 @@ bg=$!
 if running_id >/dev/null; then
   old=$(dpkg-query -W -f '${Version}' scriptgate)
   if out=$(apt-get install -y "$work/scriptgate-upgrade.deb" 2>&1); then ok "upgrade $old -> $(dpkg-query -W -f '${Version}' scriptgate)"; else bad "upgrade" "$out"; fi
-  wait $bg
+  wait $bg; rc=$?
   expect drain 0 ok "survived the upgrade"
 else
   bad "a running script is listed (upgrade)" "$(scriptgate ps 2>&1)"
