@@ -213,7 +213,9 @@ pub fn diagnose(stderr: &str, facts: &HostFacts) -> Diagnosis {
     let unit = facts.unit.as_deref().unwrap_or("scriptgate.service");
     let (cause, what, fix) = if caps_taken || (no_perm && apparmor_refuses) {
         let label = match facts.apparmor_label.as_deref() {
-            Some(l) if !facts.in_our_profile() => format!("; scriptgated runs as `{l}`, not under its profile scriptgated"),
+            Some(l) if !facts.in_our_profile() => {
+                format!("; scriptgated runs as `{l}`, not under its profile scriptgated")
+            }
             _ => String::new(),
         };
         (

@@ -153,7 +153,7 @@ fn ubuntu_apparmor_restriction_is_diagnosed_everywhere() {
     assert_diagnosed(
         &rig,
         "sandbox unavailable: AppArmor denies the sandbox its user namespace \
-         (kernel.apparmor_restrict_unprivileged_userns=1, the default since Ubuntu 23.10); \
+         (kernel.apparmor_restrict_unprivileged_userns=1, the default since Ubuntu 23.10, or a profile confining bwrap); \
          fix: load the profile scriptgate ships, `apparmor_parser -r /etc/apparmor.d/scriptgated`, \
          then restart scriptgated",
         "bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted",

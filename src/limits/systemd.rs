@@ -259,7 +259,11 @@ mod tests {
             (None, None, ScopeEnd::Stopped),
         ];
         for (state, result, end) in table {
-            assert_eq!(ScopeEnd::from_unit(state, result), end, "{state:?} {result:?}");
+            assert_eq!(
+                ScopeEnd::from_unit(state, result),
+                end,
+                "{state:?} {result:?}"
+            );
         }
     }
 }

@@ -10,12 +10,12 @@ fs=$(stat -fc %T /sys/fs/cgroup)
 aa=$(cat /sys/module/apparmor/parameters/enabled 2>/dev/null || echo absent)
 echo "fact debian=$(cat /etc/debian_version)"
 echo "fact kernel=$(uname -r)"
-echo "fact systemd=$(systemctl --version | sed -n '1s/^systemd \([0-9][^ ]*\).*/\1/p')"
+echo "fact systemd=$(systemctl --version | sed -n '1s/^systemd //p')"
 echo "fact bwrap=$(bwrap --version | awk '{print $2}')"
 echo "fact python3=$(python3 --version | awk '{print $2}')"
 echo "fact apparmor_parser=$(apparmor_parser --version | sed -n '1s/.* version //p')"
 echo "fact cgroup_fs=$fs"
-echo "fact cgroup_controllers=$(tr ' ' , < /sys/fs/cgroup/cgroup.controllers 2>/dev/null)"
+echo "fact cgroup_controllers=$(cat /sys/fs/cgroup/cgroup.controllers 2>/dev/null | tr ' ' ,)"
 echo "fact apparmor_enabled=$aa"
 echo "fact apparmor_profiles=$(grep -c . /sys/kernel/security/apparmor/profiles 2>/dev/null)"
 echo "fact cmdline=$(cat /proc/cmdline)"
@@ -32,6 +32,23 @@ grep -rqs '^[^#[:space:]]' /etc/apt/sources.list /etc/apt/sources.list.d/ && bad
 for p in libc6 libgcc-s1 bubblewrap python3 init-system-helpers systemd apparmor sqlite3; do
     dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null | grep -q '^ii' || bad "package $p is not installed"
 done
+# The scriptgate .deb's Depends/Recommends (build-image puts them in $deb_fields):
+# a .deb with them must install with no download (the guest has no network).
+if [ -n "${deb_fields:-}" ]; then
+    d=$(mktemp -d); mkdir -p "$d/p/DEBIAN"
+    printf 'Package: vmrig-offline-check\nVersion: 1\nArchitecture: all\nMaintainer: tests/vm <root@localhost>\n%s\nDescription: tests/vm: apt install ./x.deb works offline\n' \
+        "$deb_fields" > "$d/p/DEBIAN/control"
+    dpkg-deb -b "$d/p" "$d/check.deb" >/dev/null
+    if out=$(apt-get install -s "$d/check.deb" 2>&1); then
+        extra=$(printf '%s\n' "$out" | grep '^Inst ' | grep -v '^Inst vmrig-offline-check ')
+        [ -z "$extra" ] || bad "the .deb's dependencies want packages the image lacks: $extra"
+        echo "fact deb_deps_offline=$( [ -z "$extra" ] && echo ok || echo missing)"
+    else
+        bad "apt-get install -s ./x.deb (the .deb's Depends/Recommends) fails offline:"
+        printf '%s\n' "$out" | tail -n 8
+    fi
+    rm -rf "$d"
+fi
 failed=$(systemctl --failed --no-legend --plain | awk '{print $1}' | tr '\n' ' ')
 echo "fact failed_units=${failed:-none}"
 echo "AppArmor cache:"; ls /var/cache/apparmor/
