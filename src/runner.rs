@@ -831,6 +831,9 @@ pub struct Ending {
 /// (not the exit signal: a SIGKILL alone does not mean `oom`), then the exit.
 pub fn judge(e: &Ending, limits: &Limits, unit: &str) -> (Status, Option<String>) {
     match &e.cut {
+        // systemd's backstop ended the unit before the daemon's own timer came
+        // round (a stalled daemon): the unit's word says so.
+        Some(Cut::Timeout) if e.unit_timeout => {}
         Some(Cut::Timeout) => {
             return (
                 Status::Timeout,
@@ -1076,6 +1079,17 @@ mod tests {
             (
                 "the scope's RuntimeMaxSec=",
                 Ending {
+                    unit_timeout: true,
+                    exit: killed,
+                    ..Default::default()
+                },
+                Status::Timeout,
+                Some("the script's unit scriptgate-ab.scope reached its RuntimeMaxSec= and systemd stopped it"),
+            ),
+            (
+                "the scope's RuntimeMaxSec= came first, the daemon's timer after it",
+                Ending {
+                    cut: Some(Cut::Timeout),
                     unit_timeout: true,
                     exit: killed,
                     ..Default::default()
