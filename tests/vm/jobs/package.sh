@@ -346,6 +346,25 @@ if [ "$apparmor4" = yes ]; then
   fi
 fi
 
+section "the diagnosis names a unit option that breaks bwrap (a drop-in turns it back on)"
+write_conf systemd 1073741824 256 100 60
+for opt in RestrictSUIDSGID ProtectKernelLogs ProtectHostname; do
+  mkdir -p /run/systemd/system/scriptgate.service.d
+  printf '[Service]\n%s=yes\n' "$opt" >/run/systemd/system/scriptgate.service.d/sg-test.conf
+  systemctl daemon-reload
+  systemctl restart scriptgate.service
+  line=$(scriptgate status 2>&1 | grep -E '^sandbox')
+  echo "  $opt=yes: $line"
+  if grep -qE '^sandbox +ok' <<<"$line"; then
+    skip "$opt=yes diagnosed" "bubblewrap $(bwrap --version | cut -d' ' -f2) makes its sandbox under it here"
+  else
+    check "$opt=yes diagnosed: the option and its fix named" grep -q "$opt=no" <<<"$line"
+    check "$opt=yes: no container blamed" bash -c '! grep -q container <<<"$1"' _ "$line"
+  fi
+done
+rm -f /run/systemd/system/scriptgate.service.d/sg-test.conf
+systemctl daemon-reload
+
 section "bench: empty script, start to finish, beside bare bwrap + python3"
 for b in systemd cgroup rlimit; do
   write_conf $b 1073741824 256 100 60
