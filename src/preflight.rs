@@ -47,6 +47,11 @@ pub struct HostFacts {
     pub apparmor_label: Option<String>,
     /// Whether the profile `scriptgated` is loaded (None: the list is unreadable).
     pub scriptgated_profile: Option<bool>,
+    /// A loaded, enforcing profile that confines bwrap's user namespaces: one
+    /// named for bwrap (Ubuntu's `bwrap-userns-restrict`, a `/usr/bin/bwrap`
+    /// profile) or an enforcing `unprivileged_userns` (Debian ships it in
+    /// complain mode), other than scriptgate's own.
+    pub bwrap_profile: Option<String>,
     /// The systemd unit this process runs in, when it was started as one.
     pub unit: Option<String>,
     /// The container manager's name (`/run/systemd/container`, `$container`).
@@ -61,33 +66,51 @@ impl HostFacts {
     pub fn read() -> HostFacts {
         let text = |p: &str| std::fs::read_to_string(p).ok();
         let num = |p: &str| text(p)?.trim().parse().ok();
+        let apparmor_enabled =
+            text("/sys/module/apparmor/parameters/enabled").is_some_and(|v| v.trim() == "Y");
+        // AppArmor's own attribute only (attr/current is the major LSM's: an
+        // SELinux context on Fedora).
         let label = text("/proc/self/attr/apparmor/current")
-            .or_else(|| text("/proc/self/attr/current"))
+            .filter(|_| apparmor_enabled)
             .map(|l| l.trim_end_matches(['\n', '\0']).to_string())
             .filter(|l| !l.is_empty());
         let profiles = text("/sys/kernel/security/apparmor/profiles");
-        // A unit's process has INVOCATION_ID; its unit is the last part of its
-        // cgroup path (`0::/system.slice/scriptgate.service`).
-        let unit = std::env::var_os("INVOCATION_ID").and_then(|_| {
-            let c = text("/proc/self/cgroup")?;
-            unit_of_cgroup(&c).map(str::to_string)
-        });
+        // A unit's main process: systemd 248 and later set SYSTEMD_EXEC_PID to it
+        // (INVOCATION_ID alone is inherited by everything below a service). Its
+        // unit is the last part of its cgroup path (`0::/system.slice/x.service`).
+        let unit = std::env::var("SYSTEMD_EXEC_PID")
+            .ok()
+            .filter(|p| p.trim() == std::process::id().to_string())
+            .and_then(|_| {
+                let c = text("/proc/self/cgroup")?;
+                unit_of_cgroup(&c).map(str::to_string)
+            });
+        let exists = |p: &str| Path::new(p).exists();
+        let container = text("/run/systemd/container")
+            .or_else(|| std::env::var("container").ok())
+            .map(|c| c.trim().to_string())
+            .filter(|c| !c.is_empty())
+            .or_else(|| exists("/.dockerenv").then(|| "docker".to_string()))
+            .or_else(|| exists("/run/.containerenv").then(|| "podman".to_string()))
+            .or_else(|| {
+                label
+                    .as_deref()
+                    .and_then(container_label)
+                    .map(str::to_string)
+            });
         HostFacts {
             max_user_namespaces: num("/proc/sys/user/max_user_namespaces"),
             unprivileged_userns_clone: num("/proc/sys/kernel/unprivileged_userns_clone"),
             apparmor_restrict_userns: num("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"),
-            apparmor_enabled: text("/sys/module/apparmor/parameters/enabled")
-                .is_some_and(|v| v.trim() == "Y"),
+            apparmor_enabled,
             apparmor_label: label,
-            scriptgated_profile: profiles.map(|p| {
+            scriptgated_profile: profiles.as_deref().map(|p| {
                 p.lines()
                     .any(|l| l.split(' ').next() == Some("scriptgated"))
             }),
+            bwrap_profile: profiles.as_deref().and_then(bwrap_profile),
             unit,
-            container: text("/run/systemd/container")
-                .or_else(|| std::env::var("container").ok())
-                .map(|c| c.trim().to_string())
-                .filter(|c| !c.is_empty()),
+            container,
             proc_overmounts: text("/proc/self/mountinfo")
                 .map(|m| proc_overmounts(&m))
                 .unwrap_or_default(),
@@ -100,6 +123,26 @@ impl HostFacts {
             .as_deref()
             .is_some_and(|l| l.starts_with("scriptgated"))
     }
+}
+
+/// A container runtime's AppArmor label (Docker's, Podman's, LXC's).
+fn container_label(label: &str) -> Option<&str> {
+    let name = label.split(' ').next()?;
+    ["docker-default", "containers-default", "lxc-"]
+        .iter()
+        .any(|p| name.starts_with(p))
+        .then_some(name)
+}
+
+/// The first enforcing profile of a `profiles` list (`NAME (MODE)` lines) that
+/// confines bwrap's user namespaces, scriptgate's own aside.
+fn bwrap_profile(profiles: &str) -> Option<String> {
+    profiles.lines().find_map(|l| {
+        let (name, mode) = l.rsplit_once(' ')?;
+        let confines = name.contains("bwrap") || name == "unprivileged_userns";
+        (mode == "(enforce)" && confines && !name.starts_with("scriptgated"))
+            .then(|| name.to_string())
+    })
 }
 
 /// The unit of a `/proc/self/cgroup` text: the last `.service` or `.scope` part
@@ -127,8 +170,10 @@ pub fn proc_overmounts(mountinfo: &str) -> Vec<String> {
 }
 
 /// The unit options that mount over parts of /proc, by the path they cover.
-const UNIT_PROC_MOUNTS: [(&str, &str); 3] = [
+const UNIT_PROC_MOUNTS: [(&str, &str); 5] = [
     ("/proc/kmsg", "ProtectKernelLogs=yes"),
+    ("/proc/sys", "ProtectKernelTunables=yes"),
+    ("/proc/sysrq-trigger", "ProtectKernelTunables=yes"),
     ("/proc/sys/kernel/hostname", "ProtectHostname=yes"),
     ("/proc/sys/kernel/domainname", "ProtectHostname=yes"),
 ];
@@ -203,41 +248,58 @@ pub fn diagnose(stderr: &str, facts: &HostFacts) -> Diagnosis {
         || has("setting up gid map: Permission denied")
         || has("loopback: Failed RTM_NEWLINK: Operation not permitted");
     let no_perm = has("No permissions to create");
-    // AppArmor refuses user namespaces to programs it does not let have them
-    // (Ubuntu's sysctl; or a profile confining bwrap): where it is on, the daemon
-    // is not in our profile and no container is in the way, a refusal is its.
+    // AppArmor refuses user namespaces to programs it does not let have them:
+    // Ubuntu's sysctl, or an enforcing profile that confines bwrap. Where one of
+    // them is there, the daemon is not in our profile, no container is in the way
+    // and Debian's own sysctl does not say no, a refusal is AppArmor's.
     let apparmor_refuses = facts.apparmor_enabled
         && facts.container.is_none()
         && !facts.in_our_profile()
-        && (facts.apparmor_restrict_userns == Some(1) || facts.scriptgated_profile == Some(false));
-    let unit = facts.unit.as_deref().unwrap_or("scriptgate.service");
+        && facts.unprivileged_userns_clone != Some(0)
+        && (facts.apparmor_restrict_userns == Some(1) || facts.bwrap_profile.is_some());
+    let in_unit = facts
+        .container
+        .is_none()
+        .then_some(facts.unit.as_deref())
+        .flatten();
+    let unit = in_unit.unwrap_or("scriptgate.service");
     let (cause, what, fix) = if caps_taken || (no_perm && apparmor_refuses) {
-        let label = match facts.apparmor_label.as_deref() {
-            Some(l) if !facts.in_our_profile() => {
+        let label = match (&facts.apparmor_label, &facts.bwrap_profile) {
+            (Some(l), _) if !facts.in_our_profile() => {
                 format!("; scriptgated runs as `{l}`, not under its profile scriptgated")
             }
+            (_, Some(p)) => format!("; the profile `{p}` confines bwrap"),
             _ => String::new(),
         };
         (
             Cause::AppArmor,
             format!("AppArmor denies the sandbox its user namespace (kernel.apparmor_restrict_unprivileged_userns=1, the default since Ubuntu 23.10, or a profile confining bwrap){label}"),
-            match facts.scriptgated_profile {
-                Some(true) => "fix: start scriptgated through scriptgate.service, which enters the profile (AppArmorProfile=-scriptgated); a daemon started by hand stays unconfined".to_string(),
-                _ => "fix: load the profile scriptgate ships, `apparmor_parser -r /etc/apparmor.d/scriptgated`, then restart scriptgated".to_string(),
+            if facts.in_our_profile() {
+                "fix: reload scriptgate's profile (`apparmor_parser -r /etc/apparmor.d/scriptgated`), check `aa-status`, and see the apparmor=\"DENIED\" lines of `journalctl -k`".to_string()
+            } else if facts.scriptgated_profile == Some(true) {
+                "fix: start scriptgated through scriptgate.service, which enters the profile (AppArmorProfile=-scriptgated); a daemon started by hand stays unconfined".to_string()
+            } else {
+                "fix: load the profile scriptgate ships, `apparmor_parser -r /etc/apparmor.d/scriptgated`, then restart scriptgated".to_string()
             },
         )
     } else if has(": Function not implemented") {
-        if facts.container.is_some() && facts.unit.is_none() {
+        if facts.container.is_some() {
             (
                 Cause::SyscallFiltered,
-                format!("the container's seccomp profile answers a system call bwrap needs with ENOSYS (bubblewrap 0.11 and later open files with openat2, which older profiles do not know; container: {})", facts.container.as_deref().unwrap_or("?")),
+                format!("the container's seccomp profile answers a system call bwrap needs with ENOSYS (bubblewrap 0.12, built without its fallback as Debian 13 does, opens files with openat2, which older profiles do not know; container: {})", facts.container.as_deref().unwrap_or("?")),
                 "fix: a container runtime or seccomp profile that knows openat2 (Docker 20.10.0 and later, Podman 3 and later)".to_string(),
+            )
+        } else if in_unit.is_some() {
+            (
+                Cause::SyscallFiltered,
+                format!("a seccomp filter of {unit} answers a system call bwrap needs with ENOSYS: most likely RestrictSUIDSGID=yes, whose filter cannot inspect openat2() and refuses it, and bubblewrap 0.12 as Debian 13 builds it opens files with openat2 only"),
+                format!("fix: `systemctl edit {unit}`, add `[Service]` and `RestrictSUIDSGID=no` (the packaged unit leaves it off), then `systemctl restart {unit}`"),
             )
         } else {
             (
                 Cause::SyscallFiltered,
-                format!("a seccomp filter of {unit} answers a system call bwrap needs with ENOSYS: most likely RestrictSUIDSGID=yes, whose filter cannot inspect openat2() and refuses it, and bubblewrap 0.11 and later open files with openat2"),
-                format!("fix: `systemctl edit {unit}`, add `[Service]` and `RestrictSUIDSGID=no` (the packaged unit leaves it off), then `systemctl restart {unit}`"),
+                "a seccomp filter scriptgated inherited answers a system call bwrap needs with ENOSYS (bubblewrap 0.12 opens files with openat2 only; a filter that cannot inspect it refuses it)".to_string(),
+                "fix: start scriptgated without that filter (a service manager's or a sandbox's), or with a bubblewrap built with its fallback".to_string(),
             )
         }
     } else if has("cannot open /proc/sys/user/max_user_namespaces")
@@ -305,11 +367,17 @@ pub fn diagnose(stderr: &str, facts: &HostFacts) -> Diagnosis {
                 v
             });
         let covered = facts.proc_overmounts.join(", ");
-        if !by_unit.is_empty() && facts.unit.is_some() {
+        if !by_unit.is_empty() && in_unit.is_some() {
             (
                 Cause::UnitProcMounts,
                 format!("the kernel refuses the sandbox a /proc of its own, because {unit} mounts over parts of this /proc ({covered}: {})", by_unit.join(", ")),
                 format!("fix: `systemctl edit {unit}`, add `[Service]` and {} (the packaged unit leaves them off), then `systemctl restart {unit}`", by_unit.iter().map(|o| format!("`{}no`", o.trim_end_matches("yes"))).collect::<Vec<_>>().join(" and ")),
+            )
+        } else if in_unit.is_some() && !covered.is_empty() {
+            (
+                Cause::UnitProcMounts,
+                format!("the kernel refuses the sandbox a /proc of its own, because something mounts over parts of this /proc ({covered}): {unit} or a drop-in of it"),
+                format!("fix: see `systemctl cat {unit}` for the options that mount over /proc (ProtectKernelTunables=, ProtectKernelLogs=, ProtectHostname=, ProtectProc=), turn them off in a drop-in, then `systemctl restart {unit}`"),
             )
         } else if facts.container.is_some() || !covered.is_empty() {
             (
@@ -740,7 +808,40 @@ mod tests {
             apparmor_enabled: true,
             apparmor_label: Some("unconfined".into()),
             scriptgated_profile: Some(false),
+            bwrap_profile: Some("bwrap-sim".into()),
             ..facts()
+        };
+        // Debian 12: AppArmor on, no scriptgated profile (AppArmor 3), nothing
+        // confining bwrap: a refusal there is not AppArmor's.
+        let bookworm = HostFacts {
+            apparmor_enabled: true,
+            apparmor_label: Some("unconfined".into()),
+            scriptgated_profile: Some(false),
+            ..facts()
+        };
+        let bookworm_clone_off = HostFacts {
+            unprivileged_userns_clone: Some(0),
+            ..bookworm.clone()
+        };
+        // systemd-nspawn: the packaged unit inside, a FIFO over /proc/kmsg and a
+        // read-only /proc/sys from the container.
+        let nspawn = HostFacts {
+            container: Some("systemd-nspawn".into()),
+            proc_overmounts: vec!["/proc/kmsg".into(), "/proc/sys".into()],
+            ..unit.clone()
+        };
+        let tunables = HostFacts {
+            proc_overmounts: vec!["/proc/sys".into(), "/proc/sysrq-trigger".into()],
+            ..unit.clone()
+        };
+        let odd_mount = HostFacts {
+            proc_overmounts: vec!["/proc/acpi".into()],
+            ..unit.clone()
+        };
+        // Docker on Ubuntu 24.04: the sysctl is visible, the label Docker's.
+        let docker_on_ubuntu = HostFacts {
+            apparmor_restrict_userns: Some(1),
+            ..docker.clone()
         };
         let ubuntu_by_hand = HostFacts {
             apparmor_restrict_userns: Some(1),
@@ -756,6 +857,14 @@ mod tests {
             (no_perm, &unconfined, Cause::AppArmor, "apparmor_parser -r /etc/apparmor.d/scriptgated"),
             (no_perm, &ubuntu_by_hand, Cause::AppArmor, "through scriptgate.service"),
             (no_perm, &docker, Cause::UsernsRefused, "seccomp profile"),
+            (no_perm, &docker_on_ubuntu, Cause::UsernsRefused, "seccomp profile"),
+            (no_perm, &bookworm, Cause::UsernsRefused, "seccomp profile"),
+            (no_perm, &bookworm_clone_off, Cause::UnprivilegedCloneOff, "kernel.unprivileged_userns_clone=1"),
+            ("bwrap: Can't mount proc on /newroot/proc: Operation not permitted", &nspawn, Cause::ProcRefused, "systempaths=unconfined"),
+            ("bwrap: Can't open source /usr: Function not implemented", &nspawn, Cause::SyscallFiltered, "container"),
+            ("bwrap: Can't mount proc on /newroot/proc: Operation not permitted", &tunables, Cause::UnitProcMounts, "`ProtectKernelTunables=no`"),
+            ("bwrap: Can't mount proc on /newroot/proc: Operation not permitted", &odd_mount, Cause::UnitProcMounts, "systemctl cat scriptgate.service"),
+            ("bwrap: Can't open source /usr: Function not implemented", &plain, Cause::SyscallFiltered, "a seccomp filter scriptgated inherited"),
             ("bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted", &plain, Cause::AppArmor, "apparmor_parser -r /etc/apparmor.d/scriptgated"),
             ("bwrap: setting up uid map: Permission denied", &plain, Cause::AppArmor, "kernel.apparmor_restrict_unprivileged_userns=1"),
             ("bwrap: Creating new namespace failed: nesting depth or /proc/sys/user/max_*_namespaces exceeded (ENOSPC)", &off, Cause::UsernsOff, "sysctl -w user.max_user_namespaces=15000"),
@@ -807,6 +916,22 @@ mod tests {
         };
         assert!(ours.in_our_profile());
         assert!(!HostFacts::default().in_our_profile());
+        assert_eq!(
+            container_label("docker-default (enforce)"),
+            Some("docker-default")
+        );
+        assert_eq!(container_label("unconfined"), None);
+        let profiles =
+            "scriptgated_bwrap (enforce)\nunprivileged_userns (complain)\nbwrap-sim (enforce)\n";
+        assert_eq!(bwrap_profile(profiles).as_deref(), Some("bwrap-sim"));
+        assert_eq!(
+            bwrap_profile("unprivileged_userns (complain)\nscriptgated (enforce)\n"),
+            None
+        );
+        assert_eq!(
+            bwrap_profile("unprivileged_userns (enforce)\n").as_deref(),
+            Some("unprivileged_userns")
+        );
     }
 
     #[test]

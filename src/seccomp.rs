@@ -18,9 +18,13 @@
 //!    EAFNOSUPPORT. Families that a network namespace does not isolate (AF_VSOCK
 //!    reaches the hypervisor's ports) or that are kernel attack surface (AF_ALG,
 //!    AF_NETLINK, AF_PACKET, ...) are unreachable.
-//! 4. `clone3` fails with ENOSYS. Its flags are in memory, where seccomp cannot
-//!    look, so it cannot be refused for namespace flags only; ENOSYS makes glibc
-//!    (and Python) fall back to `clone`, which part 2 checks (Flatpak does the same).
+//!    Set-user-ID and set-group-ID bits fail with EPERM in every call that sets a
+//!    file's mode (chmod, creating opens, mknod): the workspace is a host directory
+//!    (systemd's `RestrictSUIDSGID=`, which the unit cannot use, see `setid_rules`).
+//! 4. `clone3` and `openat2` fail with ENOSYS. Their flags (and openat2's mode) are
+//!    in memory, where seccomp cannot look, so they cannot be refused for some
+//!    flags only; ENOSYS makes glibc (and Python) fall back to `clone` and
+//!    `openat`, which part 2 checks (Flatpak does the same for clone3).
 //!
 //! Parts 2 and 4 are what keep a script from making a user namespace where bwrap's
 //! `--disable-userns` cannot be used (a read-only `/proc/sys`, see `preflight`).
@@ -240,12 +244,71 @@ fn denylist() -> Result<BpfProgram, String> {
         })
         .collect::<Result<Vec<_>, String>>()?;
     rules.insert(libc::SYS_clone, clone);
+    rules.extend(setid_rules()?);
     compile(rules, SeccompAction::Errno(libc::EPERM as u32))
 }
 
-/// Part 4: `clone3`, ENOSYS (see the module comment).
+/// No set-user-ID or set-group-ID file: a script's workspace is a host directory,
+/// where such a bit would outlive the sandbox (its bind is nosuid only inside).
+/// This is systemd's `RestrictSUIDSGID=`, which scriptgate.service cannot use (its
+/// filter refuses `openat2` with ENOSYS, and bubblewrap 0.12 needs it): the bits
+/// are refused in `chmod`, `fchmod`, `fchmodat`, `fchmodat2`, `mknod`, `mknodat`,
+/// and in `creat`, `open` and `openat` that create (O_CREAT, O_TMPFILE). `openat2`,
+/// whose mode is in memory, is part 4's.
+fn setid_rules() -> Result<Vec<(i64, Vec<SeccompRule>)>, String> {
+    let bit = |arg: u8, b: u32| {
+        SeccompCondition::new(
+            arg,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::MaskedEq(b as u64),
+            b as u64,
+        )
+        .map_err(|e| e.to_string())
+    };
+    let bits = [libc::S_ISUID, libc::S_ISGID];
+    // (syscall, the mode's argument, the flags' argument when it only counts on
+    // creation)
+    let mut calls: Vec<(i64, u8, Option<u8>)> = vec![
+        (libc::SYS_fchmod, 1, None),
+        (libc::SYS_fchmodat, 2, None),
+        (libc::SYS_fchmodat2, 2, None),
+        (libc::SYS_mknodat, 2, None),
+        (libc::SYS_openat, 3, Some(2)),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.extend([
+        (libc::SYS_chmod, 1, None),
+        (libc::SYS_mknod, 1, None),
+        (libc::SYS_creat, 1, None),
+        (libc::SYS_open, 2, Some(1)),
+    ]);
+    let creating = [libc::O_CREAT as u32, libc::O_TMPFILE as u32];
+    calls
+        .into_iter()
+        .map(|(nr, mode, flags)| {
+            let mut rules = vec![];
+            for b in bits {
+                match flags {
+                    None => rules.push(SeccompRule::new(vec![bit(mode, b)?])),
+                    Some(f) => {
+                        for c in creating {
+                            rules.push(SeccompRule::new(vec![bit(f, c)?, bit(mode, b)?]));
+                        }
+                    }
+                }
+            }
+            let rules = rules
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| e.to_string())?;
+            Ok((nr, rules))
+        })
+        .collect()
+}
+
+/// Part 4: `clone3` and `openat2`, ENOSYS (see the module comment).
 fn no_clone3() -> Result<BpfProgram, String> {
-    let rules = BTreeMap::from([(libc::SYS_clone3, vec![])]);
+    let rules = BTreeMap::from([(libc::SYS_clone3, vec![]), (libc::SYS_openat2, vec![])]);
     compile(rules, SeccompAction::Errno(libc::ENOSYS as u32))
 }
 
@@ -386,6 +449,40 @@ mod tests {
             errno(libc::EPERM)
         );
         assert_eq!(call(libc::SYS_ioctl, [0, 0x5401, 0, 0, 0, 0]), ALLOW); // TCGETS
+    }
+
+    #[test]
+    fn no_setuid_or_setgid_bit_is_set() {
+        let eperm = errno(libc::EPERM);
+        let creat = libc::O_CREAT as u64 | libc::O_WRONLY as u64;
+        for bit in [libc::S_ISUID as u64, libc::S_ISGID as u64] {
+            let m = 0o755 | bit;
+            assert_eq!(call(libc::SYS_fchmod, [3, m, 0, 0, 0, 0]), eperm);
+            assert_eq!(call(libc::SYS_fchmodat, [3, 0, m, 0, 0, 0]), eperm);
+            assert_eq!(call(libc::SYS_fchmodat2, [3, 0, m, 0, 0, 0]), eperm);
+            assert_eq!(call(libc::SYS_mknodat, [3, 0, m, 0, 0, 0]), eperm);
+            assert_eq!(call(libc::SYS_openat, [3, 0, creat, m, 0, 0]), eperm);
+            let tmpfile = libc::O_TMPFILE as u64 | libc::O_RDWR as u64;
+            assert_eq!(call(libc::SYS_openat, [3, 0, tmpfile, m, 0, 0]), eperm);
+            // Without O_CREAT the mode is not used, whatever the register holds.
+            assert_eq!(call(libc::SYS_openat, [3, 0, 0, m, 0, 0]), ALLOW);
+            #[cfg(target_arch = "x86_64")]
+            {
+                assert_eq!(call(libc::SYS_chmod, [0, m, 0, 0, 0, 0]), eperm);
+                assert_eq!(call(libc::SYS_creat, [0, m, 0, 0, 0, 0]), eperm);
+                assert_eq!(call(libc::SYS_open, [0, creat, m, 0, 0, 0]), eperm);
+                assert_eq!(call(libc::SYS_mknod, [0, m, 0, 0, 0, 0]), eperm);
+            }
+        }
+        // Ordinary modes pass; the sticky bit is no privilege.
+        for m in [0o755u64, 0o600, 0o1777] {
+            assert_eq!(call(libc::SYS_fchmod, [3, m, 0, 0, 0, 0]), ALLOW);
+            assert_eq!(call(libc::SYS_openat, [3, 0, creat, m, 0, 0]), ALLOW);
+        }
+        assert_eq!(
+            call(libc::SYS_openat2, [3, 0, 0, 24, 0, 0]),
+            errno(libc::ENOSYS)
+        );
     }
 
     #[test]

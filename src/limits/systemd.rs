@@ -36,6 +36,8 @@ pub enum ScopeEnd {
     /// Still active: the script's end was its own (or scriptgate's).
     Active,
     /// The OOM killer took a process and systemd stopped the scope (`oom-kill`).
+    /// Defensive: with `OOMPolicy=continue` (systemd 253+) and before 253 systemd
+    /// does not stop a scope on an OOM kill, but a drop-in or a later systemd may.
     OomKill,
     /// `RuntimeMaxSec=` of the scope passed (`timeout`).
     Timeout,
@@ -118,9 +120,19 @@ impl Manager {
     /// How the scope ended, read while it is still loaded; then a failed scope is
     /// reset, so that systemd collects it.
     pub async fn ended(&self, unit: &str) -> ScopeEnd {
-        let state = self.active_state(unit).await;
+        let mut state = self.active_state(unit).await;
         if state.as_deref() == Some("active") {
             return ScopeEnd::Active;
+        }
+        // systemd is still stopping it (its RuntimeMaxSec=, a `systemctl stop`):
+        // its Result is set, and the state it ends in decides whether it must be
+        // reset. Up to 5 s, a unit's last processes being already dead.
+        for _ in 0..50 {
+            if !matches!(state.as_deref(), Some("deactivating" | "activating")) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            state = self.active_state(unit).await;
         }
         let result = self
             .string_property(unit, "org.freedesktop.systemd1.Scope", "Result")
@@ -187,6 +199,19 @@ impl Manager {
                 _ => tokio::time::sleep(Duration::from_millis(10)).await,
             }
         }
+        // Let it go: a scope that never came up must not stay loaded (failed)
+        // once it does.
+        let _ = self
+            .bus
+            .call_method(
+                Some(DEST),
+                PATH,
+                Some(MANAGER),
+                "StopUnit",
+                &(unit.as_str(), "fail"),
+            )
+            .await;
+        self.reset_failed(&unit).await;
         Err(format!("{unit} did not become active"))
     }
 

@@ -160,7 +160,7 @@ time.sleep(600)
 EOF
 cat >"$work/drain.py" <<'EOF'
 import time
-time.sleep(12)
+time.sleep(25)
 print("survived the upgrade")
 EOF
 
@@ -250,22 +250,26 @@ fi
 mkdir -p /run/systemd/system/scriptgate.service.d
 printf '[Service]\nWatchdogSec=0\n' >/run/systemd/system/scriptgate.service.d/no-watchdog.conf
 systemctl daemon-reload
-write_conf systemd 134217728 16 20 10
+write_conf systemd 134217728 16 20 30
 restart systemd backstop
 run backstop "$work/sleep.py" &
 bg=$!
 if id=$(running_id); then
   scope=scriptgate-$id.scope
   systemctl freeze scriptgate.service
-  for _ in $(seq 300); do
-    [ "$(systemctl show -p ActiveState --value "$scope")" = active ] || break
-    sleep 0.2
+  # Until systemd has ended it (timeout_s + 30 s = 60 s from its start).
+  for _ in $(seq 600); do
+    case "$(systemctl show -p ActiveState --value "$scope")" in
+      active | deactivating) sleep 0.2 ;;
+      *) break ;;
+    esac
   done
   echo "  $scope: $(systemctl show -p ActiveState -p Result "$scope" | tr '\n' ' ')"
   systemctl thaw scriptgate.service
   wait $bg; rc=$?
   expect backstop 3 timeout
   check "the timeout names the scope's RuntimeMaxSec=" grep -q "RuntimeMaxSec" "$work/backstop.json"
+  check "the failed scope was reset" sh -c "! systemctl list-units --all --no-legend '$scope' | grep -q ."
   check "no failed scope left behind" sh -c "! systemctl list-units --all --no-legend 'scriptgate-*.scope' | grep -q ."
 else
   bad "a running script is listed (backstop)" "$(scriptgate ps 2>&1)"
@@ -277,7 +281,8 @@ write_conf systemd 134217728 16 20 60
 restart systemd limits
 run mem "$work/mem.py"
 expect mem 5 oom
-check "journal: the kernel's OOM kill was in the scope" sh -c "journalctl -k -o cat --no-pager | grep -q 'oom_memcg=/scriptgate.slice/scriptgate-'"
+mem_id=$(jget "$work/mem.json" script_id)
+check "journal: the kernel's OOM kill was in this script's scope" sh -c "journalctl -k -o cat --no-pager | grep -q 'oom_memcg=/scriptgate.slice/scriptgate-$mem_id.scope'"
 run tasks "$work/tasks.py"
 expect tasks 0 ok "refused thread"
 jget "$work/tasks.json" output | sed 's/^/  /'
@@ -285,7 +290,7 @@ run cpu "$work/cpu.py"
 expect cpu 0 ok cpu_share
 share=$(jget "$work/cpu.json" output | awk '/cpu_share/ {print $2}')
 echo "figure systemd_cpu_share_at_20pct ${share:-none}"
-check "CPU held to its 20% quota (share ${share:-none} < 0.35)" python3 -c "import sys; sys.exit(0 if float('${share:-9}') < 0.35 else 1)"
+check "CPU held to its 20% quota (0.10 < share ${share:-none} < 0.35)" python3 -c "import sys; sys.exit(0 if 0.10 < float('${share:-9}') < 0.35 else 1)"
 
 section "systemd backend: a non-root [[auth.engine]] (tester)"
 run tester_fleet "$ex/fleet_summary.py" as_tester
@@ -311,7 +316,7 @@ run cg_cpu "$work/cpu.py"
 expect cg_cpu 0 ok cpu_share
 share=$(jget "$work/cg_cpu.json" output | awk '/cpu_share/ {print $2}')
 echo "figure cgroup_cpu_share_at_20pct ${share:-none}"
-check "CPU held to its 20% quota (share ${share:-none} < 0.35)" python3 -c "import sys; sys.exit(0 if float('${share:-9}') < 0.35 else 1)"
+check "CPU held to its 20% quota (0.10 < share ${share:-none} < 0.35)" python3 -c "import sys; sys.exit(0 if 0.10 < float('${share:-9}') < 0.35 else 1)"
 run cg_inet "$work/inet.py"
 expect cg_inet 0 ok "inet ok"
 # The tree ends with the script: a cancelled script's subprocesses and leaf go.
@@ -368,7 +373,12 @@ systemctl daemon-reload
 section "bench: empty script, start to finish, beside bare bwrap + python3"
 for b in systemd cgroup rlimit; do
   write_conf $b 1073741824 256 100 60
-  restart $b && python3 /mnt/host/bench_backends.py "$b" 9 2>&1
+  if restart $b && out=$(python3 /mnt/host/bench_backends.py "$b" 9 2>&1); then
+    echo "$out"
+    ok "bench on the $b backend"
+  else
+    bad "bench on the $b backend" "$out"
+  fi
 done
 
 if [ "$apparmor4" = yes ]; then
@@ -377,13 +387,15 @@ if [ "$apparmor4" = yes ]; then
   # Debian ships Ubuntu's unprivileged_userns profile in complain mode; an
   # enforcing copy that attaches to /usr/bin/bwrap gives an unconfined bwrap
   # what Ubuntu 24.04 gives it.
-  sed -e 's/^profile unprivileged_userns[^{]*{/profile sg_ubuntu_sim \/usr\/bin\/bwrap {/' \
+  # Named as Ubuntu names its own (bwrap-userns-restrict: `profile bwrap`).
+  sed -e 's/^profile unprivileged_userns[^{]*{/profile bwrap-sim \/usr\/bin\/bwrap {/' \
     -e 's/flags=([^)]*)//' /etc/apparmor.d/unprivileged_userns >/etc/apparmor.d/sg-ubuntu-sim
   grep -n '^profile' /etc/apparmor.d/sg-ubuntu-sim | sed 's/^/  /'
   check "load the enforcing copy" apparmor_parser -r /etc/apparmor.d/sg-ubuntu-sim
   out=$(as_tester bwrap --unshare-user --unshare-net --ro-bind / / true 2>&1)
-  echo "  bwrap as tester now: $out"
-  check "an unconfined bwrap is refused its namespace" test -n "$out"
+  brc=$?
+  echo "  bwrap as tester now: exit $brc: $out"
+  check "an unconfined bwrap is refused its namespace" bash -c 'test "$1" != 0 && grep -qE "No permissions to create|uid map|RTM_NEWADDR" <<<"$2"' _ "$brc" "$out"
   # scriptgate's profile not loaded: the daemon runs unconfined.
   apparmor_parser -R /etc/apparmor.d/scriptgated >/dev/null 2>&1
   systemctl restart scriptgate.service
@@ -412,6 +424,7 @@ if running_id >/dev/null; then
   if out=$(apt-get install -y "$work/scriptgate-upgrade.deb" 2>&1); then ok "upgrade $old -> $(dpkg-query -W -f '${Version}' scriptgate)"; else bad "upgrade" "$out"; fi
   wait $bg; rc=$?
   expect drain 0 ok "survived the upgrade"
+  check "the upgrade's stop drained the running script" sh -c "journalctl -u scriptgate.service -o cat --no-pager | grep -q 'stopping; no new scripts; 1 running may finish'"
 else
   bad "a running script is listed (upgrade)" "$(scriptgate ps 2>&1)"
   wait $bg
