@@ -171,6 +171,10 @@ apparmor4=no
 [ -e /etc/apparmor.d/abi/4.0 ] && apparmor4=yes
 
 section "install"
+if [ ! -r /mnt/host/scriptgate.deb ]; then
+  bad "the host share holds the packages" "$(mount | grep /mnt/host || echo '/mnt/host is not mounted')"
+  exit 1
+fi
 # A key for the non-root engine, made before the package so that the first
 # config names it (the daemon checks key files at start).
 getent group tester >/dev/null || groupadd tester
