@@ -197,7 +197,10 @@ impl Daemon {
         let runtime_dir = state.join("runtime");
         std::fs::create_dir_all(&runtime_dir).map_err(io("create", &runtime_dir))?;
         let module = runtime_dir.join("agent_tools.py");
-        let tmp = runtime_dir.join(".agent_tools.py.new");
+        // A name of this process's own: two daemons on one state directory (the
+        // CLI's embedded ones, started together) must not rename each other's file
+        // away between its write and its chmod.
+        let tmp = runtime_dir.join(format!(".agent_tools.py.{}.new", std::process::id()));
         std::fs::write(&tmp, AGENT_TOOLS_PY).map_err(io("write", &tmp))?;
         crate::sys::chmod(&tmp, 0o644).map_err(io("chmod", &tmp))?;
         crate::sys::chmod(&runtime_dir, 0o755).map_err(io("chmod", &runtime_dir))?;
