@@ -104,10 +104,9 @@ impl HostFacts {
             apparmor_restrict_userns: num("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"),
             apparmor_enabled,
             apparmor_label: label,
-            scriptgated_profile: profiles.as_deref().map(|p| {
-                p.lines()
-                    .any(|l| l.split(' ').next() == Some("scriptgated"))
-            }),
+            scriptgated_profile: profiles
+                .as_deref()
+                .map(|p| loaded_profiles(p).any(|(name, _)| name == "scriptgated")),
             bwrap_profile: profiles.as_deref().and_then(bwrap_profile),
             unit,
             container,
@@ -134,11 +133,15 @@ fn container_label(label: &str) -> Option<&str> {
         .then_some(name)
 }
 
-/// The first enforcing profile of a `profiles` list (`NAME (MODE)` lines) that
-/// confines bwrap's user namespaces, scriptgate's own aside.
+/// The (name, mode) pairs of AppArmor's `profiles` list (`NAME (MODE)` lines).
+fn loaded_profiles(profiles: &str) -> impl Iterator<Item = (&str, &str)> {
+    profiles.lines().filter_map(|l| l.rsplit_once(' '))
+}
+
+/// The first enforcing profile of a `profiles` list that confines bwrap's user
+/// namespaces, scriptgate's own aside.
 fn bwrap_profile(profiles: &str) -> Option<String> {
-    profiles.lines().find_map(|l| {
-        let (name, mode) = l.rsplit_once(' ')?;
+    loaded_profiles(profiles).find_map(|(name, mode)| {
         let confines = name.contains("bwrap") || name == "unprivileged_userns";
         (mode == "(enforce)" && confines && !name.starts_with("scriptgated"))
             .then(|| name.to_string())
