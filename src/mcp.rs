@@ -127,6 +127,18 @@ pub fn tool_spec(full: String, tool: &Value, class: ToolClass) -> (ToolSpec, Opt
 /// server fits many times over); a longer one ends the connection.
 pub const MAX_LINE_BYTES: usize = 64 << 20;
 
+fn cursor_hash(c: &Value) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    c.to_string().hash(&mut h);
+    h.finish()
+}
+
+/// The most `tools/list` pages read from one server.
+pub const MAX_TOOL_PAGES: usize = 1000;
+/// The most tools taken from one server.
+pub const MAX_TOOLS: usize = 100_000;
+
 /// The `initialize` params: protocol version and client info; no `roots`
 /// capability (see `Server::start`).
 #[derive(Serialize)]
@@ -349,9 +361,14 @@ impl Server {
                 "MCP server {name}: {}",
                 e.message
             ))),
-            Err(CallError::Disconnected | CallError::Closed(_)) => Err(LinkError::Answered(
-                format!("MCP server {name} exited{}", self.stderr_note()),
-            )),
+            Err(CallError::Closed(e)) => Err(LinkError::Answered(format!(
+                "MCP server {name}: {}",
+                e.message
+            ))),
+            Err(CallError::Disconnected) => Err(LinkError::Answered(format!(
+                "MCP server {name} exited{}",
+                self.stderr_note()
+            ))),
             Err(CallError::Timeout { id }) => {
                 let cancel = Cancelled {
                     request_id: id,
@@ -366,32 +383,53 @@ impl Server {
         }
     }
 
-    /// All tools, following `nextCursor`.
+    /// All tools, following `nextCursor` for at most `MAX_TOOL_PAGES` pages and
+    /// `MAX_TOOLS` tools: a server whose cursor never ends, or comes back to a
+    /// page already read, gets an error, not a CLI that hangs or grows.
     pub async fn list_tools(&self) -> Result<Vec<Value>, McpError> {
+        let err = |message: String| McpError::Server {
+            name: self.name.clone(),
+            message,
+        };
         let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         let mut cursor: Option<Value> = None;
-        loop {
+        for _ in 0..MAX_TOOL_PAGES {
             let params = ListTools {
                 cursor: cursor.as_ref(),
             };
             let r = self
                 .request("tools/list", &params, Duration::from_secs(60))
                 .await
-                .map_err(|e| McpError::Server {
-                    name: self.name.clone(),
-                    message: format!("tools/list: {e}"),
-                })?;
+                .map_err(|e| err(format!("tools/list: {e}")))?;
             out.extend(
                 r.get("tools")
                     .and_then(Value::as_array)
                     .cloned()
                     .unwrap_or_default(),
             );
+            if out.len() > MAX_TOOLS {
+                return Err(err(format!(
+                    "tools/list: more than {MAX_TOOLS} tools; scriptgate takes at most that many from one server"
+                )));
+            }
             cursor = r.get("nextCursor").filter(|c| !c.is_null()).cloned();
-            if cursor.is_none() || out.len() > 100_000 {
-                return Ok(out);
+            match &cursor {
+                None => return Ok(out),
+                // Kept as hashes: a server's cursors may be long.
+                Some(c) if !seen.insert(cursor_hash(c)) => {
+                    return Err(err(format!(
+                        "tools/list: nextCursor {c} came back after {} pages; the server's pages go round in a circle",
+                        seen.len()
+                    )))
+                }
+                Some(_) => {}
             }
         }
+        Err(err(format!(
+            "tools/list: nextCursor did not end within {MAX_TOOL_PAGES} pages ({} tools so far); scriptgate reads at most that many pages",
+            out.len()
+        )))
     }
 
     pub async fn call(&self, tool: &str, arguments: Value) -> Result<ToolResult, LinkError> {

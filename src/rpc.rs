@@ -281,16 +281,22 @@ impl Peer {
                     break;
                 }
                 Ok(Line::Data) if buf.iter().all(u8::is_ascii_whitespace) => {}
-                // A hostile peer's line is bounded in what it parses to, too: a
-                // line of tiny objects parses to ~100 times its size.
-                Ok(Line::Data)
-                    if strict.is_some() && parse_cost(&buf) > max_parse_cost(bounds.max_line) =>
-                {
-                    self.refuse_line(&format!(
+                // A line is bounded in what it parses to, too: a line of tiny
+                // objects parses to ~100 times its size. A server says so to its
+                // peer; a client (an MCP server's stdout) fails what waits with it.
+                Ok(Line::Data) if parse_cost(&buf) > max_parse_cost(bounds.max_line) => {
+                    let message = format!(
                         "message too large once parsed (about {} bytes; at most {}); closing the connection",
                         parse_cost(&buf),
                         max_parse_cost(bounds.max_line)
-                    ));
+                    );
+                    match strict {
+                        Some(_) => self.refuse_line(&message),
+                        None => {
+                            let e = RpcError::new(code::INVALID_REQUEST, message);
+                            *self.shared.closed_with.lock().unwrap() = Some(e);
+                        }
+                    }
                     break;
                 }
                 Ok(Line::Data) => {
