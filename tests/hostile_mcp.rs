@@ -47,6 +47,8 @@ struct Ran {
     max_rss_kib: i64,
 }
 
+// The child is reaped by wait4 (for its rusage), which clippy cannot see.
+#[allow(clippy::zombie_processes)]
 fn tools(mode: &str) -> Ran {
     let mut f = tempfile::NamedTempFile::new().unwrap();
     f.write_all(SERVER.as_bytes()).unwrap();
