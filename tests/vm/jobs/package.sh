@@ -93,7 +93,7 @@ cpu_quota_percent = $4
 
 [sandbox]
 backend = "$1"
-run_as = "nobody"
+run_as = "scriptgate-script"
 require_enforced_limits = true
 
 [server]
@@ -142,6 +142,10 @@ t0, c0 = time.monotonic(), time.process_time()
 while time.monotonic() - t0 < 4:
     pass
 print("cpu_share %.3f" % ((time.process_time() - c0) / (time.monotonic() - t0)))
+EOF
+cat >"$work/whoami.py" <<'EOF'
+import os, pwd
+print("user", pwd.getpwuid(os.getuid()).pw_name)
 EOF
 cat >"$work/inet.py" <<'EOF'
 import socket
@@ -207,7 +211,7 @@ else
 fi
 denials_before=$(denials)
 
-section "systemd backend, root engine (scripts run as nobody), packaged config"
+section "systemd backend, root engine (scripts run as scriptgate-script), packaged config"
 run fleet "$ex/fleet_summary.py"
 expect fleet 0 ok "500 devices"
 pid=$(systemctl show -p MainPID --value scriptgate.service)
@@ -223,6 +227,8 @@ check "status: sandbox ok" grep -qE '^sandbox +ok' <<<"$status"
 check "journal: limits in force" sh -c "journalctl -u scriptgate.service -o cat --no-pager | grep -q 'limits in force'"
 run inet "$work/inet.py"
 expect inet 0 ok "inet ok"
+run whoami "$work/whoami.py"
+expect whoami 0 ok "user scriptgate-script"
 
 section "systemd backend: limits (128 MiB, 16 tasks, 20% CPU)"
 write_conf systemd 134217728 16 20 60
@@ -332,7 +338,7 @@ if id=$(running_id); then
   scriptgate cancel "$id" >/dev/null 2>&1
   wait $bg; rc=$?
   expect cg_cancel 4 cancelled
-  check "cancel ended the tree (no sleep 600 left, leaf removed)" sh -c "! pgrep -u nobody -f 'sleep 600' && test ! -e '$leaf'"
+  check "cancel ended the tree (no sleep 600 left, leaf removed)" sh -c "! pgrep -u scriptgate-script -f 'sleep 600' && test ! -e '$leaf'"
 else
   bad "a running script is listed (cgroup)" "$(scriptgate ps 2>&1)"
   wait $bg
@@ -342,7 +348,7 @@ write_conf cgroup 134217728 16 20 3
 restart cgroup timeout
 run cg_timeout "$work/sleep.py"
 expect cg_timeout 3 timeout
-check "the timeout left no process behind" sh -c "! pgrep -u nobody -f 'sleep 600'"
+check "the timeout left no process behind" sh -c "! pgrep -u scriptgate-script -f 'sleep 600'"
 
 section "the unit"
 score=$(systemd-analyze security scriptgate.service 2>/dev/null | sed -n 's/.*Overall exposure level for scriptgate.service: \([0-9.]*\).*/\1/p')
