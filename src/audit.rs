@@ -144,6 +144,81 @@ pub enum StoreError {
     Gone,
 }
 
+impl StoreError {
+    /// SQLite found the store's filesystem full (SQLITE_FULL).
+    pub fn is_full(&self) -> bool {
+        matches!(self, StoreError::Sql { source, .. } if is_full(source))
+    }
+}
+
+fn is_full(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull)
+}
+
+/// Space kept in the state directory for the rows of scripts that end while its
+/// filesystem is full (a script filled it): a preallocated file next to the
+/// store. A finish row that meets SQLITE_FULL removes it (logged at err) and is
+/// written again; the daemon sets it aside again once there is space
+/// ([`Store::keep_reserve`]), and refuses to start scripts until it can.
+struct Reserve {
+    path: PathBuf,
+    /// Released and not yet made again.
+    released: std::sync::atomic::AtomicBool,
+    /// One maker at a time (starts and ends may try together).
+    making: Mutex<()>,
+}
+
+impl Reserve {
+    /// Remove the file to free its space; false when there was none.
+    fn release(&self, why: &str) -> bool {
+        match std::fs::remove_file(&self.path) {
+            Ok(()) => {
+                self.released
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                tracing::error!(
+                    "the filesystem of the audit store is full: released the reserve {} to {why}; \
+                     free space there (a script may have filled it: put workspace roots on a \
+                     filesystem apart from state.dir, or give them a quota)",
+                    self.path.display()
+                );
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Make the file `bytes` long, blocks allocated, unless it already is.
+    fn keep(&self, bytes: u64) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let _one = self.making.lock().unwrap_or_else(|p| p.into_inner());
+        if std::fs::metadata(&self.path).is_ok_and(|m| m.len() >= bytes) {
+            return Ok(());
+        }
+        let tmp = self.path.with_extension("reserve.new");
+        let made = (|| {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
+            nix::fcntl::posix_fallocate(&f, 0, bytes as i64).map_err(std::io::Error::from)?;
+            std::fs::rename(&tmp, &self.path)
+        })();
+        if made.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        } else if self.released.swap(false, Ordering::SeqCst) {
+            tracing::info!(
+                "the audit store's reserve {} is set aside again ({bytes} bytes)",
+                self.path.display()
+            );
+        }
+        made
+    }
+}
+
 /// The row written when a script starts.
 #[derive(Debug, Clone)]
 pub struct StartRow {
@@ -183,6 +258,7 @@ pub struct Store {
     path: PathBuf,
     tx: mpsc::Sender<Job>,
     reader: Mutex<Connection>,
+    reserve: std::sync::Arc<Reserve>,
 }
 
 pub fn now_ms() -> i64 {
@@ -233,8 +309,20 @@ impl Store {
                 .map_err(sql("set user_version"))?;
             tx.commit().map_err(sql("commit migration"))?;
         }
-        let interrupted =
-            recover_interrupted(&mut w).map_err(sql("recover interrupted scripts"))?;
+        let reserve = std::sync::Arc::new(Reserve {
+            path: PathBuf::from(format!("{}.reserve", path.display())),
+            released: Default::default(),
+            making: Mutex::new(()),
+        });
+        // A daemon that died on a full filesystem: its scripts' ends are written
+        // with the space its reserve kept.
+        let interrupted = match recover_interrupted(&mut w) {
+            Err(e) if is_full(&e) && reserve.release("record interrupted scripts") => {
+                recover_interrupted(&mut w)
+            }
+            r => r,
+        }
+        .map_err(sql("recover interrupted scripts"))?;
         restrict_access(path, reader_gid);
         let reader = Connection::open_with_flags(
             path,
@@ -258,6 +346,7 @@ impl Store {
                 path: path.to_path_buf(),
                 tx,
                 reader: Mutex::new(reader),
+                reserve,
             },
             interrupted,
         ))
@@ -303,30 +392,30 @@ impl Store {
         .await
     }
 
+    /// Complete a script's row. On a full filesystem (SQLITE_FULL) the reserve is
+    /// released and the row written again: the row must not stay `running`.
     pub async fn finish(
         &self,
         result: &ScriptResult,
         tool_counts: Value,
     ) -> Result<(), StoreError> {
         let r = result.clone();
+        let reserve = self.reserve.clone();
         self.write("record finished script", move |c| {
-            let tx = c.transaction()?;
-            let n = tx.execute(
-                "UPDATE scripts SET ended_at = ?2, status = ?3, exit_code = ?4, calls = ?5, failures = ?6,
-                   tool_counts = ?7, duration_ms = ?8, memory_peak_bytes = ?9, cpu_usec = ?10, result = ?11
-                 WHERE script_id = ?1",
-                params![
-                    r.script_id, now_ms(), r.status.as_str(), r.exit_code, r.calls as i64, r.failures as i64,
-                    tool_counts.to_string(), r.duration_ms as i64, r.memory_peak_bytes.map(|v| v as i64),
-                    r.cpu_usec.map(|v| v as i64), serde_json::to_string(&r).unwrap_or_default()
-                ],
-            )?;
-            if n > 0 {
-                count_finished(&tx, r.status.as_str(), r.calls, r.failures, r.duration_ms)?;
+            let why = format!("record the end of script {}", r.script_id);
+            match finish_row(c, &r, &tool_counts) {
+                Err(e) if is_full(&e) && reserve.release(&why) => finish_row(c, &r, &tool_counts),
+                done => done,
             }
-            tx.commit()
         })
         .await
+    }
+
+    /// Set the reserve aside (`state.reserve_bytes`; 0: none) if it is not:
+    /// at each start, and after a script's end used it. ENOSPC while the
+    /// filesystem stays full.
+    pub fn keep_reserve(&self, bytes: u64) -> std::io::Result<()> {
+        self.reserve.keep(bytes)
     }
 
     /// Keep running scripts' counters current (one transaction for all of them),
@@ -611,6 +700,33 @@ pub struct Recovered {
     pub run_uid: u32,
 }
 
+/// The UPDATE that completes a script's row, and its counters.
+fn finish_row(c: &mut Connection, r: &ScriptResult, tool_counts: &Value) -> rusqlite::Result<()> {
+    let tx = c.transaction()?;
+    let n = tx.execute(
+        "UPDATE scripts SET ended_at = ?2, status = ?3, exit_code = ?4, calls = ?5, failures = ?6,
+           tool_counts = ?7, duration_ms = ?8, memory_peak_bytes = ?9, cpu_usec = ?10, result = ?11
+         WHERE script_id = ?1",
+        params![
+            r.script_id,
+            now_ms(),
+            r.status.as_str(),
+            r.exit_code,
+            r.calls as i64,
+            r.failures as i64,
+            tool_counts.to_string(),
+            r.duration_ms as i64,
+            r.memory_peak_bytes.map(|v| v as i64),
+            r.cpu_usec.map(|v| v as i64),
+            serde_json::to_string(r).unwrap_or_default()
+        ],
+    )?;
+    if n > 0 {
+        count_finished(&tx, r.status.as_str(), r.calls, r.failures, r.duration_ms)?;
+    }
+    tx.commit()
+}
+
 /// Rows still `running` belong to a daemon that died: they become `interrupted`.
 fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<Recovered>> {
     let tx = c.transaction()?;
@@ -665,6 +781,7 @@ fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<Recovered>> {
                     memory_peak_bytes: None,
                     cpu_usec: None,
                     backend_notes: vec![],
+                    record_incomplete: vec![],
                 }
                 .with_text(None),
             });
@@ -868,6 +985,7 @@ mod tests {
             memory_peak_bytes: None,
             cpu_usec: None,
             backend_notes: vec![],
+            record_incomplete: vec![],
         }
     }
 }

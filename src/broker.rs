@@ -57,6 +57,18 @@ pub struct Live {
     pub uncaught: Mutex<Option<String>>,
     /// Calls per tool; names outside the snapshot share the key `OTHER_TOOLS`.
     pub tool_counts: Mutex<BTreeMap<String, u64>>,
+    /// Why calls.jsonl stopped short (a full filesystem), and the lines it lost;
+    /// the counts above go on and reach the audit row.
+    pub calls_log_error: Mutex<Option<(String, u64)>>,
+}
+
+impl Live {
+    /// calls.jsonl as the record's note gives it, if it lost lines.
+    pub fn calls_log_incomplete(&self) -> Option<String> {
+        let e = self.calls_log_error.lock().unwrap();
+        e.as_ref()
+            .map(|(why, lost)| format!("calls.jsonl: {why}; lines lost: {lost}"))
+    }
 }
 
 pub type RevokedRuns = Arc<RwLock<HashSet<String>>>;
@@ -400,7 +412,21 @@ impl Broker {
         // One write per line, not one per token.
         let mut text = text.unwrap_or_default();
         text.push('\n');
-        let _ = self.calls_log.lock().unwrap().write_all(text.as_bytes());
+        self.write_log_line(&text);
+    }
+
+    /// Append one line to calls.jsonl. After a failed write (a full filesystem)
+    /// no more are tried, so that the file never holds a torn line followed by
+    /// whole ones; the lines lost are counted for the record's note.
+    fn write_log_line(&self, text: &str) {
+        let mut err = self.live.calls_log_error.lock().unwrap();
+        if let Some((_, lost)) = err.as_mut() {
+            *lost += 1;
+            return;
+        }
+        if let Err(e) = self.calls_log.lock().unwrap().write_all(text.as_bytes()) {
+            *err = Some((crate::runner::describe_write_error(&e), 1));
+        }
     }
 
     /// The counters of one call: calls, failures, calls per tool.

@@ -134,6 +134,10 @@ pub struct Scripts {
     /// CPU time per wall-clock second, in percent of one CPU (0: no quota);
     /// systemd and cgroup backends (extension).
     pub cpu_quota_percent: u32,
+    /// The largest file a script's process may write (RLIMIT_FSIZE, every
+    /// backend; past it a write fails with EFBIG; 0: no bound). Bounds each
+    /// file, not the total (extension).
+    pub file_max_bytes: u64,
 }
 impl Default for Scripts {
     fn default() -> Self {
@@ -148,6 +152,7 @@ impl Default for Scripts {
             approval_timeout_s: 600,
             python: "/usr/bin/python3".into(),
             cpu_quota_percent: 100,
+            file_max_bytes: 1 << 30,
         }
     }
 }
@@ -190,11 +195,15 @@ impl Default for Sandbox {
 #[serde(deny_unknown_fields, default)]
 pub struct State {
     pub dir: PathBuf,
+    /// Bytes kept free in `dir` (a preallocated file) for the audit rows of
+    /// scripts that end on a full filesystem; 0: none (extension).
+    pub reserve_bytes: u64,
 }
 impl Default for State {
     fn default() -> Self {
         State {
             dir: "/var/lib/scriptgate".into(),
+            reserve_bytes: 8 << 20,
         }
     }
 }

@@ -682,7 +682,10 @@ impl Daemon {
     }
 
     /// Step 4: `.agent/scripts/<id>/` with the code and the (empty) logs, owned by
-    /// the script's uid; then the audit row.
+    /// the script's uid; then the audit row. First the state directory's reserve
+    /// (`state.reserve_bytes`): a script starts only when its end can be recorded.
+    /// A record that cannot be made in full is removed: a refused start leaves
+    /// no `script.py` that no audit row names.
     async fn create_record(
         &self,
         script_id: &str,
@@ -691,45 +694,69 @@ impl Daemon {
         a: &Admitted,
         approval: Approval,
     ) -> Result<Record, RpcError> {
-        let internal =
-            |what: &str, e: &dyn std::fmt::Display| RpcError::internal(format!("{what}: {e}"));
-        let art = ArtifactDir::create(&a.workspace, script_id, a.identity)
-            .map_err(|e| internal("cannot create the script's record directory", &e))?;
-        let mut f = art
-            .create_file("script.py", 0o600)
-            .map_err(|e| internal("record", &e))?;
-        std::io::Write::write_all(&mut f, p.code.as_bytes())
-            .map_err(|e| internal("write script.py", &e))?;
-        let create = |name| {
-            art.create_file(name, 0o600)
-                .map_err(|e| internal("record", &e))
-        };
-        let (calls_log, stdout_file, stderr_file) = (
-            create("calls.jsonl")?,
-            create("output.txt")?,
-            create("stderr.txt")?,
-        );
+        let state = &self.cfg.state;
+        if let Err(e) = self.store.keep_reserve(state.reserve_bytes) {
+            if is_no_space(&e) {
+                return Err(no_space(format!(
+                    "the filesystem of state.dir {} is full: the {} bytes kept there for \
+                     recording scripts' ends (state.reserve_bytes) cannot be set aside ({e}); \
+                     free space there, or put workspace roots on a filesystem apart from state.dir",
+                    state.dir.display(),
+                    state.reserve_bytes
+                )));
+            }
+            tracing::warn!("cannot keep the audit store's reserve: {e}");
+        }
+        let art = ArtifactDir::create(&a.workspace, script_id, a.identity).map_err(|e| {
+            record_error(
+                "cannot create the script's record directory",
+                &a.workspace,
+                e,
+            )
+        })?;
         let details_dir = format!(".agent/scripts/{script_id}");
-        self.store
-            .insert_started(StartRow {
-                script_id: script_id.to_string(),
-                run_id: a.claims.run_id.clone(),
-                runner: a.claims.runner.clone(),
-                peer_uid: peer.uid,
-                peer_pid: peer.pid,
-                run_uid: a.identity.uid,
-                description: p.description.clone(),
-                code: p.code.clone(),
-                tools: a.plan.declared.iter().map(|(n, _)| n.clone()).collect(),
-                approval: approval.as_str().into(),
-                workspace: a.workspace.path.display().to_string(),
-                backend: self.backend.kind.as_str().into(),
-                unit: self.backend.backend.unit_for(script_id),
-                started_at_ms: now_ms(),
-                details_dir: details_dir.clone(),
-            })
-            .await
-            .map_err(|e| internal("audit store", &e))?;
+        let made = async {
+            let files = write_record_files(&art, &p.code)
+                .map_err(|e| record_error("cannot write the script's record", &a.workspace, e))?;
+            self.store
+                .insert_started(StartRow {
+                    script_id: script_id.to_string(),
+                    run_id: a.claims.run_id.clone(),
+                    runner: a.claims.runner.clone(),
+                    peer_uid: peer.uid,
+                    peer_pid: peer.pid,
+                    run_uid: a.identity.uid,
+                    description: p.description.clone(),
+                    code: p.code.clone(),
+                    tools: a.plan.declared.iter().map(|(n, _)| n.clone()).collect(),
+                    approval: approval.as_str().into(),
+                    workspace: a.workspace.path.display().to_string(),
+                    backend: self.backend.kind.as_str().into(),
+                    unit: self.backend.backend.unit_for(script_id),
+                    started_at_ms: now_ms(),
+                    details_dir: details_dir.clone(),
+                })
+                .await
+                .map_err(|e| {
+                    if e.is_full() {
+                        no_space(format!(
+                            "the filesystem of state.dir {} is full: {e}; free space there",
+                            state.dir.display()
+                        ))
+                    } else {
+                        RpcError::internal(format!("audit store: {e}"))
+                    }
+                })?;
+            Ok::<_, RpcError>(files)
+        }
+        .await;
+        let (calls_log, stdout_file, stderr_file) = match made {
+            Ok(files) => files,
+            Err(e) => {
+                remove_record(&art, script_id);
+                return Err(e);
+            }
+        };
         Ok(Record {
             art,
             details_dir,
@@ -856,6 +883,7 @@ impl Daemon {
             output_max_bytes: self.cfg.scripts.output_max_bytes,
             return_max_chars: self.cfg.scripts.return_max_chars,
             require_enforced_limits: self.cfg.sandbox.require_enforced_limits,
+            file_max_bytes: self.cfg.scripts.file_max_bytes,
         };
         (broker, launch)
     }
@@ -910,6 +938,9 @@ impl Daemon {
         if let Err(e) = self.store.finish(&result, counts).await {
             tracing::error!(script_id = %sid, "cannot record the result: {e}");
         }
+        // Its end recorded: set the reserve aside again if it was used (and
+        // space has come back); otherwise the next start tries.
+        let _ = self.store.keep_reserve(self.cfg.state.reserve_bytes);
         // Recorded first, then deregistered and the slot freed, and only then
         // told: whoever hears of the end can start the next script at once.
         self.registry.finish(&sid, running.owner);
@@ -948,10 +979,33 @@ impl Daemon {
             cpu_usec: None,
             backend_notes: vec![],
             setup_failed: true,
+            record_incomplete: vec![],
         });
-        let note = e.output_truncated.then(|| {
-            format!("[output truncated to return_max_chars = {} characters; all of it is in {details_dir}/output.txt]", self.cfg.scripts.return_max_chars)
-        });
+        let mut record_incomplete = e.record_incomplete;
+        record_incomplete.extend(live.calls_log_incomplete());
+        let mut notes = vec![];
+        if e.output_truncated {
+            notes.push(format!(
+                "[output truncated to return_max_chars = {} characters; {}]",
+                self.cfg.scripts.return_max_chars,
+                if record_incomplete
+                    .iter()
+                    .any(|r| r.starts_with("output.txt"))
+                {
+                    "output.txt is incomplete, see below".to_string()
+                } else {
+                    format!("all of it is in {details_dir}/output.txt")
+                }
+            ));
+        }
+        if !record_incomplete.is_empty() {
+            tracing::error!(script_id = %sid, "the script's record in its workspace is incomplete: {}", record_incomplete.join("; "));
+            notes.push(format!(
+                "[record incomplete: {}. The output above, the counts and the error are the daemon's own copy (its audit row); free space on the workspace's filesystem]",
+                record_incomplete.join("; ")
+            ));
+        }
+        let note = (!notes.is_empty()).then(|| notes.join("\n"));
         ScriptResult {
             script_id: sid.into(),
             run_id: run_id.into(),
@@ -972,6 +1026,7 @@ impl Daemon {
             memory_peak_bytes: e.memory_peak_bytes,
             cpu_usec: e.cpu_usec,
             backend_notes: e.backend_notes,
+            record_incomplete,
         }
         .with_text(note.as_deref())
     }
@@ -1228,6 +1283,70 @@ async fn progress_ticker(script_id: String, engine: Arc<dyn EngineLink>, run: Ar
             engine.send(Notification::ScriptProgress(status_of(&script_id, &run)));
             last = Some(tokio::time::Instant::now());
         }
+    }
+}
+
+/// The record's files: `script.py` with the code, and the empty logs.
+fn write_record_files(
+    art: &ArtifactDir,
+    code: &str,
+) -> Result<(std::fs::File, std::fs::File, std::fs::File), crate::sys::SysError> {
+    let io_err = |op, name: &str| {
+        let path = art.path.join(name);
+        move |source| crate::sys::SysError::Path { op, path, source }
+    };
+    let mut f = art.create_file("script.py", 0o600)?;
+    std::io::Write::write_all(&mut f, code.as_bytes()).map_err(io_err("write", "script.py"))?;
+    Ok((
+        art.create_file("calls.jsonl", 0o600)?,
+        art.create_file("output.txt", 0o600)?,
+        art.create_file("stderr.txt", 0o600)?,
+    ))
+}
+
+/// Remove a record that could not be made in full (its files, then its
+/// directory), by descriptor beneath `.agent`, never following a symlink.
+fn remove_record(art: &ArtifactDir, script_id: &str) {
+    use nix::fcntl::{openat, OFlag};
+    use nix::unistd::{unlinkat, UnlinkatFlags};
+    let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mode = nix::sys::stat::Mode::empty();
+    let removed = (|| {
+        let scripts = openat(&art.agent, "scripts", dir_flags, mode)?;
+        let dir = openat(&scripts, script_id, dir_flags, mode)?;
+        for name in ["script.py", "calls.jsonl", "output.txt", "stderr.txt"] {
+            match unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir) {
+                Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        unlinkat(&scripts, script_id, UnlinkatFlags::RemoveDir)
+    })();
+    if let Err(e) = removed {
+        tracing::warn!(script_id = %script_id, "cannot remove the record of a refused start, {}: {e}", art.path.display());
+    }
+}
+
+/// ENOSPC or EDQUOT.
+fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+}
+
+/// A start refused for want of disk space.
+fn no_space(message: String) -> RpcError {
+    RpcError::with_reason(code::INTERNAL, message, "no_space")
+}
+
+/// A record that could not be made: a full filesystem is named as such.
+fn record_error(what: &str, workspace: &WorkspaceDir, e: crate::sys::SysError) -> RpcError {
+    match &e {
+        crate::sys::SysError::Path { source, .. } if is_no_space(source) => no_space(format!(
+            "{what}: {e}: the filesystem of workspace {} is full; free space there \
+             (scripts.file_max_bytes bounds each file a script writes, not their total: \
+             a filesystem quota does)",
+            workspace.path.display()
+        )),
+        _ => RpcError::internal(format!("{what}: {e}")),
     }
 }
 

@@ -973,6 +973,11 @@ pub struct ScriptResult {
     /// (extension).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backend_notes: Vec<String>,
+    /// Parts of the script's record (`output.txt`, `stderr.txt`, `calls.jsonl`)
+    /// the daemon could not write, each with why (a full filesystem); `text` says
+    /// so too (extension).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub record_incomplete: Vec<String>,
 }
 
 impl ScriptResult {
@@ -1255,6 +1260,7 @@ mod tests {
             memory_peak_bytes: None,
             cpu_usec: None,
             backend_notes: vec![],
+            record_incomplete: vec![],
         }
     }
 

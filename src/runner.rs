@@ -9,8 +9,8 @@ use crate::sandbox::{
     FD_REQUESTS, FD_SECCOMP, FD_USAGE, FD_WORKSPACE,
 };
 use crate::sys::{
-    channel_pipe, dup_high, give_pipe, install_cloexec_above_fixed, install_pre_exec, wait_child,
-    ChildSetup, Exit, Identity, PidFd, Spawner,
+    channel_pipe, dup_high, give_pipe, install_cloexec_above_fixed, install_ignore_sigxfsz,
+    install_pre_exec, wait_child, ChildSetup, Exit, Identity, PidFd, Spawner,
 };
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -44,6 +44,8 @@ pub struct Launch {
     /// `sandbox.require_enforced_limits`: no "go" through the gate for a script
     /// whose limits read back as not in force.
     pub require_enforced_limits: bool,
+    /// `scripts.file_max_bytes`: RLIMIT_FSIZE of the script's processes.
+    pub file_max_bytes: u64,
 }
 
 /// What the supervisor observed; the daemon turns it into the result object.
@@ -67,6 +69,9 @@ pub struct Ended {
     /// The script never ran as configured: its unit or limits could not be set up
     /// (the journal entry says so at `err`, not as the script's own failure).
     pub setup_failed: bool,
+    /// The record files (output.txt, stderr.txt) the daemon could not write in
+    /// full, each with why.
+    pub record_incomplete: Vec<String>,
 }
 
 /// How much of stderr is kept for the result's `error`.
@@ -76,13 +81,19 @@ struct Captured {
     head: Vec<u8>,
     tail: Vec<u8>,
     total: u64,
+    /// Why the artifact file stopped short of what was to be kept in it (a full
+    /// filesystem): from then on nothing more is written to it.
+    write_error: Option<String>,
 }
 
 /// Copy a child stream to its artifact file (up to `max_file` bytes, then a note of
 /// how much was dropped), keeping the first `head_max` and last `tail_max` bytes.
+/// A write that fails (ENOSPC, EDQUOT) stops the copy to the file, not the
+/// draining: the script is never blocked on its pipe, and the failure is kept.
 async fn capture<R: tokio::io::AsyncRead + Unpin>(
     mut r: R,
     mut file: std::fs::File,
+    name: &str,
     max_file: u64,
     head_max: usize,
     tail_max: usize,
@@ -91,6 +102,7 @@ async fn capture<R: tokio::io::AsyncRead + Unpin>(
         head: Vec::new(),
         tail: Vec::new(),
         total: 0,
+        write_error: None,
     };
     let mut buf = vec![0u8; 64 * 1024];
     let mut written = 0u64;
@@ -101,11 +113,11 @@ async fn capture<R: tokio::io::AsyncRead + Unpin>(
         };
         let chunk = &buf[..n];
         c.total += n as u64;
-        if written < max_file {
+        if written < max_file && c.write_error.is_none() {
             let k = ((max_file - written) as usize).min(n);
-            if file.write_all(&chunk[..k]).is_ok() {
-                written += k as u64;
-            }
+            let (w, e) = write_counted(&mut file, &chunk[..k]);
+            written += w;
+            c.write_error = e;
         }
         if c.head.len() < head_max {
             let k = (head_max - c.head.len()).min(n);
@@ -118,13 +130,57 @@ async fn capture<R: tokio::io::AsyncRead + Unpin>(
             }
         }
     }
-    if c.total > written {
+    if let Some(e) = c.write_error.take() {
+        let kept = c.total.min(max_file);
+        c.write_error = Some(format!("{name}: {e}; {written} of {kept} bytes written"));
+    } else if c.total > written {
         let _ = writeln!(file, "\n[scriptgate: {} more bytes were printed and dropped; the limit is output_max_bytes = {max_file}]", c.total - written);
     }
     if c.tail.len() > tail_max {
         c.tail.drain(..c.tail.len() - tail_max);
     }
     c
+}
+
+/// Write all of `bytes`, counting what reached the file: `(written, error)`.
+fn write_counted(file: &mut std::fs::File, mut bytes: &[u8]) -> (u64, Option<String>) {
+    let mut n = 0u64;
+    while !bytes.is_empty() {
+        match file.write(bytes) {
+            Ok(0) => return (n, Some("the write wrote nothing".into())),
+            Ok(k) => {
+                n += k as u64;
+                bytes = &bytes[k..];
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return (n, Some(describe_write_error(&e))),
+        }
+    }
+    (n, None)
+}
+
+/// A write error as the record's note says it; a full filesystem or quota is
+/// named as such.
+pub fn describe_write_error(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) => format!("the filesystem is full ({e})"),
+        Some(libc::EDQUOT) => format!("the disk quota is used up ({e})"),
+        _ => e.to_string(),
+    }
+}
+
+/// The disk bound of a script's processes, the same on every backend: no file
+/// larger than `file_max_bytes` (RLIMIT_FSIZE), with SIGXFSZ ignored (see
+/// `command`), so that a write past it fails with EFBIG (Python sees an OSError)
+/// instead of killing the writer. It bounds each file, not their number or
+/// total: only a filesystem quota, or workspace roots on a filesystem apart from
+/// `state.dir`, bound that. The daemon's own writes are not under it. 0: no bound.
+pub fn file_size_rlimit(file_max_bytes: u64) -> (libc::__rlimit_resource_t, u64) {
+    let limit = match file_max_bytes {
+        0 => libc::RLIM_INFINITY,
+        n => n,
+    };
+    (libc::RLIMIT_FSIZE, limit)
 }
 
 /// Read bwrap's `--info-fd` JSON (`{"child-pid": N, …}`). The sandbox inherits the
@@ -437,11 +493,16 @@ fn command(
         &mut cmd,
         ChildSetup {
             identity: launch.identity,
-            rlimits: launch.backend.rlimits(&launch.limits),
+            rlimits: {
+                let mut r = launch.backend.rlimits(&launch.limits);
+                r.push(file_size_rlimit(launch.file_max_bytes));
+                r
+            },
             dups: fixed.iter().map(|(fd, to)| (fd.as_raw_fd(), *to)).collect(),
             parent_pid: std::process::id() as libc::pid_t,
         },
     );
+    install_ignore_sigxfsz(&mut cmd);
     install_cloexec_above_fixed(&mut cmd);
     cmd
 }
@@ -513,6 +574,7 @@ impl Streams {
             out: tokio::spawn(capture(
                 Receiver::from_owned_fd(ends.stdout)?,
                 stdout_file,
+                "output.txt",
                 output_max_bytes,
                 head_max,
                 0,
@@ -520,6 +582,7 @@ impl Streams {
             err: tokio::spawn(capture(
                 Receiver::from_owned_fd(ends.stderr)?,
                 stderr_file,
+                "stderr.txt",
                 output_max_bytes,
                 0,
                 STDERR_TAIL_BYTES,
@@ -779,6 +842,11 @@ impl Collected {
             None => (String::new(), false),
         };
         let stats = self.outcome.stats;
+        let record_incomplete = [&self.out, &self.err]
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.write_error.clone())
+            .collect();
         Ended {
             status,
             exit_code: exit.and_then(|e| e.code),
@@ -794,6 +862,7 @@ impl Collected {
             cpu_usec: stats.cpu_usec.or(exit.map(|e| e.cpu_usec)),
             backend_notes: vec![],
             setup_failed: false,
+            record_incomplete,
         }
     }
 }

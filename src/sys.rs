@@ -720,6 +720,23 @@ pub fn install_cloexec_above_fixed(cmd: &mut std::process::Command) {
     }
 }
 
+/// A `pre_exec` hook: SIGXFSZ ignored, so that a write past RLIMIT_FSIZE fails
+/// with EFBIG instead of killing the writer. An ignored signal stays ignored
+/// across exec (bwrap's, the sandbox init's, the script's).
+pub fn install_ignore_sigxfsz(cmd: &mut std::process::Command) {
+    let hook = || {
+        // SAFETY: signal(2) is async-signal-safe.
+        if unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) } == libc::SIG_ERR {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    // SAFETY: the hook makes one async-signal-safe syscall.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, hook);
+    }
+}
+
 /// Give a pipe (both ends: it is one inode) to the script's identity, so that the
 /// script can reopen its own stdout/stderr through `/dev/stdout` (a
 /// `/proc/self/fd` link, which checks the pipe's owner and mode 0600).
