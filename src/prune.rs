@@ -100,7 +100,8 @@ pub struct Vouched {
     pub path: PathBuf,
     pub dev: u64,
     pub ino: u64,
-    /// The last script start in it the daemon recorded.
+    /// The last script start in it the daemon recorded (`scriptgate audit`
+    /// has the rest; retention goes by the file system's times, as before).
     pub last_at_ms: i64,
 }
 
@@ -108,8 +109,8 @@ pub struct Vouched {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Created {
     pub path: PathBuf,
-    /// Last use: the newest of the last recorded start, and the modification
-    /// times of the workspace, its `.agent/scripts` and the marker.
+    /// Last use: the newest modification time of the workspace, its
+    /// `.agent/scripts` (a new script record) and the marker.
     pub last_used_ms: i64,
     /// The directory recorded (dev, inode).
     pub ident: (u64, u64),
@@ -248,7 +249,7 @@ pub fn plan(
         match opened {
             Some((fs_last, owner)) => found.push(Created {
                 path: v.path.clone(),
-                last_used_ms: fs_last.max(v.last_at_ms),
+                last_used_ms: fs_last,
                 ident: (v.dev, v.ino),
                 owner,
                 in_use: in_use(&v.path),
@@ -500,7 +501,6 @@ mod tests {
         let recent = root.join("run-new");
         std::fs::create_dir_all(&recent).unwrap();
         mark_created(&recent, "test").unwrap();
-        age_ws(&recent, 40);
         let busy = root.join("run-busy");
         std::fs::create_dir_all(&busy).unwrap();
         mark_created(&busy, "test").unwrap();
