@@ -667,3 +667,33 @@ fn one_engines_huge_tree_does_not_starve_retention() {
     assert!(!ws.exists());
     assert_eq!(std::fs::read_dir(&crowded).unwrap().count(), 20_001);
 }
+
+/// A workspace the engine may write (0777) but whose `.agent` is root's: the
+/// daemon used to chown root's directory to the engine's uid; it now refuses,
+/// saying whose it is and what to do, and changes nothing.
+#[test]
+#[ignore = "needs root: engines of other uids (cargo test -- --include-ignored, as root)"]
+fn roots_agent_directory_is_not_handed_to_an_engine() {
+    require_root("engines of other uids");
+    let rig = rig_with_auth("");
+    let mut u = PyEngine::spawn(7002, IRC, &rig.socket, "allow");
+    let ws = rig.root.join("open");
+    std::fs::create_dir_all(ws.join(".agent")).unwrap();
+    std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let t = scriptgate::token::mint(KEY, "run-o", None, &fleet_snapshot(&ws, "auto"), 600).unwrap();
+    let e = u
+        .request(
+            "script.start",
+            json!({"token": t, "code": "print(1)", "tools": [], "description": "x"}),
+        )
+        .unwrap_err();
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains("is owned by root, not by the script's uid 7002")
+            && msg.contains("chown it to uid 7002"),
+        "{e}"
+    );
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(ws.join(".agent")).unwrap().uid(), 0);
+    assert!(!ws.join(".agent/scripts").exists());
+}
