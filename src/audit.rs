@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Mutex};
 
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 const MIGRATIONS: &[&str] = &[
     // v1
@@ -66,7 +66,99 @@ const MIGRATIONS: &[&str] = &[
         value REAL NOT NULL DEFAULT 0,
         PRIMARY KEY (name, label)
      );",
+    // v3 (run scopes, vouched workspaces): every script's run scope (the engine
+    // entry, or the shared key and the peer's uid; crate::registry::Scope) in a
+    // column of its own beside the bare run id; revocations keyed by (scope, run
+    // id), never one string an engine could spell (the old rows are converted by
+    // migrate_v3_run_scopes); the workspaces retention may remove, recorded by the
+    // daemon alone (crate::prune).
+    "ALTER TABLE scripts ADD COLUMN scope TEXT;
+     CREATE TABLE revocations (
+        scope TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        at INTEGER NOT NULL,
+        PRIMARY KEY (scope, run_id)
+     );
+     CREATE TABLE workspaces (
+        path TEXT PRIMARY KEY,
+        dev INTEGER NOT NULL,
+        ino INTEGER NOT NULL,
+        peer_uid INTEGER NOT NULL,
+        first_at INTEGER NOT NULL,
+        last_at INTEGER NOT NULL
+     );",
 ];
+
+/// Migration v3, its data: each v2 revocation (one string: `<entry label> <run
+/// id>` or a bare run id) becomes a (scope, run id) row, read as the daemon that
+/// wrote it meant it (`RunKey::from_legacy`); and the workspaces scripts ran in
+/// that retention may remove (marked, owned by the script's uid; crate::prune::
+/// vouch_path) are recorded, so that an upgrade keeps retention going for them.
+/// Scripts rows of v2 keep no scope (NULL): their results are the administrators'
+/// (`scriptgate audit`), no token shows them.
+fn migrate_v3_run_scopes(c: &Connection) -> rusqlite::Result<()> {
+    let old: Vec<(String, i64)> = {
+        let mut s = c.prepare("SELECT run_id, at FROM revoked_runs")?;
+        let rows = s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    for (key, at) in old {
+        let k = crate::registry::RunKey::from_legacy(&key);
+        c.execute(
+            "INSERT OR IGNORE INTO revocations (scope, run_id, at) VALUES (?1, ?2, ?3)",
+            params![k.scope.to_db(), k.run_id, at],
+        )?;
+    }
+    c.execute_batch("DROP TABLE revoked_runs;")?;
+    let used: Vec<(String, i64, i64, i64)> = {
+        let mut s = c.prepare(
+            "SELECT workspace, coalesce(peer_uid, -1), coalesce(run_uid, -1), max(started_at)
+             FROM scripts GROUP BY workspace, peer_uid, run_uid",
+        )?;
+        let rows = s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    for (ws, peer_uid, run_uid, last) in used {
+        let (Ok(peer_uid), Ok(run_uid)) = (u32::try_from(peer_uid), u32::try_from(run_uid)) else {
+            continue;
+        };
+        if let Some((dev, ino)) = crate::prune::vouch_path(Path::new(&ws), peer_uid, run_uid) {
+            vouch_workspace(c, &ws, dev, ino, peer_uid, last)?;
+        }
+    }
+    Ok(())
+}
+
+/// Record (or refresh) a workspace retention may remove once unused.
+fn vouch_workspace(
+    c: &Connection,
+    path: &str,
+    dev: u64,
+    ino: u64,
+    peer_uid: u32,
+    at: i64,
+) -> rusqlite::Result<()> {
+    c.execute(
+        "INSERT INTO workspaces (path, dev, ino, peer_uid, first_at, last_at) VALUES (?1, ?2, ?3, ?4, ?5, ?5)
+         ON CONFLICT (path) DO UPDATE SET dev = excluded.dev, ino = excluded.ino,
+           peer_uid = excluded.peer_uid, last_at = max(last_at, excluded.last_at)",
+        params![path, dev as i64, ino as i64, peer_uid, at],
+    )
+    .map(|_| ())
+}
+
+fn vouched_rows(c: &Connection) -> rusqlite::Result<Vec<crate::prune::Vouched>> {
+    let mut s = c.prepare("SELECT path, dev, ino, last_at FROM workspaces ORDER BY path")?;
+    let rows = s.query_map([], |r| {
+        Ok(crate::prune::Vouched {
+            path: PathBuf::from(r.get::<_, String>(0)?),
+            dev: r.get::<_, i64>(1)? as u64,
+            ino: r.get::<_, i64>(2)? as u64,
+            last_at_ms: r.get(3)?,
+        })
+    })?;
+    rows.collect()
+}
 
 /// Add `by` to one counter of the `metrics` table.
 fn bump(c: &Connection, name: &str, label: &str, by: f64) -> rusqlite::Result<()> {
@@ -238,6 +330,11 @@ pub struct StartRow {
     pub unit: Option<String>,
     pub started_at_ms: i64,
     pub details_dir: String,
+    /// The run's scope (`Scope::to_db`): who may see the script by token.
+    pub scope: String,
+    /// The workspace's (dev, ino) when retention may remove it once unused
+    /// (crate::prune::vouch); None: never.
+    pub vouched: Option<(u64, u64)>,
 }
 
 /// A refused `script.start`.
@@ -304,6 +401,9 @@ impl Store {
             tx.execute_batch(m).map_err(sql("migrate"))?;
             if i + 1 == 2 {
                 seed_metrics(&tx).map_err(sql("count the existing rows for metrics"))?;
+            }
+            if i + 1 == 3 {
+                migrate_v3_run_scopes(&tx).map_err(sql("scope the stored runs (v3)"))?;
             }
             tx.pragma_update(None, "user_version", (i + 1) as i64)
                 .map_err(sql("set user_version"))?;
@@ -387,6 +487,21 @@ impl Store {
                 ],
             )?;
             bump(&tx, "started", "", 1.0)?;
+            tx.execute(
+                "UPDATE scripts SET scope = ?2 WHERE script_id = ?1",
+                params![r.script_id, r.scope],
+            )?;
+            match r.vouched {
+                Some((dev, ino)) => {
+                    vouch_workspace(&tx, &r.workspace, dev, ino, r.peer_uid, r.started_at_ms)?
+                }
+                None => {
+                    tx.execute(
+                        "UPDATE workspaces SET last_at = max(last_at, ?2) WHERE path = ?1",
+                        params![r.workspace, r.started_at_ms],
+                    )?;
+                }
+            }
             tx.commit()
         })
         .await
@@ -467,14 +582,38 @@ impl Store {
         .await
     }
 
-    pub async fn revoke(&self, run_id: &str) -> Result<(), StoreError> {
-        let run_id = run_id.to_string();
+    pub async fn revoke(&self, run: &crate::registry::RunKey) -> Result<(), StoreError> {
+        let (scope, run_id) = (run.scope.to_db(), run.run_id.clone());
         self.write("record revocation", move |c| {
             c.execute(
-                "INSERT OR IGNORE INTO revoked_runs (run_id, at) VALUES (?1, ?2)",
-                params![run_id, now_ms()],
+                "INSERT OR IGNORE INTO revocations (scope, run_id, at) VALUES (?1, ?2, ?3)",
+                params![scope, run_id, now_ms()],
             )
             .map(|_| ())
+        })
+        .await
+    }
+
+    /// The workspaces retention may remove (recorded by this daemon).
+    pub fn vouched_workspaces(&self) -> Result<Vec<crate::prune::Vouched>, StoreError> {
+        self.read("list vouched workspaces", vouched_rows)
+    }
+
+    /// Retention removed these workspaces, or they are no longer the directory
+    /// that was recorded: forget them.
+    pub async fn forget_workspaces(&self, paths: Vec<PathBuf>) -> Result<(), StoreError> {
+        if paths.is_empty() {
+            return Ok(());
+        }
+        self.write("forget workspaces", move |c| {
+            let tx = c.transaction()?;
+            for p in &paths {
+                tx.execute(
+                    "DELETE FROM workspaces WHERE path = ?1",
+                    [p.display().to_string()],
+                )?;
+            }
+            tx.commit()
         })
         .await
     }
@@ -504,25 +643,45 @@ impl Store {
         .await
     }
 
-    pub fn revoked_runs(&self) -> Result<Vec<String>, StoreError> {
+    pub fn revoked_runs(&self) -> Result<Vec<crate::registry::RunKey>, StoreError> {
         self.read("list revoked runs", |c| {
-            let mut s = c.prepare("SELECT run_id FROM revoked_runs")?;
-            let rows = s.query_map([], |r| r.get(0))?;
-            rows.collect()
+            let mut s = c.prepare("SELECT scope, run_id FROM revocations")?;
+            let rows = s.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (scope, run_id) = row?;
+                match crate::registry::Scope::from_db(&scope) {
+                    Some(scope) => out.push(crate::registry::RunKey { scope, run_id }),
+                    None => tracing::warn!("audit store: revocation of run {run_id:?} has an unknown scope {scope:?}; ignored"),
+                }
+            }
+            Ok(out)
         })
     }
 
-    /// The stored result of a finished script, with its run id.
-    pub fn result(&self, script_id: &str) -> Result<Option<ScriptResult>, StoreError> {
-        self.read("read result", |c| {
+    /// A finished script's stored result and the scope of its run (None: a row
+    /// of before v3, or one whose scope this daemon does not know).
+    pub fn run_of(
+        &self,
+        script_id: &str,
+    ) -> Result<Option<(ScriptResult, Option<crate::registry::Scope>)>, StoreError> {
+        self.read("read result and scope", |c| {
             c.query_row(
-                "SELECT result FROM scripts WHERE script_id = ?1 AND result IS NOT NULL",
+                "SELECT result, scope FROM scripts WHERE script_id = ?1 AND result IS NOT NULL",
                 [script_id],
-                |r| r.get::<_, String>(0),
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)),
             )
             .optional()
         })
-        .map(|o| o.and_then(|s| serde_json::from_str(&s).ok()))
+        .map(|o| {
+            o.and_then(|(res, scope)| {
+                let res = serde_json::from_str(&res).ok()?;
+                Some((
+                    res,
+                    scope.as_deref().and_then(crate::registry::Scope::from_db),
+                ))
+            })
+        })
     }
 }
 
@@ -549,7 +708,7 @@ pub struct Query {
 
 const ROW_COLUMNS: &str = "script_id, run_id, runner, peer_uid, peer_pid, run_uid, description, code, tools, approval,
     workspace, backend, unit, started_at, ended_at, status, exit_code, calls, failures, tool_counts, duration_ms,
-    details_dir, memory_peak_bytes, cpu_usec, result";
+    details_dir, memory_peak_bytes, cpu_usec, result, scope";
 
 /// Read-only access for the CLI, also while the daemon is down.
 pub struct Reader(Connection);
@@ -630,6 +789,11 @@ impl Reader {
             .prepare("SELECT name, label, value FROM metrics ORDER BY name, label")?;
         let rows = s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
         rows.collect()
+    }
+
+    /// The workspaces retention may remove (recorded by the daemon).
+    pub fn vouched_workspaces(&self) -> rusqlite::Result<Vec<crate::prune::Vouched>> {
+        vouched_rows(&self.0)
     }
 
     /// The workspaces of rows that say `running`.
@@ -819,6 +983,8 @@ mod tests {
             unit: None,
             started_at_ms: now_ms(),
             details_dir: format!(".agent/scripts/{id}"),
+            scope: "uid:0".into(),
+            vouched: None,
         }
     }
 
@@ -830,8 +996,16 @@ mod tests {
             let (s, rec) = Store::open(&p, None).unwrap();
             assert!(rec.is_empty());
             s.insert_started(row("s1")).await.unwrap();
-            s.revoke("run-9").await.unwrap();
-            assert!(s.result("s1").unwrap().is_none(), "no result while running");
+            s.revoke(&crate::registry::RunKey::new(
+                crate::registry::Scope::Shared(7),
+                "run-9",
+            ))
+            .await
+            .unwrap();
+            assert!(
+                s.run_of("s1").unwrap().map(|(r, _)| r).is_none(),
+                "no result while running"
+            );
         }
         let (s, rec) = Store::open(&p, None).unwrap();
         assert_eq!(rec.len(), 1);
@@ -840,10 +1014,16 @@ mod tests {
             (rec[0].runner.as_deref(), rec[0].run_uid),
             (Some("r"), 65534)
         );
-        let r = s.result("s1").unwrap().unwrap();
+        let r = s.run_of("s1").unwrap().map(|(r, _)| r).unwrap();
         assert_eq!(r.status, Status::Interrupted);
         assert!(r.text.starts_with("run_script interrupted: 0 calls"));
-        assert_eq!(s.revoked_runs().unwrap(), vec!["run-9".to_string()]);
+        assert_eq!(
+            s.revoked_runs().unwrap(),
+            vec![crate::registry::RunKey::new(
+                crate::registry::Scope::Shared(7),
+                "run-9"
+            )]
+        );
         let v: i64 = s
             .reader
             .lock()
@@ -937,7 +1117,12 @@ mod tests {
             .await
             .unwrap();
             s.write("back to v1", |c| {
-                c.execute_batch("DROP TABLE metrics; PRAGMA user_version = 1;")
+                c.execute_batch(
+                    "DROP TABLE metrics; DROP TABLE revocations; DROP TABLE workspaces;
+                     ALTER TABLE scripts DROP COLUMN scope;
+                     CREATE TABLE revoked_runs (run_id TEXT PRIMARY KEY, at INTEGER NOT NULL);
+                     PRAGMA user_version = 1;",
+                )
             })
             .await
             .unwrap();
@@ -966,6 +1151,62 @@ mod tests {
             "the two interrupted took ~0 s"
         );
         assert_eq!(get("duration_bucket", "5"), Some(3.0));
+    }
+
+    /// A v2 store (one-string revocations, no scopes, no workspaces) upgraded to
+    /// v3: revocations read as they were meant, old rows keep no scope, and the
+    /// marked workspaces their scripts ran in are recorded for retention.
+    #[tokio::test]
+    async fn upgrading_a_v2_store_scopes_its_revocations_and_records_its_workspaces() {
+        use crate::registry::{RunKey, Scope};
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.db");
+        let me = nix::unistd::getuid().as_raw();
+        let marked = d.path().join("marked");
+        std::fs::create_dir(&marked).unwrap();
+        crate::prune::mark_created(&marked, "test").unwrap();
+        let plain = d.path().join("plain");
+        std::fs::create_dir(&plain).unwrap();
+        {
+            let c = Connection::open(&p).unwrap();
+            c.execute_batch(MIGRATIONS[0]).unwrap();
+            c.execute_batch(MIGRATIONS[1]).unwrap();
+            c.pragma_update(None, "user_version", 2).unwrap();
+            for k in ["run-7", r#"[[auth.engine]] group = "games" run-9"#] {
+                c.execute("INSERT INTO revoked_runs (run_id, at) VALUES (?1, 5)", [k])
+                    .unwrap();
+            }
+            for (id, ws) in [("a", &marked), ("b", &plain)] {
+                c.execute(
+                    "INSERT INTO scripts (script_id, run_id, peer_uid, run_uid, code, approval, workspace, backend,
+                       started_at, ended_at, status, details_dir, result)
+                     VALUES (?1, 'run-1', ?2, ?2, '', 'not_needed', ?3, 'rlimit', 1, 2, 'ok', 'd', ?4)",
+                    params![id, me, ws.display().to_string(), serde_json::to_string(&interrupted_result(id)).unwrap()],
+                )
+                .unwrap();
+            }
+        }
+        let (s, _) = Store::open(&p, None).unwrap();
+        let mut revoked = s.revoked_runs().unwrap();
+        revoked.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+        assert_eq!(
+            revoked,
+            vec![
+                RunKey::new(Scope::AnyShared, "run-7"),
+                RunKey::new(
+                    Scope::Entry(r#"[[auth.engine]] group = "games""#.into()),
+                    "run-9"
+                ),
+            ]
+        );
+        let (res, scope) = s.run_of("a").unwrap().unwrap();
+        assert_eq!((res.script_id.as_str(), scope), ("a", None));
+        let v = s.vouched_workspaces().unwrap();
+        assert_eq!(
+            v.iter().map(|v| v.path.clone()).collect::<Vec<_>>(),
+            vec![marked.clone()]
+        );
+        assert_eq!(v[0].last_at_ms, 1);
     }
 
     fn interrupted_result(id: &str) -> ScriptResult {

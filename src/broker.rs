@@ -15,7 +15,7 @@ use crate::protocol::script::{CallError, CallLogFull, CallLogLine, CallResult, O
 use crate::protocol::{ToolCall, ToolResult};
 use crate::time::{Clock, SystemClock};
 use serde_json::Value;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -71,13 +71,13 @@ impl Live {
     }
 }
 
-pub type RevokedRuns = Arc<RwLock<HashSet<String>>>;
+pub type RevokedRuns = Arc<RwLock<crate::registry::Revocations>>;
 
 pub struct Broker {
     pub script_id: String,
     pub run_id: String,
     /// The run as the revoked set knows it (scoped to its engine entry).
-    pub run_key: String,
+    pub run_key: crate::registry::RunKey,
     pub token_exp: i64,
     pub policy: Policy,
     pub budget: Mutex<Budget>,
@@ -554,7 +554,7 @@ mod tests {
         Broker {
             script_id: "s".into(),
             run_id: "r".into(),
-            run_key: "r".into(),
+            run_key: crate::registry::RunKey::new(crate::registry::Scope::Shared(0), "r"),
             token_exp,
             policy,
             budget: Mutex::new(Budget::new(10)),

@@ -409,7 +409,8 @@ mod tests {
 
     /// The shipped `packaging/scriptgate.toml` shows defaults ("every key is
     /// optional"): read with it or with an empty file, the daemon is configured the
-    /// same, but for its one deliberate choice, `require_enforced_limits = true`.
+    /// same, but for its two deliberate choices: `require_enforced_limits = true`
+    /// and `run_as` a user of its own (scriptgate-script, made by sysusers.d).
     /// The numbers are compared with the code's, not copied from it.
     #[test]
     fn the_shipped_config_shows_the_defaults() {
@@ -420,6 +421,8 @@ mod tests {
             "the package refuses unbounded scripts"
         );
         c.sandbox.require_enforced_limits = false;
+        assert_eq!(c.sandbox.run_as, "scriptgate-script");
+        c.sandbox.run_as = Sandbox::default().run_as;
         let empty = Config::parse("", Path::new("x.toml")).unwrap();
         assert_eq!(format!("{c:?}"), format!("{empty:?}"));
         assert_eq!(

@@ -21,7 +21,7 @@ use crate::protocol::{
     StartParams, Started, Status,
 };
 use crate::ratelimit::{RefusalLimiter, Verdict};
-use crate::registry::{Registry, Slot};
+use crate::registry::{Registry, RunKey, Scope, Slot};
 use crate::runner::{Launch, Stop};
 use crate::sandbox::SandboxSpec;
 use crate::sys::{resolve_run_as, ArtifactDir, Identity, Spawner, WorkspaceDir};
@@ -54,8 +54,9 @@ pub struct Peer {
 /// What the daemon keeps of a running script.
 struct Running {
     run_id: String,
-    /// `Daemon::run_key`: the run, scoped to the key that signed it.
-    run_key: String,
+    /// `Daemon::run_key`: the run, scoped to the entry (or shared key and uid)
+    /// that signed it.
+    run_key: RunKey,
     runner: Option<String>,
     unit: Option<String>,
     owner: u64,
@@ -156,8 +157,11 @@ struct Admitted {
     claims: RunClaims,
     /// The run as revocation knows it: scoped to the engine entry whose key signed
     /// it (`Daemon::run_key`), so one engine cannot revoke another's run.
-    run_key: String,
+    run_key: RunKey,
     workspace: WorkspaceDir,
+    /// The workspace's (dev, inode) when retention may remove it once unused
+    /// (crate::prune::vouch).
+    vouched: Option<(u64, u64)>,
     policy: Policy,
     plan: StartPlan,
     identity: Identity,
@@ -358,23 +362,21 @@ impl Daemon {
         &self.preflight.sandbox
     }
 
-    /// A run as revocation and visibility know it. Engines bound to an
-    /// `[[auth.engine]]` entry have run ids of their own: the id is scoped to the
-    /// entry (`user = "gateway" run-42`), so a token one engine signs for another's
-    /// run id names a different run. Runs signed with `auth.token_key_file` keep
-    /// the bare id (as stored before entries existed).
-    fn run_key(&self, engine: Option<usize>, run_id: &str) -> String {
+    /// Whose run ids a peer's tokens name: its `[[auth.engine]]` entry's, or for
+    /// `auth.token_key_file` (which every unbound engine may read) those of its
+    /// uid (0: root).
+    fn scope(&self, engine: Option<usize>, uid: u32) -> Scope {
         match engine.and_then(|i| self.engines.list.get(i)) {
-            Some(e) => format!("{} {run_id}", e.label),
-            None => run_id.to_string(),
+            Some(e) => Scope::Entry(e.label.clone()),
+            None => Scope::Shared(uid),
         }
     }
 
-    fn run_key_of(&self, who: Access, run_id: &str) -> String {
-        match who {
-            Access::Conn(_, engine) => self.run_key(engine, run_id),
-            Access::Admin => run_id.to_string(),
-        }
+    /// A run as revocation and visibility know it: (scope, run id), a pair no
+    /// run id can spell, so a token one engine signs for another's run id names a
+    /// different run.
+    fn run_key(&self, engine: Option<usize>, uid: u32, run_id: &str) -> RunKey {
+        RunKey::new(self.scope(engine, uid), run_id)
     }
 
     /// The key the tokens of an engine (`Peer::engine`) are signed with.
@@ -524,7 +526,7 @@ impl Daemon {
         let claims = signed.claims()?;
         claims.check_fresh(token::now_unix())?;
         let claims = claims.parse_snapshot()?;
-        let run_key = self.run_key(peer.engine, &claims.run_id);
+        let run_key = self.run_key(peer.engine, peer.uid, &claims.run_id);
         if self.revoked.read().unwrap().contains(&run_key) {
             return Err(RpcError::with_reason(
                 code::TOKEN,
@@ -567,12 +569,18 @@ impl Daemon {
         let writable = workspace
             .writable_by(identity)
             .map_err(|e| RpcError::internal(e.to_string()))?;
-        if !snap.read_only && !writable {
-            return Err(self.not_writable(&workspace, identity, peer));
+        // A read-only run still gets its record, `.agent/scripts/<id>`: the daemon
+        // makes it only where the engine's own uid could have, so a non-root
+        // engine needs the workspace writable, read-only or not. Root engines'
+        // read-only runs are unchanged.
+        if !writable && (!snap.read_only || peer.uid != 0) {
+            return Err(self.not_writable(&workspace, identity, peer, snap.read_only));
         }
+        let vouched = crate::prune::vouch(&workspace.dir, peer.uid, identity.uid);
         Ok(Admitted {
             claims,
             run_key,
+            vouched,
             workspace,
             policy,
             plan,
@@ -613,7 +621,28 @@ impl Daemon {
         }
     }
 
-    fn not_writable(&self, workspace: &WorkspaceDir, identity: Identity, peer: Peer) -> RpcError {
+    fn not_writable(
+        &self,
+        workspace: &WorkspaceDir,
+        identity: Identity,
+        peer: Peer,
+        read_only: bool,
+    ) -> RpcError {
+        if read_only {
+            return RpcError::with_field(
+                code::SNAPSHOT,
+                format!(
+                    "workspace {} is not writable by uid {} (gid {}), this engine's own uid: even a read_only run \
+                     gets its record .agent/scripts/<id> in the workspace, and the daemon makes it only where the \
+                     engine could have itself; use a workspace of this uid (under its own directories), or make this one writable for it",
+                    workspace.path.display(),
+                    identity.uid,
+                    identity.gid,
+                ),
+                "not_writable",
+                "workspace",
+            );
+        }
         RpcError::with_field(
             code::SNAPSHOT,
             format!(
@@ -707,13 +736,15 @@ impl Daemon {
             }
             tracing::warn!("cannot keep the audit store's reserve: {e}");
         }
-        let art = ArtifactDir::create(&a.workspace, script_id, a.identity).map_err(|e| {
-            record_error(
-                "cannot create the script's record directory",
-                &a.workspace,
-                e,
-            )
-        })?;
+        let art = ArtifactDir::create(&a.workspace, script_id, a.identity, peer.uid == 0).map_err(
+            |e| {
+                record_error(
+                    "cannot create the script's record directory",
+                    &a.workspace,
+                    e,
+                )
+            },
+        )?;
         let details_dir = format!(".agent/scripts/{script_id}");
         let made = async {
             let files = write_record_files(&art, &p.code)
@@ -735,6 +766,8 @@ impl Daemon {
                     unit: self.backend.backend.unit_for(script_id),
                     started_at_ms: now_ms(),
                     details_dir: details_dir.clone(),
+                    scope: a.run_key.scope.to_db(),
+                    vouched: a.vouched,
                 })
                 .await
                 .map_err(|e| {
@@ -1033,17 +1066,26 @@ impl Daemon {
 
     /// May this connection see the script? Its starter, or a holder of a valid token
     /// of the script's run (protocol §4). Administrators use the `admin.*` methods.
-    fn visible(&self, who: Access, owner: Option<u64>, run_key: &str, token: Option<&str>) -> bool {
-        let (conn, engine) = match who {
+    /// `run`: the script's run as stored with it (None: a row of before run
+    /// scopes, which only its connection and administrators see).
+    fn visible(
+        &self,
+        who: Access,
+        owner: Option<u64>,
+        run: Option<&RunKey>,
+        token: Option<&str>,
+    ) -> bool {
+        let (conn, engine, uid) = match who {
             Access::Admin => return true,
-            Access::Conn(c, engine) => (c, engine),
+            Access::Conn(c, engine, uid) => (c, engine, uid),
         };
         if owner == Some(conn) {
             return true;
         }
+        let Some(run) = run else { return false };
         token
             .and_then(|t| token::verify(t, self.key_for(engine), false).ok())
-            .is_some_and(|c| self.run_key(engine, &c.run_id) == run_key)
+            .is_some_and(|c| self.run_key(engine, uid, &c.run_id) == *run)
     }
 
     fn lookup(&self, who: Access, r: &ScriptRef) -> Result<Lookup, RpcError> {
@@ -1052,26 +1094,24 @@ impl Daemon {
             Access::Conn(..) => RpcError::not_found(&r.script_id),
         };
         if let Some(run) = self.registry.running(&r.script_id) {
-            if self.visible(who, Some(run.owner), &run.run_key, r.token.as_deref()) {
+            if self.visible(who, Some(run.owner), Some(&run.run_key), r.token.as_deref()) {
                 return Ok(Lookup::Running(run));
             }
             return Err(not_found());
         }
         let owner = self.registry.finished_owner(&r.script_id);
-        match self.store.result(&r.script_id) {
-            // A finished script's row keeps the bare run id, not the entry that
-            // signed it: a token of that id under the caller's own key shows it.
-            Ok(Some(res))
-                if self.visible(
-                    who,
-                    owner,
-                    &self.run_key_of(who, &res.run_id),
-                    r.token.as_deref(),
-                ) =>
-            {
-                Ok(Lookup::Done(Box::new(res)))
+        match self.store.run_of(&r.script_id) {
+            // The row keeps the run's scope beside its id: a token shows the
+            // result only when it names that run in that scope.
+            Ok(Some((res, scope))) => {
+                let run = scope.map(|s| RunKey::new(s, &res.run_id));
+                if self.visible(who, owner, run.as_ref(), r.token.as_deref()) {
+                    Ok(Lookup::Done(Box::new(res)))
+                } else {
+                    Err(not_found())
+                }
             }
-            Ok(_) => Err(not_found()),
+            Ok(None) => Err(not_found()),
             Err(e) => Err(RpcError::internal(e.to_string())),
         }
     }
@@ -1157,13 +1197,9 @@ impl Daemon {
     }
 
     /// `run.revoke`: refuse further starts and calls of the run, cancel its scripts.
-    pub async fn revoke(
-        &self,
-        engine: Option<usize>,
-        token_str: &str,
-    ) -> Result<Revoked, RpcError> {
-        let claims = token::verify(token_str, self.key_for(engine), false)?;
-        let run_key = self.run_key(engine, &claims.run_id);
+    pub async fn revoke(&self, peer: Peer, token_str: &str) -> Result<Revoked, RpcError> {
+        let claims = token::verify(token_str, self.key_for(peer.engine), false)?;
+        let run_key = self.run_key(peer.engine, peer.uid, &claims.run_id);
         self.revoked.write().unwrap().insert(run_key.clone());
         self.store
             .revoke(&run_key)
@@ -1228,9 +1264,10 @@ impl Daemon {
 /// On whose behalf a script is looked up.
 #[derive(Debug, Clone, Copy)]
 pub enum Access {
-    /// A connection (and the `[[auth.engine]]` entry its peer is bound to): sees
-    /// the scripts it started, or those of a run it has a token for.
-    Conn(u64, Option<usize>),
+    /// A connection (the `[[auth.engine]]` entry its peer is bound to, and its
+    /// uid): sees the scripts it started, or those of a run it has a token for
+    /// (signed with its key, in its scope: `Daemon::run_key`).
+    Conn(u64, Option<usize>, u32),
     /// An administrator (`admin.*` methods, checked by the caller): sees every script.
     Admin,
 }

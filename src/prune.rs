@@ -1,20 +1,28 @@
 //! Workspace retention (`[workspace] retain_days`, `scriptgate prune`). Only the
-//! workspaces scriptgate itself created are ever removed: those carry a marker,
-//! `.agent/workspace.json`, written when they were made (`scriptgate run` without
-//! `--workspace`). A workspace an engine passed in has no marker and is never
-//! touched. The marker lies under `.agent`, which every sandbox gets read-only,
-//! so a script cannot plant one in its engine's workspace.
+//! workspaces scriptgate itself created are ever removed, and only the daemon's
+//! own state vouches for one: the audit store's `workspaces` table, which only the
+//! daemon writes. The daemon records a workspace there when a script starts in it
+//! and the workspace carries the marker `.agent/workspace.json` (written when
+//! `scriptgate run` made it, without `--workspace`), the marker is the engine's
+//! own (or root's), and the directory belongs to the uid the scripts run as
+//! ([`vouches`]): a workspace its engine could have removed itself. A marker alone
+//! vouches for nothing: a directory no script of its owner ran in, or one whose
+//! marker another uid wrote, is never touched. The row keeps the directory's
+//! (dev, inode): a directory put in its place later is not the one recorded.
 //!
-//! A pass looks at most two levels below each root (`<root>/<ws>` and
-//! `<root>/<uid>/<ws>`), at no more than [`MAX_SCANNED`] entries, and removes no
-//! more than [`MAX_PER_PASS`] workspaces. Every directory is opened relative to
-//! its parent with `O_NOFOLLOW`, from the root down, and removal unlinks entries
-//! relative to their opened parent: a symlink is removed as a link, never
-//! followed out of the root.
+//! A pass looks only at recorded workspaces (no walk of the roots: no directory
+//! tree, however large, delays anyone's retention), and removes at most
+//! [`MAX_PER_OWNER`] workspaces of each owner (`<root>/<entry>`, the per-uid
+//! directory or the workspace itself) per pass: one engine's backlog does not
+//! hold back another's. Every directory is opened relative to its parent with
+//! `O_NOFOLLOW`, from the root down, and removal unlinks entries relative to
+//! their opened parent: a symlink is removed as a link, never followed out of the
+//! root.
 
 use nix::fcntl::{openat, AtFlags, OFlag};
-use nix::sys::stat::{fstatat, Mode};
+use nix::sys::stat::{fstat, fstatat, FileStat, Mode};
 use nix::unistd::{unlinkat, UnlinkatFlags};
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io;
@@ -24,15 +32,15 @@ use std::path::{Path, PathBuf};
 /// The marker, below the workspace.
 pub const MARKER_DIR: &str = ".agent";
 pub const MARKER: &str = "workspace.json";
-/// Workspaces removed in one pass at most; the next pass goes on.
-pub const MAX_PER_PASS: usize = 100;
-/// Directory entries looked at in one pass at most.
-pub const MAX_SCANNED: usize = 20_000;
+/// Workspaces of one owner (`<root>/<entry>`) removed in one pass at most; the
+/// next pass goes on.
+pub const MAX_PER_OWNER: usize = 100;
 /// Directory depth removal goes to at most.
 const MAX_DEPTH: usize = 128;
 
 /// Mark `ws`, just created by `by` (e.g. "scriptgate run"), as scriptgate's to
-/// prune once unused for `workspace.retain_days`.
+/// prune once unused for `workspace.retain_days` (once the daemon has vouched
+/// for it: a script of its engine ran in it).
 pub fn mark_created(ws: &Path, by: &str) -> io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -52,24 +60,81 @@ pub fn mark_created(ws: &Path, by: &str) -> io::Result<()> {
     writeln!(f, "{text}")
 }
 
-/// A workspace scriptgate created.
+/// May retention remove this workspace once unused? Only when the marker is
+/// there and is the engine's own (or root's), and the directory belongs to the
+/// uid its scripts run as, which for a non-root engine is the engine's uid: a
+/// workspace the engine could have removed itself. `marker_uid`: the owner of
+/// `.agent/workspace.json` when it is a regular file.
+pub fn vouches(peer_uid: u32, run_uid: u32, ws_uid: u32, marker_uid: Option<u32>) -> bool {
+    marker_uid.is_some_and(|m| m == peer_uid || m == 0)
+        && ws_uid == run_uid
+        && (peer_uid == 0 || run_uid == peer_uid)
+}
+
+/// The owner of the marker in the opened workspace, if it is a regular file.
+fn marker_uid(ws: &OwnedFd) -> Option<u32> {
+    let agent = open_dir(ws, MARKER_DIR.as_ref()).ok()?;
+    let m = fstatat(&agent, MARKER, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+    (m.st_mode & libc::S_IFMT == libc::S_IFREG).then_some(m.st_uid)
+}
+
+/// The opened workspace's (dev, inode), when [`vouches`] holds for it.
+pub fn vouch(ws: &OwnedFd, peer_uid: u32, run_uid: u32) -> Option<(u64, u64)> {
+    let st = fstat(ws).ok()?;
+    vouches(peer_uid, run_uid, st.st_uid, marker_uid(ws)).then_some(ident(&st))
+}
+
+/// [`vouch`] for a path (a workspace recorded before v3), never following a symlink.
+pub fn vouch_path(ws: &Path, peer_uid: u32, run_uid: u32) -> Option<(u64, u64)> {
+    let fd = nix::fcntl::open(ws, dir_flags(), Mode::empty()).ok()?;
+    vouch(&fd, peer_uid, run_uid)
+}
+
+// dev_t and ino_t are not u64 on every target.
+#[allow(clippy::unnecessary_cast)]
+fn ident(st: &FileStat) -> (u64, u64) {
+    (st.st_dev as u64, st.st_ino as u64)
+}
+
+/// A workspace the daemon recorded as retention's to remove (audit store).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Vouched {
+    pub path: PathBuf,
+    pub dev: u64,
+    pub ino: u64,
+    /// The last script start in it the daemon recorded (`scriptgate audit`
+    /// has the rest; retention goes by the file system's times, as before).
+    pub last_at_ms: i64,
+}
+
+/// A workspace scriptgate created, as a pass found it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Created {
     pub path: PathBuf,
     /// Last use: the newest modification time of the workspace, its
     /// `.agent/scripts` (a new script record) and the marker.
     pub last_used_ms: i64,
+    /// The directory recorded (dev, inode).
+    pub ident: (u64, u64),
+    /// Whose it is: `<root>/<entry>`, the unit [`MAX_PER_OWNER`] bounds.
+    pub owner: PathBuf,
+    /// A running script uses it, or a directory below it.
+    pub in_use: bool,
 }
 
 /// What a pass found.
 #[derive(Debug, Default)]
 pub struct Plan {
-    /// Unused for longer than the retention, oldest first, at most MAX_PER_PASS.
+    /// Unused for longer than the retention, oldest first, at most
+    /// MAX_PER_OWNER of each owner.
     pub expired: Vec<Created>,
-    /// Created by scriptgate, but recent or in use.
+    /// Recorded, but recent or in use.
     pub kept: usize,
     /// A bound was reached: more may be due at the next pass.
     pub more: bool,
+    /// Recorded workspaces that are gone, no longer the recorded directory, or
+    /// without their marker: to forget.
+    pub gone: Vec<PathBuf>,
 }
 
 fn dir_flags() -> OFlag {
@@ -97,7 +162,8 @@ fn names(dir: &OwnedFd, budget: &mut usize) -> io::Result<Vec<OsString>> {
     Ok(out)
 }
 
-/// If the opened directory is a workspace scriptgate created, its last use.
+/// If the opened directory still carries the marker, its last use by the file
+/// system's times.
 fn created(dir: &OwnedFd) -> Option<i64> {
     let agent = open_dir(dir, MARKER_DIR.as_ref()).ok()?;
     let marker = fstatat(&agent, MARKER, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
@@ -118,70 +184,11 @@ fn created(dir: &OwnedFd) -> Option<i64> {
     )
 }
 
-/// Find the workspaces scriptgate created under `roots` and unused for more than
-/// `retain_days`; `in_use` says whether a running script has a workspace at or
-/// below a path (running workspaces are canonical paths, and so are the roots here).
-pub fn plan(
-    roots: &[PathBuf],
-    retain_days: u64,
-    now_ms: i64,
-    in_use: &dyn Fn(&Path) -> bool,
-) -> Plan {
-    let cutoff = now_ms - (retain_days as i64).saturating_mul(86_400_000);
-    let mut plan = Plan::default();
-    let mut budget = MAX_SCANNED;
-    let mut expired = Vec::new();
-    for root in roots {
-        let Ok(root) = std::fs::canonicalize(root) else {
-            continue;
-        };
-        let Ok(root_fd) = File::open(&root).map(OwnedFd::from) else {
-            continue;
-        };
-        // (opened directory, its path, depth below the root)
-        let mut stack = vec![(root_fd, root.clone(), 0usize)];
-        while let Some((dir, path, depth)) = stack.pop() {
-            let Ok(list) = names(&dir, &mut budget) else {
-                continue;
-            };
-            for name in list {
-                let Ok(fd) = open_dir(&dir, &name) else {
-                    continue; // not a directory, or a symlink: never followed
-                };
-                let p = path.join(&name);
-                match created(&fd) {
-                    Some(last) if last < cutoff && !in_use(&p) => expired.push(Created {
-                        path: p,
-                        last_used_ms: last,
-                    }),
-                    Some(_) => plan.kept += 1,
-                    // One level down (per-uid directories), but never into a
-                    // workspace scripts ran in: a script cannot make its own
-                    // workspace's subdirectories look like scriptgate's.
-                    None if depth == 0 && open_dir(&fd, MARKER_DIR.as_ref()).is_err() => {
-                        stack.push((fd, p, 1))
-                    }
-                    None => {}
-                }
-            }
-            if budget == 0 {
-                plan.more = true;
-                break;
-            }
-        }
-    }
-    expired.sort_by_key(|c| c.last_used_ms);
-    if expired.len() > MAX_PER_PASS {
-        plan.more = true;
-        expired.truncate(MAX_PER_PASS);
-    }
-    plan.expired = expired;
-    plan
-}
-
-/// Remove a workspace `plan` found: opened again from its root down without
-/// following symlinks, then emptied and removed relative to its opened parent.
-pub fn remove(ws: &Path, roots: &[PathBuf]) -> io::Result<()> {
+/// The root `ws` lies strictly below, and the plain components from it.
+fn below_root<'a>(
+    ws: &'a Path,
+    roots: &'a [PathBuf],
+) -> io::Result<(&'a PathBuf, Vec<&'a std::ffi::OsStr>)> {
     let (root, rest) = roots
         .iter()
         .find_map(|r| ws.strip_prefix(r).ok().map(|rest| (r, rest)))
@@ -198,18 +205,106 @@ pub fn remove(ws: &Path, roots: &[PathBuf]) -> io::Result<()> {
             ))),
         })
         .collect::<io::Result<_>>()?;
-    let Some((last, parents)) = comps.split_last() else {
+    if comps.is_empty() {
         return Err(io::Error::other(format!(
             "{} is a root itself",
             ws.display()
         )));
-    };
+    }
+    Ok((root, comps))
+}
+
+/// Open `ws` from its root down, never following a symlink: (its parent, it).
+fn open_below(ws: &Path, roots: &[PathBuf]) -> io::Result<(OwnedFd, OwnedFd, PathBuf)> {
+    let (root, comps) = below_root(ws, roots)?;
+    let (last, parents) = comps.split_last().expect("not empty");
     let mut dir: OwnedFd = File::open(root)?.into();
     for c in parents {
         dir = open_dir(&dir, c)?;
     }
-    // Still the workspace we planned on: a scriptgate marker inside.
     let fd = open_dir(&dir, last)?;
+    Ok((dir, fd, root.join(comps[0])))
+}
+
+/// Find the recorded workspaces under `roots` unused for more than `retain_days`;
+/// `in_use` says whether a running script has a workspace at or below a path
+/// (running workspaces are canonical paths, and so are the roots here).
+pub fn plan(
+    roots: &[PathBuf],
+    vouched: &[Vouched],
+    retain_days: u64,
+    now_ms: i64,
+    in_use: &dyn Fn(&Path) -> bool,
+) -> Plan {
+    let roots: Vec<PathBuf> = roots
+        .iter()
+        .filter_map(|r| std::fs::canonicalize(r).ok())
+        .collect();
+    let mut found = Vec::new();
+    let mut gone = Vec::new();
+    for v in vouched {
+        // Outside the roots as configured now: neither removed nor forgotten (a
+        // root left out of the configuration for a while comes back as it was).
+        if below_root(&v.path, &roots).is_err() {
+            continue;
+        }
+        let opened = open_below(&v.path, &roots).ok().and_then(|(_, fd, owner)| {
+            let st = fstat(&fd).ok()?;
+            (ident(&st) == (v.dev, v.ino)).then_some(())?;
+            Some((created(&fd)?, owner))
+        });
+        match opened {
+            Some((fs_last, owner)) => found.push(Created {
+                path: v.path.clone(),
+                last_used_ms: fs_last,
+                ident: (v.dev, v.ino),
+                owner,
+                in_use: in_use(&v.path),
+            }),
+            None => gone.push(v.path.clone()),
+        }
+    }
+    let cutoff = now_ms - (retain_days as i64).saturating_mul(86_400_000);
+    let mut plan = decide(found, cutoff);
+    plan.gone = gone;
+    plan
+}
+
+/// The policy of a pass, on what it found: unused since before `cutoff` and not
+/// in use goes, oldest first, at most [`MAX_PER_OWNER`] of each owner.
+pub fn decide(mut found: Vec<Created>, cutoff: i64) -> Plan {
+    found.sort_by(|a, b| (a.last_used_ms, &a.path).cmp(&(b.last_used_ms, &b.path)));
+    let mut plan = Plan::default();
+    let mut per_owner: HashMap<PathBuf, usize> = HashMap::new();
+    for c in found {
+        if c.last_used_ms >= cutoff || c.in_use {
+            plan.kept += 1;
+            continue;
+        }
+        let n = per_owner.entry(c.owner.clone()).or_default();
+        if *n >= MAX_PER_OWNER {
+            plan.more = true;
+            continue;
+        }
+        *n += 1;
+        plan.expired.push(c);
+    }
+    plan
+}
+
+/// Remove a workspace `plan` found: opened again from its root down without
+/// following symlinks, still the recorded directory with its marker, then emptied
+/// and removed relative to its opened parent.
+pub fn remove(c: &Created, roots: &[PathBuf]) -> io::Result<()> {
+    let ws = &c.path;
+    let (parent, fd, _) = open_below(ws, roots)?;
+    let st = fstat(&fd).map_err(io::Error::from)?;
+    if ident(&st) != c.ident {
+        return Err(io::Error::other(format!(
+            "{} is no longer the directory the daemon recorded; left alone",
+            ws.display()
+        )));
+    }
     if created(&fd).is_none() {
         return Err(io::Error::other(format!(
             "{} no longer carries the scriptgate marker; left alone",
@@ -217,7 +312,8 @@ pub fn remove(ws: &Path, roots: &[PathBuf]) -> io::Result<()> {
         )));
     }
     drop(fd);
-    remove_tree_at(&dir, last, 0)
+    let last = ws.file_name().expect("below a root");
+    remove_tree_at(&parent, last, 0)
 }
 
 /// Remove `name` in the opened `parent`: a directory with everything in it, or
@@ -242,18 +338,23 @@ fn remove_tree_at(parent: &OwnedFd, name: &std::ffi::OsStr, depth: usize) -> io:
     }
 }
 
-/// One retention pass: plan, then remove. Returns the plan and the errors (path,
-/// error) of removals that failed.
+/// One retention pass over the recorded workspaces: plan, then remove. Returns
+/// the plan and the errors (path, error) of removals that failed.
 pub fn run_pass(
     roots: &[PathBuf],
+    vouched: &[Vouched],
     retain_days: u64,
     in_use: &dyn Fn(&Path) -> bool,
 ) -> (Plan, Vec<(PathBuf, io::Error)>) {
-    let plan = plan(roots, retain_days, crate::audit::now_ms(), in_use);
+    let plan = plan(roots, vouched, retain_days, crate::audit::now_ms(), in_use);
+    let roots: Vec<PathBuf> = roots
+        .iter()
+        .filter_map(|r| std::fs::canonicalize(r).ok())
+        .collect();
     let failed = plan
         .expired
         .iter()
-        .filter_map(|c| remove(&c.path, roots).err().map(|e| (c.path.clone(), e)))
+        .filter_map(|c| remove(c, &roots).err().map(|e| (c.path.clone(), e)))
         .collect();
     (plan, failed)
 }
@@ -323,14 +424,74 @@ mod tests {
         }
     }
 
+    /// What the daemon records for a workspace a script started in `days` ago.
+    fn recorded(ws: &Path, days: i64) -> Vouched {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(ws).unwrap();
+        Vouched {
+            path: ws.to_path_buf(),
+            dev: m.dev(),
+            ino: m.ino(),
+            last_at_ms: crate::audit::now_ms() - days * 86_400_000,
+        }
+    }
+
     #[test]
-    fn only_old_marked_unused_workspaces_go_and_symlinks_are_not_followed() {
+    fn only_a_marker_the_engine_owns_in_a_directory_of_the_script_uid_vouches() {
+        // (peer, run_uid, ws owner, marker owner)
+        assert!(vouches(1000, 1000, 1000, Some(1000)));
+        assert!(vouches(0, 65534, 65534, Some(0)), "root's scriptgate run");
+        assert!(vouches(1000, 1000, 1000, Some(0)));
+        assert!(!vouches(1000, 1000, 1000, None), "no marker");
+        assert!(!vouches(1006, 1006, 0, Some(1006)), "root's directory");
+        assert!(
+            !vouches(1006, 1006, 1007, Some(1006)),
+            "another's directory"
+        );
+        assert!(!vouches(1000, 1000, 1000, Some(1006)), "another's marker");
+        assert!(
+            !vouches(1000, 65534, 65534, Some(1000)),
+            "not the engine's uid"
+        );
+    }
+
+    #[test]
+    fn the_policy_bounds_each_owner_not_the_pass() {
+        let c = |owner: &str, i: i64, in_use| Created {
+            path: PathBuf::from(format!("{owner}/w{i}")),
+            last_used_ms: i,
+            ident: (1, i as u64),
+            owner: PathBuf::from(owner),
+            in_use,
+        };
+        let mut found: Vec<Created> = (0..(MAX_PER_OWNER as i64 + 50))
+            .map(|i| c("/r/1006", i, false))
+            .collect();
+        found.push(c("/r/1007", 1_000, false));
+        found.push(c("/r/1007", 5, true));
+        found.push(c("/r/new", 10_000, false));
+        let plan = decide(found, 5_000);
+        let of = |o: &str| {
+            plan.expired
+                .iter()
+                .filter(|c| c.owner == Path::new(o))
+                .count()
+        };
+        assert_eq!(of("/r/1006"), MAX_PER_OWNER);
+        assert_eq!(of("/r/1007"), 1, "another owner is not held back");
+        assert!(plan.more);
+        assert_eq!(plan.kept, 2, "in use, recent");
+        assert_eq!(plan.expired[0].last_used_ms, 0, "oldest first");
+    }
+
+    #[test]
+    fn only_recorded_old_unused_workspaces_go_and_symlinks_are_not_followed() {
         let d = tempfile::tempdir().unwrap();
         let root = d.path().join("root");
         let outside = d.path().join("outside");
         std::fs::create_dir_all(&outside).unwrap();
         std::fs::write(outside.join("precious"), "x").unwrap();
-        // Created by scriptgate, old: goes; with a symlink out of the root inside.
+        // Recorded, old: goes; with a symlink out of the root inside.
         let old = root.join("run-old");
         std::fs::create_dir_all(&old).unwrap();
         mark_created(&old, "test").unwrap();
@@ -338,12 +499,12 @@ mod tests {
         std::fs::write(old.join("data.txt"), "d").unwrap();
         std::os::unix::fs::symlink(&outside, old.join("link")).unwrap();
         age_ws(&old, 40);
-        // Per-uid level, created and old: goes.
+        // Per-uid level, recorded and old: goes.
         let nested = root.join("1001/run-x");
         std::fs::create_dir_all(&nested).unwrap();
         mark_created(&nested, "test").unwrap();
         age_ws(&nested, 40);
-        // Created, recent: kept. Created, old, in use: kept.
+        // Recorded, recent start: kept. Recorded, old, in use: kept.
         let recent = root.join("run-new");
         std::fs::create_dir_all(&recent).unwrap();
         mark_created(&recent, "test").unwrap();
@@ -351,56 +512,83 @@ mod tests {
         std::fs::create_dir_all(&busy).unwrap();
         mark_created(&busy, "test").unwrap();
         age_ws(&busy, 40);
-        // An engine's own, old, no marker: never touched; nor a subdirectory a
-        // script of it dressed up with a marker.
-        let engines = root.join("engine-ws");
-        std::fs::create_dir_all(engines.join(".agent/scripts")).unwrap();
-        let planted = engines.join("data");
+        // Marked and old but never recorded (a marker anyone could write): kept.
+        let planted = root.join("planted");
         std::fs::create_dir_all(&planted).unwrap();
         mark_created(&planted, "a script").unwrap();
         age_ws(&planted, 400);
-        age_ws(&engines, 400);
-        // A marker that is a symlink does not count.
-        let forged = root.join("forged");
-        std::fs::create_dir_all(forged.join(".agent")).unwrap();
-        std::os::unix::fs::symlink(
-            old.join(".agent/workspace.json"),
-            forged.join(".agent/workspace.json"),
-        )
-        .unwrap();
-        age_ws(&forged, 400);
+        // Recorded, then replaced by another directory: not the one recorded.
+        let replaced = root.join("replaced");
+        std::fs::create_dir_all(&replaced).unwrap();
+        let was = recorded(&replaced, 400);
+        std::fs::remove_dir(&replaced).unwrap();
+        std::fs::create_dir_all(d.path().join("spacer")).unwrap();
+        std::fs::create_dir_all(&replaced).unwrap();
+        mark_created(&replaced, "another").unwrap();
+        age_ws(&replaced, 400);
+        // Recorded, its marker gone: kept.
+        let unmarked = root.join("unmarked");
+        std::fs::create_dir_all(unmarked.join(".agent/scripts")).unwrap();
+        age_ws(&unmarked, 400);
         // A symlinked directory in the root pointing at a marked workspace elsewhere.
         let elsewhere = d.path().join("elsewhere");
         std::fs::create_dir_all(&elsewhere).unwrap();
         mark_created(&elsewhere, "test").unwrap();
         age_ws(&elsewhere, 40);
         std::os::unix::fs::symlink(&elsewhere, root.join("run-link")).unwrap();
+        let mut link = recorded(&elsewhere, 40);
+        link.path = root.join("run-link");
 
+        let vouched = vec![
+            recorded(&old, 40),
+            recorded(&nested, 40),
+            recorded(&recent, 1),
+            recorded(&busy, 40),
+            was,
+            recorded(&unmarked, 400),
+            link,
+            recorded(&elsewhere, 40),
+        ];
         let roots = vec![root.clone()];
         let in_use = |p: &Path| p == busy;
-        let plan = plan(&roots, 30, crate::audit::now_ms(), &in_use);
+        let plan = plan(&roots, &vouched, 30, crate::audit::now_ms(), &in_use);
         let mut paths: Vec<&Path> = plan.expired.iter().map(|c| c.path.as_path()).collect();
         paths.sort();
         assert_eq!(paths, vec![nested.as_path(), old.as_path()]);
         assert_eq!(plan.kept, 2, "recent and busy");
         assert!(!plan.more);
+        let mut gone = plan.gone.clone();
+        gone.sort();
+        assert_eq!(
+            gone,
+            vec![replaced.clone(), root.join("run-link"), unmarked.clone()],
+            "not what lies outside the roots"
+        );
 
-        let (plan, failed) = run_pass(&roots, 30, &in_use);
+        let (plan, failed) = run_pass(&roots, &vouched, 30, &in_use);
         assert_eq!(plan.expired.len(), 2);
         assert!(failed.is_empty(), "{failed:?}");
         assert!(!old.exists() && !nested.exists());
         assert!(root.join("1001").exists(), "the per-uid directory stays");
-        for kept in [&recent, &busy, &engines, &planted, &forged, &elsewhere] {
+        for kept in [&recent, &busy, &planted, &replaced, &unmarked, &elsewhere] {
             assert!(kept.exists(), "{}", kept.display());
         }
         assert_eq!(
             std::fs::read_to_string(outside.join("precious")).unwrap(),
             "x"
         );
-        // Removing a path without the marker is refused.
-        let e = remove(&engines, &roots).unwrap_err();
-        assert!(e.to_string().contains("marker"), "{e}");
-        // retain_days = 30 and nothing older: nothing more to do.
-        assert!(run_pass(&roots, 30, &in_use).0.expired.is_empty());
+        // Removing a directory that is not the recorded one is refused.
+        let e = remove(
+            &Created {
+                path: recent.clone(),
+                last_used_ms: 0,
+                ident: (0, 0),
+                owner: recent.clone(),
+                in_use: false,
+            },
+            &roots,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("no longer the directory"), "{e}");
     }
 }

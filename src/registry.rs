@@ -5,13 +5,131 @@
 
 use crate::protocol::{code, RpcError};
 use serde_json::json;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// How many finished scripts keep "visible to the connection that started them".
 /// Past this many, results are reached with the run's token, as after a restart.
 pub const FINISHED_OWNERS_MAX: usize = 100_000;
+
+/// Whose run ids a run id is one of. A token names a run by a string the engine
+/// chooses; the daemon scopes it by who signed it, so that no string an engine can
+/// put in a token names another engine's run.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// An `[[auth.engine]]` entry (its label, `[[auth.engine]] user = "gw"`):
+    /// its own key signed the token.
+    Entry(String),
+    /// `auth.token_key_file`, which every unbound engine may read: scoped further
+    /// by the peer's uid (0: root).
+    Shared(u32),
+    /// Revocations stored before scopes existed (a bare run id): they keep
+    /// refusing the run for every peer of `auth.token_key_file`, as they did.
+    AnyShared,
+}
+
+impl Scope {
+    /// As the audit store keeps it (a column of its own, apart from the run id).
+    pub fn to_db(&self) -> String {
+        match self {
+            Scope::Entry(label) => format!("entry:{label}"),
+            Scope::Shared(uid) => format!("uid:{uid}"),
+            Scope::AnyShared => "shared:*".into(),
+        }
+    }
+
+    pub fn from_db(s: &str) -> Option<Scope> {
+        if let Some(l) = s.strip_prefix("entry:") {
+            return Some(Scope::Entry(l.to_string()));
+        }
+        if let Some(u) = s.strip_prefix("uid:") {
+            return u.parse().ok().map(Scope::Shared);
+        }
+        (s == "shared:*").then_some(Scope::AnyShared)
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Scope::Entry(label) => f.write_str(label),
+            Scope::Shared(0) => f.write_str("root (auth.token_key_file)"),
+            Scope::Shared(uid) => write!(f, "uid {uid} (auth.token_key_file)"),
+            Scope::AnyShared => f.write_str("every peer of auth.token_key_file"),
+        }
+    }
+}
+
+/// A run as revocation and visibility know it: (scope, run id), never one string.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RunKey {
+    pub scope: Scope,
+    pub run_id: String,
+}
+
+impl RunKey {
+    pub fn new(scope: Scope, run_id: &str) -> RunKey {
+        RunKey {
+            scope,
+            run_id: run_id.to_string(),
+        }
+    }
+
+    /// A revocation stored before scopes (v2 `revoked_runs`, one string): the
+    /// daemon then wrote `<entry label> <run id>` for runs of `[[auth.engine]]`
+    /// entries and the bare run id for the shared key. Anything that does not
+    /// read as an entry's stays what it meant: the run id for every shared-key peer.
+    pub fn from_legacy(s: &str) -> RunKey {
+        let entry = ["[[auth.engine]] user = \"", "[[auth.engine]] group = \""]
+            .iter()
+            .find_map(|p| {
+                let rest = s.strip_prefix(p)?;
+                // The label's name is Debug-quoted: find its closing quote.
+                let mut escaped = false;
+                let end = rest.char_indices().find_map(|(i, c)| match c {
+                    _ if escaped => {
+                        escaped = false;
+                        None
+                    }
+                    '\\' => {
+                        escaped = true;
+                        None
+                    }
+                    '"' => Some(i),
+                    _ => None,
+                })?;
+                let run_id = rest[end + 1..].strip_prefix(' ')?;
+                (!run_id.is_empty()).then(|| {
+                    let label = &s[..p.len() + end + 1];
+                    RunKey::new(Scope::Entry(label.to_string()), run_id)
+                })
+            });
+        entry.unwrap_or_else(|| RunKey::new(Scope::AnyShared, s))
+    }
+}
+
+/// The revoked runs.
+#[derive(Debug, Default)]
+pub struct Revocations(HashSet<RunKey>);
+
+impl Revocations {
+    pub fn insert(&mut self, k: RunKey) {
+        self.0.insert(k);
+    }
+
+    pub fn contains(&self, k: &RunKey) -> bool {
+        self.0.contains(k)
+            || matches!(k.scope, Scope::Shared(_))
+                && self.0.contains(&RunKey::new(Scope::AnyShared, &k.run_id))
+    }
+}
+
+impl FromIterator<RunKey> for Revocations {
+    fn from_iter<I: IntoIterator<Item = RunKey>>(it: I) -> Self {
+        Revocations(it.into_iter().collect())
+    }
+}
 
 /// `R` is what the daemon keeps of a running script.
 pub struct Registry<R> {
@@ -257,6 +375,57 @@ mod tests {
         assert!(reg.running("s1").is_none());
         assert_eq!(reg.finished_owner("s1"), Some(10));
         assert_eq!(reg.running_count(), 2);
+    }
+
+    #[test]
+    fn run_keys_of_different_scopes_never_meet() {
+        let label = r#"[[auth.engine]] group = "games""#.to_string();
+        let b = RunKey::new(Scope::Entry(label.clone()), "run-9");
+        // What an unbound engine spelled in the old, one-string form.
+        let spelled = RunKey::new(Scope::Shared(1006), &format!("{label} run-9"));
+        let mut r = Revocations::default();
+        r.insert(spelled.clone());
+        assert!(r.contains(&spelled));
+        assert!(!r.contains(&b));
+        assert!(!r.contains(&RunKey::new(Scope::Shared(1007), &spelled.run_id)));
+        assert!(!r.contains(&RunKey::new(Scope::Shared(0), "run-9")));
+        // A legacy bare id keeps refusing the run for every shared-key peer only.
+        r.insert(RunKey::new(Scope::AnyShared, "run-1"));
+        assert!(r.contains(&RunKey::new(Scope::Shared(0), "run-1")));
+        assert!(r.contains(&RunKey::new(Scope::Shared(1006), "run-1")));
+        assert!(!r.contains(&RunKey::new(Scope::Entry(label.clone()), "run-1")));
+        for s in [
+            Scope::Entry(label.clone()),
+            Scope::Shared(7),
+            Scope::AnyShared,
+        ] {
+            assert_eq!(Scope::from_db(&s.to_db()), Some(s));
+        }
+        assert_eq!(Scope::from_db("uid:x"), None);
+    }
+
+    #[test]
+    fn legacy_revocations_read_as_they_were_meant() {
+        let l = r#"[[auth.engine]] user = "gw""#;
+        assert_eq!(
+            RunKey::from_legacy(&format!("{l} run-42")),
+            RunKey::new(Scope::Entry(l.into()), "run-42")
+        );
+        let g = r#"[[auth.engine]] group = "a\"b""#;
+        assert_eq!(
+            RunKey::from_legacy(&format!("{g} r 1")),
+            RunKey::new(Scope::Entry(g.into()), "r 1")
+        );
+        for bare in [
+            "run-7",
+            r#"[[auth.engine]] user = "gw""#,
+            "[[auth.engine]] x",
+        ] {
+            assert_eq!(
+                RunKey::from_legacy(bare),
+                RunKey::new(Scope::AnyShared, bare)
+            );
+        }
     }
 
     #[test]

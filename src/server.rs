@@ -311,7 +311,11 @@ impl Engine {
             ));
         }
         let engine = self.peer.engine;
-        let (d, conn, who) = (&self.daemon, &self.conn, Access::Conn(self.conn.id, engine));
+        let (d, conn, who) = (
+            &self.daemon,
+            &self.conn,
+            Access::Conn(self.conn.id, engine, self.peer.uid),
+        );
         match EngineRequest::parse(method, params)? {
             EngineRequest::ScriptStart(sp) => {
                 let link: Arc<dyn EngineLink> = conn.clone();
@@ -322,7 +326,7 @@ impl Engine {
             EngineRequest::ScriptCancel(r) => {
                 to_value(d.cancel(who, r, "cancelled by the engine").await?)
             }
-            EngineRequest::RunRevoke(t) => to_value(d.revoke(engine, &t.token).await?),
+            EngineRequest::RunRevoke(t) => to_value(d.revoke(self.peer, &t.token).await?),
             EngineRequest::RunDescribe(t) => to_value(d.describe(engine, &t.token)?),
             EngineRequest::DaemonInfo => to_value(d.info()),
             EngineRequest::AdminList => to_value(protocol::AdminList {

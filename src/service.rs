@@ -323,11 +323,31 @@ async fn workspace_retention(d: Arc<Daemon>) {
     loop {
         t.tick().await;
         let (roots, busy) = (d.cfg.workspace.roots.clone(), d.running_workspaces());
+        // Only the workspaces the daemon recorded as scriptgate's own (crate::prune).
+        let vouched = match d.store.vouched_workspaces() {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!("workspace retention: {e}");
+                continue;
+            }
+        };
         let pass = tokio::task::spawn_blocking(move || {
-            crate::prune::run_pass(&roots, days, &|p| busy.iter().any(|b| b.starts_with(p)))
+            crate::prune::run_pass(&roots, &vouched, days, &|p| {
+                busy.iter().any(|b| b.starts_with(p))
+            })
         })
         .await;
         let Ok((plan, failed)) = pass else { continue };
+        let forget = plan
+            .expired
+            .iter()
+            .filter(|c| !failed.iter().any(|(p, _)| *p == c.path))
+            .map(|c| c.path.clone())
+            .chain(plan.gone.iter().cloned())
+            .collect();
+        if let Err(e) = d.store.forget_workspaces(forget).await {
+            tracing::warn!("workspace retention: {e}");
+        }
         for c in plan
             .expired
             .iter()

@@ -266,20 +266,33 @@ fn open_dir_at(parent: &OwnedFd, name: &str, path: &Path) -> Result<OwnedFd, Sys
     .map_err(path_err("open (no symlinks)", path))
 }
 
+/// `adopt_root_owned`: an existing directory of root's may be handed to `owner`
+/// (a root engine's workspace, whose `.agent` `scriptgate run` made as root). For
+/// a non-root engine it may not: the daemon changes nothing its uid could not.
 fn mkdir_owned(
     parent: &OwnedFd,
     name: &str,
     path: &Path,
     owner: Identity,
     must_be_new: bool,
+    adopt_root_owned: bool,
 ) -> Result<OwnedFd, SysError> {
-    match mkdirat(parent, name, Mode::from_bits_truncate(0o700)) {
-        Ok(()) => {}
-        Err(nix::Error::EEXIST) if !must_be_new => {}
+    let made = match mkdirat(parent, name, Mode::from_bits_truncate(0o700)) {
+        Ok(()) => true,
+        Err(nix::Error::EEXIST) if !must_be_new => false,
         Err(e) => return Err(path_err("mkdir", path)(e)),
-    }
+    };
     let fd = open_dir_at(parent, name, path)?;
     let st = fstat(&fd).map_err(path_err("stat", path))?;
+    if !made && st.st_uid == 0 && owner.uid != 0 && !adopt_root_owned {
+        return Err(SysError::Refused(format!(
+            "{} is owned by root, not by the script's uid {}; the daemon does not hand root's directories to an engine: \
+             remove it or chown it to uid {} (or use another workspace)",
+            path.display(),
+            owner.uid,
+            owner.uid
+        )));
+    }
     if st.st_uid != owner.uid && st.st_uid != 0 {
         return Err(SysError::Refused(format!(
             "{} is owned by uid {}, not by the script's uid {} or root",
@@ -298,17 +311,27 @@ fn mkdir_owned(
 }
 
 impl ArtifactDir {
+    /// `root_engine`: the start is a root engine's; only then may an existing
+    /// root-owned `.agent` or `.agent/scripts` be handed to the script's uid.
     pub fn create(
         workspace: &WorkspaceDir,
         script_id: &str,
         owner: Identity,
+        root_engine: bool,
     ) -> Result<ArtifactDir, SysError> {
         let agent_path = workspace.path.join(".agent");
-        let agent = mkdir_owned(&workspace.dir, ".agent", &agent_path, owner, false)?;
+        let agent = mkdir_owned(
+            &workspace.dir,
+            ".agent",
+            &agent_path,
+            owner,
+            false,
+            root_engine,
+        )?;
         let scripts_path = agent_path.join("scripts");
-        let scripts = mkdir_owned(&agent, "scripts", &scripts_path, owner, false)?;
+        let scripts = mkdir_owned(&agent, "scripts", &scripts_path, owner, false, root_engine)?;
         let path = scripts_path.join(script_id);
-        let dir = mkdir_owned(&scripts, script_id, &path, owner, true)?;
+        let dir = mkdir_owned(&scripts, script_id, &path, owner, true, root_engine)?;
         Ok(ArtifactDir {
             path,
             agent,

@@ -98,7 +98,12 @@ impl Signed {
             ));
         };
         let run_id = match c.remove("run_id") {
-            Some(Value::String(s)) if !s.is_empty() => s,
+            Some(Value::String(s)) if !s.is_empty() => {
+                if let Some(why) = run_id_problem(&s) {
+                    return Err(claim_error("malformed", "run_id", &why));
+                }
+                s
+            }
             Some(_) => {
                 return Err(claim_error(
                     "malformed",
@@ -291,6 +296,26 @@ pub fn mint(
     .map_err(|e| RpcError::internal(format!("cannot sign token: {e}")))
 }
 
+/// The longest run id a token may carry, in bytes (scriptgate-protocol(7)).
+pub const MAX_RUN_ID_BYTES: usize = 256;
+
+/// Why a run id is refused: longer than [`MAX_RUN_ID_BYTES`], or holding a
+/// control character (it is printed in logs, the journal and `scriptgate ps`).
+pub fn run_id_problem(run_id: &str) -> Option<String> {
+    if run_id.len() > MAX_RUN_ID_BYTES {
+        return Some(format!(
+            "claim `run_id` is {} bytes; at most {MAX_RUN_ID_BYTES} are allowed",
+            run_id.len()
+        ));
+    }
+    run_id.chars().find(|c| c.is_control()).map(|c| {
+        format!(
+            "claim `run_id` holds the control character {:?}; a run id is printable text",
+            c
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -437,5 +462,21 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.reason(), Some("missing_field"));
+    }
+
+    #[test]
+    fn run_ids_are_bounded_printable_text() {
+        assert_eq!(run_id_problem("run-42"), None);
+        assert_eq!(run_id_problem(&"r".repeat(MAX_RUN_ID_BYTES)), None);
+        assert_eq!(run_id_problem("gw run 9 \u{e9}"), None);
+        let long = run_id_problem(&"r".repeat(MAX_RUN_ID_BYTES + 1)).unwrap();
+        assert!(long.contains("257 bytes; at most 256"), "{long}");
+        for bad in ["a\nb", "a\u{0}", "a\u{1b}[2J", "a\u{85}"] {
+            let why = run_id_problem(bad).unwrap();
+            assert!(why.contains("control character"), "{why}");
+        }
+        let t = mint(KEY, "run\n1", None, &snap(), 60).unwrap();
+        let e = verify(&t, KEY, true).unwrap_err();
+        assert_eq!((e.reason(), e.code), (Some("malformed"), code::TOKEN));
     }
 }

@@ -367,9 +367,13 @@ fn prune_cmd(c: PruneCmd) -> ExitCode {
         if ws.retain_days == 0 {
             return Ok("workspace.retain_days = 0: workspaces are kept\n".to_string());
         }
-        let busy = ctx
-            .reader()?
+        let reader = ctx.reader()?;
+        let busy = reader
             .running_workspaces()
+            .map_err(|e| Failure::setup(e.to_string()))?;
+        // Only what the daemon recorded as scriptgate's own (crate::prune).
+        let vouched = reader
+            .vouched_workspaces()
             .map_err(|e| Failure::setup(e.to_string()))?;
         // A script running in the workspace or in a directory below it.
         let in_use =
@@ -377,11 +381,11 @@ fn prune_cmd(c: PruneCmd) -> ExitCode {
         let (plan, failed) = if c.dry_run {
             let now = crate::audit::now_ms();
             (
-                crate::prune::plan(&ws.roots, ws.retain_days, now, &in_use),
+                crate::prune::plan(&ws.roots, &vouched, ws.retain_days, now, &in_use),
                 vec![],
             )
         } else {
-            crate::prune::run_pass(&ws.roots, ws.retain_days, &in_use)
+            crate::prune::run_pass(&ws.roots, &vouched, ws.retain_days, &in_use)
         };
         Ok(crate::prune::report(
             &plan,

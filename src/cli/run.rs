@@ -724,7 +724,7 @@ async fn run_embedded(
         .await
         .map_err(|e| Failure::refused(&e))?;
     daemon
-        .wait(Access::Conn(1, None), script_ref(started.script_id))
+        .wait(Access::Conn(1, None, me.uid), script_ref(started.script_id))
         .await
         .map_err(|e| Failure::setup(e.message))
 }
