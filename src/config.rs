@@ -134,6 +134,9 @@ pub struct Scripts {
     /// CPU time per wall-clock second, in percent of one CPU (0: no quota);
     /// systemd and cgroup backends (extension).
     pub cpu_quota_percent: u32,
+    /// RLIMIT_NOFILE of every process of a script, on every backend (the unit
+    /// raises the daemon's own to 65536, which scripts would otherwise inherit).
+    pub nofile_max: u64,
 }
 impl Default for Scripts {
     fn default() -> Self {
@@ -148,9 +151,15 @@ impl Default for Scripts {
             approval_timeout_s: 600,
             python: "/usr/bin/python3".into(),
             cpu_quota_percent: 100,
+            nofile_max: 1024,
         }
     }
 }
+
+/// The bounds of `scripts.nofile_max`: Python with a few pipes needs some tens
+/// of descriptors; above the kernel's `fs.nr_open` default setrlimit fails.
+pub const NOFILE_MIN: u64 = 64;
+pub const NOFILE_MAX: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -273,6 +282,12 @@ impl Config {
             return bad(
                 "scripts.timeout_s, max_calls, tasks_max and memory_max_bytes must be > 0".into(),
             );
+        }
+        if !(NOFILE_MIN..=NOFILE_MAX).contains(&s.nofile_max) {
+            return bad(format!(
+                "scripts.nofile_max must be between {NOFILE_MIN} and {NOFILE_MAX}, not {}",
+                s.nofile_max
+            ));
         }
         if !s.python.is_absolute() {
             return bad(format!(
@@ -445,6 +460,18 @@ mod tests {
         let m = e.to_string();
         assert!(m.starts_with("/etc/s.toml: line 3:"), "{m}");
         assert!(m.contains("bogus"), "{m}");
+    }
+
+    #[test]
+    fn nofile_max_is_bounded() {
+        let c = Config::parse("[scripts]\nnofile_max = 300\n", Path::new("c")).unwrap();
+        assert_eq!(c.scripts.nofile_max, 300);
+        assert_eq!(Scripts::default().nofile_max, 1024);
+        for bad in [0, 10, NOFILE_MAX + 1] {
+            let text = format!("[scripts]\nnofile_max = {bad}\n");
+            let e = Config::parse(&text, Path::new("c")).unwrap_err();
+            assert!(e.to_string().contains("scripts.nofile_max"), "{e}");
+        }
     }
 
     #[test]

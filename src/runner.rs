@@ -6,7 +6,7 @@ use crate::policy::Limits;
 use crate::protocol::Status;
 use crate::sandbox::{
     bwrap_args, parse_usage_report, RealHost, SandboxSpec, FD_AGENT, FD_GATE, FD_INFO, FD_REPLIES,
-    FD_REQUESTS, FD_SECCOMP, FD_USAGE, FD_WORKSPACE,
+    FD_REQUESTS, FD_SCRIPT, FD_SECCOMP, FD_USAGE, FD_WORKSPACE,
 };
 use crate::sys::{
     channel_pipe, dup_high, give_pipe, install_cloexec_above_fixed, install_pre_exec, wait_child,
@@ -55,11 +55,11 @@ pub struct Ended {
     pub output: String,
     pub output_truncated: bool,
     pub error: Option<String>,
-    /// The unit's peak; else (rlimit backend) the largest resident set of any
-    /// process of the script's tree, as the sandbox init reports it. None when the
-    /// script was killed (timeout, cancel) before the init could report: the
-    /// outer bwrap's rusage is no substitute, as it counts the daemon's own
-    /// resident set at the fork.
+    /// The unit's peak (`memory.peak`, which counts page cache, tmpfs and
+    /// kernel memory too). None where there is no unit to read it from (the
+    /// rlimit backend): a resident-set figure is no peak of what the script
+    /// held (an unmapped memfd, SysV segments, /tmp's tmpfs and pipe buffers are
+    /// in no process's resident set; a 512 MiB memfd was reported as 9 MiB).
     pub memory_peak_bytes: Option<u64>,
     pub cpu_usec: Option<u64>,
     /// Limits of this script that were not in force (read back from its cgroups).
@@ -218,6 +218,14 @@ pub async fn run(
 ) -> Result<Ended, std::io::Error> {
     let t0 = Instant::now();
     let script_id = broker.script_id.clone();
+    let mut launch = launch;
+
+    // 0. The execute-only interpreter and init (`sandbox::ExecOnly`), when the
+    //    script runs as another uid than a root daemon: copied once per version.
+    if let Err(e) = with_exec_only(&mut launch).await {
+        let _ = started.send(Err(format!("execute-only copies: {e}")));
+        return Err(e);
+    }
 
     // 1. Open every descriptor before the spawn: the child's ends are dup2'ed to
     //    fixed numbers in `pre_exec`, where nothing may be allocated.
@@ -360,6 +368,44 @@ struct StreamEnds {
     stderr: OwnedFd,
 }
 
+/// Step 0: fill `launch.sandbox.exec_only` where it helps: the daemon is root
+/// (the copies are root's, unreadable by the script's uid) and the script runs
+/// as another uid. The copies live in `<state>/exec`, beside the runtime dir.
+async fn with_exec_only(launch: &mut Launch) -> std::io::Result<()> {
+    let spec = &launch.sandbox;
+    let wanted = launch.identity.is_some_and(|id| id.uid != 0)
+        && nix::unistd::geteuid().is_root()
+        && spec.exec_only.is_none();
+    if !wanted {
+        return Ok(());
+    }
+    let dir = spec.runtime_dir.with_file_name("exec");
+    let (python, init) = (spec.python.clone(), spec.init.clone());
+    let x = tokio::task::spawn_blocking(move || crate::sandbox::exec_only(&python, &init, &dir))
+        .await
+        .map_err(std::io::Error::other)??;
+    launch.sandbox.exec_only = Some(x);
+    Ok(())
+}
+
+/// The script's record directory (`.agent/scripts/<id>`), opened below the
+/// `.agent` the daemon opened, without following symlinks: bwrap binds it from
+/// this descriptor at `SCRIPT_MOUNT`, so its path (and the id in it) is in no
+/// command line.
+fn open_record_dir(launch: &Launch) -> std::io::Result<OwnedFd> {
+    use nix::fcntl::{openat, OFlag};
+    let id = launch
+        .sandbox
+        .script
+        .parent()
+        .and_then(|d| d.file_name())
+        .ok_or_else(|| std::io::Error::other("the script has no record directory"))?;
+    let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+    let mode = nix::sys::stat::Mode::empty();
+    let scripts = openat(&launch.agent_dir, "scripts", flags, mode)?;
+    Ok(openat(&scripts, id, flags, mode)?)
+}
+
 /// Step 1: every pipe and descriptor of one sandbox.
 fn open_fds(launch: &Launch) -> std::io::Result<(ChildEnds, OurEnds)> {
     let (req_r, req_w) = channel_pipe()?; // script writes fd 3, we read
@@ -377,6 +423,7 @@ fn open_fds(launch: &Launch) -> std::io::Result<(ChildEnds, OurEnds)> {
         (usage_w, FD_USAGE),
         (seccomp_r, FD_SECCOMP),
         (dup_high(&launch.workspace_dir)?, FD_WORKSPACE),
+        (dup_high(&open_record_dir(launch)?)?, FD_SCRIPT),
         (dup_high(&launch.agent_dir)?, FD_AGENT),
     ];
     let gate = if launch.backend.needs_gate() {
@@ -437,7 +484,9 @@ fn command(
         &mut cmd,
         ChildSetup {
             identity: launch.identity,
-            rlimits: launch.backend.rlimits(&launch.limits),
+            rlimits: launch
+                .backend
+                .rlimits(&launch.limits, launch.sandbox.nofile_max),
             dups: fixed.iter().map(|(fd, to)| (fd.as_raw_fd(), *to)).collect(),
             parent_pid: std::process::id() as libc::pid_t,
         },
@@ -786,9 +835,10 @@ impl Collected {
             output,
             output_truncated,
             error,
-            // The unit's counters when it has them, else the init's report (never
-            // the outer bwrap's ru_maxrss: that is the daemon's size at the fork).
-            memory_peak_bytes: stats.memory_peak_bytes.or(self.usage),
+            // The unit's counters, or nothing: the init's report (the tree's
+            // largest resident set) would under-report (see `Ended`), and the
+            // outer bwrap's ru_maxrss is the daemon's size at the fork.
+            memory_peak_bytes: stats.memory_peak_bytes,
             // bwrap reaps the init, which reaps the whole namespace: its rusage
             // covers every process of the sandbox.
             cpu_usec: stats.cpu_usec.or(exit.map(|e| e.cpu_usec)),
