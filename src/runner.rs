@@ -486,13 +486,21 @@ fn command(
             identity: launch.identity,
             rlimits: launch
                 .backend
-                .rlimits(&launch.limits, launch.sandbox.nofile_max),
+                .rlimits(&launch.limits, nofile_max(&launch.sandbox)),
             dups: fixed.iter().map(|(fd, to)| (fd.as_raw_fd(), *to)).collect(),
             parent_pid: std::process::id() as libc::pid_t,
         },
     );
     install_cloexec_above_fixed(&mut cmd);
     cmd
+}
+
+/// `scripts.nofile_max`, but never above the daemon's own hard limit: the daemon
+/// keeps no CAP_SYS_RESOURCE, and raising it would fail the spawn (EPERM).
+fn nofile_max(spec: &SandboxSpec) -> u64 {
+    let hard = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(u64::MAX, |(_, hard)| hard);
+    spec.nofile_max.min(hard)
 }
 
 /// The spawned sandbox (bwrap, or the gate shell that becomes bwrap).
