@@ -388,22 +388,25 @@ async fn with_exec_only(launch: &mut Launch) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The script's record directory (`.agent/scripts/<id>`), opened below the
-/// `.agent` the daemon opened, without following symlinks: bwrap binds it from
-/// this descriptor at `SCRIPT_MOUNT`, so its path (and the id in it) is in no
-/// command line.
-fn open_record_dir(launch: &Launch) -> std::io::Result<OwnedFd> {
+/// The script (`.agent/scripts/<id>/script.py`), opened below the `.agent` the
+/// daemon opened, without following symlinks: bwrap copies it from this
+/// descriptor to `SCRIPT_MOUNT`, so its path (and the id in it) is in no command
+/// line and no mount table.
+fn open_script(launch: &Launch) -> std::io::Result<OwnedFd> {
     use nix::fcntl::{openat, OFlag};
-    let id = launch
-        .sandbox
-        .script
-        .parent()
-        .and_then(|d| d.file_name())
-        .ok_or_else(|| std::io::Error::other("the script has no record directory"))?;
-    let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+    let script = &launch.sandbox.script;
+    let (Some(id), Some(name)) = (
+        script.parent().and_then(|d| d.file_name()),
+        script.file_name(),
+    ) else {
+        return Err(std::io::Error::other("the script has no record directory"));
+    };
+    let dir = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
     let mode = nix::sys::stat::Mode::empty();
-    let scripts = openat(&launch.agent_dir, "scripts", flags, mode)?;
-    Ok(openat(&scripts, id, flags, mode)?)
+    let scripts = openat(&launch.agent_dir, "scripts", dir, mode)?;
+    let record = openat(&scripts, id, dir, mode)?;
+    let file = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+    Ok(openat(&record, name, file, mode)?)
 }
 
 /// Step 1: every pipe and descriptor of one sandbox.
@@ -423,7 +426,7 @@ fn open_fds(launch: &Launch) -> std::io::Result<(ChildEnds, OurEnds)> {
         (usage_w, FD_USAGE),
         (seccomp_r, FD_SECCOMP),
         (dup_high(&launch.workspace_dir)?, FD_WORKSPACE),
-        (dup_high(&open_record_dir(launch)?)?, FD_SCRIPT),
+        (dup_high(&open_script(launch)?)?, FD_SCRIPT),
         (dup_high(&launch.agent_dir)?, FD_AGENT),
     ];
     let gate = if launch.backend.needs_gate() {

@@ -7,17 +7,18 @@ use std::path::{Path, PathBuf};
 /// Where the embedded `agent_tools.py` is mounted inside the sandbox.
 pub const RUNTIME_MOUNT: &str = "/run/scriptgate";
 
-/// Where the script's record directory (`.agent/scripts/<id>`, opened by the
-/// daemon and bound by descriptor) is mounted read-only inside the sandbox, so
-/// that Python runs `SCRIPT_MOUNT/script.py`: no script id is in any command
-/// line (bwrap's, the init's, Python's), which every user of the host can read
-/// with `ps`.
+/// Where the script (`.agent/scripts/<id>/script.py`, opened by the daemon) is
+/// inside the sandbox: bwrap copies it from its descriptor into a read-only file
+/// there (`--ro-bind-data`). No script id is then in any command line (bwrap's,
+/// the init's, Python's), which every user of the host can read with `ps`, nor
+/// in the sandbox's `/proc/PID/mountinfo`, which is world-readable too (a bind
+/// of the record directory showed its path there).
 pub const SCRIPT_MOUNT: &str = "/run/scriptgate-script";
 
 /// The fixed descriptors the sandbox child gets. 3 and 4 are the tool channel
 /// (protocol §8) and reach the script; 5, 8, 9, 10 and 11 are read by bwrap itself
-/// (9, 10 and 11 are the workspace, the script's record directory and `.agent`,
-/// opened once by the daemon and bound by descriptor, never by path; bwrap
+/// (9 and 11 are the workspace and `.agent`, opened once by the daemon and bound
+/// by descriptor, never by path; 10 is the script, which bwrap copies in; bwrap
 /// closes them); 6 is the placement
 /// gate, closed before bwrap runs; 7 is the init's usage report, which the init
 /// keeps from the script. FD_AGENT is the highest (`sys` bounds the fixed numbers
@@ -110,9 +111,9 @@ pub struct SandboxSpec {
     pub runtime_dir: PathBuf,
     /// The interpreter (`scripts.python`).
     pub python: PathBuf,
-    /// The script to run, inside the workspace's `.agent` tree (on the host). Its
-    /// directory is bound from `FD_SCRIPT` at `SCRIPT_MOUNT`; this path is never
-    /// in the argv (it holds the script id).
+    /// The script to run, inside the workspace's `.agent` tree (on the host). It
+    /// reaches the sandbox from `FD_SCRIPT`, at `SCRIPT_MOUNT`; this path is
+    /// never in the argv (it holds the script id).
     pub script: PathBuf,
     /// Size of the private `/tmp`.
     pub tmp_size_bytes: u64,
@@ -280,9 +281,10 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
     push(&mut a, &[&"--ro-bind", &spec.runtime_dir, &RUNTIME_MOUNT]);
     let init = spec.exec_only.as_ref().map_or(&spec.init, |x| &x.init);
     push(&mut a, &[&"--ro-bind", init, &INIT_MOUNT]);
+    let script = Path::new(SCRIPT_MOUNT).join(spec.script.file_name().unwrap_or_default());
     push(
         &mut a,
-        &[&"--ro-bind-fd", &FD_SCRIPT.to_string(), &SCRIPT_MOUNT],
+        &[&"--ro-bind-data", &FD_SCRIPT.to_string(), &script],
     );
     // The workspace and its `.agent` come as descriptors the daemon opened without
     // following symlinks: what is mounted is what was checked.
@@ -330,7 +332,6 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
         &mut a,
         &[&"--", &INIT_MOUNT, &INIT_ARG, &FD_USAGE.to_string()],
     );
-    let script = Path::new(SCRIPT_MOUNT).join(spec.script.file_name().unwrap_or_default());
     push(&mut a, &[&spec.python, &"-s", &"-B", &script]);
     a
 }
@@ -661,13 +662,14 @@ mod tests {
     }
 
     /// `ps` shows every user every command line: no script id in bwrap's argv
-    /// (the init's and Python's are at its end). The record dir comes by fd.
+    /// (the init's and Python's are at its end). The script comes by fd.
     #[test]
     fn no_script_id_in_the_argv() {
         for a in [argv(false), argv(true)] {
             assert!(!a.iter().any(|s| s.contains("abc")), "{a:?}");
-            assert!(has(&a, &["--ro-bind-fd", "10", "/run/scriptgate-script"]));
-            let bind = a.iter().position(|s| s == SCRIPT_MOUNT).unwrap();
+            let path = "/run/scriptgate-script/script.py";
+            assert!(has(&a, &["--ro-bind-data", "10", path]));
+            let bind = a.iter().position(|s| s == path).unwrap();
             let ro = a.windows(2).position(|w| w == ["--remount-ro", "/"]);
             assert!(bind < ro.unwrap(), "mounted before / goes read-only");
         }

@@ -712,7 +712,7 @@ fn no_script_id_is_in_a_command_line_or_environment() {
             {
                 continue;
             }
-            for f in ["cmdline", "environ"] {
+            for f in ["cmdline", "environ", "mountinfo"] {
                 if let Ok(b) = std::fs::read(e.path().join(f)) {
                     if String::from_utf8_lossy(&b).contains(id) {
                         seen.push(format!(
