@@ -138,6 +138,9 @@ pub struct Scripts {
     /// backend; past it a write fails with EFBIG; 0: no bound). Bounds each
     /// file, not the total (extension).
     pub file_max_bytes: u64,
+    /// RLIMIT_NOFILE of every process of a script, on every backend (the unit
+    /// raises the daemon's own to 65536, which scripts would otherwise inherit).
+    pub nofile_max: u64,
 }
 impl Default for Scripts {
     fn default() -> Self {
@@ -153,9 +156,15 @@ impl Default for Scripts {
             python: "/usr/bin/python3".into(),
             cpu_quota_percent: 100,
             file_max_bytes: 1 << 30,
+            nofile_max: 1024,
         }
     }
 }
+
+/// The bounds of `scripts.nofile_max`: Python with a few pipes needs some tens
+/// of descriptors; above the kernel's `fs.nr_open` default setrlimit fails.
+pub const NOFILE_MIN: u64 = 64;
+pub const NOFILE_MAX: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -282,6 +291,12 @@ impl Config {
             return bad(
                 "scripts.timeout_s, max_calls, tasks_max and memory_max_bytes must be > 0".into(),
             );
+        }
+        if !(NOFILE_MIN..=NOFILE_MAX).contains(&s.nofile_max) {
+            return bad(format!(
+                "scripts.nofile_max must be between {NOFILE_MIN} and {NOFILE_MAX}, not {}",
+                s.nofile_max
+            ));
         }
         if !s.python.is_absolute() {
             return bad(format!(
@@ -457,6 +472,18 @@ mod tests {
         let m = e.to_string();
         assert!(m.starts_with("/etc/s.toml: line 3:"), "{m}");
         assert!(m.contains("bogus"), "{m}");
+    }
+
+    #[test]
+    fn nofile_max_is_bounded() {
+        let c = Config::parse("[scripts]\nnofile_max = 300\n", Path::new("c")).unwrap();
+        assert_eq!(c.scripts.nofile_max, 300);
+        assert_eq!(Scripts::default().nofile_max, 1024);
+        for bad in [0, 10, NOFILE_MAX + 1] {
+            let text = format!("[scripts]\nnofile_max = {bad}\n");
+            let e = Config::parse(&text, Path::new("c")).unwrap_err();
+            assert!(e.to_string().contains("scripts.nofile_max"), "{e}");
+        }
     }
 
     #[test]

@@ -904,6 +904,9 @@ impl Daemon {
                 tmp_size_bytes: self.cfg.sandbox.tmp_size_bytes,
                 disable_userns: self.sandbox_check().disable_userns,
                 init: crate::sandbox_init::exe(),
+                nofile_max: self.cfg.scripts.nofile_max,
+                // The runner makes the copies (see `runner::with_exec_only`).
+                exec_only: None,
             },
             workspace_dir: a.workspace.dir,
             agent_dir: rec.art.agent,

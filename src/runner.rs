@@ -6,7 +6,7 @@ use crate::policy::Limits;
 use crate::protocol::Status;
 use crate::sandbox::{
     bwrap_args, parse_usage_report, RealHost, SandboxSpec, FD_AGENT, FD_GATE, FD_INFO, FD_REPLIES,
-    FD_REQUESTS, FD_SECCOMP, FD_USAGE, FD_WORKSPACE,
+    FD_REQUESTS, FD_SCRIPT, FD_SECCOMP, FD_USAGE, FD_WORKSPACE,
 };
 use crate::sys::{
     channel_pipe, dup_high, give_pipe, install_cloexec_above_fixed, install_ignore_sigxfsz,
@@ -57,11 +57,11 @@ pub struct Ended {
     pub output: String,
     pub output_truncated: bool,
     pub error: Option<String>,
-    /// The unit's peak; else (rlimit backend) the largest resident set of any
-    /// process of the script's tree, as the sandbox init reports it. None when the
-    /// script was killed (timeout, cancel) before the init could report: the
-    /// outer bwrap's rusage is no substitute, as it counts the daemon's own
-    /// resident set at the fork.
+    /// The unit's peak (`memory.peak`, which counts page cache, tmpfs and
+    /// kernel memory too). None where there is no unit to read it from (the
+    /// rlimit backend): a resident-set figure is no peak of what the script
+    /// held (an unmapped memfd, SysV segments, /tmp's tmpfs and pipe buffers are
+    /// in no process's resident set; a 512 MiB memfd was reported as 9 MiB).
     pub memory_peak_bytes: Option<u64>,
     pub cpu_usec: Option<u64>,
     /// Limits of this script that were not in force (read back from its cgroups).
@@ -274,6 +274,21 @@ pub async fn run(
 ) -> Result<Ended, std::io::Error> {
     let t0 = Instant::now();
     let script_id = broker.script_id.clone();
+    let mut launch = launch;
+
+    // 0. The execute-only interpreter and init (`sandbox::ExecOnly`), when the
+    //    script runs as another uid than a root daemon: copied once per version.
+    //    They are a second layer (other processes of the script's uid cannot
+    //    read it through /proc); a state directory with no room for them costs
+    //    that layer, said at warning priority, not the script.
+    if let Err(e) = with_exec_only(&mut launch).await {
+        tracing::warn!(
+            script_id = %script_id,
+            "no execute-only copies of the interpreter and the init in {}: {e}; this script runs \
+             without them, so other processes of its uid may read it through /proc/PID",
+            launch.sandbox.runtime_dir.with_file_name("exec").display()
+        );
+    }
 
     // 1. Open every descriptor before the spawn: the child's ends are dup2'ed to
     //    fixed numbers in `pre_exec`, where nothing may be allocated.
@@ -416,6 +431,47 @@ struct StreamEnds {
     stderr: OwnedFd,
 }
 
+/// Step 0: fill `launch.sandbox.exec_only` where it helps: the daemon is root
+/// (the copies are root's, unreadable by the script's uid) and the script runs
+/// as another uid. The copies live in `<state>/exec`, beside the runtime dir.
+async fn with_exec_only(launch: &mut Launch) -> std::io::Result<()> {
+    let spec = &launch.sandbox;
+    let wanted = launch.identity.is_some_and(|id| id.uid != 0)
+        && nix::unistd::geteuid().is_root()
+        && spec.exec_only.is_none();
+    if !wanted {
+        return Ok(());
+    }
+    let dir = spec.runtime_dir.with_file_name("exec");
+    let (python, init) = (spec.python.clone(), spec.init.clone());
+    let x = tokio::task::spawn_blocking(move || crate::sandbox::exec_only(&python, &init, &dir))
+        .await
+        .map_err(std::io::Error::other)??;
+    launch.sandbox.exec_only = Some(x);
+    Ok(())
+}
+
+/// The script (`.agent/scripts/<id>/script.py`), opened below the `.agent` the
+/// daemon opened, without following symlinks: bwrap copies it from this
+/// descriptor to `SCRIPT_MOUNT`, so its path (and the id in it) is in no command
+/// line and no mount table.
+fn open_script(launch: &Launch) -> std::io::Result<OwnedFd> {
+    use nix::fcntl::{openat, OFlag};
+    let script = &launch.sandbox.script;
+    let (Some(id), Some(name)) = (
+        script.parent().and_then(|d| d.file_name()),
+        script.file_name(),
+    ) else {
+        return Err(std::io::Error::other("the script has no record directory"));
+    };
+    let dir = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+    let mode = nix::sys::stat::Mode::empty();
+    let scripts = openat(&launch.agent_dir, "scripts", dir, mode)?;
+    let record = openat(&scripts, id, dir, mode)?;
+    let file = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+    Ok(openat(&record, name, file, mode)?)
+}
+
 /// Step 1: every pipe and descriptor of one sandbox.
 fn open_fds(launch: &Launch) -> std::io::Result<(ChildEnds, OurEnds)> {
     let (req_r, req_w) = channel_pipe()?; // script writes fd 3, we read
@@ -433,6 +489,7 @@ fn open_fds(launch: &Launch) -> std::io::Result<(ChildEnds, OurEnds)> {
         (usage_w, FD_USAGE),
         (seccomp_r, FD_SECCOMP),
         (dup_high(&launch.workspace_dir)?, FD_WORKSPACE),
+        (dup_high(&open_script(launch)?)?, FD_SCRIPT),
         (dup_high(&launch.agent_dir)?, FD_AGENT),
     ];
     let gate = if launch.backend.needs_gate() {
@@ -494,7 +551,9 @@ fn command(
         ChildSetup {
             identity: launch.identity,
             rlimits: {
-                let mut r = launch.backend.rlimits(&launch.limits);
+                let mut r = launch
+                    .backend
+                    .rlimits(&launch.limits, nofile_max(&launch.sandbox));
                 r.push(file_size_rlimit(launch.file_max_bytes));
                 r
             },
@@ -505,6 +564,14 @@ fn command(
     install_ignore_sigxfsz(&mut cmd);
     install_cloexec_above_fixed(&mut cmd);
     cmd
+}
+
+/// `scripts.nofile_max`, but never above the daemon's own hard limit: the daemon
+/// keeps no CAP_SYS_RESOURCE, and raising it would fail the spawn (EPERM).
+fn nofile_max(spec: &SandboxSpec) -> u64 {
+    let hard = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(u64::MAX, |(_, hard)| hard);
+    spec.nofile_max.min(hard)
 }
 
 /// The spawned sandbox (bwrap, or the gate shell that becomes bwrap).
@@ -854,9 +921,10 @@ impl Collected {
             output,
             output_truncated,
             error,
-            // The unit's counters when it has them, else the init's report (never
-            // the outer bwrap's ru_maxrss: that is the daemon's size at the fork).
-            memory_peak_bytes: stats.memory_peak_bytes.or(self.usage),
+            // The unit's counters, or nothing: the init's report (the tree's
+            // largest resident set) would under-report (see `Ended`), and the
+            // outer bwrap's ru_maxrss is the daemon's size at the fork.
+            memory_peak_bytes: stats.memory_peak_bytes,
             // bwrap reaps the init, which reaps the whole namespace: its rusage
             // covers every process of the sandbox.
             cpu_usec: stats.cpu_usec.or(exit.map(|e| e.cpu_usec)),

@@ -7,10 +7,19 @@ use std::path::{Path, PathBuf};
 /// Where the embedded `agent_tools.py` is mounted inside the sandbox.
 pub const RUNTIME_MOUNT: &str = "/run/scriptgate";
 
+/// Where the script (`.agent/scripts/<id>/script.py`, opened by the daemon) is
+/// inside the sandbox: bwrap copies it from its descriptor into a read-only file
+/// there (`--ro-bind-data`). No script id is then in any command line (bwrap's,
+/// the init's, Python's), which every user of the host can read with `ps`, nor
+/// in the sandbox's `/proc/PID/mountinfo`, which is world-readable too (a bind
+/// of the record directory showed its path there).
+pub const SCRIPT_MOUNT: &str = "/run/scriptgate-script";
+
 /// The fixed descriptors the sandbox child gets. 3 and 4 are the tool channel
-/// (protocol §8) and reach the script; 5, 8, 9 and 10 are read by bwrap itself
-/// (9 and 10 are the workspace and its `.agent`, opened once by the daemon and
-/// bound by descriptor, never by path; bwrap closes them); 6 is the placement
+/// (protocol §8) and reach the script; 5, 8, 9, 10 and 11 are read by bwrap itself
+/// (9 and 11 are the workspace and `.agent`, opened once by the daemon and bound
+/// by descriptor, never by path; 10 is the script, which bwrap copies in; bwrap
+/// closes them); 6 is the placement
 /// gate, closed before bwrap runs; 7 is the init's usage report, which the init
 /// keeps from the script. FD_AGENT is the highest (`sys` bounds the fixed numbers
 /// by it).
@@ -21,7 +30,8 @@ pub const FD_GATE: i32 = 6;
 pub const FD_USAGE: i32 = 7;
 pub const FD_SECCOMP: i32 = 8;
 pub const FD_WORKSPACE: i32 = 9;
-pub const FD_AGENT: i32 = 10;
+pub const FD_SCRIPT: i32 = 10;
+pub const FD_AGENT: i32 = 11;
 
 /// Host directories mounted read-only when they exist (symlinks are recreated as
 /// symlinks, so merged-/usr systems get `/lib -> usr/lib`).
@@ -61,6 +71,30 @@ const DEV_TMPFS_BYTES: u64 = 64 << 10;
 /// Python holds the GIL, so two arenas cost it nothing.
 pub const MALLOC_ARENA_MAX: &str = "2";
 
+/// Where `libgcc_s.so.1` may be; the first found is preloaded into every process
+/// of the sandbox. glibc loads it with `dlopen` when a thread exits or is
+/// cancelled (its unwinder); a script that used up its address space with thread
+/// stacks (the rlimit backend's RLIMIT_AS) had no room left for that `dlopen`, and
+/// its first refused thread killed it ("libgcc_s.so.1 must be installed for
+/// pthread_exit to work") where Python would have raised RuntimeError.
+pub fn libgcc_s_candidates() -> Vec<PathBuf> {
+    let triplet = if cfg!(target_arch = "x86_64") {
+        "x86_64-linux-gnu"
+    } else if cfg!(target_arch = "aarch64") {
+        "aarch64-linux-gnu"
+    } else {
+        "riscv64-linux-gnu"
+    };
+    let mut v: Vec<PathBuf> = ["/usr/lib", "/lib"]
+        .iter()
+        .map(|d| Path::new(d).join(triplet).join("libgcc_s.so.1"))
+        .collect();
+    for d in ["/usr/lib64", "/lib64", "/usr/lib", "/lib"] {
+        v.push(Path::new(d).join("libgcc_s.so.1"));
+    }
+    v
+}
+
 /// The sandbox's PID 1 is the daemon's own binary in its init mode
 /// (`sandbox_init`, which says what it does), bound read-only at
 /// `sandbox_init::MOUNT` and started as `MOUNT --sandbox-init REPORT_FD PROGRAM
@@ -77,7 +111,9 @@ pub struct SandboxSpec {
     pub runtime_dir: PathBuf,
     /// The interpreter (`scripts.python`).
     pub python: PathBuf,
-    /// The script to run, inside the workspace's `.agent` tree.
+    /// The script to run, inside the workspace's `.agent` tree (on the host). It
+    /// reaches the sandbox from `FD_SCRIPT`, at `SCRIPT_MOUNT`; this path is
+    /// never in the argv (it holds the script id).
     pub script: PathBuf,
     /// Size of the private `/tmp`.
     pub tmp_size_bytes: u64,
@@ -87,6 +123,33 @@ pub struct SandboxSpec {
     /// seccomp filter alone keeps the script from making a user namespace.
     pub disable_userns: bool,
     /// The sandbox's init: this binary (`sandbox_init::exe()`), bound read-only.
+    pub init: PathBuf,
+    /// `scripts.nofile_max`: RLIMIT_NOFILE of the sandbox's processes.
+    pub nofile_max: u64,
+    /// Execute-only copies of the interpreter and the init, bound in their
+    /// place (see `ExecOnly`); `None` where they would not help (the daemon is
+    /// not root, or the script runs as the daemon's uid).
+    pub exec_only: Option<ExecOnly>,
+}
+
+/// Execute-only (mode 0111, root-owned) copies of the interpreter and of the
+/// init. The kernel makes a process non-dumpable at execve when it cannot read
+/// the executable (fs/exec.c `would_dump`), and moves its mm's user namespace up
+/// to one where the file's owner is mapped: the host's. A process of the
+/// script's uid outside the sandbox, owner of the sandbox's user namespace and so
+/// capable in it, is then not capable where it counts, and
+/// `/proc/PID/{root,cwd,environ,mem,fd}` of the init and of Python are closed to
+/// it from their first instruction (they showed the script's private /tmp and
+/// its workspace). Any other program a script execs (`/bin/sh`) is readable,
+/// dumpable, and open to it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOnly {
+    /// The copy of the interpreter, bound over `python_at`.
+    pub python: PathBuf,
+    /// The interpreter's own file (`scripts.python` with its links resolved), so
+    /// that `sys.executable` and `sys.prefix` are those of `scripts.python`.
+    pub python_at: PathBuf,
+    /// The copy of the init (this binary), bound at `INIT_MOUNT`.
     pub init: PathBuf,
 }
 
@@ -177,6 +240,10 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
             push(&mut a, &[&"--ro-bind", &prefix, &prefix]);
         }
     }
+    // Python runs from its execute-only copy, at its own path (see `ExecOnly`).
+    if let Some(x) = &spec.exec_only {
+        push(&mut a, &[&"--ro-bind", &x.python, &x.python_at]);
+    }
     push(&mut a, &[&"--proc", &"/proc"]);
     // /dev is built by hand, not with --dev (an unbounded tmpfs writable by the
     // script, and a devpts that hands out ptys from the host-wide pool): a small
@@ -212,7 +279,13 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
         ],
     );
     push(&mut a, &[&"--ro-bind", &spec.runtime_dir, &RUNTIME_MOUNT]);
-    push(&mut a, &[&"--ro-bind", &spec.init, &INIT_MOUNT]);
+    let init = spec.exec_only.as_ref().map_or(&spec.init, |x| &x.init);
+    push(&mut a, &[&"--ro-bind", init, &INIT_MOUNT]);
+    let script = Path::new(SCRIPT_MOUNT).join(spec.script.file_name().unwrap_or_default());
+    push(
+        &mut a,
+        &[&"--ro-bind-data", &FD_SCRIPT.to_string(), &script],
+    );
     // The workspace and its `.agent` come as descriptors the daemon opened without
     // following symlinks: what is mounted is what was checked.
     let ws = &spec.workspace;
@@ -228,6 +301,14 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
     // workspace (unless read-only) and the private /tmp.
     push(&mut a, &[&"--remount-ro", &"/"]);
     push(&mut a, &[&"--chdir", ws]);
+    // libgcc_s in every process from its start (see `libgcc_s_candidates`); none
+    // on the host, no preload (ld.so would complain at every exec).
+    let libgcc = libgcc_s_candidates()
+        .into_iter()
+        .find(|p| host.entry(p) != Entry::Missing);
+    if let Some(p) = &libgcc {
+        push(&mut a, &[&"--setenv", &"LD_PRELOAD", p]);
+    }
     for (k, v) in [
         ("PATH", "/usr/local/bin:/usr/bin:/bin"),
         ("HOME", "/tmp"),
@@ -251,7 +332,7 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
         &mut a,
         &[&"--", &INIT_MOUNT, &INIT_ARG, &FD_USAGE.to_string()],
     );
-    push(&mut a, &[&spec.python, &"-s", &"-B", &spec.script]);
+    push(&mut a, &[&spec.python, &"-s", &"-B", &script]);
     a
 }
 
@@ -295,6 +376,100 @@ pub fn probe_args(python: &Path, disable_userns: bool, host: &dyn HostView) -> V
     a
 }
 
+/// The execute-only copies for a sandbox (see `ExecOnly`), kept in `dir` (the
+/// daemon's `<state>/exec`, mode 0711: bwrap, run as the script's uid, binds them
+/// by path, and nobody may list them). Each copy is named after its source's
+/// identity (device, inode, size, modification time), so that a replaced
+/// interpreter or daemon binary gets a fresh copy at the next script, and two
+/// daemons on one state directory agree on the name; older copies of the same
+/// source are removed. Only for a daemon running as root (the copy must belong
+/// to another uid than the script's).
+pub fn exec_only(python: &Path, init: &Path, dir: &Path) -> std::io::Result<ExecOnly> {
+    let python_at = std::fs::canonicalize(python)?;
+    Ok(ExecOnly {
+        python: exec_only_copy(&python_at, dir)?,
+        python_at,
+        init: exec_only_copy(init, dir)?,
+    })
+}
+
+fn exec_only_copy(src: &Path, dir: &Path) -> std::io::Result<PathBuf> {
+    use std::io::{Error, ErrorKind};
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let src = std::fs::canonicalize(src)?;
+    let st = std::fs::metadata(&src)?;
+    if !st.is_file() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{} is not a file", src.display()),
+        ));
+    }
+    let base = src
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("program")
+        .to_string();
+    let name = format!(
+        "{base}@{:x}-{:x}-{:x}-{}.{:09}",
+        st.dev(),
+        st.ino(),
+        st.size(),
+        st.mtime(),
+        st.mtime_nsec()
+    );
+    let dest = dir.join(&name);
+    let good = |m: &std::fs::Metadata| {
+        m.is_file()
+            && m.uid() == nix::unistd::geteuid().as_raw()
+            && m.mode() & 0o7777 == 0o111
+            && m.size() == st.size()
+            && m.nlink() == 1
+    };
+    if std::fs::symlink_metadata(&dest).is_ok_and(|m| good(&m)) {
+        return Ok(dest);
+    }
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{seq}.new", std::process::id()));
+    let made = (|| {
+        let mut from = std::fs::File::open(&src)?;
+        let mut to = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o100)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        std::io::copy(&mut from, &mut to)?;
+        // The source may have been replaced while it was copied.
+        if to.metadata()?.len() != st.size() {
+            return Err(Error::other(format!(
+                "{} changed while it was copied",
+                src.display()
+            )));
+        }
+        to.set_permissions(std::fs::Permissions::from_mode(0o111))?;
+        drop(to);
+        std::fs::rename(&tmp, &dest)
+    })();
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    // Older copies of this source (a sandbox that bound one keeps its inode).
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            if n != name && n.starts_with(&format!("{base}@")) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    Ok(dest)
+}
+
 /// Parse the init's report (see `sandbox_init`): the largest resident set of any process
 /// of the script's tree, in bytes.
 pub fn parse_usage_report(bytes: &[u8]) -> Option<u64> {
@@ -328,6 +503,8 @@ mod tests {
             tmp_size_bytes: 1 << 20,
             disable_userns: true,
             init: "/usr/libexec/scriptgated".into(),
+            nofile_max: 1024,
+            exec_only: None,
         }
     }
 
@@ -398,7 +575,7 @@ mod tests {
                 "/usr/bin/python3",
                 "-s",
                 "-B",
-                "/srv/ws/run-42/.agent/scripts/abc/script.py"
+                "/run/scriptgate-script/script.py"
             ]
         );
         assert_eq!(FD_USAGE, 7);
@@ -410,7 +587,8 @@ mod tests {
                 FD_GATE,
                 FD_USAGE,
                 FD_SECCOMP,
-                FD_WORKSPACE
+                FD_WORKSPACE,
+                FD_SCRIPT
             ]
             .iter()
             .all(|&fd| fd < FD_AGENT),
@@ -471,7 +649,7 @@ mod tests {
             .expect("the workspace is bound from its descriptor");
         let agent = a
             .windows(3)
-            .position(|w| w == ["--ro-bind-fd", "10", "/srv/ws/run-42/.agent"])
+            .position(|w| w == ["--ro-bind-fd", "11", "/srv/ws/run-42/.agent"])
             .expect(".agent is bound read-only from its descriptor");
         assert!(
             agent > ws,
@@ -481,6 +659,121 @@ mod tests {
             !a.iter().any(|s| s == "--bind"),
             "nothing is bound writable by path"
         );
+    }
+
+    /// `ps` shows every user every command line: no script id in bwrap's argv
+    /// (the init's and Python's are at its end). The script comes by fd.
+    #[test]
+    fn no_script_id_in_the_argv() {
+        for a in [argv(false), argv(true)] {
+            assert!(!a.iter().any(|s| s.contains("abc")), "{a:?}");
+            let path = "/run/scriptgate-script/script.py";
+            assert!(has(&a, &["--ro-bind-data", "10", path]));
+            let bind = a.iter().position(|s| s == path).unwrap();
+            let ro = a.windows(2).position(|w| w == ["--remount-ro", "/"]);
+            assert!(bind < ro.unwrap(), "mounted before / goes read-only");
+        }
+    }
+
+    #[test]
+    fn execute_only_copies_are_bound_in_place() {
+        let mut s = spec(false);
+        s.exec_only = Some(ExecOnly {
+            python: "/var/lib/scriptgate/exec/python3.11@1-2-3-4.5".into(),
+            python_at: "/usr/bin/python3.11".into(),
+            init: "/var/lib/scriptgate/exec/scriptgated@1-2-3-4.5".into(),
+        });
+        let host = FakeHost(HashMap::from([("/usr", None)]));
+        let a: Vec<String> = bwrap_args(&s, &host)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        let usr = a
+            .windows(3)
+            .position(|w| w == ["--ro-bind", "/usr", "/usr"])
+            .unwrap();
+        let py = a
+            .windows(3)
+            .position(|w| {
+                w == [
+                    "--ro-bind",
+                    "/var/lib/scriptgate/exec/python3.11@1-2-3-4.5",
+                    "/usr/bin/python3.11",
+                ]
+            })
+            .expect("the interpreter's copy is bound at its own path");
+        assert!(py > usr, "over /usr");
+        assert!(has(
+            &a,
+            &[
+                "--ro-bind",
+                "/var/lib/scriptgate/exec/scriptgated@1-2-3-4.5",
+                INIT_MOUNT
+            ]
+        ));
+        assert!(!a.iter().any(|x| x == "/usr/libexec/scriptgated"));
+        // Still started by its configured name: sys.executable is unchanged.
+        assert!(a.ends_with(
+            &[
+                "/usr/bin/python3",
+                "-s",
+                "-B",
+                "/run/scriptgate-script/script.py"
+            ]
+            .map(String::from)
+        ));
+    }
+
+    #[test]
+    fn libgcc_s_is_preloaded_when_the_host_has_it() {
+        assert!(!argv(false).iter().any(|s| s == "LD_PRELOAD"));
+        let lib = libgcc_s_candidates()[1].to_str().unwrap().to_string();
+        let leaked: &'static str = Box::leak(lib.clone().into_boxed_str());
+        let host = FakeHost(HashMap::from([("/usr", None), (leaked, None)]));
+        let a: Vec<String> = bwrap_args(&spec(false), &host)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert!(has(&a, &["--setenv", "LD_PRELOAD", &lib]), "{a:?}");
+    }
+
+    #[test]
+    fn an_execute_only_copy_follows_its_source() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("prog");
+        std::fs::write(&src, b"one").unwrap();
+        let dir = d.path().join("exec");
+        let first = exec_only_copy(&src, &dir).unwrap();
+        let m = std::fs::metadata(&first).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o111);
+        assert_eq!(m.uid(), nix::unistd::geteuid().as_raw());
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o711);
+        assert_eq!(
+            exec_only_copy(&src, &dir).unwrap(),
+            first,
+            "kept while unchanged"
+        );
+        // Replaced (a new inode): a new copy, the old one removed.
+        let new = d.path().join("prog.new");
+        std::fs::write(&new, b"second").unwrap();
+        std::fs::rename(&new, &src).unwrap();
+        let second = exec_only_copy(&src, &dir).unwrap();
+        assert_ne!(second, first);
+        assert!(!first.exists());
+        std::fs::set_permissions(&second, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let m = std::fs::metadata(&second).unwrap();
+        assert_eq!(m.len(), 6);
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        // A copy whose mode was changed is made again.
+        let third = exec_only_copy(&src, &dir).unwrap();
+        assert_eq!(third, second);
+        assert_eq!(std::fs::metadata(&third).unwrap().mode() & 0o7777, 0o111);
     }
 
     #[test]

@@ -10,8 +10,12 @@
 //!
 //! - carries the seccomp filter (bwrap loads it before the exec) and makes
 //!   itself non-dumpable before the script exists, which closes
-//!   `/proc/1/{mem,environ,fd}` and ptrace to the script's uid (it has no
-//!   capability in the namespace);
+//!   `/proc/1/{mem,environ,fd}` and ptrace to the script inside (it has no
+//!   capability in the namespace). Not to a process of the script's uid
+//!   outside: that uid owns the sandbox's user namespace, and so has every
+//!   capability in it. For that, a root daemon runs the init (and Python) from
+//!   an execute-only copy (`sandbox::ExecOnly`), which puts the process's mm in
+//!   the host's user namespace at the exec;
 //! - starts the script as an ordinary process (PID 1 drops signals it has no
 //!   handler for: a script could not even SIGTERM itself), with SIGPIPE back at
 //!   its default and only fds 0-4, and reaps orphans, which would otherwise pile

@@ -9,7 +9,9 @@
 //! 2. Denylist: system calls a script has no use for and that widen the kernel's
 //!    attack surface (key rings, mounts and namespaces, kernel modules, BPF,
 //!    io_uring, perf, userfaultfd, ptrace, NUMA policy, terminal injection) fail
-//!    with EPERM. A call of another architecture (i386 on x86_64) kills the
+//!    with EPERM; so do memory outside every limit the rlimit backend has
+//!    (`memfd_create`, `memfd_secret`, SysV shared memory, message queues and
+//!    semaphores). A call of another architecture (i386 on x86_64) kills the
 //!    process, so the denylist cannot be walked around.
 //!    `clone` with any `CLONE_NEW*` flag fails with EPERM too, as `unshare` and
 //!    `setns` do: no namespace of any kind is made inside the sandbox.
@@ -99,6 +101,28 @@ pub fn denied_syscalls() -> Vec<(&'static str, i64)> {
         ("set_mempolicy", libc::SYS_set_mempolicy),
         ("migrate_pages", libc::SYS_migrate_pages),
         ("personality", libc::SYS_personality),
+        // Memory that no limit of the rlimit backend sees: a memfd filled with
+        // write(2) and never mapped is not in the address space (RLIMIT_AS), nor
+        // in any process's resident set; SysV shared memory outlives each
+        // attachment (a script held 6x its memory_max_bytes, attaching segments
+        // one at a time); SysV message queues hold kernel memory until read.
+        // memfd_secret's pages are unswappable and uncounted as well. Python's
+        // own shared memory (multiprocessing.shared_memory, its semaphores) is
+        // POSIX: files in /dev/shm, which is /tmp, bounded by tmp_size_bytes.
+        ("memfd_create", libc::SYS_memfd_create),
+        ("memfd_secret", libc::SYS_memfd_secret),
+        ("shmget", libc::SYS_shmget),
+        ("shmat", libc::SYS_shmat),
+        ("shmdt", libc::SYS_shmdt),
+        ("shmctl", libc::SYS_shmctl),
+        ("msgget", libc::SYS_msgget),
+        ("msgsnd", libc::SYS_msgsnd),
+        ("msgrcv", libc::SYS_msgrcv),
+        ("msgctl", libc::SYS_msgctl),
+        ("semget", libc::SYS_semget),
+        ("semop", libc::SYS_semop),
+        ("semtimedop", libc::SYS_semtimedop),
+        ("semctl", libc::SYS_semctl),
     ];
     #[cfg(target_arch = "x86_64")]
     v.extend([

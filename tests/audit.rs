@@ -88,10 +88,9 @@ fn every_ending_leaves_a_complete_row() {
     assert_eq!(r["tool_counts"], json!({"fleet__list_devices": 1}));
     assert!(r["ended_at"].as_i64().unwrap() >= r["started_at"].as_i64().unwrap());
     assert!(r["duration_ms"].as_u64().is_some());
-    assert!(
-        r["memory_peak_bytes"].as_u64().unwrap() > 1 << 20,
-        "rusage gives the peak RSS: {r}"
-    );
+    // The rig's rlimit backend has no unit to read a peak from: none is
+    // recorded (a resident-set figure under-reported, scriptgate-protocol(7)).
+    assert_eq!(r["memory_peak_bytes"], Value::Null, "{r}");
     assert!(r["cpu_usec"].as_u64().unwrap() > 0);
     assert_eq!(r["result"], ok);
     assert!(r["artifacts"][0].as_str().unwrap().ends_with(&format!(

@@ -3,7 +3,9 @@
 //! `/proc`, socket families outside the network namespace (AF_VSOCK), the x32
 //! syscall ABI, an unbounded writable `/dev` and the pty pool, threads under the
 //! rlimit backend's address-space cap, a wrong `memory_peak_bytes`, and sandbox
-//! processes left as zombies.
+//! processes left as zombies; memory outside RLIMIT_AS (memfd, SysV), the
+//! daemon's descriptor bound, a refused thread that killed its script, script ids
+//! in command lines, and a running script read by its uid from outside.
 mod common;
 use common::*;
 use serde_json::{json, Value};
@@ -403,10 +405,8 @@ print(json.dumps({"start_error": start_error,
     assert_eq!(e.calls_seen().len(), 64);
 }
 
-const MIB: u64 = 1 << 20;
-
 #[test]
-fn memory_peak_and_cpu_are_the_scripts_own() {
+fn cpu_is_the_scripts_own_and_no_memory_peak_is_guessed() {
     let rig = Rig::new();
     // The main process allocates 200 MiB and burns 300 ms of CPU.
     let r = run(
@@ -422,52 +422,405 @@ print("done")
 "#,
     );
     assert_eq!(r["status"], "ok", "{r}");
-    let peak = r["memory_peak_bytes"].as_u64().unwrap();
-    assert!(
-        (200 * MIB..350 * MIB).contains(&peak),
-        "memory_peak_bytes = {peak}: {r}"
-    );
     let cpu = r["cpu_usec"].as_u64().unwrap();
     assert!(cpu >= 300_000, "cpu_usec = {cpu}: {r}");
+    // The rlimit backend has no unit to read a peak from, and a resident-set
+    // figure would under-report (tmpfs, pipe buffers and the like are in no
+    // resident set): no figure at all.
+    assert_eq!(r["memory_peak_bytes"], Value::Null, "{r}");
 
-    // A descendant that is still running (and never waited for) when the script
-    // ends counts too.
+    // 48 MiB in /tmp's tmpfs and 1 MiB resident: the init's report would say
+    // ~10 MiB.
     let r = run(
         &rig,
         r#"
-import os, subprocess, sys
-r, w = os.pipe()
-child = """
-import os, sys, time
-x = bytearray(150 << 20)
-x[::4096] = b"\\1" * len(range(0, len(x), 4096))
-os.write(int(sys.argv[1]), b"k")
-time.sleep(600)
-"""
-subprocess.Popen([sys.executable, "-c", child, str(w)], pass_fds=[w], start_new_session=True)
-os.read(r, 1)
-print("child allocated")
+with open("/tmp/fill", "wb") as f:
+    for _ in range(48):
+        f.write(b"x" * (1 << 20))
+print("filled")
 "#,
     );
     assert_eq!(r["status"], "ok", "{r}");
-    let peak = r["memory_peak_bytes"].as_u64().unwrap();
-    assert!(
-        (150 * MIB..300 * MIB).contains(&peak),
-        "memory_peak_bytes = {peak}: {r}"
-    );
+    assert_eq!(r["memory_peak_bytes"], Value::Null, "{r}");
 
-    // A small script reports a small peak, not the daemon's size.
-    let r = run(&rig, "print('small')\n");
-    let peak = r["memory_peak_bytes"].as_u64().unwrap();
-    assert!(peak < 40 * MIB, "memory_peak_bytes = {peak}: {r}");
-
-    // Killed before it could be measured: unknown, not a guess.
+    // Killed: unknown too.
     let e = rig.engine();
     let mut snap = rig.snapshot("auto");
     snap["limits"] = json!({"timeout_s": 1});
     let r = e.run(&rig.token(&snap), "import time\ntime.sleep(60)\n", &[]);
     assert_eq!(r["status"], "timeout", "{r}");
     assert_eq!(r["memory_peak_bytes"], Value::Null, "{r}");
+}
+
+/// Item 6: memory the rlimit backend's RLIMIT_AS cannot see. A memfd filled with
+/// write(2) and never mapped, and SysV segments attached one at a time, held 6x a
+/// 256 MiB memory_max_bytes. Refused by the seccomp filter; POSIX shared memory
+/// (multiprocessing.shared_memory, in /dev/shm, which is /tmp) and ctypes
+/// callbacks (libffi closures, which may try memfd_create first) still work.
+#[test]
+fn memory_outside_the_address_space_cap_is_refused() {
+    let rig = Rig::new();
+    let code = format!(
+        r#"
+import ctypes, errno, json, os
+from multiprocessing import shared_memory
+out = {{}}
+libc = ctypes.CDLL(None, use_errno=True)
+def sc(name, nr, *args):
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    out[name] = "allowed" if r >= 0 else errno.errorcode.get(ctypes.get_errno())
+try:
+    fd = os.memfd_create("held")
+    for _ in range(64):
+        os.write(fd, b"x" * (1 << 20))
+    out["memfd"] = "wrote 64 MiB"
+except OSError as e:
+    out["memfd"] = errno.errorcode.get(e.errno)
+name = ctypes.c_char_p(b"raw")
+r = libc.syscall(ctypes.c_long({memfd}), name, ctypes.c_long(0))
+out["memfd_raw"] = "allowed" if r >= 0 else errno.errorcode.get(ctypes.get_errno())
+IPC_CREAT, IPC_RMID = 0o1000, 0
+sc("shmget", {shmget}, 0, 1 << 20, IPC_CREAT | 0o600)
+sc("shmat", {shmat}, 0, 0, 0)
+sc("shmdt", {shmdt}, 0)
+sc("shmctl", {shmctl}, 0, IPC_RMID, 0)
+sc("msgget", {msgget}, 0, IPC_CREAT | 0o600)
+sc("msgsnd", {msgsnd}, 0, 0, 0, 0)
+sc("msgrcv", {msgrcv}, 0, 0, 0, 0, 0o4000)  # IPC_NOWAIT
+sc("msgctl", {msgctl}, 0, IPC_RMID, 0)
+sc("semget", {semget}, 0, 1, IPC_CREAT | 0o600)
+sc("semop", {semop}, 0, 0, 0)
+sc("semctl", {semctl}, 0, 0, IPC_RMID)
+shm = shared_memory.SharedMemory(create=True, size=1 << 20)
+shm.buf[:5] = b"hello"
+other = shared_memory.SharedMemory(shm.name)
+out["posix_shm"] = bytes(other.buf[:5]).decode()
+other.close()
+shm.close()
+shm.unlink()
+CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+out["callback"] = CB(lambda x: x + 1)(41)
+print(json.dumps(out))
+"#,
+        memfd = libc::SYS_memfd_create,
+        shmget = libc::SYS_shmget,
+        shmat = libc::SYS_shmat,
+        shmdt = libc::SYS_shmdt,
+        shmctl = libc::SYS_shmctl,
+        msgget = libc::SYS_msgget,
+        msgsnd = libc::SYS_msgsnd,
+        msgrcv = libc::SYS_msgrcv,
+        msgctl = libc::SYS_msgctl,
+        semget = libc::SYS_semget,
+        semop = libc::SYS_semop,
+        semctl = libc::SYS_semctl,
+    );
+    let r = run(&rig, &code);
+    let out = last_json(&r);
+    for k in [
+        "memfd",
+        "memfd_raw",
+        "shmget",
+        "shmat",
+        "shmdt",
+        "shmctl",
+        "msgget",
+        "msgsnd",
+        "msgrcv",
+        "msgctl",
+        "semget",
+        "semop",
+        "semctl",
+    ] {
+        assert_eq!(out[k], "EPERM", "{k}: {out}");
+    }
+    assert_eq!(out["posix_shm"], "hello", "{out}");
+    assert_eq!(out["callback"], 42, "{out}");
+}
+
+/// Item 8: scripts inherited the daemon's RLIMIT_NOFILE (the unit's 65536). They
+/// get `scripts.nofile_max` (1024 by default): EMFILE past it, and the script
+/// goes on.
+#[test]
+fn scripts_have_a_descriptor_bound_of_their_own() {
+    let rig = Rig::new();
+    let code = r#"
+import errno, json, os, resource, subprocess, sys
+fds, err = [], None
+try:
+    for _ in range(2000):
+        fds.append(os.open("/dev/null", os.O_RDONLY))
+except OSError as e:
+    err = errno.errorcode.get(e.errno)
+n = len(fds)
+for f in fds:
+    os.close(f)
+child = subprocess.run([sys.executable, "-c",
+    "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE)[1])"],
+    capture_output=True, text=True).stdout.strip()
+print(json.dumps({"opened": n, "error": err, "limit": resource.getrlimit(resource.RLIMIT_NOFILE),
+                  "child_hard": int(child)}))
+"#;
+    let out = last_json(&run(&rig, code));
+    assert_eq!(out["error"], "EMFILE", "{out}");
+    assert_eq!(out["limit"], json!([1024, 1024]), "{out}");
+    assert_eq!(out["child_hard"], 1024, "{out}");
+    let n = out["opened"].as_u64().unwrap();
+    assert!((1000..1024).contains(&n), "{out}");
+
+    let rig = Rig::with_config("[scripts]\nnofile_max = 300\n");
+    let out = last_json(&run(&rig, code));
+    assert_eq!(out["error"], "EMFILE", "{out}");
+    assert_eq!(out["limit"], json!([300, 300]), "{out}");
+}
+
+/// Item 8: a thread bomb under the rlimit backend's RLIMIT_AS. Thread stacks used
+/// up the address space, the next thread was refused, and the script then died
+/// ("libgcc_s.so.1 must be installed for pthread_exit to work", status `error`)
+/// after catching the RuntimeError: at the interpreter's exit, its daemon threads
+/// end in pthread_exit, whose unwinder glibc `dlopen`s, and there was no address
+/// space left to map it. The script takes what is left (as a busy script would)
+/// so that the exit finds none. 512 MiB keeps this script's share of nobody's
+/// RLIMIT_NPROC (which other tests' scripts share) small.
+#[test]
+fn a_script_survives_its_own_refused_thread() {
+    let rig = Rig::new();
+    let e = rig.engine();
+    let mut snap = rig.snapshot("auto");
+    snap["limits"] = json!({"memory_max_bytes": 512u64 << 20});
+    let code = r#"
+import json, mmap, threading, time
+def busy():
+    while True:
+        time.sleep(0.001)
+threads, refused = [], None
+try:
+    while len(threads) < 1000:
+        t = threading.Thread(target=busy, daemon=True)
+        t.start()
+        threads.append(t)
+except RuntimeError as e:
+    refused = str(e)
+hold, n = [None] * 100000, 0
+for size in (1 << 24, 1 << 20, 1 << 16, 1 << 12):
+    while n < len(hold):
+        try:
+            hold[n] = mmap.mmap(-1, size)
+            n += 1
+        except (OSError, MemoryError):
+            break
+print(json.dumps({"started": len(threads), "refused": refused}), flush=True)
+"#;
+    let r = e.run(&rig.token(&snap), code, &[]);
+    let out = last_json(&r);
+    assert!(
+        out["refused"]
+            .as_str()
+            .is_some_and(|m| m.contains("can't start new thread")),
+        "{r}"
+    );
+    assert!(out["started"].as_u64().unwrap() >= 10, "{out}");
+    assert_eq!(r["exit_code"], 0, "{r}");
+}
+
+/// The pids of every process descending from `pid`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut parent = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        if let Some(pp) = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split(' ').nth(1))
+            .and_then(|s| s.parse::<u32>().ok())
+        {
+            parent.insert(p, pp);
+        }
+    }
+    parent
+        .keys()
+        .copied()
+        .filter(|&p| {
+            let mut q = p;
+            while let Some(&pp) = parent.get(&q) {
+                if pp == pid {
+                    return true;
+                }
+                q = pp;
+            }
+            false
+        })
+        .collect()
+}
+
+/// Start `code` (which writes `running` in the workspace and then waits for
+/// `release`), wait until it runs, hand over, then release it: its result.
+fn while_running(rig: &Rig, code: &str, during: impl FnOnce(&str)) -> Value {
+    let e = rig.engine();
+    let id = e
+        .start(&rig.token(&rig.snapshot("auto")), code, &[])
+        .unwrap();
+    let mut ended = None;
+    eventually("the script to run", Duration::from_secs(20), || {
+        if rig.workspace.join("running").exists() {
+            return true;
+        }
+        let st = e
+            .request("script.status", json!({"script_id": id}))
+            .unwrap();
+        if st["state"] != "running" {
+            ended = Some(st);
+        }
+        ended.is_some()
+    });
+    if ended.is_some() {
+        panic!("the script ended before it was running: {}", e.wait(&id));
+    }
+    during(&id);
+    std::fs::write(rig.workspace.join("release"), "").unwrap();
+    e.wait(&id)
+}
+
+const WAIT_FOR_RELEASE: &str = r#"
+while not os.path.exists("release"):
+    time.sleep(0.02)
+"#;
+
+/// Item 3: `ps` shows every user every command line, and a script id is what
+/// names its record. No id in any command line (bwrap's, the init's, Python's)
+/// or environment while the script runs.
+#[test]
+fn no_script_id_is_in_a_command_line_or_environment() {
+    let rig = Rig::new();
+    let code = format!(
+        "import os, subprocess, sys, time\n\
+         child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n\
+         open('running', 'w').write(__file__)\n{WAIT_FOR_RELEASE}child.kill()\nprint(__file__)\n"
+    );
+    let r = while_running(&rig, &code, |id| {
+        let mut seen = vec![];
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            if !e
+                .file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+            {
+                continue;
+            }
+            for f in ["cmdline", "environ", "mountinfo"] {
+                if let Ok(b) = std::fs::read(e.path().join(f)) {
+                    if String::from_utf8_lossy(&b).contains(id) {
+                        seen.push(format!(
+                            "{}/{f}: {:?}",
+                            e.path().display(),
+                            String::from_utf8_lossy(&b)
+                        ));
+                    }
+                }
+            }
+        }
+        assert_eq!(seen, Vec::<String>::new(), "script id {id}");
+        // The sandbox is there all the same: bwrap, the init, Python and its child.
+        let daemon = rig.daemon.as_ref().unwrap().id();
+        assert!(descendants(daemon).len() >= 4, "{:?}", descendants(daemon));
+    });
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["output"], "/run/scriptgate-script/script.py\n", "{r}");
+}
+
+/// Item 3, "a uid per script": a process of the script's uid outside the
+/// sandbox, with no key and no connection, read a running script's private /tmp
+/// and listed its workspace through /proc/PID/root. The init and Python run from
+/// execute-only copies: non-dumpable from their first instruction, with their
+/// mm's user namespace the host's, where that process has no CAP_SYS_PTRACE.
+#[test]
+#[ignore = "needs root (the daemon must be root for execute-only copies, the script another uid)"]
+fn a_running_script_is_closed_to_its_uid_outside_the_sandbox() {
+    require_root("the daemon runs scripts as nobody from root-owned copies");
+    let rig = Rig::new();
+    let code = format!(
+        r#"
+import ctypes, json, os, sqlite3, ssl, subprocess, sys, threading, time
+open("/tmp/private", "w").write("secret")
+out = {{"prefix": sys.prefix, "executable": sys.executable}}
+out["child"] = subprocess.run([sys.executable, "-c", "import sys; print(sys.prefix)"],
+                              capture_output=True, text=True).stdout.strip()
+out["sh"] = subprocess.run(["/bin/sh", "-c", "echo hi"], capture_output=True, text=True).stdout.strip()
+got = []
+t = threading.Thread(target=lambda: got.append(sqlite3.connect(":memory:").execute("select 6*7").fetchone()[0]))
+t.start()
+t.join()
+out["thread"] = got
+out["environ"] = os.environ["PATH"]
+out["own_fds"] = sorted(int(f) for f in os.listdir("/proc/self/fd"))[:3]
+# Non-dumpable: its own /proc/self files of mode 0400 are root's now.
+try:
+    open("/proc/self/environ", "rb").read()
+    out["proc_self_environ"] = "read"
+except PermissionError:
+    out["proc_self_environ"] = "EACCES"
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open("running", "w").write("x")
+{WAIT_FOR_RELEASE}
+child.kill()
+print(json.dumps(out))
+"#
+    );
+    let probe = r#"
+import json, os, sys
+got = {}
+for p in sys.argv[1:]:
+    for what, f in [("tmp", lambda: os.listdir("/proc/%s/root/tmp" % p)),
+                    ("private", lambda: open("/proc/%s/root/tmp/private" % p).read()),
+                    ("environ", lambda: open("/proc/%s/environ" % p, "rb").read()[:40].decode()),
+                    ("cwd", lambda: os.listdir("/proc/%s/cwd" % p)),
+                    ("fd", lambda: os.listdir("/proc/%s/fd" % p))]:
+        try:
+            got["%s %s" % (p, what)] = f()
+        except OSError as e:
+            pass
+print(json.dumps(got))
+"#;
+    let r = while_running(&rig, &code, |_| {
+        let daemon = rig.daemon.as_ref().unwrap().id();
+        let own_mnt = std::fs::read_link(format!("/proc/{daemon}/ns/mnt")).unwrap();
+        // The sandbox's processes: the init, Python and its Python child (the
+        // outer bwrap is in the host's mount namespace).
+        let inside: Vec<String> = descendants(daemon)
+            .into_iter()
+            .filter(|p| std::fs::read_link(format!("/proc/{p}/ns/mnt")).is_ok_and(|m| m != own_mnt))
+            .map(|p| p.to_string())
+            .collect();
+        assert_eq!(inside.len(), 3, "init, script, child: {inside:?}");
+        let out = {
+            use std::os::unix::process::CommandExt;
+            Command::new("/usr/bin/python3")
+                .arg("-c")
+                .arg(probe)
+                .args(&inside)
+                .uid(NOBODY)
+                .gid(NOBODY)
+                .output()
+                .unwrap()
+        };
+        let seen: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        assert_eq!(seen, json!({}), "what uid {NOBODY} read of pids {inside:?}");
+    });
+    let out = last_json(&r);
+    assert_eq!(out["prefix"], "/usr", "{out}");
+    assert_eq!(out["executable"], "/usr/bin/python3", "{out}");
+    assert_eq!(out["child"], "/usr", "{out}");
+    assert_eq!(out["sh"], "hi", "{out}");
+    assert_eq!(out["thread"], json!([42]), "{out}");
+    assert_eq!(out["environ"], "/usr/local/bin:/usr/bin:/bin", "{out}");
+    assert_eq!(out["own_fds"], json!([0, 1, 2]), "{out}");
+    assert_eq!(out["proc_self_environ"], "EACCES", "documented: {out}");
 }
 
 #[test]

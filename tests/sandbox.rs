@@ -323,8 +323,11 @@ fn cancel_right_after_start_leaves_no_process() {
             .unwrap();
         let r = e.wait(&id);
         assert_eq!(r["status"], "cancelled");
+        // No id is in any command line (the record dir is bound by fd): the
+        // sandbox's processes are those that work in the rig's workspace, and
+        // the bwrap whose argv names it.
         eventually("no process of the script", Duration::from_secs(5), || {
-            processes_with(&id).is_empty()
+            processes_in(&rig.workspace).is_empty()
         });
     }
 }
@@ -367,4 +370,22 @@ print(json.dumps(out))
         (out["subprocess"].as_str(), out["sqlite"].as_str()),
         (Some("fine"), Some("ok"))
     );
+}
+
+/// Processes whose working directory is `dir` (the sandbox's, which binds the
+/// workspace at its own path) or whose command line names it (bwrap's).
+fn processes_in(dir: &std::path::Path) -> Vec<i32> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cwd = std::fs::read_link(e.path().join("cwd")).is_ok_and(|c| c == dir);
+        let named = std::fs::read(e.path().join("cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(dir.to_str().unwrap()));
+        if cwd || named {
+            out.push(pid);
+        }
+    }
+    out
 }

@@ -179,15 +179,20 @@ impl Backend {
     }
 
     /// rlimits for the sandbox. Under a unit, the unit bounds memory and tasks.
-    pub fn rlimits(&self, l: &Limits) -> Vec<(libc::__rlimit_resource_t, u64)> {
-        match self {
+    /// Every backend bounds descriptors per process (`scripts.nofile_max`): no
+    /// cgroup controller counts them, and the daemon's own bound (the unit's
+    /// LimitNOFILE=65536) is no script's business (40 processes of one script
+    /// held 800,000 eventfds, +1.1 GB of kernel slab).
+    pub fn rlimits(&self, l: &Limits, nofile_max: u64) -> Vec<(libc::__rlimit_resource_t, u64)> {
+        let mut v = match self {
             Backend::Rlimit => vec![
                 (libc::RLIMIT_AS, l.memory_max_bytes),
                 (libc::RLIMIT_NPROC, l.tasks_max),
-                (libc::RLIMIT_CORE, 0),
             ],
-            Backend::Systemd(_) | Backend::Cgroup(_) => vec![(libc::RLIMIT_CORE, 0)],
-        }
+            Backend::Systemd(_) | Backend::Cgroup(_) => vec![],
+        };
+        v.extend([(libc::RLIMIT_CORE, 0), (libc::RLIMIT_NOFILE, nofile_max)]);
+        v
     }
 
     /// Are memory and tasks bounded for each script as a whole?
@@ -370,11 +375,12 @@ mod tests {
         assert_eq!(b.unit_for("ab"), None);
         let l = limits();
         assert_eq!(
-            b.rlimits(&l),
+            b.rlimits(&l, 1024),
             [
                 (libc::RLIMIT_AS, l.memory_max_bytes),
                 (libc::RLIMIT_NPROC, l.tasks_max),
-                (libc::RLIMIT_CORE, 0)
+                (libc::RLIMIT_CORE, 0),
+                (libc::RLIMIT_NOFILE, 1024)
             ]
         );
         assert!(matches!(
@@ -404,7 +410,10 @@ mod tests {
         let b = &p.backend;
         assert!(p.limits_per_script() && b.needs_gate() && !b.needs_keeper());
         assert_eq!(b.unit_for("ab"), None);
-        assert_eq!(b.rlimits(&limits()), [(libc::RLIMIT_CORE, 0)]);
+        assert_eq!(
+            b.rlimits(&limits(), 300),
+            [(libc::RLIMIT_CORE, 0), (libc::RLIMIT_NOFILE, 300)]
+        );
         let placed = b.place("ab", &limits(), &[4242]).await.unwrap();
         assert!(matches!(placed, Placement::Leaf(_)));
         // The read-back: 4242 is in the leaf, whose parent (on this fake tree) did
