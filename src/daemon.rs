@@ -336,6 +336,11 @@ impl Daemon {
             limits_per_script: self.backend.limits_per_script(),
             limits_enforced: Some(self.preflight.limits.enforced()),
             sandbox: Some(self.preflight.sandbox.info.clone()),
+            same_uid: same_uid(
+                nix::unistd::geteuid().is_root(),
+                &self.cfg.sandbox.run_as,
+                self.backend.kind.as_str(),
+            ),
             running: self.running_count(),
             limits: DaemonLimits {
                 max_calls: s.max_calls,
@@ -1308,6 +1313,37 @@ fn status_of(script_id: &str, r: &Running) -> ScriptStatus {
         elapsed_ms: r.started.elapsed().as_millis() as u64,
         progress: r.live.progress.lock().unwrap().clone(),
     }
+}
+
+/// `daemon.info`'s `same_uid`: what sharing a uid means for scripts. Root
+/// engines' scripts share `run_as`; a non-root engine's scripts share its uid.
+fn same_uid(root_daemon: bool, run_as: &str, backend: &str) -> Vec<String> {
+    let mut v = vec![
+        format!(
+            "scripts of root engines all run as sandbox.run_as = {run_as:?}; a non-root engine's scripts run as its own uid"
+        ),
+        "scripts of one uid share that uid's kernel quotas with each other and with every other process of that uid: \
+         inotify instances and watches, pipe buffer pages (and, on the rlimit backend, RLIMIT_NPROC); \
+         one script can use them up for the others"
+            .to_string(),
+        "any process of that uid may send signals to a script's processes".to_string(),
+        "script ids are in no command line, environment or mount table; \
+         an id alone shows nothing: a lookup needs the starting connection or a token of the script's own run"
+            .to_string(),
+    ];
+    if backend != "rlimit" {
+        v.push("unit and cgroup names carry the script id, and every user can read them".into());
+    }
+    v.push(if root_daemon {
+        "the interpreter and the sandbox init run from execute-only copies, so other processes of the uid \
+         cannot read a script's memory, environment, descriptors or files through /proc/PID; \
+         a program the script runs that its uid may read (e.g. /bin/sh) has no such protection while it runs"
+            .into()
+    } else {
+        "the daemon is not root: scripts run as its own uid, and every process of that uid may read them through /proc/PID"
+            .into()
+    });
+    v
 }
 
 /// `script.progress`: the first as soon as something changed, then at most one per

@@ -579,6 +579,10 @@ pub struct DaemonInfo {
     /// What the start-up preflight found of the sandbox (extension).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxInfo>,
+    /// What scripts that run as one uid can do to each other, and what other
+    /// processes of that uid can do to them: plain sentences (extension).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub same_uid: Vec<String>,
 }
 
 /// `daemon.info`'s `sandbox`: can bwrap make a sandbox here, as the script uid.

@@ -821,6 +821,13 @@ print(json.dumps(got))
     assert_eq!(out["environ"], "/usr/local/bin:/usr/bin:/bin", "{out}");
     assert_eq!(out["own_fds"], json!([0, 1, 2]), "{out}");
     assert_eq!(out["proc_self_environ"], "EACCES", "documented: {out}");
+    // daemon.info says plainly what sharing the uid still means.
+    let info = rig.engine().request("daemon.info", json!({})).unwrap();
+    let said = info["same_uid"].as_array().expect("daemon.info same_uid");
+    let has = |needle: &str| said.iter().any(|s| s.as_str().unwrap().contains(needle));
+    assert!(has("execute-only copies"), "{info}");
+    assert!(has("may send signals"), "{info}");
+    assert!(has("inotify instances"), "{info}");
 }
 
 #[test]
