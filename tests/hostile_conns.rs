@@ -92,7 +92,13 @@ fn first_line(c: &mut Child) -> String {
 const ONE_INFO: &str = r#"
 import json, socket, sys
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
-s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.info"}\n')
+try:
+    try:
+        s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.info"}\n')
+    except OSError:
+        pass  # refused at once: the error line is there to read
+except OSError:
+    pass  # refused at once: the error line is there to read
 print(s.makefile('rb').readline().decode().strip(), flush=True)
 "#;
 
@@ -248,7 +254,10 @@ fn strangers_looping_on_connect_do_not_lock_the_engines_out() {
         served * 10 >= tried * 9,
         "engine connects served {served} of {tried}"
     );
-    assert!(ratio >= 0.9, "throughput fell to {ratio:.3} of its quiet value");
+    assert!(
+        ratio >= 0.9,
+        "throughput fell to {ratio:.3} of its quiet value"
+    );
     assert!(
         logged <= 100,
         "{logged} log lines for {made} refused connections"
@@ -303,7 +312,10 @@ import json, socket, sys
 held, refused, first = [], 0, None
 for i in range(int(sys.argv[2])):
     s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
-    s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.info"}\n')
+    try:
+        s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.info"}\n')
+    except OSError:
+        pass  # refused at once: the error line is there to read
     m = json.loads(s.makefile('rb').readline())
     if 'result' in m:
         held.append(s)
@@ -354,10 +366,13 @@ batch = b''.join(b'{"jsonrpc":"2.0","id":%d,"method":"admin.list"}\n' % i for i 
 held = []
 for i in range(conns):
     s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
-    s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.info"}\n')
+    try:
+        s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.info"}\n')
+    except OSError:
+        pass  # refused at once: the error line is there to read
     if b'"result"' not in s.makefile('rb').readline():
         s.close(); continue
-    s.settimeout(2.0)
+    s.settimeout(0.2)
     try:
         s.sendall(batch)
     except OSError:
@@ -370,7 +385,8 @@ sys.stdin.read()
 #[test]
 #[ignore = "needs root (peers of other uids)"]
 fn unread_admin_answers_are_bounded_in_memory() {
-    let rig = rig("");
+    // Room for all 240 connections: the bound on unread answers alone must hold.
+    let rig = rig("[server]\nmax_admin_connections = 240\nmax_connections_per_uid = 240\n");
     let before = warm_peak(&rig);
     // 20 scripts running: each admin.list answer lists them all.
     let e = std::sync::Arc::new(rig.engine());
@@ -386,6 +402,7 @@ fn unread_admin_answers_are_bounded_in_memory() {
     let answer_bytes = list.to_string().len();
     let mut admin = python_as(ADMIN, LIST, false, ADMIN_FLOOD, &rig, &["240", "1024"]);
     let served: usize = first_line(&mut admin).trim().parse().unwrap();
+    assert_eq!(served, 240);
     quiescent(daemon_pid(&rig));
     // An engine's request is answered at once meanwhile.
     let t0 = Instant::now();
@@ -466,7 +483,9 @@ print("%.3f" % (time.time() - t))
     let took = t0.elapsed();
     assert_eq!(r["status"], "ok", "{r}");
     let call_s: f64 = r["output"].as_str().unwrap().trim().parse().unwrap();
-    eprintln!("admin partial lines: the engine's 300 KiB answer took {call_s:.3} s (script {took:?})");
+    eprintln!(
+        "admin partial lines: the engine's 300 KiB answer took {call_s:.3} s (script {took:?})"
+    );
     assert!(call_s < 5.0, "the engine's answer waited {call_s} s");
     assert_bounded(&rig, before, "admin partial lines");
     drop(admin.stdin.take());
