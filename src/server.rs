@@ -348,9 +348,12 @@ struct Groups {
     gids: Vec<u32>,
 }
 
+/// A peer's groups, by (uid, gid), with when they were looked up.
+type Looked = HashMap<(u32, u32), (std::time::Instant, Arc<Groups>)>;
+
 #[derive(Default)]
 struct GroupCache {
-    map: Mutex<HashMap<(u32, u32), (std::time::Instant, Arc<Groups>)>>,
+    map: Mutex<Looked>,
 }
 
 impl GroupCache {
