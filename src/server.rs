@@ -82,6 +82,11 @@ impl EngineLink for Conn {
 
 /// Serve until the listener fails or, when `idle_exit` is set, until there has been
 /// no connection and no running script for that long.
+///
+/// Connections are accepted and checked on a thread of their own (the gate), at
+/// a lower CPU priority than the runtime that serves the engines: a local user
+/// looping on `connect(2)` makes that thread busy, not the engines' workers.
+/// Admitted connections are handed to the runtime.
 pub async fn serve(
     daemon: Arc<Daemon>,
     listener: UnixListener,
@@ -92,6 +97,7 @@ pub async fn serve(
     let sv = &daemon.cfg.server;
     let gate = Arc::new(Gate {
         daemon: daemon.clone(),
+        main: tokio::runtime::Handle::current(),
         table: Arc::new(Table {
             caps: Caps {
                 total: sv.max_connections,
@@ -101,60 +107,102 @@ pub async fn serve(
             open: Mutex::new(Open::default()),
         }),
         groups: GroupCache::default(),
+        pace: Mutex::default(),
         checks: Arc::new(tokio::sync::Semaphore::new(MAX_PEER_CHECKS)),
         budget: Arc::new(tokio::sync::Semaphore::new(sv.max_buffered_bytes)),
         admin_budget: Arc::new(tokio::sync::Semaphore::new(0)),
         conns: conns.clone(),
         activity: activity.clone(),
     });
-    let mut backoff = ACCEPT_BACKOFF_MIN;
-    loop {
-        let idle = async {
-            match idle_exit {
-                Some(d) => loop {
-                    if conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0 {
-                        tokio::select! {
-                            _ = tokio::time::sleep(d) => {
-                                if conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0 { return; }
-                            }
-                            _ = activity.notified() => {}
-                            _ = daemon.changed() => {}
-                        }
-                    } else {
-                        tokio::select! {
-                            _ = activity.notified() => {}
-                            _ = daemon.changed() => {}
-                        }
+    let listener = listener.into_std()?;
+    let (failed_tx, failed) = tokio::sync::oneshot::channel::<std::io::Error>();
+    // Dropped with this future: the gate thread then ends, and the listener with it.
+    let (_stop, stop) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("scriptgated-gate".into())
+        .spawn(move || {
+            lower_priority();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            let rt = match rt {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = failed_tx.send(e);
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let listener = match UnixListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = failed_tx.send(e);
+                        return;
                     }
-                },
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            acc = listener.accept() => {
-                let stream = match acc {
-                    Ok((stream, _)) => {
-                        backoff = ACCEPT_BACKOFF_MIN;
-                        stream
-                    }
-                    // Out of descriptors or buffers, or a peer that left before
-                    // we took it: the daemon and its running scripts go on.
-                    Err(e) if accept_error_is_transient(&e) => {
-                        tracing::warn!("accept failed: {e}; retrying in {backoff:?}");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                        continue;
-                    }
-                    Err(e) => return Err(e),
                 };
-                gate.check(stream);
-            }
-            _ = idle => {
-                tracing::info!("idle for {:?} with no connection and no script; exiting", idle_exit.unwrap_or_default());
-                return Ok(());
-            }
+                tokio::select! {
+                    e = accept_loop(&gate, &listener) => { let _ = failed_tx.send(e); }
+                    _ = stop => {}
+                }
+            });
+        })?;
+    let idle = async {
+        match idle_exit {
+            Some(d) => loop {
+                if conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0 {
+                    tokio::select! {
+                        _ = tokio::time::sleep(d) => {
+                            if conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0 { return; }
+                        }
+                        _ = activity.notified() => {}
+                        _ = daemon.changed() => {}
+                    }
+                } else {
+                    tokio::select! {
+                        _ = activity.notified() => {}
+                        _ = daemon.changed() => {}
+                    }
+                }
+            },
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        e = failed => Err(e.unwrap_or_else(|_| std::io::Error::other("the gate thread ended"))),
+        _ = idle => {
+            tracing::info!("idle for {:?} with no connection and no script; exiting", idle_exit.unwrap_or_default());
+            Ok(())
         }
     }
+}
+
+/// Accept until the listener fails; each connection goes to the gate.
+async fn accept_loop(gate: &Arc<Gate>, listener: &UnixListener) -> std::io::Error {
+    let mut backoff = ACCEPT_BACKOFF_MIN;
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                backoff = ACCEPT_BACKOFF_MIN;
+                gate.check(stream);
+            }
+            // Out of descriptors or buffers, or a peer that left before
+            // we took it: the daemon and its running scripts go on.
+            Err(e) if accept_error_is_transient(&e) => {
+                tracing::warn!("accept failed: {e}; retrying in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+            }
+            Err(e) => return e,
+        }
+    }
+}
+
+/// The gate thread's nice value, above the daemon's: under a flood of
+/// connections it yields the CPU to the workers that serve the engines.
+const GATE_NICENESS: i32 = 19;
+
+fn lower_priority() {
+    crate::sys::lower_thread_priority(GATE_NICENESS);
 }
 
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -393,8 +441,11 @@ fn look_up(uid: u32, gid: u32, auth: &crate::config::Auth, engines: bool) -> Gro
 /// The front door: every accepted connection passes here before it counts.
 struct Gate {
     daemon: Arc<Daemon>,
+    /// The runtime that serves admitted connections (the gate runs on its own).
+    main: tokio::runtime::Handle,
     table: Arc<Table>,
     groups: GroupCache,
+    pace: Mutex<Pace>,
     checks: Arc<tokio::sync::Semaphore>,
     /// Partial lines of engines (`server.max_buffered_bytes`).
     budget: Arc<tokio::sync::Semaphore>,
@@ -474,7 +525,7 @@ impl Gate {
                     c.uid, c.pid
                 )
             });
-            return refuse(
+            return self.refuse(
                 &c.stream,
                 RpcError::peer_not_allowed(c.uid, &auth.allowed_groups),
             );
@@ -491,7 +542,7 @@ impl Gate {
                     });
                     let e =
                         RpcError::with_reason(code::PEER_NOT_ALLOWED, message, "engine_ambiguous");
-                    return refuse(&c.stream, e);
+                    return self.refuse(&c.stream, e);
                 }
             },
             _ => None,
@@ -501,10 +552,23 @@ impl Gate {
             Err(Admission::Full(cap)) => return self.refuse_full(&c, cap),
             Err(_) => return,
         };
+        // From the gate's reactor to the engines' runtime.
+        let Ok(stream) = c.stream.into_std() else {
+            return;
+        };
         self.conns.fetch_add(1, Ordering::SeqCst);
         let gate = self.clone();
-        tokio::spawn(async move {
-            connection(&gate, c, role, engine).await;
+        let (uid, gid, pid) = (c.uid, c.gid, c.pid);
+        self.main.spawn(async move {
+            if let Ok(stream) = UnixStream::from_std(stream) {
+                let c = Caller {
+                    stream,
+                    uid,
+                    gid,
+                    pid,
+                };
+                connection(&gate, c, role, engine).await;
+            }
             drop(slot);
             gate.conns.fetch_sub(1, Ordering::SeqCst);
             gate.activity.notify_waiters();
@@ -519,14 +583,59 @@ impl Gate {
                 c.uid, c.pid, e.message
             )
         });
-        refuse(&c.stream, e);
+        self.refuse(&c.stream, e);
+    }
+
+    /// One error line for a peer not served, then closed (on drop). The new
+    /// socket's send buffer is empty, so the line goes out without waiting.
+    /// Past `REFUSALS_PER_S` the gate thread pauses: a peer looping on connect
+    /// then waits in `connect(2)` (the backlog is full) instead of making the
+    /// kernel and the daemon turn over tens of thousands of sockets a second.
+    fn refuse(&self, stream: &UnixStream, e: RpcError) {
+        let _ = stream.try_write(protocol::response_line(&Value::Null, &Err(e)).as_bytes());
+        let wait = self
+            .pace
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(std::time::Instant::now());
+        if let Some(w) = wait {
+            // The gate's own thread: nothing the engines' runtime runs waits.
+            std::thread::sleep(w);
+        }
     }
 }
 
-/// One error line for a peer not served, then closed (on drop). The new
-/// socket's send buffer is empty, so the line goes out without waiting.
-fn refuse(stream: &UnixStream, e: RpcError) {
-    let _ = stream.try_write(protocol::response_line(&Value::Null, &Err(e)).as_bytes());
+/// Refusals the gate makes per second, sustained, and in a burst.
+const REFUSALS_PER_S: f64 = 10_000.0;
+const REFUSAL_BURST: f64 = 1000.0;
+
+/// A token bucket over refusals. Pure: callers pass the time.
+#[derive(Debug)]
+struct Pace {
+    tokens: f64,
+    at: Option<std::time::Instant>,
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Pace {
+            tokens: REFUSAL_BURST,
+            at: None,
+        }
+    }
+}
+
+impl Pace {
+    /// Take one refusal's token: how long to wait first when there is none.
+    fn take(&mut self, now: std::time::Instant) -> Option<Duration> {
+        if let Some(at) = self.at {
+            let accrued = now.saturating_duration_since(at).as_secs_f64() * REFUSALS_PER_S;
+            self.tokens = (self.tokens + accrued).min(REFUSAL_BURST);
+        }
+        self.at = Some(now);
+        self.tokens -= 1.0;
+        (self.tokens < 0.0).then(|| Duration::from_secs_f64(-self.tokens / REFUSALS_PER_S))
+    }
 }
 
 /// Lines an admin-only peer may send, at most: its requests are tiny
@@ -885,6 +994,23 @@ mod tests {
             "{s}"
         );
         assert_eq!(l.note(6, "x").1, None, "one summary");
+    }
+
+    #[test]
+    fn refusals_are_paced_past_a_burst() {
+        let mut p = Pace::default();
+        let t0 = std::time::Instant::now();
+        for _ in 0..REFUSAL_BURST as usize {
+            assert_eq!(p.take(t0), None);
+        }
+        let w = p.take(t0).expect("past the burst: a pause");
+        assert!(w <= Duration::from_millis(1), "{w:?}");
+        // A second later the bucket is full again, not fuller.
+        let t1 = t0 + Duration::from_secs(1);
+        for _ in 0..REFUSAL_BURST as usize {
+            assert_eq!(p.take(t1), None);
+        }
+        assert!(p.take(t1).is_some());
     }
 
     #[test]
