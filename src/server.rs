@@ -592,7 +592,16 @@ impl Gate {
     /// then waits in `connect(2)` (the backlog is full) instead of making the
     /// kernel and the daemon turn over tens of thousands of sockets a second.
     fn refuse(&self, stream: &UnixStream, e: RpcError) {
-        let _ = stream.try_write(protocol::response_line(&Value::Null, &Err(e)).as_bytes());
+        // Straight to the socket: tokio's try_write would not even try before
+        // its reactor has seen the new socket writable.
+        use nix::sys::socket::MsgFlags;
+        use std::os::fd::AsRawFd;
+        let line = protocol::response_line(&Value::Null, &Err(e));
+        let _ = nix::sys::socket::send(
+            stream.as_raw_fd(),
+            line.as_bytes(),
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        );
         let wait = self
             .pace
             .lock()
