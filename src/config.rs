@@ -28,6 +28,12 @@ pub struct Server {
     pub idle_exit_s: u64,
     /// Engine connections served at once; one more is refused (-32015).
     pub max_connections: usize,
+    /// Connections one peer uid may hold at once (root too), within the caps
+    /// of its pool; one more is refused (-32015).
+    pub max_connections_per_uid: usize,
+    /// Connections of admin-only peers (`auth.admin_groups`, not engines) at
+    /// once: a pool of their own, apart from `max_connections`.
+    pub max_admin_connections: usize,
     /// A line from an engine must end within this many seconds of its first byte.
     pub line_timeout_s: u64,
     /// Bytes of partly received lines held for all connections together, beyond
@@ -44,6 +50,8 @@ impl Default for Server {
             max_running: 64,
             idle_exit_s: 300,
             max_connections: 256,
+            max_connections_per_uid: 64,
+            max_admin_connections: 16,
             line_timeout_s: 30,
             max_buffered_bytes: 32 << 20,
             drain_s: 30,
@@ -314,9 +322,14 @@ impl Config {
                 sv.max_buffered_bytes, sv.max_message_bytes
             ));
         }
-        if sv.max_connections == 0 || sv.line_timeout_s == 0 || sv.max_running == 0 {
+        if sv.max_connections == 0
+            || sv.max_connections_per_uid == 0
+            || sv.max_admin_connections == 0
+            || sv.line_timeout_s == 0
+            || sv.max_running == 0
+        {
             return bad(
-                "server.max_connections, line_timeout_s and max_running must be > 0".into(),
+                "server.max_connections, max_connections_per_uid, max_admin_connections, line_timeout_s and max_running must be > 0".into(),
             );
         }
         for r in &self.workspace.roots {

@@ -66,6 +66,10 @@ pub struct Bounds {
     /// Answers to the peer's requests not yet written: past this many, the peer is
     /// not read until some are (it floods requests and never reads answers).
     pub max_outstanding: usize,
+    /// Bytes of answers queued for the peer and not yet written to its socket:
+    /// past this, no further request of the peer is taken until they are. An
+    /// answer larger than this still goes out, one at a time.
+    pub max_queued_bytes: usize,
     /// A server answers malformed lines with a JSON-RPC error and says why it
     /// closes the connection; a client ignores them and just ends.
     pub strict: Option<Strict>,
@@ -86,6 +90,7 @@ impl Bounds {
             max_line,
             shared: None,
             max_outstanding: 1024,
+            max_queued_bytes: usize::MAX,
             strict: None,
         }
     }
@@ -106,6 +111,17 @@ type Waiters = HashMap<u64, oneshot::Sender<Result<Value, RpcError>>>;
 #[derive(Clone)]
 pub struct Peer {
     shared: Arc<Shared>,
+    queued: Arc<Queued>,
+}
+
+/// Bytes of answers queued for the writer, shared with it (it cannot hold
+/// `Shared`: that holds the sender whose drop ends it).
+#[derive(Default)]
+struct Queued {
+    bytes: std::sync::atomic::AtomicUsize,
+    /// Set once the writer has ended: nothing more will drain.
+    gone: std::sync::atomic::AtomicBool,
+    drained: tokio::sync::Notify,
 }
 
 struct Shared {
@@ -124,15 +140,22 @@ impl Peer {
         mut write: W,
     ) -> (Peer, tokio::task::JoinHandle<()>) {
         let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
+        let queued = Arc::new(Queued::default());
+        let q = queued.clone();
         let writer = tokio::spawn(async move {
             // Lines queued together (a script's four calls in flight, say) go out
             // in one write: fewer syscalls and wake-ups of the peer per line.
             let mut permits = Vec::new();
             while let Some((mut out, permit)) = rx.recv().await {
+                // Answers (the lines with a permit) count in `queued` until written.
+                let mut answers = if permit.is_some() { out.len() } else { 0 };
                 permits.push(permit);
                 while out.len() < COALESCE_BYTES {
                     match rx.try_recv() {
                         Ok((line, permit)) => {
+                            if permit.is_some() {
+                                answers += line.len();
+                            }
                             out.push_str(&line);
                             permits.push(permit);
                         }
@@ -143,7 +166,13 @@ impl Peer {
                     break;
                 }
                 permits.clear();
+                if answers > 0 {
+                    q.bytes.fetch_sub(answers, Ordering::SeqCst);
+                    q.drained.notify_waiters();
+                }
             }
+            q.gone.store(true, Ordering::SeqCst);
+            q.drained.notify_waiters();
         });
         let peer = Peer {
             shared: Arc::new(Shared {
@@ -152,13 +181,34 @@ impl Peer {
                 next_id: AtomicU64::new(1),
                 closed_with: Mutex::new(None),
             }),
+            queued,
         };
         (peer, writer)
     }
 
     fn send(&self, line: String, permit: Option<OwnedSemaphorePermit>) {
         if let Some(tx) = self.shared.tx.lock().unwrap().as_ref() {
+            let len = line.len();
+            if permit.is_some() {
+                self.queued.bytes.fetch_add(len, Ordering::SeqCst);
+            }
+            // Once the writer has ended (`gone`), nobody waits on the count.
             let _ = tx.send((line, permit));
+        }
+    }
+
+    /// Until the answers queued for the peer are at most `max` bytes (or the
+    /// writer has ended: the peer is gone).
+    async fn drained(&self, max: usize) {
+        let q = &self.queued;
+        loop {
+            let wake = q.drained.notified();
+            tokio::pin!(wake);
+            wake.as_mut().enable();
+            if q.gone.load(Ordering::SeqCst) || q.bytes.load(Ordering::SeqCst) <= max {
+                return;
+            }
+            wake.await;
         }
     }
 
@@ -301,7 +351,7 @@ impl Peer {
                 }
                 Ok(Line::Data) => {
                     if !self
-                        .incoming(&buf, strict.is_some(), &outstanding, &handler)
+                        .incoming(&buf, strict.is_some(), bounds, &outstanding, &handler)
                         .await
                     {
                         break;
@@ -323,12 +373,14 @@ impl Peer {
         &self,
         line: &[u8],
         strict: bool,
+        bounds: &Bounds,
         outstanding: &Arc<Semaphore>,
         handler: &Arc<H>,
     ) -> bool {
         match protocol::parse_line(line) {
             Err((id, e)) => {
                 if strict {
+                    self.drained(bounds.max_queued_bytes).await;
                     let Ok(permit) = outstanding.clone().acquire_owned().await else {
                         return false;
                     };
@@ -338,6 +390,7 @@ impl Peer {
             Ok(Incoming::Response { id, result }) => self.answered(&id, result),
             Ok(Incoming::Notification { method, params }) => handler.notification(&method, params),
             Ok(Incoming::Request { id, method, params }) => {
+                self.drained(bounds.max_queued_bytes).await;
                 let Ok(permit) = outstanding.clone().acquire_owned().await else {
                     return false;
                 };
@@ -423,6 +476,58 @@ mod tests {
             peer.request("x", &Value::Null, None).await,
             Err(CallError::Disconnected)
         );
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_reads_no_answers_is_not_read_past_the_queued_bytes() {
+        struct Count(std::sync::atomic::AtomicUsize);
+        impl Handler for Count {
+            fn request(
+                self: Arc<Self>,
+                _method: String,
+                _params: Value,
+            ) -> BoxFuture<'static, Result<Value, RpcError>> {
+                self.0.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Ok(Value::String("x".repeat(1000))) })
+            }
+        }
+        // Requests trickle in (a small pipe: the reader waits between lines);
+        // answers go to a pipe of 8 KiB that is never read.
+        let (req_r, mut req_w) = tokio::io::duplex(256);
+        let (ans_w, _ans_r) = tokio::io::duplex(8 * 1024);
+        let (peer, _w) = Peer::new(ans_w);
+        let count = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+        let served = tokio::spawn({
+            let (peer, count) = (peer.clone(), count.clone());
+            async move {
+                let bounds = Bounds {
+                    max_queued_bytes: 16 * 1024,
+                    ..Bounds::client(1 << 20)
+                };
+                peer.serve(req_r, &bounds, count).await;
+            }
+        });
+        let writer = tokio::spawn(async move {
+            for i in 0..500 {
+                let line = format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"m\"}}\n");
+                if req_w.write_all(line.as_bytes()).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let (mut last, mut still) = (usize::MAX, 0);
+        while still < 20 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let n = count.0.load(Ordering::SeqCst);
+            (last, still) = if n == last { (n, still + 1) } else { (n, 0) };
+        }
+        // ~8 answers of ~1 KiB in the pipe, ~16 queued, and the one past the bound.
+        assert!(
+            (10..40).contains(&last),
+            "{last} requests taken from a peer that reads no answers"
+        );
+        served.abort();
+        writer.abort();
     }
 
     #[tokio::test]

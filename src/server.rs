@@ -11,8 +11,9 @@ use crate::protocol::{
 };
 use crate::rpc::{self, Bounds, CallError, Strict};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
 
@@ -81,6 +82,11 @@ impl EngineLink for Conn {
 
 /// Serve until the listener fails or, when `idle_exit` is set, until there has been
 /// no connection and no running script for that long.
+///
+/// Connections are accepted and checked on a thread of their own (the gate), at
+/// a lower CPU priority than the runtime that serves the engines: a local user
+/// looping on `connect(2)` makes that thread busy, not the engines' workers.
+/// Admitted connections are handed to the runtime.
 pub async fn serve(
     daemon: Arc<Daemon>,
     listener: UnixListener,
@@ -88,68 +94,115 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let conns = Arc::new(AtomicUsize::new(0));
     let activity = Arc::new(tokio::sync::Notify::new());
-    let budget = Arc::new(tokio::sync::Semaphore::new(
-        daemon.cfg.server.max_buffered_bytes,
-    ));
-    let mut backoff = ACCEPT_BACKOFF_MIN;
-    loop {
-        let idle = async {
-            match idle_exit {
-                Some(d) => loop {
-                    if conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0 {
-                        tokio::select! {
-                            _ = tokio::time::sleep(d) => {
-                                if conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0 { return; }
-                            }
-                            _ = activity.notified() => {}
-                            _ = daemon.changed() => {}
-                        }
-                    } else {
-                        tokio::select! {
-                            _ = activity.notified() => {}
-                            _ = daemon.changed() => {}
-                        }
-                    }
-                },
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            acc = listener.accept() => {
-                let stream = match acc {
-                    Ok((stream, _)) => {
-                        backoff = ACCEPT_BACKOFF_MIN;
-                        stream
-                    }
-                    // Out of descriptors or buffers, or a peer that left before
-                    // we took it: the daemon and its running scripts go on.
-                    Err(e) if accept_error_is_transient(&e) => {
-                        tracing::warn!("accept failed: {e}; retrying in {backoff:?}");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                };
-                let max = daemon.cfg.server.max_connections;
-                if conns.load(Ordering::SeqCst) >= max {
-                    refuse_connection(&stream, max);
-                    continue;
+    let sv = &daemon.cfg.server;
+    let gate = Arc::new(Gate {
+        daemon: daemon.clone(),
+        main: tokio::runtime::Handle::current(),
+        table: Arc::new(Table {
+            caps: Caps {
+                total: sv.max_connections,
+                per_uid: sv.max_connections_per_uid,
+                admin: sv.max_admin_connections,
+            },
+            open: Mutex::new(Open::default()),
+        }),
+        groups: GroupCache::default(),
+        pace: Mutex::default(),
+        checks: Arc::new(tokio::sync::Semaphore::new(MAX_PEER_CHECKS)),
+        budget: Arc::new(tokio::sync::Semaphore::new(sv.max_buffered_bytes)),
+        admin_budget: Arc::new(tokio::sync::Semaphore::new(0)),
+        conns: conns.clone(),
+        activity: activity.clone(),
+    });
+    let listener = listener.into_std()?;
+    let (failed_tx, failed) = tokio::sync::oneshot::channel::<std::io::Error>();
+    // Dropped with this future: the gate thread then ends, and the listener with it.
+    let (_stop, stop) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("scriptgated-gate".into())
+        .spawn(move || {
+            lower_priority();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            let rt = match rt {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = failed_tx.send(e);
+                    return;
                 }
-                conns.fetch_add(1, Ordering::SeqCst);
-                let (d, c, a, b) = (daemon.clone(), conns.clone(), activity.clone(), budget.clone());
-                tokio::spawn(async move {
-                    connection(d, stream, b).await;
-                    c.fetch_sub(1, Ordering::SeqCst);
-                    a.notify_waiters();
-                });
-            }
-            _ = idle => {
-                tracing::info!("idle for {:?} with no connection and no script; exiting", idle_exit.unwrap_or_default());
-                return Ok(());
-            }
+            };
+            rt.block_on(async move {
+                let listener = match UnixListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = failed_tx.send(e);
+                        return;
+                    }
+                };
+                tokio::select! {
+                    e = accept_loop(&gate, &listener) => { let _ = failed_tx.send(e); }
+                    _ = stop => {}
+                }
+            });
+        })?;
+    let idle = async {
+        match idle_exit {
+            Some(d) => loop {
+                if conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0 {
+                    tokio::select! {
+                        _ = tokio::time::sleep(d) => {
+                            if conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0 { return; }
+                        }
+                        _ = activity.notified() => {}
+                        _ = daemon.changed() => {}
+                    }
+                } else {
+                    tokio::select! {
+                        _ = activity.notified() => {}
+                        _ = daemon.changed() => {}
+                    }
+                }
+            },
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        e = failed => Err(e.unwrap_or_else(|_| std::io::Error::other("the gate thread ended"))),
+        _ = idle => {
+            tracing::info!("idle for {:?} with no connection and no script; exiting", idle_exit.unwrap_or_default());
+            Ok(())
         }
     }
+}
+
+/// Accept until the listener fails; each connection goes to the gate.
+async fn accept_loop(gate: &Arc<Gate>, listener: &UnixListener) -> std::io::Error {
+    let mut backoff = ACCEPT_BACKOFF_MIN;
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                backoff = ACCEPT_BACKOFF_MIN;
+                gate.check(stream);
+            }
+            // Out of descriptors or buffers, or a peer that left before
+            // we took it: the daemon and its running scripts go on.
+            Err(e) if accept_error_is_transient(&e) => {
+                tracing::warn!("accept failed: {e}; retrying in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+            }
+            Err(e) => return e,
+        }
+    }
+}
+
+/// The gate thread's nice value, above the daemon's: under a flood of
+/// connections it yields the CPU to the workers that serve the engines.
+const GATE_NICENESS: i32 = 19;
+
+fn lower_priority() {
+    crate::sys::lower_thread_priority(GATE_NICENESS);
 }
 
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -172,74 +225,462 @@ fn accept_error_is_transient(e: &std::io::Error) -> bool {
     )
 }
 
-/// One connection over `server.max_connections`: a clear error, then closed. The
-/// new socket's send buffer is empty, so the line goes out without waiting.
-fn refuse_connection(stream: &UnixStream, max: usize) {
-    tracing::warn!("connection refused: server.max_connections = {max} connections are open");
-    let e = RpcError::too_many_connections(max);
-    let _ = stream.try_write(protocol::response_line(&Value::Null, &Err(e)).as_bytes());
+// ---- admission: which pool, which cap, refuse or admit (pure) ---------------------
+
+/// The pool a served connection counts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pool {
+    /// Root and members of `auth.allowed_groups`: `server.max_connections`.
+    Engine,
+    /// Members of `auth.admin_groups` only: `server.max_admin_connections`.
+    Admin,
 }
 
-/// One engine connection: the peer check, then JSON-RPC both ways until it
-/// closes; then its scripts are told (they are cancelled).
-async fn connection(daemon: Arc<Daemon>, stream: UnixStream, budget: Arc<tokio::sync::Semaphore>) {
-    let cred = match stream.peer_cred() {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!("SO_PEERCRED failed: {e}");
-            return;
-        }
+/// The cap a refused connection hit; its -32015 names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cap {
+    /// `server.max_connections`: engine connections in all.
+    Total,
+    /// `server.max_connections_per_uid`: connections of this peer's uid.
+    PerUid,
+    /// `server.max_admin_connections`: connections of admin-only peers in all.
+    Admin,
+    /// Connections waiting for their peer's groups to be looked up.
+    Checks,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    pub total: usize,
+    pub per_uid: usize,
+    pub admin: usize,
+}
+
+/// Connections served now: per pool, and of the peer's uid.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub engine: usize,
+    pub admin: usize,
+    pub this_uid: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    Admit(Pool),
+    /// Not root nor in any group of the config: one -32001, counted nowhere.
+    NotAllowed,
+    Full(Cap),
+}
+
+/// The admission of a peer with `role`, given what is open. A refused peer
+/// counts nowhere; any peer is held to its uid's share, then to its pool's cap.
+pub fn admit(role: Role, open: Counts, caps: Caps) -> Admission {
+    let pool = match role {
+        Role::Refused => return Admission::NotAllowed,
+        Role::AdminOnly => Pool::Admin,
+        Role::Engine { .. } => Pool::Engine,
     };
-    let (uid, gid) = (cred.uid(), cred.gid());
-    let auth = &daemon.cfg.auth;
-    // The gate (the socket is 0666: this is the only one). Nothing is read from
-    // a refused peer: one error line with a non-blocking write, then closed.
-    let role = crate::auth::role(
-        uid == 0,
-        crate::sys::peer_in_groups(uid, gid, &auth.allowed_groups),
-        crate::sys::peer_in_groups(uid, gid, &auth.admin_groups),
-    );
-    let admin = match role {
-        Role::Refused => {
-            refused_log(uid, cred.pid());
-            let e = RpcError::peer_not_allowed(uid, &auth.allowed_groups);
-            let _ = stream.try_write(protocol::response_line(&Value::Null, &Err(e)).as_bytes());
-            return;
+    if open.this_uid >= caps.per_uid {
+        return Admission::Full(Cap::PerUid);
+    }
+    match pool {
+        Pool::Admin if open.admin >= caps.admin => Admission::Full(Cap::Admin),
+        Pool::Engine if open.engine >= caps.total => Admission::Full(Cap::Total),
+        _ => Admission::Admit(pool),
+    }
+}
+
+/// The -32015 for a connection refused at `cap`.
+fn too_many(cap: Cap, caps: &Caps, uid: u32) -> RpcError {
+    let message = match cap {
+        Cap::Total => format!(
+            "scriptgated already serves server.max_connections = {} connections; close one and retry",
+            caps.total
+        ),
+        Cap::PerUid => format!(
+            "uid {uid} already holds server.max_connections_per_uid = {} connections; close one and retry",
+            caps.per_uid
+        ),
+        Cap::Admin => format!(
+            "admin-only peers already hold server.max_admin_connections = {} connections; close one and retry",
+            caps.admin
+        ),
+        Cap::Checks => format!(
+            "{MAX_PEER_CHECKS} connections are already waiting for their peer's groups to be looked up; retry"
+        ),
+    };
+    RpcError::with_reason(code::BUSY, message, "too_many_connections")
+}
+
+/// The connections served, by pool and uid.
+struct Table {
+    caps: Caps,
+    open: Mutex<Open>,
+}
+
+#[derive(Default)]
+struct Open {
+    engine: usize,
+    admin: usize,
+    /// Only uids with a connection open: as large as the connections at most.
+    by_uid: HashMap<u32, usize>,
+}
+
+/// One admitted connection's place in the table, given back on drop.
+struct Slot {
+    table: Arc<Table>,
+    pool: Pool,
+    uid: u32,
+}
+
+impl Table {
+    fn try_admit(self: &Arc<Self>, role: Role, uid: u32) -> Result<Slot, Admission> {
+        let mut o = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let counts = Counts {
+            engine: o.engine,
+            admin: o.admin,
+            this_uid: o.by_uid.get(&uid).copied().unwrap_or(0),
+        };
+        match admit(role, counts, self.caps) {
+            Admission::Admit(pool) => {
+                match pool {
+                    Pool::Engine => o.engine += 1,
+                    Pool::Admin => o.admin += 1,
+                }
+                *o.by_uid.entry(uid).or_default() += 1;
+                Ok(Slot {
+                    table: self.clone(),
+                    pool,
+                    uid,
+                })
+            }
+            refused => Err(refused),
         }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut o = self.table.open.lock().unwrap_or_else(|p| p.into_inner());
+        match self.pool {
+            Pool::Engine => o.engine -= 1,
+            Pool::Admin => o.admin -= 1,
+        }
+        if let Some(n) = o.by_uid.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                o.by_uid.remove(&self.uid);
+            }
+        }
+    }
+}
+
+// ---- the peer check, off the runtime and cached -------------------------------------
+
+/// Connections whose peer's groups are being looked up at once (NSS, on the
+/// blocking pool); one more is refused. Looked-up peers are cached, so a peer
+/// that loops on connect costs one lookup per `GROUPS_TTL`.
+const MAX_PEER_CHECKS: usize = 32;
+/// How long a peer's groups are taken as looked up. A change of its
+/// supplementary groups is seen this much later (its primary gid is in the key).
+const GROUPS_TTL: Duration = Duration::from_secs(2);
+/// Peers cached at most; past it, the expired entries go, or all of them.
+const GROUPS_CACHED: usize = 1024;
+
+/// What the gate needs to know of a peer (uid, gid) from NSS.
+#[derive(Debug, Clone)]
+struct Groups {
+    in_allowed: bool,
+    in_admin: bool,
+    /// Every gid of the peer, for `[[auth.engine]]` entries (engines only).
+    gids: Vec<u32>,
+}
+
+/// A peer's groups, by (uid, gid), with when they were looked up.
+type Looked = HashMap<(u32, u32), (std::time::Instant, Arc<Groups>)>;
+
+#[derive(Default)]
+struct GroupCache {
+    map: Mutex<Looked>,
+}
+
+impl GroupCache {
+    fn get(&self, key: (u32, u32)) -> Option<Arc<Groups>> {
+        let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&key)
+            .filter(|(at, _)| at.elapsed() < GROUPS_TTL)
+            .map(|(_, g)| g.clone())
+    }
+
+    fn put(&self, key: (u32, u32), g: Arc<Groups>) {
+        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() >= GROUPS_CACHED {
+            m.retain(|_, (at, _)| at.elapsed() < GROUPS_TTL);
+            if m.len() >= GROUPS_CACHED {
+                m.clear();
+            }
+        }
+        m.insert(key, (std::time::Instant::now(), g));
+    }
+}
+
+/// The NSS lookups of one peer (blocking: `getpwuid`, `getgrnam`, `getgrouplist`).
+fn look_up(uid: u32, gid: u32, auth: &crate::config::Auth, engines: bool) -> Groups {
+    let in_allowed = crate::sys::peer_in_groups(uid, gid, &auth.allowed_groups);
+    Groups {
+        in_allowed,
+        in_admin: crate::sys::peer_in_groups(uid, gid, &auth.admin_groups),
+        gids: if in_allowed && engines {
+            crate::sys::peer_gids(uid, gid)
+        } else {
+            vec![]
+        },
+    }
+}
+
+/// The front door: every accepted connection passes here before it counts.
+struct Gate {
+    daemon: Arc<Daemon>,
+    /// The runtime that serves admitted connections (the gate runs on its own).
+    main: tokio::runtime::Handle,
+    table: Arc<Table>,
+    groups: GroupCache,
+    pace: Mutex<Pace>,
+    checks: Arc<tokio::sync::Semaphore>,
+    /// Partial lines of engines (`server.max_buffered_bytes`).
+    budget: Arc<tokio::sync::Semaphore>,
+    /// Admin-only peers': none. Their lines are at most `ADMIN_MAX_LINE`, below
+    /// `FREE_LINE_BYTES`, so they never draw on it.
+    admin_budget: Arc<tokio::sync::Semaphore>,
+    conns: Arc<AtomicUsize>,
+    activity: Arc<tokio::sync::Notify>,
+}
+
+/// A connection whose peer is known: uid, gid, pid.
+struct Caller {
+    stream: UnixStream,
+    uid: u32,
+    gid: u32,
+    pid: Option<i32>,
+}
+
+impl Gate {
+    /// The peer check of a connection just accepted: on the runtime only when
+    /// its groups are cached (or it is root); else looked up on the blocking pool.
+    fn check(self: &Arc<Self>, stream: UnixStream) {
+        let cred = match stream.peer_cred() {
+            Ok(c) => c,
+            Err(e) => {
+                refusal_log("peer_cred", || format!("SO_PEERCRED failed: {e}"));
+                return;
+            }
+        };
+        let c = Caller {
+            stream,
+            uid: cred.uid(),
+            gid: cred.gid(),
+            pid: cred.pid(),
+        };
+        if c.uid == 0 {
+            return self.admit(c, None);
+        }
+        let key = (c.uid, c.gid);
+        if let Some(g) = self.groups.get(key) {
+            return self.admit(c, Some(&g));
+        }
+        let Ok(permit) = self.checks.clone().try_acquire_owned() else {
+            return self.refuse_full(&c, Cap::Checks);
+        };
+        let gate = self.clone();
+        tokio::spawn(async move {
+            let d = gate.daemon.clone();
+            let engines = !d.engines.list.is_empty();
+            let g =
+                tokio::task::spawn_blocking(move || look_up(key.0, key.1, &d.cfg.auth, engines))
+                    .await;
+            drop(permit);
+            match g {
+                Ok(g) => {
+                    let g = Arc::new(g);
+                    gate.groups.put(key, g.clone());
+                    gate.admit(c, Some(&g));
+                }
+                Err(e) => refusal_log("peer_check", || format!("peer check failed: {e}")),
+            }
+        });
+    }
+
+    /// Admit or refuse a peer whose groups are known (`None`: root).
+    fn admit(self: &Arc<Self>, c: Caller, g: Option<&Groups>) {
+        let auth = &self.daemon.cfg.auth;
+        let role = crate::auth::role(
+            c.uid == 0,
+            g.is_some_and(|g| g.in_allowed),
+            g.is_some_and(|g| g.in_admin),
+        );
+        if role == Role::Refused {
+            refusal_log("peer_not_allowed", || {
+                format!(
+                    "connection refused: uid {} (pid {:?}) is not root nor in auth.allowed_groups or auth.admin_groups",
+                    c.uid, c.pid
+                )
+            });
+            return self.refuse(
+                &c.stream,
+                RpcError::peer_not_allowed(c.uid, &auth.allowed_groups),
+            );
+        }
+        let engine = match (role, g) {
+            (Role::Engine { .. }, Some(g)) => match self.daemon.engines.for_peer(c.uid, &g.gids) {
+                Ok(e) => e,
+                Err(message) => {
+                    refusal_log("engine_ambiguous", || {
+                        format!(
+                            "connection refused (uid {}, pid {:?}): {message}",
+                            c.uid, c.pid
+                        )
+                    });
+                    let e =
+                        RpcError::with_reason(code::PEER_NOT_ALLOWED, message, "engine_ambiguous");
+                    return self.refuse(&c.stream, e);
+                }
+            },
+            _ => None,
+        };
+        let slot = match self.table.try_admit(role, c.uid) {
+            Ok(s) => s,
+            Err(Admission::Full(cap)) => return self.refuse_full(&c, cap),
+            Err(_) => return,
+        };
+        // From the gate's reactor to the engines' runtime.
+        let Ok(stream) = c.stream.into_std() else {
+            return;
+        };
+        self.conns.fetch_add(1, Ordering::SeqCst);
+        let gate = self.clone();
+        let (uid, gid, pid) = (c.uid, c.gid, c.pid);
+        self.main.spawn(async move {
+            if let Ok(stream) = UnixStream::from_std(stream) {
+                let c = Caller {
+                    stream,
+                    uid,
+                    gid,
+                    pid,
+                };
+                connection(&gate, c, role, engine).await;
+            }
+            drop(slot);
+            gate.conns.fetch_sub(1, Ordering::SeqCst);
+            gate.activity.notify_waiters();
+        });
+    }
+
+    fn refuse_full(&self, c: &Caller, cap: Cap) {
+        let e = too_many(cap, &self.table.caps, c.uid);
+        refusal_log("too_many_connections", || {
+            format!(
+                "connection refused (uid {}, pid {:?}): {}",
+                c.uid, c.pid, e.message
+            )
+        });
+        self.refuse(&c.stream, e);
+    }
+
+    /// One error line for a peer not served, then closed (on drop). The new
+    /// socket's send buffer is empty, so the line goes out without waiting.
+    /// Past `REFUSALS_PER_S` the gate thread pauses: a peer looping on connect
+    /// then waits in `connect(2)` (the backlog is full) instead of making the
+    /// kernel and the daemon turn over tens of thousands of sockets a second.
+    fn refuse(&self, stream: &UnixStream, e: RpcError) {
+        // Straight to the socket: tokio's try_write would not even try before
+        // its reactor has seen the new socket writable.
+        use nix::sys::socket::MsgFlags;
+        use std::os::fd::AsRawFd;
+        let line = protocol::response_line(&Value::Null, &Err(e));
+        let _ = nix::sys::socket::send(
+            stream.as_raw_fd(),
+            line.as_bytes(),
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        );
+        let wait = self
+            .pace
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(std::time::Instant::now());
+        if let Some(w) = wait {
+            // The gate's own thread: nothing the engines' runtime runs waits.
+            std::thread::sleep(w);
+        }
+    }
+}
+
+/// Refusals the gate makes per second, sustained, and in a burst.
+const REFUSALS_PER_S: f64 = 10_000.0;
+const REFUSAL_BURST: f64 = 1000.0;
+
+/// A token bucket over refusals. Pure: callers pass the time.
+#[derive(Debug)]
+struct Pace {
+    tokens: f64,
+    at: Option<std::time::Instant>,
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Pace {
+            tokens: REFUSAL_BURST,
+            at: None,
+        }
+    }
+}
+
+impl Pace {
+    /// Take one refusal's token: how long to wait first when there is none.
+    fn take(&mut self, now: std::time::Instant) -> Option<Duration> {
+        if let Some(at) = self.at {
+            let accrued = now.saturating_duration_since(at).as_secs_f64() * REFUSALS_PER_S;
+            self.tokens = (self.tokens + accrued).min(REFUSAL_BURST);
+        }
+        self.at = Some(now);
+        self.tokens -= 1.0;
+        (self.tokens < 0.0).then(|| Duration::from_secs_f64(-self.tokens / REFUSALS_PER_S))
+    }
+}
+
+/// Lines an admin-only peer may send, at most: its requests are tiny
+/// (`daemon.info`, `admin.list`, `admin.cancel`), and lines this short need no
+/// share of the partial-line budget of the engines.
+const ADMIN_MAX_LINE: usize = 16 * 1024;
+/// An admin-only peer's requests answered at once.
+const ADMIN_MAX_OUTSTANDING: usize = 16;
+/// Bytes of answers queued for a peer that it has not read yet, past which no
+/// further request of it is taken: an admin-only peer, an engine.
+const ADMIN_MAX_QUEUED_BYTES: usize = 64 * 1024;
+const ENGINE_MAX_QUEUED_BYTES: usize = 1 << 20;
+
+/// One admitted connection: JSON-RPC both ways until it closes; then its
+/// scripts are told (they are cancelled).
+async fn connection(gate: &Gate, c: Caller, role: Role, engine: Option<usize>) {
+    let daemon = &gate.daemon;
+    let Caller {
+        stream,
+        uid,
+        gid,
+        pid,
+    } = c;
+    let admin = match role {
+        Role::Refused => return,
         Role::AdminOnly => true,
         Role::Engine { admin } => admin,
     };
-    let engine = match role {
-        Role::Engine { .. } if uid != 0 => {
-            match daemon
-                .engines
-                .for_peer(uid, &crate::sys::peer_gids(uid, gid))
-            {
-                Ok(e) => e,
-                Err(message) => {
-                    tracing::warn!(
-                        peer_uid = uid,
-                        peer_pid = cred.pid(),
-                        "connection refused: {message}"
-                    );
-                    let e =
-                        RpcError::with_reason(code::PEER_NOT_ALLOWED, message, "engine_ambiguous");
-                    let _ =
-                        stream.try_write(protocol::response_line(&Value::Null, &Err(e)).as_bytes());
-                    return;
-                }
-            }
-        }
-        _ => None,
-    };
     if matches!(role, Role::Engine { .. }) && uid != 0 {
-        engine_dirs(&daemon, uid, gid, engine);
+        engine_dirs(daemon, uid, gid, engine);
     }
     let (read, write) = stream.into_split();
     let peer = Peer {
         uid,
         gid,
-        pid: cred.pid(),
+        pid,
         admin,
         engine,
     };
@@ -249,20 +690,38 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream, budget: Arc<tokio::
         peer: rpc_peer,
     });
     let sv = &daemon.cfg.server;
-    let bounds = Bounds {
-        max_line: sv.max_message_bytes,
-        shared: Some((budget, Duration::from_secs(sv.line_timeout_s))),
-        max_outstanding: MAX_OUTSTANDING,
-        strict: Some(Strict {
-            too_long: format!(
-                "message longer than max_message_bytes = {}; closing the connection",
-                sv.max_message_bytes
-            ),
-            timed_out: format!(
-                "a message was not completed within server.line_timeout_s = {} s; closing the connection",
-                sv.line_timeout_s
-            ),
-        }),
+    let timed_out = format!(
+        "a message was not completed within server.line_timeout_s = {} s; closing the connection",
+        sv.line_timeout_s
+    );
+    let timeout = Duration::from_secs(sv.line_timeout_s);
+    let bounds = if role == Role::AdminOnly {
+        Bounds {
+            max_line: ADMIN_MAX_LINE,
+            shared: Some((gate.admin_budget.clone(), timeout)),
+            max_outstanding: ADMIN_MAX_OUTSTANDING,
+            max_queued_bytes: ADMIN_MAX_QUEUED_BYTES,
+            strict: Some(Strict {
+                too_long: format!(
+                    "message longer than {ADMIN_MAX_LINE} bytes, the most an admin-only peer may send; closing the connection"
+                ),
+                timed_out,
+            }),
+        }
+    } else {
+        Bounds {
+            max_line: sv.max_message_bytes,
+            shared: Some((gate.budget.clone(), timeout)),
+            max_outstanding: MAX_OUTSTANDING,
+            max_queued_bytes: ENGINE_MAX_QUEUED_BYTES,
+            strict: Some(Strict {
+                too_long: format!(
+                    "message longer than max_message_bytes = {}; closing the connection",
+                    sv.max_message_bytes
+                ),
+                timed_out,
+            }),
+        }
     };
     let handler = Arc::new(Engine {
         daemon: daemon.clone(),
@@ -340,36 +799,75 @@ impl Engine {
     }
 }
 
-/// Refused peers logged one by one per minute; past that they are counted and
-/// the count is logged with the next refusal of a later minute, so that a local
-/// user who loops on connect cannot flood the journal.
+/// Refusals of connections logged one by one per minute, whatever their
+/// reason; past that they are counted by reason, and the counts are logged with
+/// the next refusal of a later minute, so that a local user who loops on
+/// connect cannot flood the journal.
 const REFUSED_LOGGED_PER_MIN: u64 = 20;
 
-/// (minute, refusals in it).
-static REFUSED: std::sync::Mutex<(u64, u64)> = std::sync::Mutex::new((0, 0));
+/// One limiter for every refusal line of the gate. Pure: callers pass the minute.
+#[derive(Debug, Default)]
+struct RefusalLog {
+    minute: u64,
+    logged: u64,
+    /// Refusals counted and not logged in `minute`, by reason.
+    counted: std::collections::BTreeMap<&'static str, u64>,
+}
 
-fn refused_log(uid: u32, pid: Option<i32>) {
+impl RefusalLog {
+    /// Whether this refusal is logged, and the summary of the last minute's
+    /// counted ones when it is the first of a new minute.
+    fn note(&mut self, minute: u64, reason: &'static str) -> (bool, Option<String>) {
+        let mut summary = None;
+        if minute != self.minute {
+            if !self.counted.is_empty() {
+                let n: u64 = self.counted.values().sum();
+                let by: Vec<String> = self
+                    .counted
+                    .iter()
+                    .map(|(r, n)| format!("{r} ×{n}"))
+                    .collect();
+                summary = Some(format!(
+                    "{n} more connections were refused in a minute and not logged one by one (logged: the first {REFUSED_LOGGED_PER_MIN}): {}",
+                    by.join(", ")
+                ));
+            }
+            *self = RefusalLog {
+                minute,
+                ..RefusalLog::default()
+            };
+        }
+        if self.logged < REFUSED_LOGGED_PER_MIN {
+            self.logged += 1;
+            (true, summary)
+        } else {
+            *self.counted.entry(reason).or_default() += 1;
+            (false, summary)
+        }
+    }
+}
+
+static REFUSALS: Mutex<RefusalLog> = Mutex::new(RefusalLog {
+    minute: 0,
+    logged: 0,
+    counted: std::collections::BTreeMap::new(),
+});
+
+/// Log a refused connection (`line` is only built when it is logged).
+fn refusal_log(reason: &'static str, line: impl FnOnce() -> String) {
     let minute = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() / 60)
         .unwrap_or(0);
-    let mut r = REFUSED.lock().unwrap_or_else(|p| p.into_inner());
-    if r.0 != minute {
-        if r.1 > REFUSED_LOGGED_PER_MIN {
-            tracing::warn!(
-                "{} more connections from peers not in auth.allowed_groups nor auth.admin_groups were refused in a minute (logged: the first {REFUSED_LOGGED_PER_MIN})",
-                r.1 - REFUSED_LOGGED_PER_MIN
-            );
-        }
-        *r = (minute, 0);
+    let (log, summary) = REFUSALS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .note(minute, reason);
+    if let Some(s) = summary {
+        tracing::warn!("{s}");
     }
-    r.1 += 1;
-    if r.1 <= REFUSED_LOGGED_PER_MIN {
-        tracing::warn!(
-            peer_uid = uid,
-            peer_pid = pid,
-            "connection refused: uid {uid} is not root nor in auth.allowed_groups or auth.admin_groups"
-        );
+    if log {
+        tracing::warn!(reason, "{}", line());
     }
 }
 
@@ -401,4 +899,147 @@ fn engine_dirs(daemon: &Daemon, uid: u32, gid: u32, engine: Option<usize>) {
 
 fn to_value<T: serde::Serialize>(v: T) -> Result<Value, RpcError> {
     serde_json::to_value(v).map_err(|e| RpcError::internal(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CAPS: Caps = Caps {
+        total: 256,
+        per_uid: 64,
+        admin: 16,
+    };
+    const ENGINE: Role = Role::Engine { admin: false };
+
+    fn counts(engine: usize, admin: usize, this_uid: usize) -> Counts {
+        Counts {
+            engine,
+            admin,
+            this_uid,
+        }
+    }
+
+    #[test]
+    fn a_peer_in_no_group_counts_nowhere() {
+        for open in [counts(0, 0, 0), counts(256, 16, 64)] {
+            assert_eq!(admit(Role::Refused, open, CAPS), Admission::NotAllowed);
+        }
+    }
+
+    #[test]
+    fn each_uid_has_its_share_root_included() {
+        assert_eq!(
+            admit(ENGINE, counts(63, 0, 63), CAPS),
+            Admission::Admit(Pool::Engine)
+        );
+        for role in [ENGINE, Role::Engine { admin: true }] {
+            assert_eq!(
+                admit(role, counts(64, 0, 64), CAPS),
+                Admission::Full(Cap::PerUid)
+            );
+        }
+        // Another uid is served while one holds its whole share.
+        assert_eq!(
+            admit(ENGINE, counts(64, 0, 0), CAPS),
+            Admission::Admit(Pool::Engine)
+        );
+        // The global cap is behind the shares.
+        assert_eq!(
+            admit(ENGINE, counts(256, 0, 3), CAPS),
+            Admission::Full(Cap::Total)
+        );
+    }
+
+    #[test]
+    fn admin_only_peers_have_a_pool_of_their_own() {
+        assert_eq!(
+            admit(Role::AdminOnly, counts(256, 15, 15), CAPS),
+            Admission::Admit(Pool::Admin),
+            "engines filling theirs leave the admin pool"
+        );
+        assert_eq!(
+            admit(Role::AdminOnly, counts(0, 16, 0), CAPS),
+            Admission::Full(Cap::Admin)
+        );
+        assert_eq!(
+            admit(ENGINE, counts(0, 16, 0), CAPS),
+            Admission::Admit(Pool::Engine),
+            "a full admin pool takes nothing from the engines"
+        );
+    }
+
+    #[test]
+    fn refusals_name_the_cap() {
+        for (cap, key) in [
+            (Cap::Total, "server.max_connections = 256"),
+            (Cap::PerUid, "server.max_connections_per_uid = 64"),
+            (Cap::Admin, "server.max_admin_connections = 16"),
+        ] {
+            let e = too_many(cap, &CAPS, 7);
+            assert!(e.message.contains(key), "{}", e.message);
+            assert_eq!(e.code, code::BUSY);
+        }
+    }
+
+    #[test]
+    fn one_limiter_for_every_refusal_line() {
+        let mut l = RefusalLog::default();
+        let mut logged = 0;
+        for i in 0..1000 {
+            let reason = if i % 2 == 0 {
+                "peer_not_allowed"
+            } else {
+                "too_many_connections"
+            };
+            let (log, summary) = l.note(5, reason);
+            assert!(summary.is_none());
+            logged += u64::from(log);
+        }
+        assert_eq!(logged, REFUSED_LOGGED_PER_MIN);
+        let (log, summary) = l.note(6, "engine_ambiguous");
+        assert!(log);
+        let s = summary.expect("a summary of the minute before");
+        assert!(
+            s.starts_with("980 more")
+                && s.contains("peer_not_allowed ×490")
+                && s.contains("too_many_connections ×490"),
+            "{s}"
+        );
+        assert_eq!(l.note(6, "x").1, None, "one summary");
+    }
+
+    #[test]
+    fn refusals_are_paced_past_a_burst() {
+        let mut p = Pace::default();
+        let t0 = std::time::Instant::now();
+        for _ in 0..REFUSAL_BURST as usize {
+            assert_eq!(p.take(t0), None);
+        }
+        let w = p.take(t0).expect("past the burst: a pause");
+        assert!(w <= Duration::from_millis(1), "{w:?}");
+        // A second later the bucket is full again, not fuller.
+        let t1 = t0 + Duration::from_secs(1);
+        for _ in 0..REFUSAL_BURST as usize {
+            assert_eq!(p.take(t1), None);
+        }
+        assert!(p.take(t1).is_some());
+    }
+
+    #[test]
+    fn the_group_cache_is_bounded() {
+        let c = GroupCache::default();
+        let g = Arc::new(Groups {
+            in_allowed: false,
+            in_admin: false,
+            gids: vec![],
+        });
+        for uid in 0..(3 * GROUPS_CACHED as u32) {
+            c.put((uid, uid), g.clone());
+        }
+        assert!(c.map.lock().unwrap().len() <= GROUPS_CACHED);
+        assert!(c
+            .get((3 * GROUPS_CACHED as u32 - 1, 3 * GROUPS_CACHED as u32 - 1))
+            .is_some());
+    }
 }

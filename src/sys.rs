@@ -863,6 +863,20 @@ pub fn take_watchdog() -> Option<std::time::Duration> {
     unsafe { sd_notify::watchdog_enabled_and_unset_env() }
 }
 
+/// Raise the calling thread's nice value by `by` (at most to 19); best effort.
+/// On Linux the nice value is per thread.
+pub fn lower_thread_priority(by: i32) {
+    // SAFETY: plain syscalls about the calling thread.
+    unsafe {
+        let tid = libc::gettid() as libc::id_t;
+        *libc::__errno_location() = 0;
+        let now = libc::getpriority(libc::PRIO_PROCESS as _, tid);
+        if now != -1 || *libc::__errno_location() == 0 {
+            libc::setpriority(libc::PRIO_PROCESS as _, tid, (now + by).min(19));
+        }
+    }
+}
+
 /// The peer's primary gid and the supplementary groups its user has in the
 /// group database (none when the uid has no user entry).
 pub fn peer_gids(uid: u32, gid: u32) -> Vec<u32> {
