@@ -111,14 +111,6 @@ impl RpcError {
             "peer_not_allowed",
         )
     }
-    /// A connection over `server.max_connections`.
-    pub fn too_many_connections(max: usize) -> Self {
-        Self::with_reason(
-            code::BUSY,
-            format!("scriptgated already serves server.max_connections = {max} connections; close one and retry"),
-            "too_many_connections",
-        )
-    }
     /// A `script.start` while the daemon drains for a stop or restart.
     pub fn stopping(drain_s: u64) -> Self {
         Self::with_reason(
