@@ -174,6 +174,8 @@ struct Record {
     calls_log: std::fs::File,
     stdout_file: std::fs::File,
     stderr_file: std::fs::File,
+    /// The code the sandbox runs (`runner::Launch::script_code`).
+    script_code: std::os::fd::OwnedFd,
     limits: Limits,
 }
 
@@ -728,6 +730,8 @@ impl Daemon {
         a: &Admitted,
         approval: Approval,
     ) -> Result<Record, RpcError> {
+        let script_code = crate::sys::sealed_copy(c"scriptgate-script", p.code.as_bytes())
+            .map_err(|e| RpcError::internal(format!("cannot hold the script's code: {e}")))?;
         let state = &self.cfg.state;
         if let Err(e) = self.store.keep_reserve(state.reserve_bytes) {
             if is_no_space(&e) {
@@ -801,6 +805,7 @@ impl Daemon {
             calls_log,
             stdout_file,
             stderr_file,
+            script_code,
             limits: Limits::effective(&self.cfg.scripts, &a.claims.snapshot.limits),
         })
     }
@@ -921,6 +926,7 @@ impl Daemon {
             backend: self.backend.backend.clone(),
             stdout_file: rec.stdout_file,
             stderr_file: rec.stderr_file,
+            script_code: rec.script_code,
             output_max_bytes: self.cfg.scripts.output_max_bytes,
             return_max_chars: self.cfg.scripts.return_max_chars,
             require_enforced_limits: self.cfg.sandbox.require_enforced_limits,

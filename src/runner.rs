@@ -46,6 +46,10 @@ pub struct Launch {
     pub require_enforced_limits: bool,
     /// `scripts.file_max_bytes`: RLIMIT_FSIZE of the script's processes.
     pub file_max_bytes: u64,
+    /// The script's code, in a sealed memfd (`sys::sealed_copy`): bwrap copies
+    /// it to `SCRIPT_MOUNT`, so the sandbox runs the code the audit row holds,
+    /// and nothing in the workspace is opened again (the engine owns that tree).
+    pub script_code: OwnedFd,
 }
 
 /// What the supervisor observed; the daemon turns it into the result object.
@@ -451,27 +455,6 @@ async fn with_exec_only(launch: &mut Launch) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The script (`.agent/scripts/<id>/script.py`), opened below the `.agent` the
-/// daemon opened, without following symlinks: bwrap copies it from this
-/// descriptor to `SCRIPT_MOUNT`, so its path (and the id in it) is in no command
-/// line and no mount table.
-fn open_script(launch: &Launch) -> std::io::Result<OwnedFd> {
-    use nix::fcntl::{openat, OFlag};
-    let script = &launch.sandbox.script;
-    let (Some(id), Some(name)) = (
-        script.parent().and_then(|d| d.file_name()),
-        script.file_name(),
-    ) else {
-        return Err(std::io::Error::other("the script has no record directory"));
-    };
-    let dir = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
-    let mode = nix::sys::stat::Mode::empty();
-    let scripts = openat(&launch.agent_dir, "scripts", dir, mode)?;
-    let record = openat(&scripts, id, dir, mode)?;
-    let file = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
-    Ok(openat(&record, name, file, mode)?)
-}
-
 /// Step 1: every pipe and descriptor of one sandbox.
 fn open_fds(launch: &Launch) -> std::io::Result<(ChildEnds, OurEnds)> {
     let (req_r, req_w) = channel_pipe()?; // script writes fd 3, we read
@@ -489,7 +472,7 @@ fn open_fds(launch: &Launch) -> std::io::Result<(ChildEnds, OurEnds)> {
         (usage_w, FD_USAGE),
         (seccomp_r, FD_SECCOMP),
         (dup_high(&launch.workspace_dir)?, FD_WORKSPACE),
-        (dup_high(&open_script(launch)?)?, FD_SCRIPT),
+        (dup_high(&launch.script_code)?, FD_SCRIPT),
         (dup_high(&launch.agent_dir)?, FD_AGENT),
     ];
     let gate = if launch.backend.needs_gate() {

@@ -111,9 +111,10 @@ pub struct SandboxSpec {
     pub runtime_dir: PathBuf,
     /// The interpreter (`scripts.python`).
     pub python: PathBuf,
-    /// The script to run, inside the workspace's `.agent` tree (on the host). It
-    /// reaches the sandbox from `FD_SCRIPT`, at `SCRIPT_MOUNT`; this path is
-    /// never in the argv (it holds the script id).
+    /// The script's record file, inside the workspace's `.agent` tree (on the
+    /// host): only its name is used. Its code reaches the sandbox from
+    /// `FD_SCRIPT` (a sealed memfd), at `SCRIPT_MOUNT`; this path is never in
+    /// the argv (it holds the script id).
     pub script: PathBuf,
     /// Size of the private `/tmp`.
     pub tmp_size_bytes: u64,

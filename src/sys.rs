@@ -466,6 +466,27 @@ pub fn channel_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((raise_fd(r)?, raise_fd(w)?))
 }
 
+/// `bytes` in a sealed memfd, its offset at 0: a copy in memory that no one can
+/// change or swap for something else (a file in a workspace could become a FIFO
+/// that blocks whoever opens it, or another script). bwrap reads the script from it.
+pub fn sealed_copy(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<OwnedFd> {
+    use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+    use nix::sys::memfd::{memfd_create, MFdFlags};
+    let fd = memfd_create(
+        name,
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )?;
+    let mut f = std::fs::File::from(fd);
+    io::Write::write_all(&mut f, bytes)?;
+    let seals = SealFlag::F_SEAL_SEAL
+        | SealFlag::F_SEAL_SHRINK
+        | SealFlag::F_SEAL_GROW
+        | SealFlag::F_SEAL_WRITE;
+    fcntl(&f, FcntlArg::F_ADD_SEALS(seals))?;
+    io::Seek::seek(&mut f, io::SeekFrom::Start(0))?;
+    Ok(OwnedFd::from(f))
+}
+
 fn raise_fd(fd: OwnedFd) -> io::Result<OwnedFd> {
     if fd.as_raw_fd() > HIGHEST_FIXED_FD {
         return Ok(fd);
