@@ -306,6 +306,15 @@ impl Config {
                 s.nofile_max
             ));
         }
+        // bwrap, under the same RLIMIT_FSIZE, copies the script into the sandbox.
+        let code_max = self.server.max_message_bytes as u64;
+        if s.file_max_bytes != 0 && s.file_max_bytes < code_max {
+            return bad(format!(
+                "scripts.file_max_bytes must be 0 (no bound) or at least server.max_message_bytes = {code_max} \
+                 (the script itself is written into the sandbox under that bound), not {}",
+                s.file_max_bytes
+            ));
+        }
         if !s.python.is_absolute() {
             return bad(format!(
                 "scripts.python must be an absolute path, not {:?}",
@@ -485,6 +494,16 @@ mod tests {
         let m = e.to_string();
         assert!(m.starts_with("/etc/s.toml: line 3:"), "{m}");
         assert!(m.contains("bogus"), "{m}");
+    }
+
+    #[test]
+    fn file_max_bytes_holds_the_script_itself() {
+        for ok in ["0", "16777216", "1073741824"] {
+            let text = format!("[scripts]\nfile_max_bytes = {ok}\n");
+            Config::parse(&text, Path::new("c")).unwrap();
+        }
+        let e = Config::parse("[scripts]\nfile_max_bytes = 4096\n", Path::new("c")).unwrap_err();
+        assert!(e.to_string().contains("server.max_message_bytes"), "{e}");
     }
 
     #[test]

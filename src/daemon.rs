@@ -1341,7 +1341,8 @@ fn same_uid(root_daemon: bool, run_as: &str, backend: &str) -> Vec<String> {
         v.push("unit and cgroup names carry the script id, and every user can read them".into());
     }
     v.push(if root_daemon {
-        "the interpreter and the sandbox init run from execute-only copies, so other processes of the uid \
+        "the interpreter and the sandbox init run from execute-only copies (unless a warning in the journal \
+         says they could not be made for a script), so other processes of the uid \
          cannot read a script's memory, environment, descriptors or files through /proc/PID; \
          a program the script runs that its uid may read (e.g. /bin/sh) has no such protection while it runs"
             .into()

@@ -138,6 +138,8 @@ fn cursor_hash(c: &Value) -> u64 {
 pub const MAX_TOOL_PAGES: usize = 1000;
 /// The most tools taken from one server.
 pub const MAX_TOOLS: usize = 100_000;
+/// The most bytes of `tools/list` pages taken from one server (as re-serialised).
+pub const MAX_TOOLS_BYTES: usize = 256 << 20;
 
 /// The `initialize` params: protocol version and client info; no `roots`
 /// capability (see `Server::start`).
@@ -383,8 +385,8 @@ impl Server {
         }
     }
 
-    /// All tools, following `nextCursor` for at most `MAX_TOOL_PAGES` pages and
-    /// `MAX_TOOLS` tools: a server whose cursor never ends, or comes back to a
+    /// All tools, following `nextCursor` for at most `MAX_TOOL_PAGES` pages,
+    /// `MAX_TOOLS` tools and `MAX_TOOLS_BYTES`: a server whose cursor never ends, or comes back to a
     /// page already read, gets an error, not a CLI that hangs or grows.
     pub async fn list_tools(&self) -> Result<Vec<Value>, McpError> {
         let err = |message: String| McpError::Server {
@@ -392,6 +394,7 @@ impl Server {
             message,
         };
         let mut out = Vec::new();
+        let mut bytes = 0usize;
         let mut seen = std::collections::HashSet::new();
         let mut cursor: Option<Value> = None;
         for _ in 0..MAX_TOOL_PAGES {
@@ -402,6 +405,13 @@ impl Server {
                 .request("tools/list", &params, Duration::from_secs(60))
                 .await
                 .map_err(|e| err(format!("tools/list: {e}")))?;
+            bytes += r.to_string().len();
+            if bytes > MAX_TOOLS_BYTES {
+                return Err(err(format!(
+                    "tools/list: more than {} MiB of pages; scriptgate takes at most that much from one server",
+                    MAX_TOOLS_BYTES >> 20
+                )));
+            }
             out.extend(
                 r.get("tools")
                     .and_then(Value::as_array)

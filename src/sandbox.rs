@@ -405,6 +405,19 @@ fn exec_only_copy(src: &Path, dir: &Path) -> std::io::Result<PathBuf> {
             format!("{} is not a file", src.display()),
         ));
     }
+    // A `#!` script (a pyenv shim, a Nix wrapper) is read by its interpreter: an
+    // execute-only copy of it would not run at all.
+    let mut magic = [0u8; 4];
+    std::io::Read::read_exact(&mut std::fs::File::open(&src)?, &mut magic)?;
+    if &magic != b"\x7fELF" {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "{} is not an ELF executable (a script is read by its interpreter, so an execute-only copy could not run)",
+                src.display()
+            ),
+        ));
+    }
     let base = src
         .file_name()
         .and_then(|n| n.to_str())
@@ -743,7 +756,7 @@ mod tests {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let d = tempfile::tempdir().unwrap();
         let src = d.path().join("prog");
-        std::fs::write(&src, b"one").unwrap();
+        std::fs::write(&src, b"\x7fELF one").unwrap();
         let dir = d.path().join("exec");
         let first = exec_only_copy(&src, &dir).unwrap();
         let m = std::fs::metadata(&first).unwrap();
@@ -757,14 +770,14 @@ mod tests {
         );
         // Replaced (a new inode): a new copy, the old one removed.
         let new = d.path().join("prog.new");
-        std::fs::write(&new, b"second").unwrap();
+        std::fs::write(&new, b"\x7fELF second").unwrap();
         std::fs::rename(&new, &src).unwrap();
         let second = exec_only_copy(&src, &dir).unwrap();
         assert_ne!(second, first);
         assert!(!first.exists());
         std::fs::set_permissions(&second, std::fs::Permissions::from_mode(0o600)).unwrap();
         let m = std::fs::metadata(&second).unwrap();
-        assert_eq!(m.len(), 6);
+        assert_eq!(m.len(), 11);
         let names: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .flatten()
@@ -775,6 +788,16 @@ mod tests {
         let third = exec_only_copy(&src, &dir).unwrap();
         assert_eq!(third, second);
         assert_eq!(std::fs::metadata(&third).unwrap().mode() & 0o7777, 0o111);
+    }
+
+    #[test]
+    fn a_script_interpreter_gets_no_execute_only_copy() {
+        let d = tempfile::tempdir().unwrap();
+        let shim = d.path().join("python3");
+        std::fs::write(&shim, b"#!/bin/sh\nexec /usr/bin/python3 \"$@\"\n").unwrap();
+        let e = exec_only_copy(&shim, &d.path().join("exec")).unwrap_err();
+        assert!(e.to_string().contains("not an ELF executable"), "{e}");
+        assert!(!d.path().join("exec").exists(), "nothing copied");
     }
 
     #[test]

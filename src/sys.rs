@@ -472,10 +472,7 @@ pub fn channel_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 pub fn sealed_copy(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<OwnedFd> {
     use nix::fcntl::{fcntl, FcntlArg, SealFlag};
     use nix::sys::memfd::{memfd_create, MFdFlags};
-    let fd = memfd_create(
-        name,
-        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
-    )?;
+    let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)?;
     let mut f = std::fs::File::from(fd);
     io::Write::write_all(&mut f, bytes)?;
     let seals = SealFlag::F_SEAL_SEAL

@@ -241,7 +241,9 @@ fn a_script_that_fills_the_disk_it_shares_with_the_state_dir_still_gets_its_audi
 #[ignore = "needs root: the rig's scripts run as nobody"]
 fn a_write_past_file_max_bytes_fails_with_efbig_and_kills_nothing() {
     require_root("the rig's scripts run as nobody");
-    let rig = Rig::with_config("[scripts]\nfile_max_bytes = 1048576\n");
+    let rig = Rig::with_config(
+        "[server]\nmax_message_bytes = 1048576\n[scripts]\nfile_max_bytes = 1048576\n",
+    );
     let code = r#"
 import errno, os, resource
 print("limit", resource.getrlimit(resource.RLIMIT_FSIZE))

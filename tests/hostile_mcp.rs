@@ -7,8 +7,9 @@ use std::process::{Command, Stdio};
 
 /// A minimal MCP server in Python: answers `initialize`, then `tools/list` as
 /// `MODE` says: `cursor` gives empty pages whose `nextCursor` never ends,
-/// `circle` gives two pages that point at each other, `huge` answers with one
-/// 60 MiB line of `{}` objects.
+/// `circle` gives two pages that point at each other, `fat` endless pages of
+/// one tool with an 8 MiB description, `huge` answers with one 60 MiB line of
+/// `{}` objects.
 const SERVER: &str = r#"
 import json, sys
 mode = sys.argv[1]
@@ -28,6 +29,11 @@ for line in sys.stdin:
         sys.stdout.write('{}]}}\n')
         sys.stdout.flush()
         continue
+    elif m == "tools/list" and mode == "fat":
+        page += 1
+        pad = "x" * (8 << 20)
+        res = {"tools": [{"name": "t%d" % page, "description": pad, "inputSchema": {"type": "object"}}],
+               "nextCursor": "page-%d" % page}
     elif m == "tools/list" and mode == "circle":
         page += 1
         res = {"tools": [], "nextCursor": "a" if page % 2 else "b"}
@@ -92,6 +98,23 @@ fn an_endless_next_cursor_is_an_error_not_a_hang() {
             .contains("nextCursor did not end within 1000 pages"),
         "{}",
         r.stderr
+    );
+}
+
+#[test]
+fn pages_are_bounded_in_bytes_too() {
+    let r = tools("fat");
+    eprintln!("peak RSS {} MiB", r.max_rss_kib / 1024);
+    assert!(!r.ok, "scriptgate tools succeeded: {}", r.stderr);
+    assert!(
+        r.stderr.contains("more than 256 MiB of pages"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.max_rss_kib < 1024 * 1024,
+        "peak RSS {} MiB",
+        r.max_rss_kib / 1024
     );
 }
 
