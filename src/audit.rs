@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Mutex};
 
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
 const MIGRATIONS: &[&str] = &[
     // v1
@@ -87,18 +87,66 @@ const MIGRATIONS: &[&str] = &[
         first_at INTEGER NOT NULL,
         last_at INTEGER NOT NULL
      );",
+    // v4: revocations bounded per scope (crate::registry::REVOCATIONS_PER_SCOPE),
+    // oldest first by rowid (insertion order); trim_revocations drops what a store
+    // of before kept past the bound.
+    "CREATE INDEX revocations_scope ON revocations(scope);",
 ];
+
+/// Keep at most `bound` revocations of each scope, the newest (insertion order,
+/// rowid): what a store of before v4 held past the bound. Returns how many were
+/// dropped.
+fn trim_revocations(c: &Connection, bound: usize) -> rusqlite::Result<usize> {
+    c.execute(
+        "DELETE FROM revocations WHERE rowid IN (
+           SELECT rid FROM (SELECT rowid AS rid,
+             row_number() OVER (PARTITION BY scope ORDER BY rowid DESC) AS n FROM revocations)
+           WHERE n > ?1)",
+        [bound as i64],
+    )
+}
+
+/// Record a revocation of `(scope, run_id)` (again: it becomes the newest of its
+/// scope), then drop the oldest of that scope past `bound`. Returns how many
+/// were dropped.
+fn revoke_row(
+    c: &mut Connection,
+    scope: &str,
+    run_id: &str,
+    bound: usize,
+) -> rusqlite::Result<usize> {
+    let tx = c.transaction()?;
+    tx.execute(
+        "DELETE FROM revocations WHERE scope = ?1 AND run_id = ?2",
+        params![scope, run_id],
+    )?;
+    tx.execute(
+        "INSERT INTO revocations (scope, run_id, at) VALUES (?1, ?2, ?3)",
+        params![scope, run_id, now_ms()],
+    )?;
+    let dropped = tx.execute(
+        "DELETE FROM revocations WHERE rowid IN (
+           SELECT rowid FROM revocations WHERE scope = ?1 ORDER BY rowid DESC LIMIT -1 OFFSET ?2)",
+        params![scope, bound as i64],
+    )?;
+    tx.commit()?;
+    Ok(dropped)
+}
 
 /// Migration v3, its data: each v2 revocation (one string: `<entry label> <run
 /// id>` or a bare run id) becomes a (scope, run id) row, read as the daemon that
-/// wrote it meant it (`RunKey::from_legacy`); and the workspaces scripts ran in
-/// that retention may remove (marked, owned by the script's uid; crate::prune::
-/// vouch_path) are recorded, so that an upgrade keeps retention going for them.
-/// Scripts rows of v2 keep no scope (NULL): their results are the administrators'
-/// (`scriptgate audit`), no token shows them.
+/// wrote it meant it (`RunKey::from_legacy`), oldest first. Scripts rows of v2
+/// keep no scope (NULL): their results are the administrators' (`scriptgate
+/// audit`), no token shows them.
+///
+/// No file system access: the migration runs as root inside the start-up
+/// transaction, and a workspace path of the history may lie on a file system
+/// that hangs (NFS) or behind symlinks. `workspaces` starts empty; a workspace
+/// of before the upgrade is recorded when a script next starts in it, and is not
+/// pruned until then (a leak, never a loss; scriptgated(8), WORKSPACE RETENTION).
 fn migrate_v3_run_scopes(c: &Connection) -> rusqlite::Result<()> {
     let old: Vec<(String, i64)> = {
-        let mut s = c.prepare("SELECT run_id, at FROM revoked_runs")?;
+        let mut s = c.prepare("SELECT run_id, at FROM revoked_runs ORDER BY at, rowid")?;
         let rows = s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
         rows.collect::<rusqlite::Result<_>>()?
     };
@@ -109,24 +157,7 @@ fn migrate_v3_run_scopes(c: &Connection) -> rusqlite::Result<()> {
             params![k.scope.to_db(), k.run_id, at],
         )?;
     }
-    c.execute_batch("DROP TABLE revoked_runs;")?;
-    let used: Vec<(String, i64, i64, i64)> = {
-        let mut s = c.prepare(
-            "SELECT workspace, coalesce(peer_uid, -1), coalesce(run_uid, -1), max(started_at)
-             FROM scripts GROUP BY workspace, peer_uid, run_uid",
-        )?;
-        let rows = s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
-        rows.collect::<rusqlite::Result<_>>()?
-    };
-    for (ws, peer_uid, run_uid, last) in used {
-        let (Ok(peer_uid), Ok(run_uid)) = (u32::try_from(peer_uid), u32::try_from(run_uid)) else {
-            continue;
-        };
-        if let Some((dev, ino)) = crate::prune::vouch_path(Path::new(&ws), peer_uid, run_uid) {
-            vouch_workspace(c, &ws, dev, ino, peer_uid, last)?;
-        }
-    }
-    Ok(())
+    c.execute_batch("DROP TABLE revoked_runs;")
 }
 
 /// Record (or refresh) a workspace retention may remove once unused.
@@ -405,6 +436,16 @@ impl Store {
             if i + 1 == 3 {
                 migrate_v3_run_scopes(&tx).map_err(sql("scope the stored runs (v3)"))?;
             }
+            if i + 1 == 4 {
+                let n = trim_revocations(&tx, crate::registry::REVOCATIONS_PER_SCOPE)
+                    .map_err(sql("bound the revocations per scope (v4)"))?;
+                if n > 0 {
+                    tracing::warn!(
+                        "audit store: dropped the {n} oldest run revocations past {} per scope",
+                        crate::registry::REVOCATIONS_PER_SCOPE
+                    );
+                }
+            }
             tx.pragma_update(None, "user_version", (i + 1) as i64)
                 .map_err(sql("set user_version"))?;
             tx.commit().map_err(sql("commit migration"))?;
@@ -458,19 +499,30 @@ impl Store {
         op: &'static str,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
+        self.submit(op, f).await
+    }
+
+    /// Queue a write on the writer thread now (writes run in the order they
+    /// are queued); the future waits for it.
+    fn submit<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> impl std::future::Future<Output = Result<T, StoreError>> + Send + 'static {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.tx
+        let sent = self
+            .tx
             .send(Box::new(move |c| {
                 let _ = tx.send(f(c));
             }))
-            .map_err(|_| StoreError::Gone)?;
-        rx.await
-            .map_err(|_| StoreError::Gone)?
-            .map_err(|source| StoreError::Sql {
-                path: self.path.clone(),
-                op,
-                source,
-            })
+            .map_err(|_| StoreError::Gone);
+        let path = self.path.clone();
+        async move {
+            sent?;
+            rx.await
+                .map_err(|_| StoreError::Gone)?
+                .map_err(|source| StoreError::Sql { path, op, source })
+        }
     }
 
     pub async fn insert_started(&self, r: StartRow) -> Result<(), StoreError> {
@@ -582,16 +634,26 @@ impl Store {
         .await
     }
 
-    pub async fn revoke(&self, run: &crate::registry::RunKey) -> Result<(), StoreError> {
+    /// Record a revocation; past [`crate::registry::REVOCATIONS_PER_SCOPE`] of
+    /// its scope, the oldest of that scope is deleted. The write is queued at
+    /// once (the caller queues it under the lock of its in-memory set, so that
+    /// both drop the same oldest); the future returns how many were deleted.
+    pub fn revoke(
+        &self,
+        run: &crate::registry::RunKey,
+    ) -> impl std::future::Future<Output = Result<usize, StoreError>> + Send + 'static {
+        self.revoke_bounded(run, crate::registry::REVOCATIONS_PER_SCOPE)
+    }
+
+    fn revoke_bounded(
+        &self,
+        run: &crate::registry::RunKey,
+        bound: usize,
+    ) -> impl std::future::Future<Output = Result<usize, StoreError>> + Send + 'static {
         let (scope, run_id) = (run.scope.to_db(), run.run_id.clone());
-        self.write("record revocation", move |c| {
-            c.execute(
-                "INSERT OR IGNORE INTO revocations (scope, run_id, at) VALUES (?1, ?2, ?3)",
-                params![scope, run_id, now_ms()],
-            )
-            .map(|_| ())
+        self.submit("record revocation", move |c| {
+            revoke_row(c, &scope, &run_id, bound)
         })
-        .await
     }
 
     /// The workspaces retention may remove (recorded by this daemon).
@@ -645,7 +707,8 @@ impl Store {
 
     pub fn revoked_runs(&self) -> Result<Vec<crate::registry::RunKey>, StoreError> {
         self.read("list revoked runs", |c| {
-            let mut s = c.prepare("SELECT scope, run_id FROM revocations")?;
+            // Oldest first: past the bound, crate::registry::Revocations drops those.
+            let mut s = c.prepare("SELECT scope, run_id FROM revocations ORDER BY rowid")?;
             let rows = s.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
             let mut out = Vec::new();
             for row in rows {
@@ -1154,10 +1217,10 @@ mod tests {
     }
 
     /// A v2 store (one-string revocations, no scopes, no workspaces) upgraded to
-    /// v3: revocations read as they were meant, old rows keep no scope, and the
-    /// marked workspaces their scripts ran in are recorded for retention.
+    /// v3: revocations read as they were meant, old rows keep no scope, and no
+    /// workspace is recorded until a script starts in it again.
     #[tokio::test]
-    async fn upgrading_a_v2_store_scopes_its_revocations_and_records_its_workspaces() {
+    async fn upgrading_a_v2_store_scopes_its_revocations_and_records_no_workspace() {
         use crate::registry::{RunKey, Scope};
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("a.db");
@@ -1201,12 +1264,79 @@ mod tests {
         );
         let (res, scope) = s.run_of("a").unwrap().unwrap();
         assert_eq!((res.script_id.as_str(), scope), ("a", None));
+        // The migration touched no file system: nothing is recorded, not even the
+        // marked workspace a script of its engine ran in...
+        assert_eq!(s.vouched_workspaces().unwrap(), vec![]);
+        // ...until a script starts there again, and the daemon vouches for it.
+        let mut r = row("c");
+        (r.workspace, r.peer_uid, r.run_uid) = (marked.display().to_string(), me, me);
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&marked).unwrap();
+        r.vouched = Some((m.dev(), m.ino()));
+        s.insert_started(r).await.unwrap();
         let v = s.vouched_workspaces().unwrap();
         assert_eq!(
             v.iter().map(|v| v.path.clone()).collect::<Vec<_>>(),
             vec![marked.clone()]
         );
-        assert_eq!(v[0].last_at_ms, 1);
+        assert_eq!((v[0].dev, v[0].ino), (m.dev(), m.ino()));
+    }
+
+    /// Revocations keep at most the bound of each scope, the newest; another
+    /// scope's are untouched; a store of before v4 is trimmed when it migrates.
+    #[tokio::test]
+    async fn revocations_are_bounded_per_scope_in_the_store() {
+        use crate::registry::{RunKey, Scope};
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.db");
+        let (s, _) = Store::open(&p, None).unwrap();
+        let other = RunKey::new(Scope::Shared(7), "theirs");
+        s.revoke(&other).await.unwrap();
+        let a = |i: usize| RunKey::new(Scope::Shared(8), &format!("r{i}"));
+        let mut dropped = 0;
+        for i in 0..25 {
+            dropped += s.revoke_bounded(&a(i), 10).await.unwrap();
+        }
+        assert_eq!(dropped, 15);
+        // Revoked again: the newest, so r15 goes next, not r16.
+        s.revoke_bounded(&a(16), 10).await.unwrap();
+        s.revoke_bounded(&a(99), 10).await.unwrap();
+        let kept = s.revoked_runs().unwrap();
+        let ids: Vec<&str> = kept
+            .iter()
+            .filter(|k| k.scope == Scope::Shared(8))
+            .map(|k| k.run_id.as_str())
+            .collect();
+        assert_eq!(
+            ids,
+            ["r17", "r18", "r19", "r20", "r21", "r22", "r23", "r24", "r16", "r99"],
+            "the newest ten, oldest first"
+        );
+        assert!(kept.contains(&other));
+        // A v3 store holding more than the bound.
+        s.write("a v3 store past the bound", |c| {
+            let tx = c.transaction()?;
+            for i in 0..(crate::registry::REVOCATIONS_PER_SCOPE + 3) {
+                tx.execute(
+                    "INSERT INTO revocations (scope, run_id, at) VALUES ('uid:9', ?1, 1)",
+                    [format!("v{i}")],
+                )?;
+            }
+            tx.execute_batch("DROP INDEX revocations_scope; PRAGMA user_version = 3;")?;
+            tx.commit()
+        })
+        .await
+        .unwrap();
+        drop(s);
+        let (s, _) = Store::open(&p, None).unwrap();
+        let kept = s.revoked_runs().unwrap();
+        let of9: Vec<&RunKey> = kept
+            .iter()
+            .filter(|k| k.scope == Scope::Shared(9))
+            .collect();
+        assert_eq!(of9.len(), crate::registry::REVOCATIONS_PER_SCOPE);
+        assert_eq!(of9[0].run_id, "v3", "the oldest three went");
+        assert_eq!(kept.len(), crate::registry::REVOCATIONS_PER_SCOPE + 11);
     }
 
     fn interrupted_result(id: &str) -> ScriptResult {

@@ -1214,9 +1214,28 @@ impl Daemon {
     pub async fn revoke(&self, peer: Peer, token_str: &str) -> Result<Revoked, RpcError> {
         let claims = token::verify(token_str, self.key_for(peer.engine), false)?;
         let run_key = self.run_key(peer.engine, peer.uid, &claims.run_id);
-        self.revoked.write().unwrap().insert(run_key.clone());
-        self.store
-            .revoke(&run_key)
+        // At most REVOCATIONS_PER_SCOPE of a scope, in memory and in the store:
+        // past it the scope's oldest is dropped (scriptgate-protocol(7), run.revoke).
+        // The store's write is queued under the set's lock: both see the
+        // revocations in one order and drop the same oldest.
+        let (dropped, stored) = {
+            let mut set = self.revoked.write().unwrap();
+            (set.insert(run_key.clone()), self.store.revoke(&run_key))
+        };
+        if let Some(d) = dropped {
+            // The first drop of a scope, then one line per 1,000: a flooding
+            // engine does not flood the journal too.
+            if d.count == 1 || d.count % 1000 == 0 {
+                tracing::warn!(
+                    "run.revoke: {} keeps at most {} run revocations; dropped the oldest                      (run {:?}; {} dropped so far): its run may start again",
+                    d.run.scope,
+                    crate::registry::REVOCATIONS_PER_SCOPE,
+                    d.run.run_id,
+                    d.count
+                );
+            }
+        }
+        stored
             .await
             .map_err(|e| RpcError::internal(e.to_string()))?;
         let targets = self.registry.running_where(|r| r.run_key == run_key);

@@ -84,12 +84,6 @@ pub fn vouch(ws: &OwnedFd, peer_uid: u32, run_uid: u32) -> Option<(u64, u64)> {
     vouches(peer_uid, run_uid, st.st_uid, marker_uid(ws)).then_some(ident(&st))
 }
 
-/// [`vouch`] for a path (a workspace recorded before v3), never following a symlink.
-pub fn vouch_path(ws: &Path, peer_uid: u32, run_uid: u32) -> Option<(u64, u64)> {
-    let fd = nix::fcntl::open(ws, dir_flags(), Mode::empty()).ok()?;
-    vouch(&fd, peer_uid, run_uid)
-}
-
 // dev_t and ino_t are not u64 on every target.
 #[allow(clippy::unnecessary_cast)]
 fn ident(st: &FileStat) -> (u64, u64) {
@@ -102,8 +96,8 @@ pub struct Vouched {
     pub path: PathBuf,
     pub dev: u64,
     pub ino: u64,
-    /// The last script start in it the daemon recorded (`scriptgate audit`
-    /// has the rest; retention goes by the file system's times, as before).
+    /// The last script start in it the daemon recorded: a workspace is old only
+    /// when this and its file system times are (scripts can set those).
     pub last_at_ms: i64,
 }
 
@@ -111,8 +105,9 @@ pub struct Vouched {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Created {
     pub path: PathBuf,
-    /// Last use: the newest modification time of the workspace, its
-    /// `.agent/scripts` (a new script record) and the marker.
+    /// Last use: the newest of the modification times of the workspace, its
+    /// `.agent/scripts` (a new script record) and the marker, and of the last
+    /// script start the daemon recorded ([`Vouched::last_at_ms`]).
     pub last_used_ms: i64,
     /// The directory recorded (dev, inode).
     pub ident: (u64, u64),
@@ -132,9 +127,13 @@ pub struct Plan {
     pub kept: usize,
     /// A bound was reached: more may be due at the next pass.
     pub more: bool,
-    /// Recorded workspaces that are gone, no longer the recorded directory, or
-    /// without their marker: to forget.
+    /// Recorded workspaces that are certainly gone (ENOENT in their opened
+    /// parent), no longer the recorded directory, or without their marker: to
+    /// forget.
     pub gone: Vec<PathBuf>,
+    /// Recorded workspaces the pass could not look at (a transient error, a
+    /// directory above them missing): neither removed nor forgotten.
+    pub unknown: Vec<(PathBuf, io::Error)>,
 }
 
 fn dir_flags() -> OFlag {
@@ -162,26 +161,43 @@ fn names(dir: &OwnedFd, budget: &mut usize) -> io::Result<Vec<OsString>> {
     Ok(out)
 }
 
+/// Errors that say for certain an entry is not there as a directory (as opposed
+/// to EACCES, EMFILE, EIO...: what a pass cannot tell).
+fn absent(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
+    )
+}
+
 /// If the opened directory still carries the marker, its last use by the file
-/// system's times.
-fn created(dir: &OwnedFd) -> Option<i64> {
-    let agent = open_dir(dir, MARKER_DIR.as_ref()).ok()?;
-    let marker = fstatat(&agent, MARKER, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+/// system's times; `Ok(None)`: it certainly does not; `Err`: cannot tell now.
+fn created(dir: &OwnedFd) -> io::Result<Option<i64>> {
+    let agent = match open_dir(dir, MARKER_DIR.as_ref()) {
+        Ok(a) => a,
+        Err(e) if absent(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let marker = match fstatat(&agent, MARKER, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(m) => m,
+        Err(nix::errno::Errno::ENOENT) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
     if marker.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return None;
+        return Ok(None);
     }
-    let own = fstatat(dir, ".", AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+    let own = fstat(dir)?;
     let scripts = fstatat(&agent, "scripts", AtFlags::AT_SYMLINK_NOFOLLOW)
         .ok()
         .filter(|s| s.st_mode & libc::S_IFMT == libc::S_IFDIR);
-    Some(
+    Ok(Some(
         [Some(own), Some(marker), scripts]
             .iter()
             .flatten()
             .map(mtime_ms)
             .max()
             .unwrap_or(0),
-    )
+    ))
 }
 
 /// The root `ws` lies strictly below, and the plain components from it.
@@ -214,16 +230,76 @@ fn below_root<'a>(
     Ok((root, comps))
 }
 
-/// Open `ws` from its root down, never following a symlink: (its parent, it).
-fn open_below(ws: &Path, roots: &[PathBuf]) -> io::Result<(OwnedFd, OwnedFd, PathBuf)> {
-    let (root, comps) = below_root(ws, roots)?;
-    let (last, parents) = comps.split_last().expect("not empty");
-    let mut dir: OwnedFd = File::open(root)?.into();
-    for c in parents {
-        dir = open_dir(&dir, c)?;
+/// Why [`open_below`] could not open a workspace.
+enum NotOpened {
+    /// The root or a directory above the workspace: nothing is known of it.
+    Above(io::Error),
+    /// The workspace itself, in its opened parent.
+    Last(io::Error, OwnedFd),
+}
+
+impl From<NotOpened> for io::Error {
+    fn from(n: NotOpened) -> io::Error {
+        match n {
+            NotOpened::Above(e) | NotOpened::Last(e, _) => e,
+        }
     }
-    let fd = open_dir(&dir, last)?;
-    Ok((dir, fd, root.join(comps[0])))
+}
+
+/// Open `ws` from its root down, never following a symlink: (its parent, it).
+fn open_below(ws: &Path, roots: &[PathBuf]) -> Result<(OwnedFd, OwnedFd, PathBuf), NotOpened> {
+    let (root, comps) = below_root(ws, roots).map_err(NotOpened::Above)?;
+    let (last, parents) = comps.split_last().expect("not empty");
+    let mut dir: OwnedFd = File::open(root).map_err(NotOpened::Above)?.into();
+    for c in parents {
+        dir = open_dir(&dir, c).map_err(NotOpened::Above)?;
+    }
+    match open_dir(&dir, last) {
+        Ok(fd) => Ok((dir, fd, root.join(comps[0]))),
+        Err(e) => Err(NotOpened::Last(e, dir)),
+    }
+}
+
+/// What a pass knows of a recorded workspace.
+enum Look {
+    /// The recorded directory, with its marker: last used (file system times).
+    Found(i64, PathBuf),
+    /// Certainly not the recorded workspace any more: removed (ENOENT in its
+    /// opened parent), another entry in its place, or its marker gone.
+    Gone,
+    /// Cannot tell now (EACCES, EMFILE, EIO, a directory above it missing, a
+    /// file system not mounted yet...): kept, looked at again next pass.
+    Unknown(io::Error),
+}
+
+fn look(v: &Vouched, roots: &[PathBuf]) -> Look {
+    let (fd, owner) = match open_below(&v.path, roots) {
+        Ok((_, fd, owner)) => (fd, owner),
+        Err(NotOpened::Above(e)) => return Look::Unknown(e),
+        Err(NotOpened::Last(e, parent)) => {
+            if e.raw_os_error() == Some(libc::ENOENT) {
+                return Look::Gone;
+            }
+            // Something that is no directory (a symlink, a file) in its place:
+            // not the recorded one. Anything else: cannot tell.
+            let last = v.path.file_name().expect("below a root");
+            return match fstatat(&parent, last, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(st) if ident(&st) != (v.dev, v.ino) => Look::Gone,
+                Err(nix::errno::Errno::ENOENT) => Look::Gone,
+                _ => Look::Unknown(e),
+            };
+        }
+    };
+    match fstat(&fd) {
+        Ok(st) if ident(&st) != (v.dev, v.ino) => return Look::Gone,
+        Ok(_) => {}
+        Err(e) => return Look::Unknown(e.into()),
+    }
+    match created(&fd) {
+        Ok(Some(t)) => Look::Found(t, owner),
+        Ok(None) => Look::Gone,
+        Err(e) => Look::Unknown(e),
+    }
 }
 
 /// Find the recorded workspaces under `roots` unused for more than `retain_days`;
@@ -240,33 +316,31 @@ pub fn plan(
         .iter()
         .filter_map(|r| std::fs::canonicalize(r).ok())
         .collect();
-    let mut found = Vec::new();
-    let mut gone = Vec::new();
+    let (mut found, mut gone, mut unknown) = (Vec::new(), Vec::new(), Vec::new());
     for v in vouched {
         // Outside the roots as configured now: neither removed nor forgotten (a
         // root left out of the configuration for a while comes back as it was).
         if below_root(&v.path, &roots).is_err() {
             continue;
         }
-        let opened = open_below(&v.path, &roots).ok().and_then(|(_, fd, owner)| {
-            let st = fstat(&fd).ok()?;
-            (ident(&st) == (v.dev, v.ino)).then_some(())?;
-            Some((created(&fd)?, owner))
-        });
-        match opened {
-            Some((fs_last, owner)) => found.push(Created {
+        match look(v, &roots) {
+            // Old only when both the file system's times (which scripts can set
+            // in their own workspace) and the daemon's last recorded start are.
+            Look::Found(fs_last, owner) => found.push(Created {
                 path: v.path.clone(),
-                last_used_ms: fs_last,
+                last_used_ms: fs_last.max(v.last_at_ms),
                 ident: (v.dev, v.ino),
                 owner,
                 in_use: in_use(&v.path),
             }),
-            None => gone.push(v.path.clone()),
+            Look::Gone => gone.push(v.path.clone()),
+            Look::Unknown(e) => unknown.push((v.path.clone(), e)),
         }
     }
     let cutoff = now_ms - (retain_days as i64).saturating_mul(86_400_000);
     let mut plan = decide(found, cutoff);
     plan.gone = gone;
+    plan.unknown = unknown;
     plan
 }
 
@@ -294,8 +368,15 @@ pub fn decide(mut found: Vec<Created>, cutoff: i64) -> Plan {
 
 /// Remove a workspace `plan` found: opened again from its root down without
 /// following symlinks, still the recorded directory with its marker, then emptied
-/// and removed relative to its opened parent.
+/// through that descriptor (never by its name again), and its now empty
+/// directory unlinked from its opened parent only if the name is still that
+/// directory.
 pub fn remove(c: &Created, roots: &[PathBuf]) -> io::Result<()> {
+    remove_checked(c, roots, &mut || {})
+}
+
+/// [`remove`], with `between` run once the directory is checked (a test's swap).
+fn remove_checked(c: &Created, roots: &[PathBuf], between: &mut dyn FnMut()) -> io::Result<()> {
     let ws = &c.path;
     let (parent, fd, _) = open_below(ws, roots)?;
     let st = fstat(&fd).map_err(io::Error::from)?;
@@ -305,37 +386,57 @@ pub fn remove(c: &Created, roots: &[PathBuf]) -> io::Result<()> {
             ws.display()
         )));
     }
-    if created(&fd).is_none() {
+    if created(&fd)?.is_none() {
         return Err(io::Error::other(format!(
             "{} no longer carries the scriptgate marker; left alone",
             ws.display()
         )));
     }
+    between();
+    empty_dir(&fd, 0)?;
     drop(fd);
+    // The name may have been given to another directory meanwhile (its parent
+    // may be the engine's to write): unlink it only if it is still the one
+    // emptied. (Between this check and the unlink only an empty directory can
+    // be removed, in a parent whose writer could have removed it too.)
     let last = ws.file_name().expect("below a root");
-    remove_tree_at(&parent, last, 0)
+    match fstatat(&parent, last, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(now) if ident(&now) == c.ident => {
+            unlinkat(&parent, last, UnlinkatFlags::RemoveDir).map_err(io::Error::from)
+        }
+        _ => Err(io::Error::other(format!(
+            "{} was moved or replaced while it was removed: its contents are removed, \
+             what has the name now is left alone",
+            ws.display()
+        ))),
+    }
 }
 
-/// Remove `name` in the opened `parent`: a directory with everything in it, or
-/// anything else (a symlink included) as one entry.
-fn remove_tree_at(parent: &OwnedFd, name: &std::ffi::OsStr, depth: usize) -> io::Result<()> {
+/// Empty the opened directory `dir`: each entry removed relative to it, a
+/// directory with everything in it, anything else (a symlink included) as one
+/// entry.
+fn empty_dir(dir: &OwnedFd, depth: usize) -> io::Result<()> {
     if depth > MAX_DEPTH {
         return Err(io::Error::other("directory tree deeper than 128 levels"));
     }
-    match open_dir(parent, name) {
-        Ok(dir) => {
-            let mut unbounded = usize::MAX;
-            for child in names(&dir, &mut unbounded)? {
-                remove_tree_at(&dir, &child, depth + 1)?;
+    let mut unbounded = usize::MAX;
+    for name in names(dir, &mut unbounded)? {
+        match open_dir(dir, &name) {
+            Ok(sub) => {
+                empty_dir(&sub, depth + 1)?;
+                drop(sub);
+                unlinkat(dir, name.as_os_str(), UnlinkatFlags::RemoveDir)
+                    .map_err(io::Error::from)?
             }
-            unlinkat(parent, name, UnlinkatFlags::RemoveDir).map_err(io::Error::from)
+            // Not a directory (ENOTDIR), or a symlink (ELOOP / ENOTDIR with O_NOFOLLOW).
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => {
+                unlinkat(dir, name.as_os_str(), UnlinkatFlags::NoRemoveDir)
+                    .map_err(io::Error::from)?
+            }
+            Err(e) => return Err(e),
         }
-        // Not a directory (ENOTDIR), or a symlink (ELOOP / ENOTDIR with O_NOFOLLOW).
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => {
-            unlinkat(parent, name, UnlinkatFlags::NoRemoveDir).map_err(io::Error::from)
-        }
-        Err(e) => Err(e),
     }
+    Ok(())
 }
 
 /// One retention pass over the recorded workspaces: plan, then remove. Returns
@@ -380,6 +481,12 @@ pub fn report(
                 c.path.display()
             )),
         }
+    }
+    for (p, e) in &plan.unknown {
+        out.push_str(&format!(
+            "cannot look at {}: {e} (kept; looked at again next pass)\n",
+            p.display()
+        ));
     }
     let n = plan.expired.len() - failed.len();
     let ws = |n: usize| if n == 1 { "workspace" } else { "workspaces" };
@@ -590,5 +697,147 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("no longer the directory"), "{e}");
+    }
+
+    /// A pass that cannot look at a workspace (a directory above it missing or
+    /// replaced, as when a file system is mounted late) keeps its row; only a
+    /// workspace removed from its opened parent, or replaced, is forgotten.
+    #[test]
+    fn a_workspace_that_cannot_be_looked_at_is_not_forgotten() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("root");
+        let mk = |rel: &str| {
+            let ws = root.join(rel);
+            std::fs::create_dir_all(&ws).unwrap();
+            mark_created(&ws, "test").unwrap();
+            age_ws(&ws, 40);
+            recorded(&ws, 40)
+        };
+        let unmounted = mk("1001/ws");
+        let relinked = mk("1002/ws");
+        let removed = mk("1003/ws");
+        let swapped = mk("1004/ws");
+        let kept = mk("1005/ws");
+        // A directory above it gone (an unmounted file system), or now a symlink.
+        std::fs::rename(root.join("1001"), d.path().join("1001.away")).unwrap();
+        std::fs::rename(root.join("1002"), d.path().join("1002.away")).unwrap();
+        std::os::unix::fs::symlink(d.path().join("1002.away"), root.join("1002")).unwrap();
+        // Truly removed; a symlink in the workspace's own place.
+        std::fs::remove_dir_all(removed.path.clone()).unwrap();
+        std::fs::remove_dir_all(swapped.path.clone()).unwrap();
+        std::os::unix::fs::symlink(d.path(), &swapped.path).unwrap();
+        let vouched = vec![
+            unmounted.clone(),
+            relinked.clone(),
+            removed.clone(),
+            swapped.clone(),
+            kept.clone(),
+        ];
+        let plan = plan(
+            std::slice::from_ref(&root),
+            &vouched,
+            30,
+            crate::audit::now_ms(),
+            &|_| false,
+        );
+        let mut gone = plan.gone.clone();
+        gone.sort();
+        assert_eq!(gone, vec![removed.path.clone(), swapped.path.clone()]);
+        let mut unknown: Vec<&Path> = plan.unknown.iter().map(|(p, _)| p.as_path()).collect();
+        unknown.sort();
+        assert_eq!(
+            unknown,
+            vec![unmounted.path.as_path(), relinked.path.as_path()]
+        );
+        assert_eq!(
+            plan.expired.iter().map(|c| &c.path).collect::<Vec<_>>(),
+            vec![&kept.path]
+        );
+        // Mounted again: the pass finds it as it was.
+        std::fs::rename(d.path().join("1001.away"), root.join("1001")).unwrap();
+        let plan = super::plan(
+            &[root],
+            std::slice::from_ref(&unmounted),
+            30,
+            crate::audit::now_ms(),
+            &|_| false,
+        );
+        assert_eq!(plan.expired.len(), 1);
+        assert!(plan.gone.is_empty() && plan.unknown.is_empty());
+    }
+
+    /// A script can set its workspace's times back (utimensat): a workspace is
+    /// old only when the daemon's last recorded start in it is old too.
+    #[test]
+    fn a_workspace_is_old_only_when_its_last_recorded_start_is() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("root");
+        let ws = root.join("run-x");
+        std::fs::create_dir_all(&ws).unwrap();
+        mark_created(&ws, "test").unwrap();
+        age_ws(&ws, 400);
+        let roots = vec![root.clone()];
+        let now = crate::audit::now_ms();
+        let plan = plan(&roots, &[recorded(&ws, 1)], 30, now, &|_| false);
+        assert!(plan.expired.is_empty(), "started a day ago: kept");
+        assert_eq!(plan.kept, 1);
+        let p = super::plan(&roots, &[recorded(&ws, 40)], 30, now, &|_| false);
+        assert_eq!(p.expired.len(), 1);
+        // Its file system times recent, the last start old: kept as well.
+        let fresh = root.join("run-y");
+        std::fs::create_dir_all(&fresh).unwrap();
+        mark_created(&fresh, "test").unwrap();
+        let p = super::plan(&roots, &[recorded(&fresh, 40)], 30, now, &|_| false);
+        assert!(p.expired.is_empty());
+    }
+
+    /// The directory is swapped for another after its check (an engine that can
+    /// write the parent renames it away and puts another in its place): removal
+    /// empties only the checked directory, through its descriptor, and leaves
+    /// what now has the name alone.
+    #[test]
+    fn removal_does_not_follow_a_name_swapped_after_the_check() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("root");
+        let ws = root.join("1001/run-x");
+        std::fs::create_dir_all(ws.join("sub")).unwrap();
+        mark_created(&ws, "test").unwrap();
+        std::fs::write(ws.join("sub/f"), "old").unwrap();
+        let v = recorded(&ws, 40);
+        let c = Created {
+            path: ws.clone(),
+            last_used_ms: 0,
+            ident: (v.dev, v.ino),
+            owner: root.join("1001"),
+            in_use: false,
+        };
+        let moved = root.join("1001/moved");
+        let e = remove_checked(&c, std::slice::from_ref(&root), &mut || {
+            std::fs::rename(&ws, &moved).unwrap();
+            std::fs::create_dir(&ws).unwrap();
+            std::fs::write(ws.join("precious"), "x").unwrap();
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("moved or replaced"), "{e}");
+        assert_eq!(std::fs::read_to_string(ws.join("precious")).unwrap(), "x");
+        assert_eq!(
+            std::fs::read_dir(&moved).unwrap().count(),
+            0,
+            "the checked directory was emptied"
+        );
+        // Unswapped, the workspace goes, its name with it.
+        std::fs::remove_dir(&moved).unwrap();
+        std::fs::remove_file(ws.join("precious")).unwrap();
+        mark_created(&ws, "test").unwrap();
+        let v = recorded(&ws, 40);
+        remove(
+            &Created {
+                ident: (v.dev, v.ino),
+                ..c
+            },
+            std::slice::from_ref(&root),
+        )
+        .unwrap();
+        assert!(!ws.exists() && root.join("1001").exists());
     }
 }

@@ -5,7 +5,7 @@
 
 use crate::protocol::{code, RpcError};
 use serde_json::json;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -109,25 +109,113 @@ impl RunKey {
     }
 }
 
-/// The revoked runs.
+/// Revocations kept per scope at most: past this many, the oldest of that scope
+/// is dropped (and its run may start again). `run.revoke` takes expired tokens
+/// and any engine mints its own run ids, so without a bound one engine could grow
+/// the daemon's memory and the audit store without end; with it, an engine
+/// flooding its own scope only weakens its own revocations (scriptgate-protocol(7),
+/// run.revoke). The audit store keeps the same bound (crate::audit).
+pub const REVOCATIONS_PER_SCOPE: usize = 10_000;
+
+/// The revoked runs, at most `bound` of each scope, oldest dropped first.
+#[derive(Debug)]
+pub struct Revocations {
+    bound: usize,
+    scopes: HashMap<Scope, ScopeRevocations>,
+}
+
+/// One scope's revocations: run id -> its sequence number, and the run ids by
+/// sequence (oldest first).
 #[derive(Debug, Default)]
-pub struct Revocations(HashSet<RunKey>);
+struct ScopeRevocations {
+    by_id: HashMap<String, u64>,
+    order: std::collections::BTreeMap<u64, String>,
+    next: u64,
+    /// Dropped past the bound, in this daemon's lifetime.
+    dropped: u64,
+}
 
-impl Revocations {
-    pub fn insert(&mut self, k: RunKey) {
-        self.0.insert(k);
-    }
-
-    pub fn contains(&self, k: &RunKey) -> bool {
-        self.0.contains(k)
-            || matches!(k.scope, Scope::Shared(_))
-                && self.0.contains(&RunKey::new(Scope::AnyShared, &k.run_id))
+impl Default for Revocations {
+    fn default() -> Self {
+        Revocations::with_bound(REVOCATIONS_PER_SCOPE)
     }
 }
 
+/// What a revocation past its scope's bound dropped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dropped {
+    /// The oldest revocation of the scope, no longer kept.
+    pub run: RunKey,
+    /// How many of the scope were dropped so far (this daemon's lifetime).
+    pub count: u64,
+}
+
+impl Revocations {
+    pub fn with_bound(bound: usize) -> Revocations {
+        Revocations {
+            bound: bound.max(1),
+            scopes: HashMap::new(),
+        }
+    }
+
+    /// Revoke `k` (again: it becomes the newest of its scope). Past the scope's
+    /// bound, its oldest revocation is dropped and returned.
+    pub fn insert(&mut self, k: RunKey) -> Option<Dropped> {
+        let s = self.scopes.entry(k.scope.clone()).or_default();
+        let seq = s.next;
+        s.next += 1;
+        if let Some(old) = s.by_id.insert(k.run_id.clone(), seq) {
+            s.order.remove(&old);
+        }
+        s.order.insert(seq, k.run_id);
+        if s.by_id.len() <= self.bound {
+            return None;
+        }
+        let (_, oldest) = s.order.pop_first().expect("over the bound: not empty");
+        s.by_id.remove(&oldest);
+        s.dropped += 1;
+        Some(Dropped {
+            run: RunKey {
+                scope: k.scope,
+                run_id: oldest,
+            },
+            count: s.dropped,
+        })
+    }
+
+    pub fn contains(&self, k: &RunKey) -> bool {
+        let has = |scope: &Scope, id: &str| {
+            self.scopes
+                .get(scope)
+                .is_some_and(|s| s.by_id.contains_key(id))
+        };
+        has(&k.scope, &k.run_id)
+            || matches!(k.scope, Scope::Shared(_)) && has(&Scope::AnyShared, &k.run_id)
+    }
+
+    /// How many revocations of `scope` are kept.
+    pub fn len_of(&self, scope: &Scope) -> usize {
+        self.scopes.get(scope).map_or(0, |s| s.by_id.len())
+    }
+
+    /// How many are kept in all.
+    pub fn len(&self) -> usize {
+        self.scopes.values().map(|s| s.by_id.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Oldest first (as the audit store lists them): past the bound, the oldest go.
 impl FromIterator<RunKey> for Revocations {
     fn from_iter<I: IntoIterator<Item = RunKey>>(it: I) -> Self {
-        Revocations(it.into_iter().collect())
+        let mut r = Revocations::default();
+        for k in it {
+            r.insert(k);
+        }
+        r
     }
 }
 
@@ -402,6 +490,45 @@ mod tests {
             assert_eq!(Scope::from_db(&s.to_db()), Some(s));
         }
         assert_eq!(Scope::from_db("uid:x"), None);
+    }
+
+    #[test]
+    fn revocations_are_bounded_per_scope_oldest_dropped_first() {
+        let mut r = Revocations::with_bound(3);
+        let a = |id: &str| RunKey::new(Scope::Shared(1006), id);
+        let other = RunKey::new(Scope::Shared(1007), "theirs");
+        r.insert(other.clone());
+        for id in ["r0", "r1", "r2"] {
+            assert_eq!(r.insert(a(id)), None);
+        }
+        // Revoked again: the newest, not dropped next.
+        assert_eq!(r.insert(a("r0")), None);
+        assert_eq!(
+            r.insert(a("r3")),
+            Some(Dropped {
+                run: a("r1"),
+                count: 1
+            })
+        );
+        for i in 4..100 {
+            assert!(r.insert(a(&format!("r{i}"))).is_some());
+        }
+        assert_eq!(r.len_of(&Scope::Shared(1006)), 3);
+        assert_eq!(r.len(), 4, "the scope's bound, and the other scope's one");
+        assert!(r.contains(&other), "another scope is untouched");
+        for id in ["r97", "r98", "r99"] {
+            assert!(r.contains(&a(id)), "the latest are kept");
+        }
+        for id in ["r0", "r1", "r2", "r3", "r96"] {
+            assert!(!r.contains(&a(id)), "{id}: dropped");
+        }
+        // Loading oldest first keeps the newest.
+        let loaded: Revocations = (0..(REVOCATIONS_PER_SCOPE + 5))
+            .map(|i| a(&format!("l{i}")))
+            .collect();
+        assert_eq!(loaded.len(), REVOCATIONS_PER_SCOPE);
+        assert!(loaded.contains(&a(&format!("l{}", REVOCATIONS_PER_SCOPE + 4))));
+        assert!(!loaded.contains(&a("l4")));
     }
 
     #[test]

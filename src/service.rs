@@ -362,6 +362,13 @@ async fn workspace_retention(d: Arc<Daemon>) {
         for (p, e) in &failed {
             tracing::warn!("workspace retention: cannot remove {}: {e}", p.display());
         }
+        // Not forgotten: looked at again at the next pass.
+        for (p, e) in &plan.unknown {
+            tracing::warn!(
+                "workspace retention: cannot look at {} now ({e}); kept, and looked at again next pass",
+                p.display()
+            );
+        }
     }
 }
 

@@ -2,8 +2,9 @@
 //! finished, running and pending scripts of one engine are not another's to wait
 //! on, read or cancel, whoever the two are (bound to an `[[auth.engine]]` entry,
 //! unbound, root); a run id cannot spell another engine's run (revocation);
-//! read-only runs do not write where their engine may not; retention removes
-//! only what the daemon recorded, and one engine's huge tree starves no one.
+//! revocations are bounded per scope; read-only runs do not write where their
+//! engine may not; retention removes only what the daemon recorded, and one
+//! engine's huge tree starves no one.
 //!
 //! Engines of other uids are long-lived python3 clients started with that uid and
 //! gid (groups every Debian host has: `games`, `irc`), driven over stdin/stdout.
@@ -467,6 +468,121 @@ fn a_run_id_cannot_spell_another_engines_run() {
     );
 }
 
+/// `run.revoke` takes expired tokens, and any engine mints its own run ids: an
+/// engine revoking ever new ones grew the daemon's set and the `revocations`
+/// table without end. Now each scope keeps at most
+/// `REVOCATIONS_PER_SCOPE`, the oldest dropped: the flooding engine's newest
+/// revocations still refuse its runs, another engine's are untouched, and the
+/// same holds after a restart (the store keeps the bound too).
+#[test]
+#[ignore = "needs root: engines of other uids (cargo test -- --include-ignored, as root)"]
+fn revocations_are_bounded_per_scope() {
+    // registry::REVOCATIONS_PER_SCOPE, as scriptgate-protocol(7) names it.
+    const BOUND: usize = 10_000;
+    require_root("engines of other uids");
+    let d = tempfile::Builder::new().prefix("sg-k-").tempdir().unwrap();
+    let k = d.path().join("g.key");
+    write_key(&k, KEY_G, GAMES);
+    let mut rig = rig_with_auth(&format!(
+        "[[auth.engine]]\ngroup = \"games\"\ntoken_key_file = {k:?}\n"
+    ));
+    let mut g = PyEngine::spawn(7001, GAMES, &rig.socket, "allow");
+    let mut u = PyEngine::spawn(7002, IRC, &rig.socket, "allow");
+    let ws_g = own_workspace(&rig, 7001, GAMES);
+    let ws_u = own_workspace(&rig, 7002, IRC);
+    let tok = |key: &[u8], run: &str, ws: &Path| {
+        scriptgate::token::mint(key, run, None, &fleet_snapshot(ws, "auto"), 600).unwrap()
+    };
+    // The bound engine's revocation, in a scope of its own.
+    let tg = tok(KEY_G, "g-run", &ws_g);
+    g.request("run.revoke", json!({"token": tg})).unwrap();
+    // The unbound engine revokes BOUND + 50 fresh run ids, in batches (a batch's
+    // requests run concurrently; its answers are read before the next): the
+    // first batch, f0..f49, is the oldest, and is what gets dropped.
+    let n = BOUND + 50;
+    let mut i = 0;
+    while i < n {
+        let end = if i == 0 { 50 } else { (i + 500).min(n) };
+        let ids: Vec<u64> = (i..end)
+            .map(|j| {
+                u.send(
+                    "run.revoke",
+                    json!({"token": tok(KEY, &format!("f{j}"), &ws_u)}),
+                )
+            })
+            .collect();
+        for id in ids {
+            let a = u.answer(id);
+            assert!(a.get("error").is_none(), "{a}");
+        }
+        i = end;
+    }
+    let db = rig.state.join("scriptgate.db");
+    let rows = |scope: &str| -> i64 {
+        let c =
+            rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .unwrap();
+        c.busy_timeout(Duration::from_secs(10)).unwrap();
+        c.query_row(
+            "SELECT count(*) FROM revocations WHERE scope = ?1",
+            [scope],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    let start = |e: &mut PyEngine, t: &str| {
+        e.request(
+            "script.start",
+            json!({"token": t, "code": "print(1)", "tools": [], "description": "x"}),
+        )
+    };
+    let check = |g: &mut PyEngine, u: &mut PyEngine, after: &str| {
+        assert_eq!(
+            rows("uid:7002"),
+            BOUND as i64,
+            "{after}: the table is bounded"
+        );
+        assert_eq!(
+            rows(r#"entry:[[auth.engine]] group = "games""#),
+            1,
+            "{after}"
+        );
+        for j in [n - 1, n - BOUND] {
+            let e = start(u, &tok(KEY, &format!("f{j}"), &ws_u)).unwrap_err();
+            assert_eq!(
+                code_reason(&e),
+                (-32010, "revoked".into()),
+                "{after}: f{j} {e}"
+            );
+        }
+        let e = start(g, &tg).unwrap_err();
+        assert_eq!(
+            code_reason(&e),
+            (-32010, "revoked".into()),
+            "{after}: another scope's revocation {e}"
+        );
+    };
+    check(&mut g, &mut u, "running");
+    // The oldest were dropped (in memory too): their runs start again.
+    let r = start(&mut u, &tok(KEY, "f0", &ws_u)).unwrap();
+    let w = u
+        .request("script.wait", json!({"script_id": r["script_id"]}))
+        .unwrap();
+    assert_eq!(w["status"], "ok", "{w}");
+    assert!(rig
+        .log_text()
+        .contains("keeps at most 10000 run revocations; dropped the oldest"));
+    drop((g, u));
+    rig.stop(nix::sys::signal::Signal::SIGTERM);
+    let _ = std::fs::remove_file(&rig.socket);
+    rig.start();
+    let mut g = PyEngine::spawn(7001, GAMES, &rig.socket, "allow");
+    let mut u = PyEngine::spawn(7002, IRC, &rig.socket, "allow");
+    check(&mut g, &mut u, "after a restart");
+    let e = start(&mut u, &tok(KEY, &format!("f{}", n - BOUND - 1), &ws_u));
+    assert!(e.is_ok(), "dropped before the restart: {e:?}");
+}
+
 /// An unbound engine ran read-only in a root engine's `ROOT/shared` (0755) and
 /// `ROOT/private` (0700): the daemon made `.agent` there and chowned it to the
 /// engine, whose marker then let retention delete the workspace, and the root
@@ -541,6 +657,23 @@ fn age_workspace(ws: &Path, days: u64) {
     }
 }
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// Age the daemon's record of every workspace `days` back (its last recorded
+/// start: a workspace is old only when that and its times are).
+fn age_records(rig: &Rig, days: u64) {
+    let c = rusqlite::Connection::open(rig.state.join("scriptgate.db")).unwrap();
+    c.busy_timeout(Duration::from_secs(10)).unwrap();
+    let at = now_ms() - (days * 86_400_000) as i64;
+    c.execute("UPDATE workspaces SET last_at = ?1", [at])
+        .unwrap();
+}
+
 fn prune(rig: &Rig) -> String {
     let o = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
         .arg("prune")
@@ -605,6 +738,16 @@ fn retention_removes_only_what_the_daemon_recorded() {
     for ws in [&fresh, &shared, &rig.workspace] {
         age_workspace(ws, 40);
     }
+    // The directory's times alone (a script can set them) do not make it old.
+    let out = prune(&rig);
+    assert!(
+        out.ends_with(
+            "0 workspaces removed (unused for more than 30 days); 1 kept (recent or in use)\n"
+        ),
+        "{out}"
+    );
+    assert!(fresh.exists());
+    age_records(&rig, 40);
     let out = prune(&rig);
     assert!(
         out.starts_with(&format!("removed {} (last used ", fresh.display())),
@@ -657,6 +800,7 @@ fn one_engines_huge_tree_does_not_starve_retention() {
     let r = e.run(&rig.token(&fleet_snapshot(&ws, "auto")), "print(1)", &[]);
     assert_eq!(r["status"], "ok", "{r}");
     age_workspace(&ws, 40);
+    age_records(&rig, 40);
     let t0 = std::time::Instant::now();
     let out = prune(&rig);
     eprintln!("prune pass with a 20,001-entry tree: {:?}", t0.elapsed());

@@ -312,6 +312,18 @@ fn prune_removes_only_old_workspaces_scriptgate_created() {
     for ws in [&done, &busy, &rig.workspace] {
         age_workspace(ws, 40);
     }
+    // And the daemon's record of their last start (retention goes by both).
+    let c = rusqlite::Connection::open(rig.state.join("scriptgate.db")).unwrap();
+    c.busy_timeout(Duration::from_secs(10)).unwrap();
+    c.execute(
+        "UPDATE workspaces SET last_at = ?1",
+        [std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+            - 40 * 86_400_000],
+    )
+    .unwrap();
 
     let o = prune(&rig, &["--dry-run"]);
     let out = String::from_utf8_lossy(&o.stdout);
