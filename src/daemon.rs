@@ -1131,35 +1131,59 @@ impl Daemon {
     }
 
     pub async fn wait(&self, who: Access, r: ScriptRef) -> Result<ScriptResult, RpcError> {
-        let run = match self.lookup(who, &r)? {
-            Lookup::Done(res) => return Ok(*res),
-            Lookup::Running(run) => run,
-        };
-        let mut rx = run.result.clone();
-        let done = async {
-            loop {
-                if let Some(res) = rx.borrow_and_update().clone() {
-                    return Some(res);
-                }
-                if rx.changed().await.is_err() {
-                    return rx.borrow().clone();
-                }
-            }
-        };
-        let res = match r.timeout_s {
-            Some(t) if t >= 0.0 => tokio::time::timeout(Duration::from_secs_f64(t.min(1e7)), done)
-                .await
-                .ok()
-                .flatten(),
-            _ => done.await,
-        };
-        res.ok_or_else(|| {
+        self.wait_turn(who, r, async {}).await
+    }
+
+    /// `wait`, with `turn` awaited once the result is there and before it is
+    /// copied out: many waits of one script that ends together copy its result
+    /// one at a time, as their connection takes their answers.
+    pub async fn wait_turn(
+        &self,
+        who: Access,
+        r: ScriptRef,
+        turn: impl std::future::Future<Output = ()>,
+    ) -> Result<ScriptResult, RpcError> {
+        let still_running = || {
             RpcError::with_reason(
                 code::STILL_RUNNING,
                 format!("script {} is still running", r.script_id),
                 "still_running",
             )
-        })
+        };
+        let run = match self.lookup(who, &r)? {
+            Lookup::Done(res) => {
+                drop(res);
+                turn.await;
+                return match self.lookup(who, &r)? {
+                    Lookup::Done(res) => Ok(*res),
+                    Lookup::Running(_) => Err(still_running()),
+                };
+            }
+            Lookup::Running(run) => run,
+        };
+        let mut rx = run.result.clone();
+        let done = async {
+            loop {
+                if rx.borrow_and_update().is_some() {
+                    return true;
+                }
+                if rx.changed().await.is_err() {
+                    return rx.borrow().is_some();
+                }
+            }
+        };
+        let done = match r.timeout_s {
+            Some(t) if t >= 0.0 => tokio::time::timeout(Duration::from_secs_f64(t.min(1e7)), done)
+                .await
+                .unwrap_or(false),
+            _ => done.await,
+        };
+        if !done {
+            return Err(still_running());
+        }
+        turn.await;
+        let res = rx.borrow().clone();
+        res.ok_or_else(still_running)
     }
 
     pub fn status(&self, who: Access, r: ScriptRef) -> Result<ScriptStatus, RpcError> {

@@ -119,6 +119,10 @@ pub struct Peer {
 #[derive(Default)]
 struct Queued {
     bytes: std::sync::atomic::AtomicUsize,
+    /// Held by whoever is about to queue an answer: the queue is drained below
+    /// the bound first, and one answer at a time is made and queued, so that the
+    /// queue stays within the bound plus one answer.
+    turn: Arc<tokio::sync::Mutex<()>>,
     /// Set once the writer has ended: nothing more will drain.
     gone: std::sync::atomic::AtomicBool,
     drained: tokio::sync::Notify,
@@ -210,6 +214,14 @@ impl Peer {
             }
             wake.await;
         }
+    }
+
+    /// The turn to queue one answer: once no other answer is being made and
+    /// queued, and the answers queued are at most `max` bytes.
+    async fn turn(&self, max: usize) -> tokio::sync::OwnedMutexGuard<()> {
+        let g = self.queued.turn.clone().lock_owned().await;
+        self.drained(max).await;
+        g
     }
 
     /// Send a notification; best effort.
@@ -380,10 +392,10 @@ impl Peer {
         match protocol::parse_line(line) {
             Err((id, e)) => {
                 if strict {
-                    self.drained(bounds.max_queued_bytes).await;
                     let Ok(permit) = outstanding.clone().acquire_owned().await else {
                         return false;
                     };
+                    let _turn = self.turn(bounds.max_queued_bytes).await;
                     self.send(protocol::response_line(&id, &Err(e)), Some(permit));
                 }
             }
@@ -394,14 +406,90 @@ impl Peer {
                 let Ok(permit) = outstanding.clone().acquire_owned().await else {
                     return false;
                 };
-                let (peer, fut) = (self.clone(), handler.clone().request(method, params));
+                let fut = handler.clone().request(method, params);
+                let answering = Arc::new(Answering {
+                    peer: self.clone(),
+                    max: bounds.max_queued_bytes,
+                    turn: tokio::sync::Mutex::new(None),
+                });
                 tokio::spawn(async move {
-                    let r = fut.await;
-                    peer.send(protocol::response_line(&id, &r), Some(permit));
+                    let r = ANSWERING.scope(answering.clone(), fut).await;
+                    // The answer is made into its line and queued in its turn
+                    // only (the handler may have taken it already).
+                    answering.take().await;
+                    let line = protocol::response_line(&id, &r);
+                    drop(r);
+                    answering.peer.send(line, Some(permit));
                 });
             }
         }
         true
+    }
+}
+
+/// How long a connect waits in a full listen backlog.
+const CONNECT_WAIT: Duration = Duration::from_secs(30);
+
+/// Connect to a Unix socket, waiting (at most `CONNECT_WAIT`) in the listener's
+/// queue when its backlog is full, where a plain non-blocking `connect(2)`
+/// fails with EAGAIN: scriptgated's backlog is short, and full while a local
+/// peer loops on connect.
+pub async fn connect_unix(path: &std::path::Path) -> std::io::Result<tokio::net::UnixStream> {
+    match tokio::net::UnixStream::connect(path).await {
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+        r => return r,
+    }
+    let path = path.to_path_buf();
+    let s = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
+        use nix::sys::socket::{self as so, sockopt};
+        use std::os::fd::AsRawFd;
+        let fd = so::socket(
+            so::AddressFamily::Unix,
+            so::SockType::Stream,
+            so::SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
+        let wait = nix::sys::time::TimeVal::new(CONNECT_WAIT.as_secs() as _, 0);
+        so::setsockopt(&fd, sockopt::SendTimeout, &wait)?;
+        so::connect(fd.as_raw_fd(), &so::UnixAddr::new(&path)?)?;
+        let s = std::os::unix::net::UnixStream::from(fd);
+        s.set_nonblocking(true)?;
+        Ok(s)
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    tokio::net::UnixStream::from_std(s)
+}
+
+/// One request being answered: its connection, and its turn once taken.
+struct Answering {
+    peer: Peer,
+    max: usize,
+    turn: tokio::sync::Mutex<Option<tokio::sync::OwnedMutexGuard<()>>>,
+}
+
+impl Answering {
+    async fn take(&self) {
+        let mut t = self.turn.lock().await;
+        if t.is_none() {
+            *t = Some(self.peer.turn(self.max).await);
+        }
+    }
+}
+
+tokio::task_local! {
+    static ANSWERING: Arc<Answering>;
+}
+
+/// In a `Handler`'s request: wait for this connection's turn to queue an answer
+/// (its unread answers drained below `Bounds::max_queued_bytes`, no other answer
+/// being queued), and keep it until this request's answer is queued. A handler
+/// whose answer is large calls it before making the answer, so that answers
+/// that become ready together (every `script.wait` of one script) are made one
+/// at a time, as the peer reads them. Elsewhere it returns at once.
+pub async fn answer_turn() {
+    if let Ok(a) = ANSWERING.try_with(Arc::clone) {
+        a.take().await;
     }
 }
 

@@ -92,8 +92,7 @@ pub async fn serve(
     listener: UnixListener,
     idle_exit: Option<Duration>,
 ) -> std::io::Result<()> {
-    let conns = Arc::new(AtomicUsize::new(0));
-    let activity = Arc::new(tokio::sync::Notify::new());
+    let live = Arc::new(Liveness::new());
     let sv = &daemon.cfg.server;
     let gate = Arc::new(Gate {
         daemon: daemon.clone(),
@@ -106,15 +105,21 @@ pub async fn serve(
             },
             open: Mutex::new(Open::default()),
         }),
-        groups: GroupCache::default(),
+        lookups: Mutex::default(),
         pace: Mutex::default(),
-        checks: Arc::new(tokio::sync::Semaphore::new(MAX_PEER_CHECKS)),
         budget: Arc::new(tokio::sync::Semaphore::new(sv.max_buffered_bytes)),
         admin_budget: Arc::new(tokio::sync::Semaphore::new(0)),
-        conns: conns.clone(),
-        activity: activity.clone(),
+        live: live.clone(),
     });
     let listener = listener.into_std()?;
+    // A short backlog: a connection waits behind at most this many others,
+    // however fast a peer that loops on connect fills it (systemd's Backlog=
+    // is overridden). The gate drains it at full speed.
+    nix::sys::socket::listen(
+        &listener,
+        nix::sys::socket::Backlog::new(LISTEN_BACKLOG).map_err(std::io::Error::from)?,
+    )
+    .map_err(std::io::Error::from)?;
     let (failed_tx, failed) = tokio::sync::oneshot::channel::<std::io::Error>();
     // Dropped with this future: the gate thread then ends, and the listener with it.
     let (_stop, stop) = tokio::sync::oneshot::channel::<()>();
@@ -133,7 +138,10 @@ pub async fn serve(
                 }
             };
             rt.block_on(async move {
-                let listener = match UnixListener::from_std(listener) {
+                let listener = match listener
+                    .set_nonblocking(true)
+                    .and_then(|()| listener_fd(listener))
+                {
                     Ok(l) => l,
                     Err(e) => {
                         let _ = failed_tx.send(e);
@@ -147,24 +155,29 @@ pub async fn serve(
             });
         })?;
     let idle = async {
-        match idle_exit {
-            Some(d) => loop {
-                if conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0 {
-                    tokio::select! {
-                        _ = tokio::time::sleep(d) => {
-                            if conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0 { return; }
-                        }
-                        _ = activity.notified() => {}
-                        _ = daemon.changed() => {}
-                    }
-                } else {
-                    tokio::select! {
-                        _ = activity.notified() => {}
-                        _ = daemon.changed() => {}
-                    }
-                }
-            },
-            None => std::future::pending().await,
+        let Some(d) = idle_exit else {
+            return std::future::pending().await;
+        };
+        // Quiet since: the last wake-up here (a script ended, a connection
+        // closed) or the last connection the gate let go, whichever is later.
+        let mut woken = std::time::Instant::now();
+        loop {
+            let now = std::time::Instant::now();
+            let quiet = now
+                .saturating_duration_since(woken)
+                .min(live.quiet_for(now));
+            let idle = live.conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0;
+            if idle && quiet >= d {
+                return;
+            }
+            // Busy: woken when a served connection ends, and every `d` anyway
+            // (the last one to go may have been refused, which wakes nobody).
+            let wait = if idle { d - quiet } else { d };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = live.activity.notified() => woken = std::time::Instant::now(),
+                _ = daemon.changed() => woken = std::time::Instant::now(),
+            }
         }
     };
     tokio::select! {
@@ -176,26 +189,62 @@ pub async fn serve(
     }
 }
 
-/// Accept until the listener fails; each connection goes to the gate.
-async fn accept_loop(gate: &Arc<Gate>, listener: &UnixListener) -> std::io::Error {
+/// Accept until the listener fails; each connection goes to the gate. The
+/// backlog is drained at full speed, with plain `accept(2)` (a connection is
+/// registered with a reactor only once it is admitted, by the engines' runtime).
+async fn accept_loop(
+    gate: &Arc<Gate>,
+    listener: &tokio::io::unix::AsyncFd<std::os::unix::net::UnixListener>,
+) -> std::io::Error {
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                backoff = ACCEPT_BACKOFF_MIN;
-                gate.check(stream);
-            }
-            // Out of descriptors or buffers, or a peer that left before
-            // we took it: the daemon and its running scripts go on.
-            Err(e) if accept_error_is_transient(&e) => {
-                tracing::warn!("accept failed: {e}; retrying in {backoff:?}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-            }
+        let mut ready = match listener.readable().await {
+            Ok(r) => r,
             Err(e) => return e,
+        };
+        for _ in 0..ACCEPTS_PER_TURN {
+            match listener.get_ref().accept() {
+                Ok((stream, _)) => {
+                    backoff = ACCEPT_BACKOFF_MIN;
+                    gate.check(stream);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    ready.clear_ready();
+                    break;
+                }
+                // Out of descriptors or buffers, or a peer that left before
+                // we took it: the daemon and its running scripts go on.
+                Err(e) if accept_error_is_transient(&e) => {
+                    tracing::warn!("accept failed: {e}; retrying in {backoff:?}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                    break;
+                }
+                Err(e) => return e,
+            }
         }
+        drop(ready);
+        // The lookups that ended hand their connections over meanwhile.
+        tokio::task::yield_now().await;
     }
 }
+
+/// The listener, registered with the gate's reactor for readiness only. Sound:
+/// the AsyncFd owns the listener, whose descriptor stays open (and the same)
+/// until the AsyncFd is dropped (tokio's deprecation is of the unchecked
+/// general case; its replacement is an `unsafe fn`, which this crate denies).
+#[allow(deprecated)]
+fn listener_fd(
+    l: std::os::unix::net::UnixListener,
+) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::unix::net::UnixListener>> {
+    tokio::io::unix::AsyncFd::with_interest(l, tokio::io::Interest::READABLE)
+}
+
+/// Connections queued in the listen backlog at most.
+const LISTEN_BACKLOG: i32 = 64;
+
+/// Connections accepted between two turns of the gate's other tasks.
+const ACCEPTS_PER_TURN: usize = 256;
 
 /// The gate thread's nice value, above the daemon's: under a flood of
 /// connections it yields the CPU to the workers that serve the engines.
@@ -306,7 +355,7 @@ fn too_many(cap: Cap, caps: &Caps, uid: u32) -> RpcError {
             caps.admin
         ),
         Cap::Checks => format!(
-            "{MAX_PEER_CHECKS} connections are already waiting for their peer's groups to be looked up; retry"
+            "the peer group lookups are at their caps ({MAX_PEER_CHECKS} at once, {MAX_PEER_CHECKS_PER_UID} per uid, {MAX_WAITING_PER_LOOKUP} connections waiting for one); retry"
         ),
     };
     RpcError::with_reason(code::BUSY, message, "too_many_connections")
@@ -377,14 +426,18 @@ impl Drop for Slot {
 
 // ---- the peer check, off the runtime and cached -------------------------------------
 
-/// Connections whose peer's groups are being looked up at once (NSS, on the
-/// blocking pool); one more is refused. Looked-up peers are cached, so a peer
-/// that loops on connect costs one lookup per `GROUPS_TTL`.
+/// Group lookups (NSS, on the blocking pool) in flight at once, in all and for
+/// one uid; a connection that would start one more is refused (-32015). One
+/// lookup serves every connection of the same uid and gid that comes while it
+/// runs, up to `MAX_WAITING_PER_LOOKUP` of them. Looked-up peers are cached, so
+/// a peer that loops on connect costs one lookup per `GROUPS_TTL`.
 const MAX_PEER_CHECKS: usize = 32;
+const MAX_PEER_CHECKS_PER_UID: usize = 4;
+const MAX_WAITING_PER_LOOKUP: usize = 64;
 /// How long a peer's groups are taken as looked up. A change of its
 /// supplementary groups is seen this much later (its primary gid is in the key).
 const GROUPS_TTL: Duration = Duration::from_secs(2);
-/// Peers cached at most; past it, the expired entries go, or all of them.
+/// Peers cached at most; past it, the expired entries go, then the oldest.
 const GROUPS_CACHED: usize = 1024;
 
 /// What the gate needs to know of a peer (uid, gid) from NSS.
@@ -396,31 +449,92 @@ struct Groups {
     gids: Vec<u32>,
 }
 
-/// A peer's groups, by (uid, gid), with when they were looked up.
-type Looked = HashMap<(u32, u32), (std::time::Instant, Arc<Groups>)>;
+type Key = (u32, u32);
 
-#[derive(Default)]
-struct GroupCache {
-    map: Mutex<Looked>,
+/// The peers looked up, by (uid, gid), and the lookups in flight with the
+/// connections (`W`) that wait for each. Pure: callers pass the time.
+struct Lookups<W> {
+    cached: HashMap<Key, (std::time::Instant, Arc<Groups>)>,
+    pending: HashMap<Key, Vec<W>>,
+    /// Lookups in flight per uid (only uids with one).
+    by_uid: HashMap<u32, usize>,
 }
 
-impl GroupCache {
-    fn get(&self, key: (u32, u32)) -> Option<Arc<Groups>> {
-        let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        m.get(&key)
-            .filter(|(at, _)| at.elapsed() < GROUPS_TTL)
-            .map(|(_, g)| g.clone())
+impl<W> Default for Lookups<W> {
+    fn default() -> Self {
+        Lookups {
+            cached: HashMap::new(),
+            pending: HashMap::new(),
+            by_uid: HashMap::new(),
+        }
     }
+}
 
-    fn put(&self, key: (u32, u32), g: Arc<Groups>) {
-        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if m.len() >= GROUPS_CACHED {
-            m.retain(|_, (at, _)| at.elapsed() < GROUPS_TTL);
-            if m.len() >= GROUPS_CACHED {
-                m.clear();
+/// What a connection of a peer not cached gets from `Lookups::begin`.
+#[derive(Debug)]
+enum Begin<W> {
+    Cached(Arc<Groups>, W),
+    /// It waits for the lookup in flight for its key.
+    Joined,
+    /// It waits for a lookup that the caller is to run now.
+    Started,
+    /// Lookups are at their caps; the connection comes back to be refused.
+    Full(W),
+}
+
+impl<W> Lookups<W> {
+    fn begin(&mut self, key: Key, w: W, now: std::time::Instant) -> Begin<W> {
+        if let Some((at, g)) = self.cached.get(&key) {
+            if now.saturating_duration_since(*at) < GROUPS_TTL {
+                return Begin::Cached(g.clone(), w);
             }
         }
-        m.insert(key, (std::time::Instant::now(), g));
+        if let Some(waiting) = self.pending.get_mut(&key) {
+            if waiting.len() >= MAX_WAITING_PER_LOOKUP {
+                return Begin::Full(w);
+            }
+            waiting.push(w);
+            return Begin::Joined;
+        }
+        let of_uid = self.by_uid.get(&key.0).copied().unwrap_or(0);
+        if self.pending.len() >= MAX_PEER_CHECKS || of_uid >= MAX_PEER_CHECKS_PER_UID {
+            return Begin::Full(w);
+        }
+        *self.by_uid.entry(key.0).or_default() += 1;
+        self.pending.insert(key, vec![w]);
+        Begin::Started
+    }
+
+    /// The lookup of `key` ended (`None`: it failed): the connections that waited.
+    fn finish(&mut self, key: Key, g: Option<Arc<Groups>>, now: std::time::Instant) -> Vec<W> {
+        if let Some(n) = self.by_uid.get_mut(&key.0) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_uid.remove(&key.0);
+            }
+        }
+        if let Some(g) = g {
+            self.put(key, g, now);
+        }
+        self.pending.remove(&key).unwrap_or_default()
+    }
+
+    fn put(&mut self, key: Key, g: Arc<Groups>, now: std::time::Instant) {
+        if self.cached.len() >= GROUPS_CACHED && !self.cached.contains_key(&key) {
+            self.cached
+                .retain(|_, (at, _)| now.saturating_duration_since(*at) < GROUPS_TTL);
+            if self.cached.len() >= GROUPS_CACHED {
+                let oldest = self
+                    .cached
+                    .iter()
+                    .min_by_key(|(_, (at, _))| *at)
+                    .map(|(k, _)| *k);
+                if let Some(k) = oldest {
+                    self.cached.remove(&k);
+                }
+            }
+        }
+        self.cached.insert(key, (now, g));
     }
 }
 
@@ -438,37 +552,105 @@ fn look_up(uid: u32, gid: u32, auth: &crate::config::Auth, engines: bool) -> Gro
     }
 }
 
+/// Connections from accept to close, whether served or not yet known, for the
+/// idle exit.
+struct Liveness {
+    conns: AtomicUsize,
+    /// When the gate last let a connection go, in ms since `base`.
+    last_gone: AtomicU64,
+    base: std::time::Instant,
+    /// Woken when a served connection ends.
+    activity: tokio::sync::Notify,
+}
+
+impl Liveness {
+    fn new() -> Liveness {
+        Liveness {
+            conns: AtomicUsize::new(0),
+            last_gone: AtomicU64::new(0),
+            base: std::time::Instant::now(),
+            activity: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// How long since the gate last let a connection go.
+    fn quiet_for(&self, now: std::time::Instant) -> Duration {
+        let gone = self.base + Duration::from_millis(self.last_gone.load(Ordering::SeqCst));
+        now.saturating_duration_since(gone)
+    }
+}
+
+/// One accepted connection's count in `Liveness`, from accept to close.
+struct Live {
+    of: Arc<Liveness>,
+    /// Admitted: its end wakes the idle exit (a refusal's does not, so that a
+    /// peer looping on connect does not wake the engines' runtime each time).
+    served: bool,
+}
+
+impl Live {
+    fn new(of: &Arc<Liveness>) -> Live {
+        of.conns.fetch_add(1, Ordering::SeqCst);
+        Live {
+            of: of.clone(),
+            served: false,
+        }
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let ms = u64::try_from(self.of.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.of.last_gone.fetch_max(ms, Ordering::SeqCst);
+        self.of.conns.fetch_sub(1, Ordering::SeqCst);
+        if self.served {
+            self.of.activity.notify_waiters();
+        }
+    }
+}
+
 /// The front door: every accepted connection passes here before it counts.
 struct Gate {
     daemon: Arc<Daemon>,
     /// The runtime that serves admitted connections (the gate runs on its own).
     main: tokio::runtime::Handle,
     table: Arc<Table>,
-    groups: GroupCache,
-    pace: Mutex<Pace>,
-    checks: Arc<tokio::sync::Semaphore>,
+    lookups: Mutex<Lookups<Caller>>,
+    /// Refusal lines per uid.
+    pace: Mutex<Paces>,
     /// Partial lines of engines (`server.max_buffered_bytes`).
     budget: Arc<tokio::sync::Semaphore>,
     /// Admin-only peers': none. Their lines are at most `ADMIN_MAX_LINE`, below
     /// `FREE_LINE_BYTES`, so they never draw on it.
     admin_budget: Arc<tokio::sync::Semaphore>,
-    conns: Arc<AtomicUsize>,
-    activity: Arc<tokio::sync::Notify>,
+    live: Arc<Liveness>,
 }
 
-/// A connection whose peer is known: uid, gid, pid.
-struct Caller {
-    stream: UnixStream,
+/// A connection whose peer is known: uid, gid, pid. On the gate, a plain
+/// socket; once admitted, the engines' runtime's.
+struct Caller<S = std::os::unix::net::UnixStream> {
+    stream: S,
     uid: u32,
     gid: u32,
     pid: Option<i32>,
+    live: Live,
+}
+
+impl<S> std::fmt::Debug for Caller<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Caller(uid {}, gid {})", self.uid, self.gid)
+    }
 }
 
 impl Gate {
-    /// The peer check of a connection just accepted: on the runtime only when
-    /// its groups are cached (or it is root); else looked up on the blocking pool.
-    fn check(self: &Arc<Self>, stream: UnixStream) {
-        let cred = match stream.peer_cred() {
+    /// The peer check of a connection just accepted: on the gate's thread only
+    /// when its groups are cached (or it is root); else looked up on the
+    /// blocking pool, one lookup for every connection of the same uid and gid.
+    fn check(self: &Arc<Self>, stream: std::os::unix::net::UnixStream) {
+        let live = Live::new(&self.live);
+        let cred =
+            nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials);
+        let cred = match cred {
             Ok(c) => c,
             Err(e) => {
                 refusal_log("peer_cred", || format!("SO_PEERCRED failed: {e}"));
@@ -479,35 +661,51 @@ impl Gate {
             stream,
             uid: cred.uid(),
             gid: cred.gid(),
-            pid: cred.pid(),
+            pid: Some(cred.pid()),
+            live,
         };
         if c.uid == 0 {
             return self.admit(c, None);
         }
         let key = (c.uid, c.gid);
-        if let Some(g) = self.groups.get(key) {
-            return self.admit(c, Some(&g));
-        }
-        let Ok(permit) = self.checks.clone().try_acquire_owned() else {
-            return self.refuse_full(&c, Cap::Checks);
-        };
-        let gate = self.clone();
-        tokio::spawn(async move {
-            let d = gate.daemon.clone();
-            let engines = !d.engines.list.is_empty();
-            let g =
-                tokio::task::spawn_blocking(move || look_up(key.0, key.1, &d.cfg.auth, engines))
+        let begin = self
+            .lookups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .begin(key, c, std::time::Instant::now());
+        match begin {
+            Begin::Cached(g, c) => self.admit(c, Some(&g)),
+            Begin::Joined => {}
+            Begin::Full(c) => self.refuse_full(c, Cap::Checks),
+            Begin::Started => {
+                let gate = self.clone();
+                tokio::spawn(async move {
+                    let d = gate.daemon.clone();
+                    let engines = !d.engines.list.is_empty();
+                    let g = tokio::task::spawn_blocking(move || {
+                        look_up(key.0, key.1, &d.cfg.auth, engines)
+                    })
                     .await;
-            drop(permit);
-            match g {
-                Ok(g) => {
-                    let g = Arc::new(g);
-                    gate.groups.put(key, g.clone());
-                    gate.admit(c, Some(&g));
-                }
-                Err(e) => refusal_log("peer_check", || format!("peer check failed: {e}")),
+                    let failed = g.as_ref().err().map(ToString::to_string);
+                    let g = g.ok().map(Arc::new);
+                    let waiting = gate
+                        .lookups
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .finish(key, g.clone(), std::time::Instant::now());
+                    match (g, failed) {
+                        (Some(g), _) => {
+                            for c in waiting {
+                                gate.admit(c, Some(&g));
+                            }
+                        }
+                        (None, e) => refusal_log("peer_check", || {
+                            format!("peer check failed: {}", e.unwrap_or_default())
+                        }),
+                    }
+                });
             }
-        });
+        }
     }
 
     /// Admit or refuse a peer whose groups are known (`None`: root).
@@ -519,46 +717,47 @@ impl Gate {
             g.is_some_and(|g| g.in_admin),
         );
         if role == Role::Refused {
-            refusal_log("peer_not_allowed", || {
+            let e = RpcError::peer_not_allowed(c.uid, &auth.allowed_groups);
+            return self.refuse(c, "peer_not_allowed", e, |c| {
                 format!(
                     "connection refused: uid {} (pid {:?}) is not root nor in auth.allowed_groups or auth.admin_groups",
                     c.uid, c.pid
                 )
             });
-            return self.refuse(
-                &c.stream,
-                RpcError::peer_not_allowed(c.uid, &auth.allowed_groups),
-            );
         }
         let engine = match (role, g) {
             (Role::Engine { .. }, Some(g)) => match self.daemon.engines.for_peer(c.uid, &g.gids) {
                 Ok(e) => e,
                 Err(message) => {
-                    refusal_log("engine_ambiguous", || {
-                        format!(
-                            "connection refused (uid {}, pid {:?}): {message}",
-                            c.uid, c.pid
-                        )
-                    });
+                    let line = format!(
+                        "connection refused (uid {}, pid {:?}): {message}",
+                        c.uid, c.pid
+                    );
                     let e =
                         RpcError::with_reason(code::PEER_NOT_ALLOWED, message, "engine_ambiguous");
-                    return self.refuse(&c.stream, e);
+                    return self.refuse(c, "engine_ambiguous", e, |_| line);
                 }
             },
             _ => None,
         };
         let slot = match self.table.try_admit(role, c.uid) {
             Ok(s) => s,
-            Err(Admission::Full(cap)) => return self.refuse_full(&c, cap),
+            Err(Admission::Full(cap)) => return self.refuse_full(c, cap),
             Err(_) => return,
         };
-        // From the gate's reactor to the engines' runtime.
-        let Ok(stream) = c.stream.into_std() else {
+        let Caller {
+            stream,
+            uid,
+            gid,
+            pid,
+            mut live,
+        } = c;
+        // To the engines' runtime.
+        if stream.set_nonblocking(true).is_err() {
             return;
-        };
-        self.conns.fetch_add(1, Ordering::SeqCst);
+        }
+        live.served = true;
         let gate = self.clone();
-        let (uid, gid, pid) = (c.uid, c.gid, c.pid);
         self.main.spawn(async move {
             if let Ok(stream) = UnixStream::from_std(stream) {
                 let c = Caller {
@@ -566,84 +765,124 @@ impl Gate {
                     uid,
                     gid,
                     pid,
+                    live,
                 };
                 connection(&gate, c, role, engine).await;
             }
             drop(slot);
-            gate.conns.fetch_sub(1, Ordering::SeqCst);
-            gate.activity.notify_waiters();
         });
     }
 
-    fn refuse_full(&self, c: &Caller, cap: Cap) {
+    fn refuse_full(&self, c: Caller, cap: Cap) {
         let e = too_many(cap, &self.table.caps, c.uid);
-        refusal_log("too_many_connections", || {
+        let message = e.message.clone();
+        self.refuse(c, "too_many_connections", e, |c| {
             format!(
-                "connection refused (uid {}, pid {:?}): {}",
-                c.uid, c.pid, e.message
+                "connection refused (uid {}, pid {:?}): {message}",
+                c.uid, c.pid
             )
         });
-        self.refuse(&c.stream, e);
     }
 
-    /// One error line for a peer not served, then closed (on drop). The new
-    /// socket's send buffer is empty, so the line goes out without waiting.
-    /// Past `REFUSALS_PER_S` the gate thread pauses: a peer looping on connect
-    /// then waits in `connect(2)` (the backlog is full) instead of making the
-    /// kernel and the daemon turn over tens of thousands of sockets a second.
-    fn refuse(&self, stream: &UnixStream, e: RpcError) {
+    /// One error line for a peer not served, logged (within `refusal_log`'s
+    /// limit), then closed (on drop). The new socket's send buffer is empty, so
+    /// the line goes out without waiting. Past `REFUSAL_LINES_PER_UID_PER_S` of
+    /// one uid (root excepted), its connections are just closed, with no line
+    /// and no log: a peer looping on connect costs an accept and a close. The
+    /// gate never waits: the listen backlog is drained at full speed.
+    fn refuse(
+        &self,
+        c: Caller,
+        reason: &'static str,
+        e: RpcError,
+        line: impl FnOnce(&Caller) -> String,
+    ) {
+        if c.uid != 0 {
+            let allowed = self
+                .pace
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(c.uid, std::time::Instant::now());
+            if !allowed {
+                return;
+            }
+        }
+        refusal_log(reason, || line(&c));
         // Straight to the socket: tokio's try_write would not even try before
         // its reactor has seen the new socket writable.
         use nix::sys::socket::MsgFlags;
         use std::os::fd::AsRawFd;
         let line = protocol::response_line(&Value::Null, &Err(e));
         let _ = nix::sys::socket::send(
-            stream.as_raw_fd(),
+            c.stream.as_raw_fd(),
             line.as_bytes(),
             MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
         );
-        let wait = self
-            .pace
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take(std::time::Instant::now());
-        if let Some(w) = wait {
-            // The gate's own thread: nothing the engines' runtime runs waits.
-            std::thread::sleep(w);
-        }
     }
 }
 
-/// Refusals the gate makes per second, sustained, and in a burst.
-const REFUSALS_PER_S: f64 = 10_000.0;
-const REFUSAL_BURST: f64 = 1000.0;
+/// Refusals with a line, per uid, per second sustained and in a burst.
+const REFUSAL_LINES_PER_UID_PER_S: f64 = 1000.0;
+const REFUSAL_LINE_BURST: f64 = 1000.0;
+/// Uids whose refusals are tracked at most; past it, those whose bucket is
+/// full again are dropped, and while it stays full a new uid gets no line.
+const PACED_UIDS: usize = 4096;
 
-/// A token bucket over refusals. Pure: callers pass the time.
-#[derive(Debug)]
+/// A token bucket over one uid's refusal lines. Pure: callers pass the time.
+#[derive(Debug, Clone, Copy)]
 struct Pace {
     tokens: f64,
-    at: Option<std::time::Instant>,
-}
-
-impl Default for Pace {
-    fn default() -> Self {
-        Pace {
-            tokens: REFUSAL_BURST,
-            at: None,
-        }
-    }
+    at: std::time::Instant,
 }
 
 impl Pace {
-    /// Take one refusal's token: how long to wait first when there is none.
-    fn take(&mut self, now: std::time::Instant) -> Option<Duration> {
-        if let Some(at) = self.at {
-            let accrued = now.saturating_duration_since(at).as_secs_f64() * REFUSALS_PER_S;
-            self.tokens = (self.tokens + accrued).min(REFUSAL_BURST);
+    fn new(now: std::time::Instant) -> Pace {
+        Pace {
+            tokens: REFUSAL_LINE_BURST,
+            at: now,
         }
-        self.at = Some(now);
-        self.tokens -= 1.0;
-        (self.tokens < 0.0).then(|| Duration::from_secs_f64(-self.tokens / REFUSALS_PER_S))
+    }
+
+    fn refill(&mut self, now: std::time::Instant) {
+        let accrued =
+            now.saturating_duration_since(self.at).as_secs_f64() * REFUSAL_LINES_PER_UID_PER_S;
+        self.tokens = (self.tokens + accrued).min(REFUSAL_LINE_BURST);
+        self.at = now;
+    }
+
+    /// Take one refusal line's token: whether there was one.
+    fn take(&mut self, now: std::time::Instant) -> bool {
+        self.refill(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Each uid's bucket, bounded in uids.
+#[derive(Debug, Default)]
+struct Paces {
+    by_uid: HashMap<u32, Pace>,
+}
+
+impl Paces {
+    fn take(&mut self, uid: u32, now: std::time::Instant) -> bool {
+        if !self.by_uid.contains_key(&uid) && self.by_uid.len() >= PACED_UIDS {
+            self.by_uid.retain(|_, p| {
+                p.refill(now);
+                p.tokens < REFUSAL_LINE_BURST
+            });
+            if self.by_uid.len() >= PACED_UIDS {
+                return false;
+            }
+        }
+        self.by_uid
+            .entry(uid)
+            .or_insert_with(|| Pace::new(now))
+            .take(now)
     }
 }
 
@@ -660,13 +899,15 @@ const ENGINE_MAX_QUEUED_BYTES: usize = 1 << 20;
 
 /// One admitted connection: JSON-RPC both ways until it closes; then its
 /// scripts are told (they are cancelled).
-async fn connection(gate: &Gate, c: Caller, role: Role, engine: Option<usize>) {
+async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, engine: Option<usize>) {
     let daemon = &gate.daemon;
+    // Counted (for the idle exit) until this returns.
     let Caller {
         stream,
         uid,
         gid,
         pid,
+        live: _live,
     } = c;
     let admin = match role {
         Role::Refused => return,
@@ -780,7 +1021,11 @@ impl Engine {
                 let link: Arc<dyn EngineLink> = conn.clone();
                 to_value(d.start(self.peer, link, sp).await?)
             }
-            EngineRequest::ScriptWait(r) => to_value(d.wait(who, r).await?),
+            EngineRequest::ScriptWait(r) => {
+                // Made in this connection's turn: a script's result is copied
+                // for one of its waits at a time, as the engine reads them.
+                to_value(d.wait_turn(who, r, rpc::answer_turn()).await?)
+            }
             EngineRequest::ScriptStatus(r) => to_value(d.status(who, r)?),
             EngineRequest::ScriptCancel(r) => {
                 to_value(d.cancel(who, r, "cancelled by the engine").await?)
@@ -1010,36 +1255,93 @@ mod tests {
     }
 
     #[test]
-    fn refusals_are_paced_past_a_burst() {
-        let mut p = Pace::default();
+    fn refusal_lines_are_paced_per_uid_and_never_wait() {
+        let mut p = Paces::default();
         let t0 = std::time::Instant::now();
-        for _ in 0..REFUSAL_BURST as usize {
-            assert_eq!(p.take(t0), None);
+        for _ in 0..REFUSAL_LINE_BURST as usize {
+            assert!(p.take(7, t0));
         }
-        let w = p.take(t0).expect("past the burst: a pause");
-        assert!(w <= Duration::from_millis(1), "{w:?}");
+        assert!(!p.take(7, t0), "past the burst: no line");
+        assert!(p.take(8, t0), "another uid has its own bucket");
         // A second later the bucket is full again, not fuller.
         let t1 = t0 + Duration::from_secs(1);
-        for _ in 0..REFUSAL_BURST as usize {
-            assert_eq!(p.take(t1), None);
+        for _ in 0..REFUSAL_LINE_BURST as usize {
+            assert!(p.take(7, t1));
         }
-        assert!(p.take(t1).is_some());
+        assert!(!p.take(7, t1));
+        // Bounded in uids; a uid whose bucket refilled makes room.
+        for uid in 1000..(1000 + PACED_UIDS as u32) {
+            p.take(uid, t1);
+        }
+        assert!(p.by_uid.len() <= PACED_UIDS);
+        let t2 = t1 + Duration::from_secs(2);
+        assert!(p.take(99_999, t2));
+        assert!(p.by_uid.len() <= PACED_UIDS);
+    }
+
+    fn groups() -> Arc<Groups> {
+        Arc::new(Groups {
+            in_allowed: true,
+            in_admin: false,
+            gids: vec![],
+        })
     }
 
     #[test]
-    fn the_group_cache_is_bounded() {
-        let c = GroupCache::default();
-        let g = Arc::new(Groups {
-            in_allowed: false,
-            in_admin: false,
-            gids: vec![],
-        });
-        for uid in 0..(3 * GROUPS_CACHED as u32) {
-            c.put((uid, uid), g.clone());
+    fn the_group_cache_is_bounded_and_evicts_the_oldest_only() {
+        let mut l = Lookups::<u32>::default();
+        let t0 = std::time::Instant::now();
+        // An engine looked up first, then many peers within its TTL.
+        l.put((5, 60), groups(), t0);
+        let t1 = t0 + Duration::from_millis(1);
+        for uid in 0..(GROUPS_CACHED as u32 - 1) {
+            l.put((100_000 + uid, uid), groups(), t1);
         }
-        assert!(c.map.lock().unwrap().len() <= GROUPS_CACHED);
-        assert!(c
-            .get((3 * GROUPS_CACHED as u32 - 1, 3 * GROUPS_CACHED as u32 - 1))
-            .is_some());
+        assert_eq!(l.cached.len(), GROUPS_CACHED);
+        // One more: the oldest goes (the first), not all of them.
+        let t2 = t1 + Duration::from_millis(1);
+        l.put((7, 7), groups(), t2);
+        assert_eq!(l.cached.len(), GROUPS_CACHED);
+        assert!(!l.cached.contains_key(&(5, 60)));
+        assert!(matches!(l.begin((100_000, 0), 1, t2), Begin::Cached(..)));
+        assert!(matches!(l.begin((7, 7), 1, t2), Begin::Cached(..)));
+        // Past the TTL the expired go first.
+        let t3 = t2 + GROUPS_TTL;
+        l.put((8, 8), groups(), t3);
+        assert!(l.cached.len() <= 2, "{}", l.cached.len());
+    }
+
+    #[test]
+    fn one_lookup_per_peer_and_a_share_per_uid() {
+        let mut l = Lookups::<u32>::default();
+        let t = std::time::Instant::now();
+        // Connections of one (uid, gid) wait for one lookup.
+        assert!(matches!(l.begin((40100, 1), 0, t), Begin::Started));
+        for i in 1..MAX_WAITING_PER_LOOKUP as u32 {
+            assert!(matches!(l.begin((40100, 1), i, t), Begin::Joined));
+        }
+        assert!(matches!(l.begin((40100, 1), 99, t), Begin::Full(99)));
+        // One uid (say, with many gids) has MAX_PEER_CHECKS_PER_UID in flight.
+        for gid in 2..=MAX_PEER_CHECKS_PER_UID as u32 {
+            assert!(matches!(l.begin((40100, gid), 0, t), Begin::Started));
+        }
+        assert!(matches!(l.begin((40100, 1000), 0, t), Begin::Full(0)));
+        // Many uids (subuids) fill the slots left; then even an engine waits
+        // for one: it is refused with -32015 and retries.
+        let mut uid = 50_000;
+        while l.pending.len() < MAX_PEER_CHECKS {
+            assert!(matches!(l.begin((uid, uid), 0, t), Begin::Started));
+            uid += 1;
+        }
+        assert!(matches!(l.begin((5, 60), 0, t), Begin::Full(0)));
+        // A lookup ends: its waiters come back, and its result is cached.
+        let w = l.finish((40100, 1), Some(groups()), t);
+        assert_eq!(w.len(), MAX_WAITING_PER_LOOKUP);
+        assert!(matches!(l.begin((40100, 1), 0, t), Begin::Cached(..)));
+        assert!(matches!(l.begin((5, 60), 0, t), Begin::Started));
+        // A failed lookup caches nothing.
+        assert_eq!(l.finish((5, 60), None, t), vec![0]);
+        assert!(matches!(l.begin((5, 60), 1, t), Begin::Started));
+        assert_eq!(l.by_uid[&40100], MAX_PEER_CHECKS_PER_UID - 1);
     }
 }

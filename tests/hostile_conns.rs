@@ -225,7 +225,8 @@ fn strangers_looping_on_connect_do_not_lock_the_engines_out() {
     let window = Duration::from_millis(250);
     let (mut quiet, mut attacked) = (0u64, 0u64);
     let mut ratios = vec![];
-    let (mut served, mut tried, mut slowest) = (0, 0, Duration::ZERO);
+    let (mut served, mut tried) = (0, 0);
+    let mut connects = vec![];
     for _ in 0..20 {
         signal_all(&pids, nix::sys::signal::Signal::SIGSTOP);
         let q = round_trips(&engine, window);
@@ -240,7 +241,7 @@ fn strangers_looping_on_connect_do_not_lock_the_engines_out() {
             if root_info(&rig).0.get("result").is_some() {
                 served += 1;
             }
-            slowest = slowest.max(t.elapsed());
+            connects.push(t.elapsed());
         }
     }
     let mut made = 0u64;
@@ -251,15 +252,29 @@ fn strangers_looping_on_connect_do_not_lock_the_engines_out() {
     }
     ratios.sort_by(f64::total_cmp);
     let ratio = (ratios[9] + ratios[10]) / 2.0;
+    connects.sort();
+    let (median, p90, slowest) = (
+        connects[connects.len() / 2],
+        connects[connects.len() * 9 / 10],
+        connects[connects.len() - 1],
+    );
     let logged = log_lines(&rig) - log_before;
     eprintln!(
         "connect loop: {made} hostile connects; engine connects served {served}/{tried} \
-         (slowest {slowest:?}); \
+         (connect + daemon.info: median {median:?}, p90 {p90:?}, slowest {slowest:?}); \
          round trips {quiet} quiet vs {attacked} attacked (overall {:.3}, median of 20 \
          window pairs {ratio:.3}); {logged} log lines",
         attacked as f64 / quiet as f64
     );
     assert!(made > 1000, "the attack hardly ran: {made} connects");
+    // The gate drains a short backlog at full speed: an engine's connect does
+    // not wait behind the attacker's (median 1.9 ms measured; 135 ms with a
+    // backlog of 1024, and a gate that paused past 10,000 refusals a second
+    // kept it full: 0.44 s at worst).
+    assert!(
+        median < Duration::from_millis(50),
+        "an engine's connect took {median:?} (median) while strangers looped on connect"
+    );
     assert!(
         served * 10 >= tried * 9,
         "engine connects served {served} of {tried}"
@@ -504,4 +519,67 @@ print("%.3f" % (time.time() - t))
     assert_bounded(&rig, before, "admin partial lines");
     drop(admin.stdin.take());
     admin.wait().unwrap();
+}
+
+// ---- unread answers: reserved before they are made, not only checked ----------------
+
+#[test]
+#[ignore = "needs root (a daemon of its own)"]
+fn many_waits_of_one_script_that_are_never_read_are_bounded_in_memory() {
+    let rig = rig("");
+    let before = warm_peak(&rig);
+    let e = rig.engine();
+    // The script prints near return_max_chars of a character JSON escapes to
+    // six bytes, then calls a tool that answers only when the test says so.
+    let (entered_tx, entered) = std::sync::mpsc::channel::<()>();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let (entered_tx, release_rx) = (
+        std::sync::Mutex::new(entered_tx),
+        std::sync::Mutex::new(release_rx),
+    );
+    e.set_handler(std::sync::Arc::new(move |_, _| {
+        entered_tx.lock().unwrap().send(()).unwrap();
+        release_rx.lock().unwrap().recv().unwrap();
+        Ok(json!({"text": "ok", "structured": null, "is_error": false}))
+    }));
+    let token = rig.token(&rig.snapshot("auto"));
+    let code = r#"
+import agent_tools
+print('\x01' * 19900)
+agent_tools.call("fleet__list_devices", {})
+"#;
+    let id = e.start(&token, code, &[]).unwrap();
+    entered
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the script's tool call");
+    // Another connection (the token grants it the script) pipelines 1023
+    // script.wait with no timeout and a daemon.info (1024 requests being
+    // answered, the most a connection has), reads the daemon.info's
+    // answer (every wait has been taken by then), and reads nothing more.
+    let s = UnixStream::connect(&rig.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut batch = String::new();
+    for i in 1..=1023 {
+        let m = json!({"jsonrpc": "2.0", "id": i, "method": "script.wait",
+                       "params": {"script_id": id, "token": token}});
+        batch.push_str(&format!("{m}\n"));
+    }
+    batch.push_str("{\"jsonrpc\":\"2.0\",\"id\":\"info\",\"method\":\"daemon.info\"}\n");
+    (&s).write_all(batch.as_bytes()).unwrap();
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).unwrap();
+    let m: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(m["id"], "info", "{m}");
+    // The script ends: 1023 answers of ~120 KB each are due at once.
+    release.send(()).unwrap();
+    let r = e.wait(&id);
+    assert_eq!(r["status"], "ok", "{r}");
+    let answer_bytes = r.to_string().len();
+    quiescent(daemon_pid(&rig));
+    eprintln!("1023 unread script.wait of a result of {answer_bytes} bytes in JSON");
+    assert!(answer_bytes > 100_000, "{answer_bytes}");
+    assert_bounded(&rig, before, "1023 unread script.wait answers");
+    // The engine is served meanwhile.
+    assert!(root_info(&rig).0.get("result").is_some());
+    drop(s);
 }

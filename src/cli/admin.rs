@@ -63,7 +63,7 @@ impl Ctx {
     }
 
     async fn call_async<P: Serialize>(&self, method: Method, params: &P) -> Result<Value, Failure> {
-        let stream = tokio::net::UnixStream::connect(&self.socket)
+        let stream = rpc::connect_unix(&self.socket)
             .await
             .map_err(|e| self.connect_failed(e))?;
         let (read, write) = stream.into_split();

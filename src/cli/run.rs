@@ -514,7 +514,7 @@ async fn connect(path: &Path, system: bool, cfg: &Config) -> Result<Connected, F
         "; the script was not run"
     };
     let fail = |what: String| Failure::setup(format!("{whose} {what}{advice}"));
-    let stream = tokio::net::UnixStream::connect(path)
+    let stream = rpc::connect_unix(path)
         .await
         .map_err(|e| fail(format!("cannot be reached: {e}")))?;
     let (read, write) = stream.into_split();
