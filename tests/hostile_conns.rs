@@ -30,6 +30,13 @@ const OTHER_ENGINE: u32 = 40101;
 /// An admin-only uid (primary gid `list`).
 const ADMIN: u32 = 40102;
 
+/// These tests measure the daemon under load (latency, throughput, peak RSS):
+/// they run one at a time, not beside each other.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn gid_of(name: &str) -> u32 {
     nix::unistd::Group::from_name(name)
         .unwrap()
@@ -209,6 +216,7 @@ fn signal_all(pids: &[u32], sig: nix::sys::signal::Signal) {
 #[test]
 #[ignore = "needs root (peers of other uids)"]
 fn strangers_looping_on_connect_do_not_lock_the_engines_out() {
+    let _one_at_a_time = one_at_a_time();
     let rig = rig("");
     let engine = rig.engine();
     let log_before = log_lines(&rig);
@@ -271,8 +279,9 @@ fn strangers_looping_on_connect_do_not_lock_the_engines_out() {
     // not wait behind the attacker's (median 1.9 ms measured; 135 ms with a
     // backlog of 1024, and a gate that paused past 10,000 refusals a second
     // kept it full: 0.44 s at worst).
+    // The bound is loose (a shared CI machine): 50x what was measured.
     assert!(
-        median < Duration::from_millis(50),
+        median < Duration::from_millis(100),
         "an engine's connect took {median:?} (median) while strangers looped on connect"
     );
     assert!(
@@ -296,6 +305,7 @@ fn strangers_looping_on_connect_do_not_lock_the_engines_out() {
 #[test]
 #[ignore = "needs root (peers of other uids)"]
 fn an_engine_holding_its_share_of_connections_locks_no_other_engine_out() {
+    let _one_at_a_time = one_at_a_time();
     let rig = rig("");
     // Root opens 300 connections and keeps those served.
     let mut held = vec![];
@@ -357,6 +367,7 @@ sys.stdin.read()
 #[test]
 #[ignore = "needs root (peers of other uids)"]
 fn an_admin_only_member_cannot_hold_the_engines_connections() {
+    let _one_at_a_time = one_at_a_time();
     let rig = rig("");
     let mut admin = python_as(ADMIN, LIST, false, ADMIN_HOLD, &rig, &["300"]);
     let line = first_line(&mut admin);
@@ -414,6 +425,7 @@ sys.stdin.read()
 #[test]
 #[ignore = "needs root (peers of other uids)"]
 fn unread_admin_answers_are_bounded_in_memory() {
+    let _one_at_a_time = one_at_a_time();
     // Room for all 240 connections: the bound on unread answers alone must hold.
     let rig = rig("[server]\nmax_admin_connections = 240\nmax_connections_per_uid = 240\n");
     let before = warm_peak(&rig);
@@ -482,6 +494,7 @@ sys.stdin.read()
 #[test]
 #[ignore = "needs root (peers of other uids)"]
 fn admin_partial_lines_leave_the_engines_their_budget() {
+    let _one_at_a_time = one_at_a_time();
     let rig = rig(
         "[server]\nmax_message_bytes = 8388608\nmax_buffered_bytes = 8388608\nline_timeout_s = 20\n",
     );
@@ -526,6 +539,7 @@ print("%.3f" % (time.time() - t))
 #[test]
 #[ignore = "needs root (a daemon of its own)"]
 fn many_waits_of_one_script_that_are_never_read_are_bounded_in_memory() {
+    let _one_at_a_time = one_at_a_time();
     let rig = rig("");
     let before = warm_peak(&rig);
     let e = rig.engine();
