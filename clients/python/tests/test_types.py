@@ -97,3 +97,19 @@ def test_errors_by_code():
     assert isinstance(error_from_rpc({"code": -32016, "message": "m"}), NotFoundError)
     assert isinstance(error_from_rpc({"code": -32017, "message": "m"}), StillRunning)
     assert error_from_rpc({"code": -1, "message": "m"}).code == -1
+
+
+def test_the_default_run_as_is_the_packaged_user_where_it_exists(monkeypatch):
+    from scriptgate_client import workspace
+
+    real = workspace.pwd.getpwnam
+
+    def without_packaged(name):
+        if name == workspace.PACKAGED_RUN_AS:
+            raise KeyError(name)
+        return real(name)
+
+    monkeypatch.setattr(workspace.pwd, "getpwnam", without_packaged)
+    assert workspace.default_run_as() == "nobody"
+    monkeypatch.setattr(workspace.pwd, "getpwnam", lambda name: real("nobody"))
+    assert workspace.default_run_as() == "scriptgate-script"

@@ -27,4 +27,4 @@ export {
   type ScriptgateClientEvents,
 } from "./client.js";
 export * from "./protocol.js";
-export { prepareWorkspace, scriptOwner, lookupUser, type Owner, type WorkspaceOptions } from "./workspace.js";
+export { prepareWorkspace, scriptOwner, defaultRunAs, lookupUser, type Owner, type WorkspaceOptions } from "./workspace.js";

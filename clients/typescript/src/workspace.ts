@@ -8,7 +8,7 @@ export interface Owner {
 
 /** The uid and primary gid of a user, through id(1). */
 export function lookupUser(name: string): Owner {
-  const id = (flag: string) => Number(execFileSync("id", [flag, "--", name], { encoding: "utf8" }).trim());
+  const id = (flag: string) => Number(execFileSync("id", [flag, "--", name], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }).trim());
   const owner = { uid: id("-u"), gid: id("-g") };
   if (!Number.isSafeInteger(owner.uid) || !Number.isSafeInteger(owner.gid)) {
     throw new Error(`cannot resolve user ${name}`);
@@ -18,18 +18,32 @@ export function lookupUser(name: string): Owner {
 
 /**
  * The uid/gid the scripts this process starts run as: the daemon runs a root peer's
- * scripts as `sandbox.run_as` (default `nobody`; pass `runAs` if the daemon is
- * configured otherwise) and anyone else's as the peer itself.
+ * scripts as `sandbox.run_as` ({@link defaultRunAs}: the packages' `scriptgate-script`
+ * where it exists, else `nobody`; pass `runAs` if the daemon is configured otherwise)
+ * and anyone else's as the peer itself.
  */
-export function scriptOwner(runAs = "nobody"): Owner {
+/** The packages' `sandbox.run_as`: a user of their own. */
+export const PACKAGED_RUN_AS = "scriptgate-script";
+
+/** The packages' `sandbox.run_as` where the package made its user, else scriptgated's built-in `nobody`. */
+export function defaultRunAs(): string {
+  try {
+    lookupUser(PACKAGED_RUN_AS);
+    return PACKAGED_RUN_AS;
+  } catch {
+    return "nobody";
+  }
+}
+
+export function scriptOwner(runAs?: string): Owner {
   const uid = process.getuid?.();
   const gid = process.getgid?.();
   if (uid === undefined || gid === undefined) throw new Error("scriptOwner needs a POSIX platform");
-  return uid === 0 ? lookupUser(runAs) : { uid, gid };
+  return uid === 0 ? lookupUser(runAs ?? defaultRunAs()) : { uid, gid };
 }
 
 export interface WorkspaceOptions {
-  /** The daemon's `sandbox.run_as` (default `nobody`), used when this process is root. */
+  /** The daemon's `sandbox.run_as` (default {@link defaultRunAs}), used when this process is root. */
   runAs?: string;
   /** Explicit owner instead of {@link scriptOwner}. */
   owner?: Owner;
@@ -39,7 +53,7 @@ export interface WorkspaceOptions {
 
 /**
  * Prepare a workspace the script's uid can write: create it (with parents), chown it
- * to the script's uid (`nobody` when this process is root, else our own uid) and set
+ * to the script's uid ({@link defaultRunAs} when this process is root, else our own uid) and set
  * its mode (0755 unless given). Returns the path. Its parents must be traversable by
  * that uid, and it must lie under one of the daemon's `workspace.roots`.
  */

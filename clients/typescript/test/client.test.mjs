@@ -11,6 +11,8 @@ import {
   ScriptgateClient,
   ScriptgateError,
   decodeToken,
+  defaultRunAs,
+  lookupUser,
   mintToken,
   validateSnapshot,
 } from "../dist/index.js";
@@ -240,4 +242,14 @@ test("validateSnapshot refuses what the daemon refuses, with its reason and fiel
   refused((s) => (s.tools[1].name = "a__read"), "duplicate_tool", "tools[1].name");
   refused((s) => (s.limits.timeout_s = -1), "invalid_value", "limits.timeout_s");
   refused((s) => (s.workspace = "ws/run-1"), "not_absolute", "workspace");
+});
+
+test("the default run_as is the packaged user where it exists, else nobody", () => {
+  let packaged = true;
+  try {
+    lookupUser("scriptgate-script");
+  } catch {
+    packaged = false;
+  }
+  assert.equal(defaultRunAs(), packaged ? "scriptgate-script" : "nobody");
 });

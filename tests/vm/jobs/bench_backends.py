@@ -6,7 +6,7 @@ installed daemon, beside a bare bwrap + python3 start in the same guest.
 
 The script time is the engine's: from script.start sent to script.finished
 received over the socket (the Python client's run()), as root with the package's
-token key; the scripts run as nobody. The bare figure is bwrap with the same
+token key; the scripts run as the packaged run_as (scriptgate-script). The bare figure is bwrap with the same
 namespaces around `python3 -c pass`, as nobody, fork to exit. Rounds alternate
 the two, so a slow spell of the (emulated) machine costs both alike. Prints one
 line: `bench LABEL script_ms=… bare_ms=… ratio=…`."""

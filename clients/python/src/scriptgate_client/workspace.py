@@ -1,7 +1,8 @@
 """Workspaces the script's uid can write.
 
 scriptgated runs a script as the engine's own uid, or as ``sandbox.run_as``
-(default ``nobody``) when the engine is root. The workspace must be writable by
+when the engine is root: ``scriptgate-script`` in the packages (a user of their
+own), ``nobody`` in scriptgated's built-in default. The workspace must be writable by
 that uid, and every directory above it searchable (``x``) by it.
 """
 
@@ -15,11 +16,25 @@ from typing import Optional, Tuple, Union
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def script_identity(run_as: str = "nobody") -> Tuple[int, int]:
+PACKAGED_RUN_AS = "scriptgate-script"
+
+
+def default_run_as() -> str:
+    """The packages' ``sandbox.run_as`` where the package made its user, else
+    scriptgated's built-in ``nobody``."""
+    try:
+        pwd.getpwnam(PACKAGED_RUN_AS)
+        return PACKAGED_RUN_AS
+    except KeyError:
+        return "nobody"
+
+
+def script_identity(run_as: Optional[str] = None) -> Tuple[int, int]:
     """``(uid, gid)`` scripts of this process will run as: ``run_as`` when we are
-    root (pass the daemon's ``sandbox.run_as``), else our own."""
+    root (pass the daemon's ``sandbox.run_as``; by default ``default_run_as()``),
+    else our own."""
     if os.geteuid() == 0:
-        pw = pwd.getpwnam(run_as)
+        pw = pwd.getpwnam(run_as or default_run_as())
         return pw.pw_uid, pw.pw_gid
     return os.geteuid(), os.getegid()
 
@@ -27,7 +42,7 @@ def script_identity(run_as: str = "nobody") -> Tuple[int, int]:
 def prepare_workspace(
     path: PathLike,
     *,
-    run_as: str = "nobody",
+    run_as: Optional[str] = None,
     uid: Optional[int] = None,
     gid: Optional[int] = None,
     mode: int = 0o700,
