@@ -628,9 +628,12 @@ mod tests {
         let replaced = root.join("replaced");
         std::fs::create_dir_all(&replaced).unwrap();
         let was = recorded(&replaced, 400);
+        // The new one is made while the old one exists, so that its inode
+        // cannot be the old one's, freed and reused.
+        let new = root.join("replaced.new");
+        std::fs::create_dir_all(&new).unwrap();
         std::fs::remove_dir(&replaced).unwrap();
-        std::fs::create_dir_all(d.path().join("spacer")).unwrap();
-        std::fs::create_dir_all(&replaced).unwrap();
+        std::fs::rename(&new, &replaced).unwrap();
         mark_created(&replaced, "another").unwrap();
         age_ws(&replaced, 400);
         // Recorded, its marker gone: kept.
