@@ -418,17 +418,24 @@ impl Store {
             .map_err(sql("set synchronous"))?;
         w.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(sql("busy_timeout"))?;
-        let version: i64 = w
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(sql("read user_version"))?;
-        if version > SCHEMA_VERSION {
-            return Err(StoreError::TooNew {
-                path: path.to_path_buf(),
-                found: version,
-            });
-        }
-        for (i, m) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-            let tx = w.transaction().map_err(sql("begin migration"))?;
+        // Each step in an IMMEDIATE transaction that reads the version itself:
+        // two processes opening a fresh store together (the CLI's embedded
+        // daemons) take the steps one after the other, never both the same one.
+        loop {
+            let tx = w
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(sql("begin migration"))?;
+            let version: i64 = tx
+                .pragma_query_value(None, "user_version", |r| r.get(0))
+                .map_err(sql("read user_version"))?;
+            if version > SCHEMA_VERSION {
+                return Err(StoreError::TooNew {
+                    path: path.to_path_buf(),
+                    found: version,
+                });
+            }
+            let i = version as usize;
+            let Some(m) = MIGRATIONS.get(i) else { break };
             tx.execute_batch(m).map_err(sql("migrate"))?;
             if i + 1 == 2 {
                 seed_metrics(&tx).map_err(sql("count the existing rows for metrics"))?;
@@ -1048,6 +1055,31 @@ mod tests {
             details_dir: format!(".agent/scripts/{id}"),
             scope: "uid:0".into(),
             vouched: None,
+        }
+    }
+
+    /// The CLI's embedded daemons, started together on a fresh state directory,
+    /// open one store at once: each migration step is taken once (it failed
+    /// in CI with "table scripts already exists").
+    #[test]
+    fn a_fresh_store_opened_by_several_at_once_is_migrated_once() {
+        for _ in 0..5 {
+            let d = tempfile::tempdir().unwrap();
+            let p = d.path().join("a.db");
+            let gate = std::sync::Barrier::new(4);
+            std::thread::scope(|s| {
+                let opened: Vec<_> = (0..4)
+                    .map(|_| {
+                        s.spawn(|| {
+                            gate.wait();
+                            Store::open(&p, None).map(|_| ()).map_err(|e| e.to_string())
+                        })
+                    })
+                    .collect();
+                for o in opened {
+                    assert_eq!(o.join().unwrap(), Ok(()));
+                }
+            });
         }
     }
 
