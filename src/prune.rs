@@ -281,9 +281,11 @@ fn look(v: &Vouched, roots: &[PathBuf]) -> Look {
                 return Look::Gone;
             }
             // Something that is no directory (a symlink, a file) in its place:
-            // not the recorded one. Anything else: cannot tell.
+            // not the recorded one, whatever its inode number (a freed one is
+            // reused). Anything else: cannot tell.
             let last = v.path.file_name().expect("below a root");
             return match fstatat(&parent, last, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(st) if st.st_mode & libc::S_IFMT != libc::S_IFDIR => Look::Gone,
                 Ok(st) if ident(&st) != (v.dev, v.ino) => Look::Gone,
                 Err(nix::errno::Errno::ENOENT) => Look::Gone,
                 _ => Look::Unknown(e),
