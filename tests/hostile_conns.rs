@@ -37,14 +37,6 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn gid_of(name: &str) -> u32 {
-    nix::unistd::Group::from_name(name)
-        .unwrap()
-        .unwrap_or_else(|| panic!("group {name} is missing on this host"))
-        .gid
-        .as_raw()
-}
-
 /// A rig whose engines are root and `games`, administrators `list`.
 fn rig(extra: &str) -> Rig {
     require_root("peers of other uids");

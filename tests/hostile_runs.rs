@@ -315,6 +315,18 @@ fn start_scripts(w: &mut Who) -> Scripts {
     }
 }
 
+/// A rig with one `[[auth.engine]]` entry, for group `games` and its key; the
+/// key's directory lives as long as the returned guard.
+fn games_rig() -> (tempfile::TempDir, Rig) {
+    let d = tempfile::Builder::new().prefix("sg-k-").tempdir().unwrap();
+    let k = d.path().join("g.key");
+    write_key(&k, KEY_G, GAMES);
+    let rig = rig_with_auth(&format!(
+        "[[auth.engine]]\ngroup = \"games\"\ntoken_key_file = {k:?}\n"
+    ));
+    (d, rig)
+}
+
 /// Engine A, knowing B's script ids (from `ps`, or guessed), with a token of
 /// B's run id signed with A's own key, can neither wait on, read the status of,
 /// nor cancel any of B's scripts (finished, running, pending), whoever A and B
@@ -323,16 +335,7 @@ fn start_scripts(w: &mut Who) -> Scripts {
 #[ignore = "needs root: engines of other uids (cargo test -- --include-ignored, as root)"]
 fn no_engine_sees_or_cancels_another_engines_scripts() {
     require_root("engines of other uids");
-    let rig = {
-        let d = tempfile::Builder::new().prefix("sg-k-").tempdir().unwrap();
-        let k = d.path().join("g.key");
-        write_key(&k, KEY_G, GAMES);
-        let rig = rig_with_auth(&format!(
-            "[[auth.engine]]\ngroup = \"games\"\ntoken_key_file = {k:?}\n"
-        ));
-        std::mem::forget(d); // the key stays for the daemon's lifetime
-        rig
-    };
+    let (_key, rig) = games_rig();
     let mut who = engines(&rig);
     let scripts: Vec<Scripts> = who.iter_mut().map(start_scripts).collect();
     let mut tried = 0;
@@ -398,12 +401,7 @@ fn no_engine_sees_or_cancels_another_engines_scripts() {
 #[ignore = "needs root: engines of other uids (cargo test -- --include-ignored, as root)"]
 fn a_run_id_cannot_spell_another_engines_run() {
     require_root("engines of other uids");
-    let d = tempfile::Builder::new().prefix("sg-k-").tempdir().unwrap();
-    let k = d.path().join("g.key");
-    write_key(&k, KEY_G, GAMES);
-    let mut rig = rig_with_auth(&format!(
-        "[[auth.engine]]\ngroup = \"games\"\ntoken_key_file = {k:?}\n"
-    ));
+    let (_key, mut rig) = games_rig();
     let mut g = PyEngine::spawn(7001, GAMES, &rig.socket, "allow");
     let mut u = PyEngine::spawn(7002, IRC, &rig.socket, "allow");
     let ws_g = own_workspace(&rig, 7001, GAMES);
@@ -480,12 +478,7 @@ fn revocations_are_bounded_per_scope() {
     // registry::REVOCATIONS_PER_SCOPE, as scriptgate-protocol(7) names it.
     const BOUND: usize = 10_000;
     require_root("engines of other uids");
-    let d = tempfile::Builder::new().prefix("sg-k-").tempdir().unwrap();
-    let k = d.path().join("g.key");
-    write_key(&k, KEY_G, GAMES);
-    let mut rig = rig_with_auth(&format!(
-        "[[auth.engine]]\ngroup = \"games\"\ntoken_key_file = {k:?}\n"
-    ));
+    let (_key, mut rig) = games_rig();
     let mut g = PyEngine::spawn(7001, GAMES, &rig.socket, "allow");
     let mut u = PyEngine::spawn(7002, IRC, &rig.socket, "allow");
     let ws_g = own_workspace(&rig, 7001, GAMES);

@@ -20,14 +20,6 @@ const GAMES: u32 = 60;
 const IRC: u32 = 39;
 const LIST: u32 = 38;
 
-fn gid_of(name: &str) -> u32 {
-    nix::unistd::Group::from_name(name)
-        .unwrap()
-        .unwrap_or_else(|| panic!("group {name} is missing on this host"))
-        .gid
-        .as_raw()
-}
-
 /// A rig whose `[auth]` has `auth` added (engines in `games`, administrators
 /// in `list` unless `auth` says otherwise), restarted with it.
 fn rig_with_auth(auth: &str, extra: &str) -> Rig {

@@ -16,6 +16,15 @@ use std::time::{Duration, Instant};
 pub const KEY: &[u8] = b"test-key-test-key-test-key-test-key!";
 pub const NOBODY: u32 = 65534;
 
+/// The gid of a group that the tests expect on the host (Debian's base groups).
+pub fn gid_of(name: &str) -> u32 {
+    nix::unistd::Group::from_name(name)
+        .unwrap()
+        .unwrap_or_else(|| panic!("group {name} is missing on this host"))
+        .gid
+        .as_raw()
+}
+
 pub fn is_root() -> bool {
     nix::unistd::Uid::effective().is_root()
 }
