@@ -92,7 +92,46 @@ fn two_floats(r: &Value) -> (f64, f64) {
     (v[0], *v.get(1).unwrap_or(&0.0))
 }
 
+/// `script.cancel` of a script with four calls held at the engine: ms to its
+/// answer, and to the first `tool.cancelled` the engine gets.
+fn cancel_figures(rig: &Rig, token: &str) -> (f64, f64) {
+    let e = rig.engine();
+    let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let g = gate.clone();
+    e.set_handler(Arc::new(move |_, _| {
+        let (m, cv) = &*g;
+        let held = m.lock().unwrap();
+        let _ = cv.wait_timeout_while(held, Duration::from_secs(60), |open| !*open);
+        Ok(serde_json::json!({"text": "late", "is_error": false}))
+    }));
+    let id = e
+        .start(
+            token,
+            "import agent_tools\nagent_tools.call_many('fleet__list_devices', [{}] * 4)\n",
+            &[],
+        )
+        .unwrap();
+    eventually("four calls held", Duration::from_secs(30), || {
+        e.seen.lock().unwrap().in_flight == 4
+    });
+    let t0 = Instant::now();
+    let r = e
+        .request("script.cancel", serde_json::json!({"script_id": id}))
+        .unwrap();
+    let answered = ms(t0.elapsed());
+    assert_eq!(r["state"], "cancelled", "{r}");
+    let told = e
+        .notifications("tool.cancelled")
+        .first()
+        .map(|(_, at)| ms(at.duration_since(t0)))
+        .expect("no tool.cancelled");
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+    (answered, told)
+}
+
 struct Round {
+    cancel: (f64, f64),
     hop_p50: f64,
     seq_inline: (f64, f64),
     seq_threaded: (f64, f64),
@@ -145,7 +184,9 @@ fn round(rig: &Rig, inline: &Inline, threaded: &Engine, token: &str) -> Round {
         );
     }
     trace("empty scripts");
+    let cancel = cancel_figures(rig, token);
     Round {
+        cancel,
         hop_p50,
         seq_inline,
         seq_threaded,
@@ -277,6 +318,14 @@ fn main() {
         "| the same against bare `python3 -c 'print(1)'` | {}x ({} ms) | report |",
         spread(&col(&|r| r.empty / r.bare_python)),
         spread(&col(&|r| r.bare_python))
+    );
+    println!(
+        "| `script.cancel` with 4 calls at the engine → its answer | {} ms | ≤ 500 ms |",
+        spread(&col(&|r| r.cancel.0))
+    );
+    println!(
+        "| the same → the engine's first `tool.cancelled` | {} ms | ≤ 200 ms |",
+        spread(&col(&|r| r.cancel.1))
     );
     println!(
         "| daemon RSS idle: fresh / after the rounds | {:.1} MiB / {:.1} MiB | ≤ 15 MiB |",
