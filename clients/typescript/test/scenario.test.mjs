@@ -308,7 +308,7 @@ except agent_tools.ToolError as e:
 `;
     const r = await client.run({ token: token().token, code });
     assert.equal(r.status, "ok", r.text);
-    assert.deepEqual(lines(r), ["engine | fleet API is down"]);
+    assert.deepEqual(lines(r), ["engine | Error: fleet API is down"]);
   } finally {
     await client.close();
   }
