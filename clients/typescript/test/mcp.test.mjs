@@ -180,7 +180,7 @@ test("cancel(): the running MCP call is aborted at once (tool.cancelled) and can
     const cancelMs = performance.now() - t0;
     const a = await abort;
     const abortMs = a.at - t0;
-    console.log(`# cancel() -> MCP call aborted: ${abortMs.toFixed(1)} ms; cancel() answered: ${cancelMs.toFixed(1)} ms`);
+    console.log(`cancel() -> MCP call aborted: ${abortMs.toFixed(1)} ms; cancel() answered: ${cancelMs.toFixed(1)} ms`);
     t.diagnostic(`cancel->abort ${abortMs.toFixed(1)} ms, cancel answer ${cancelMs.toFixed(1)} ms`);
     assert.equal(c.state, "cancelled");
     assert.ok(a.reason instanceof CallCancelledError, String(a.reason));
