@@ -649,3 +649,78 @@ fn through_a_socket_without_workspace_a_fresh_one_is_made_under_the_daemon_root(
     );
     assert!(stdout(&o).ends_with(&format!("{ws}\n")));
 }
+
+/// An MCP server (Python, stdio) with one read tool, `slow`, that never answers:
+/// it writes each `notifications/cancelled` it gets, and the id of each
+/// `tools/call`, to the file named by its argument.
+const SLOW_SERVER: &str = r#"
+import json, sys
+out = open(sys.argv[1], "a", buffering=1)
+for line in sys.stdin:
+    msg = json.loads(line)
+    m = msg.get("method")
+    if m == "notifications/cancelled":
+        out.write("cancelled %s\n" % msg["params"]["requestId"])
+    if "id" not in msg:
+        continue
+    if m == "tools/call":
+        out.write("call %s\n" % msg["id"])
+        continue
+    if m == "initialize":
+        res = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+               "serverInfo": {"name": "slow", "version": "1"}}
+    elif m == "tools/list":
+        res = {"tools": [{"name": "slow", "inputSchema": {"type": "object"},
+                          "annotations": {"readOnlyHint": True}}]}
+    else:
+        res = {}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": res}) + "\n")
+    sys.stdout.flush()
+"#;
+
+/// A script cut short by its timeout, in the embedded daemon and through a
+/// daemon's socket: the MCP server is told to cancel the call it was making
+/// (MCP's `notifications/cancelled`, with that call's request id).
+#[test]
+fn a_script_cut_short_cancels_its_mcp_call_at_the_server() {
+    let c = Cli::new();
+    let server = c.dir.path().join("slow.py");
+    std::fs::write(&server, SLOW_SERVER).unwrap();
+    let rig = Rig::new();
+    let socket: [&OsStr; 4] = [
+        "--socket".as_ref(),
+        rig.socket.as_os_str(),
+        "--config".as_ref(),
+        rig.config.as_os_str(),
+    ];
+    for (how, extra) in [
+        ("embedded", &["--embedded".as_ref()][..]),
+        ("socket", &socket[..]),
+    ] {
+        let seen = c.dir.path().join(format!("seen-{how}"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
+        cmd.arg("run")
+            .arg("--mcp")
+            .arg(format!(
+                "slow=python3 {} {}",
+                server.display(),
+                seen.display()
+            ))
+            .args(["--timeout", "2"])
+            .args(extra)
+            .arg(c.script("import agent_tools as t\nt.call('slow__slow', {})\n"))
+            .stdin(Stdio::null());
+        no_tty(&mut cmd);
+        let o = cmd.output().unwrap();
+        assert_eq!(o.status.code(), Some(3), "{how}: {}", stderr(&o));
+        let text = std::fs::read_to_string(&seen).unwrap_or_default();
+        let id = text
+            .lines()
+            .find_map(|l| l.strip_prefix("call "))
+            .unwrap_or_else(|| panic!("{how}: no call reached the server: {text:?}"));
+        assert!(
+            text.lines().any(|l| l == format!("cancelled {id}")),
+            "{how}: the server was not told: {text:?}"
+        );
+    }
+}

@@ -266,7 +266,21 @@ impl EngineLink for Embedded {
 /// The CLI engine as the system daemon sees it over its socket. The connection
 /// comes first (the daemon makes the per-uid directory the workspace goes in),
 /// the engine (its MCP servers) once the workspace exists.
-struct SocketEngine(Arc<std::sync::OnceLock<Arc<CliEngine>>>);
+struct SocketEngine {
+    engine: Arc<std::sync::OnceLock<Arc<CliEngine>>>,
+    /// The tool calls being served, by (script id, call id): a `tool.cancelled`
+    /// aborts one, and its MCP server is told (`notifications/cancelled`).
+    calls: Mutex<HashMap<(String, String), futures::future::AbortHandle>>,
+}
+
+/// A call's entry in `SocketEngine::calls`, removed however the call ends.
+struct Serving<'a>(&'a SocketEngine, (String, String));
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        self.0.calls.lock().unwrap().remove(&self.1);
+    }
+}
 
 impl rpc::Handler for SocketEngine {
     fn request(
@@ -275,17 +289,29 @@ impl rpc::Handler for SocketEngine {
         params: Value,
     ) -> BoxFuture<'static, Result<Value, RpcError>> {
         Box::pin(async move {
-            let Some(engine) = self.0.get() else {
+            let Some(engine) = self.engine.get() else {
                 return Err(RpcError::new(
                     -32000,
                     "the scriptgate CLI has started no script on this connection yet",
                 ));
             };
             match DaemonRequest::parse(&method, params)? {
-                DaemonRequest::ToolCall(c) => match engine.tool_call(&c).await {
-                    Ok(r) => to_value(r),
-                    Err(err) => Err(RpcError::new(-32000, err.to_string())),
-                },
+                DaemonRequest::ToolCall(c) => {
+                    let key = (c.script_id.clone(), c.call_id.clone());
+                    let (abort, reg) = futures::future::AbortHandle::new_pair();
+                    // At most max_concurrency of a script are outstanding: bounded.
+                    self.calls.lock().unwrap().insert(key.clone(), abort);
+                    let _serving = Serving(&self, key);
+                    let call = futures::future::Abortable::new(engine.tool_call(&c), reg);
+                    match call.await {
+                        Ok(Ok(r)) => to_value(r),
+                        Ok(Err(err)) => Err(RpcError::new(-32000, err.to_string())),
+                        Err(_) => Err(RpcError::new(
+                            -32000,
+                            "the call was cancelled (tool.cancelled)",
+                        )),
+                    }
+                }
                 DaemonRequest::ApprovalRequest(p) => {
                     let decision = match engine.approve_async(p).await {
                         Ok(true) => Decision::AllowOnce,
@@ -297,10 +323,14 @@ impl rpc::Handler for SocketEngine {
         })
     }
     fn notification(&self, method: &str, params: Value) {
-        if let (Some(engine), Ok(Notification::ScriptProgress(p))) =
-            (self.0.get(), Notification::parse(method, params))
-        {
-            engine.show_progress(&p);
+        match (self.engine.get(), Notification::parse(method, params)) {
+            (Some(engine), Ok(Notification::ScriptProgress(p))) => engine.show_progress(&p),
+            (_, Ok(Notification::ToolCancelled(c))) => {
+                if let Some(a) = self.calls.lock().unwrap().remove(&(c.script_id, c.call_id)) {
+                    a.abort();
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -532,7 +562,10 @@ async fn connect(path: &Path, system: bool, cfg: &Config) -> Result<Connected, F
     let engine: Arc<std::sync::OnceLock<Arc<CliEngine>>> = Default::default();
     let reader = {
         let (peer, bounds) = (peer.clone(), Bounds::client(cfg.server.max_message_bytes));
-        let handler = Arc::new(SocketEngine(engine.clone()));
+        let handler = Arc::new(SocketEngine {
+            engine: engine.clone(),
+            calls: Mutex::default(),
+        });
         tokio::spawn(async move { peer.serve(read, &bounds, handler).await })
     };
     let info = peer
