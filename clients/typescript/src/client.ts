@@ -246,6 +246,8 @@ export function checkToolAnswer(r: unknown): { answer: unknown } | { problem: st
     if (has("isError") && typeof r["isError"] !== "boolean") return { problem: "isError must be a boolean" };
     if (has("structuredContent") && !isObject(r["structuredContent"])) return { problem: "structuredContent must be an object" };
     if (has("_meta") && !isObject(r["_meta"])) return { problem: "_meta must be an object" };
+    const mixed = PLAIN_KEYS.find((k) => k in r);
+    if (mixed !== undefined) return { problem: `\`${mixed}\` beside \`content\` mixes the two answer shapes (the daemon refuses it)` };
     return { answer: r };
   }
   if ("toolResult" in r) {

@@ -286,6 +286,7 @@ test("answers are checked before they are sent: bad ones are a JSON-RPC error na
     "t.iserror_string": { content: [], isError: "yes" },
     "t.structured_array": { content: [], structuredContent: [1] },
     "t.meta_string": { content: [], _meta: "m" },
+    "t.mixed": { content: [{ type: "text", text: "x" }], is_error: false },
   };
   const good = {
     "g.string": ["just text", { text: "just text", structured: null, is_error: false }],
@@ -321,6 +322,7 @@ test("answers are checked before they are sent: bad ones are a JSON-RPC error na
     assert.match(msg("t.block_no_type"), /content\[0\] must be an object with a string `type`/);
     assert.match(msg("t.undefined"), /answered undefined; expected/);
     assert.match(msg("t.structured_array"), /structuredContent must be an object/);
+    assert.match(msg("t.mixed"), /`is_error` beside `content` mixes the two answer shapes/);
   }, {
     onToolCall: (c) => {
       if (c.tool in bad) return bad[c.tool];
@@ -682,5 +684,26 @@ test("prepareWorkspace: mode 0700 (parents 0755), owned by the script's uid, a s
     assert.throws(() => sg.prepareWorkspace(join(dir, "file")), (e) => e.code === "ENOTDIR");
   } finally {
     rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("a lost connection aborts the calls being served (reason connection_closed)", T, async () => {
+  let signal;
+  const f = await fake(
+    async (peer) => {
+      peer.send({ jsonrpc: "2.0", id: 1, method: "tool.call", params: call("slow") });
+      await until(() => signal !== undefined, "the call started");
+      peer.end();
+    },
+    { onToolCall: (c, ctx) => ((signal = ctx.signal), new Promise(() => {})) },
+  );
+  try {
+    await once(f.client, "close");
+    assert.equal(signal.aborted, true);
+    assert.ok(signal.reason instanceof sg.CallCancelledError);
+    assert.equal(signal.reason.reason, "connection_closed");
+    assert.ok(signal.reason.message.includes(f.client.path));
+  } finally {
+    await f.close();
   }
 });

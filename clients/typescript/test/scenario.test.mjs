@@ -71,7 +71,7 @@ function fleet(seen = []) {
       case "fleet__reboot_device":
         return { text: `rebooted ${sn} for ${call.arguments.tenant}`, structured: null, is_error: false };
       case "fleet__mcp_status":
-        return { content: [{ type: "text", text: `${sn} online` }], structuredContent: { sn, online: true } };
+        return { content: [{ type: "text", text: `${sn} online` }], structuredContent: { sn, online: true }, resultType: "complete" }; // an extra key (mcp 2.3.0): ignored
       case "fleet__mcp_fail":
         return { content: [{ type: "text", text: `${sn} unreachable` }], isError: true };
       case "fleet__bad_answer":
