@@ -322,7 +322,9 @@ export class ScriptgateClient extends EventEmitter {
   private readonly scriptCalls = new Map<string, Set<CallState>>();
   private readonly streams = new Map<string, Stream>();
   private readonly runSpans = new Map<string, OtelSpan>();
-  private readonly denyNotes: string[] = [];
+  /** Approvals this client denied on its own (no handler, a timeout, a bad answer), and the last one's why. */
+  private denials = 0;
+  private lastDenial = "";
   private toolHandler: ToolHandler | undefined;
   private approvalHandler: ApprovalHandler | undefined;
   private readonly otel: Promise<OtelApi | null>;
@@ -411,7 +413,7 @@ export class ScriptgateClient extends EventEmitter {
         if (ts) p.tracestate = ts;
       }
     }
-    const notes = this.denyNotes.length;
+    const denials = this.denials;
     try {
       return (await this.request("script.start", p, (r) => {
         if (!isObject(r) || typeof r["script_id"] !== "string") return;
@@ -428,8 +430,8 @@ export class ScriptgateClient extends EventEmitter {
         span.setStatus({ code: SPAN_ERROR, message: errorMessage(e) });
         span.end();
       }
-      if (e instanceof ApprovalError && e.reason === "denied" && this.denyNotes.length > notes) {
-        throw new ApprovalError(`${e.message}: ${this.denyNotes[this.denyNotes.length - 1]}`, e.data, e.method);
+      if (e instanceof ApprovalError && e.reason === "denied" && this.denials > denials) {
+        throw new ApprovalError(`${e.message}: ${this.lastDenial}`, e.data, e.method);
       }
       throw e;
     }
@@ -899,7 +901,7 @@ export class ScriptgateClient extends EventEmitter {
     const h = this.approvalHandler;
     if (!h) {
       const note = "no approval handler is registered on this client (onApproval)";
-      this.denyNotes.push(note);
+      this.denied(note);
       this.warn(`denied the approval of ${which}: ${note}`);
       return { decision: "deny" };
     }
@@ -914,16 +916,21 @@ export class ScriptgateClient extends EventEmitter {
     if (d === timedOut) {
       answer.catch(() => undefined);
       const note = `the approval handler did not answer within approvalTimeoutMs = ${ms} ms`;
-      this.denyNotes.push(note);
+      this.denied(note);
       this.warn(`denied the approval of ${which}: ${note}`);
       return { decision: "deny" };
     }
     if (d === true || d === "allow_once") return { decision: "allow_once" };
     if (d === false || d === "deny") return { decision: "deny" };
     const message = `the approval handler answered ${describeThrown(d)} for ${which}; expected "allow_once", "deny" or a boolean`;
-    this.denyNotes.push(message);
+    this.denied(message);
     this.handlerError(new HandlerError("approval", "malformed_answer", message, { scriptId: req.script_id }), true);
     throw new ScriptgateError(ErrorCode.INTERNAL, message);
+  }
+
+  private denied(why: string): void {
+    this.denials++;
+    this.lastDenial = why;
   }
 
   private answer(id: Id, body: { result: unknown } | { error: RpcErrorObject }): void {
