@@ -13,6 +13,13 @@ export interface StartParams {
   tools?: string[];
   /** What the script does, in a sentence; shown in the approval request. */
   description?: string;
+  /**
+   * W3C trace context of the span that starts the script (protocol: SPEC §4). Set by
+   * the client itself when `@opentelemetry/api` is installed; give it only to
+   * override that.
+   */
+  traceparent?: string;
+  tracestate?: string;
 }
 
 export interface StartResult {
@@ -64,6 +71,8 @@ export interface ScriptResult {
 export interface CancelResult {
   script_id: string;
   state: "running" | ScriptStatus;
+  /** The script had finished before the cancel: left as it was. */
+  already_finished?: boolean;
 }
 
 export interface RevokeResult {
@@ -90,31 +99,81 @@ export interface ToolCall {
   tool: string;
   /** The script's arguments with the frozen ones merged in. */
   arguments: { [key: string]: unknown };
+  /** With a `traceparent` at `script.start`: `00-<trace id>-<the start's span id>-<flags>`. */
+  traceparent?: string;
+  tracestate?: string;
+  /** With a `traceparent` at `script.start`: this call's span id (16 hex), also in calls.jsonl. */
+  span_id?: string;
 }
 
-/** The plain answer to a `tool.call`. */
+/** `tool.cancelled` params: the daemon no longer wants the answer to its request `id`. */
+export interface ToolCancelled {
+  /** The JSON-RPC id of the `tool.call` request. */
+  id: number | string;
+  script_id: string;
+  call_id: string;
+  /** `cancelled`, `timeout`, `oom`, `interrupted` or `exited`. */
+  reason: string;
+  message: string;
+}
+
+/** The plain answer to a `tool.call`: exactly these keys (structured may be left out). */
 export interface ToolResult {
   text: string;
-  structured: unknown | null;
+  structured?: unknown;
   is_error: boolean;
 }
 
-/** One content item of an MCP `CallToolResult`. */
+/** One content block of an MCP `CallToolResult`: a string `type`, anything else. */
 export interface McpContent {
   type: string;
   [key: string]: unknown;
 }
 
-/** An MCP `tools/call` result, which the daemon converts as the CLI does. */
+/**
+ * An MCP `tools/call` result (what the MCP SDK's `callTool()` resolves to), which the
+ * daemon converts as `scriptgate run` does. Other keys are allowed and ignored.
+ */
 export interface CallToolResult {
   content: McpContent[];
-  structuredContent?: { [key: string]: unknown };
-  isError?: boolean;
+  structuredContent?: { [key: string]: unknown } | null;
+  isError?: boolean | null;
+  _meta?: { [key: string]: unknown } | null;
   [key: string]: unknown;
 }
 
-/** What a tool handler may answer. */
-export type ToolAnswer = ToolResult | CallToolResult;
+/**
+ * The MCP 2024-10-07 result (`{toolResult}`), the other half of the SDK's `callTool()`
+ * return type: the client converts it to `{text, structured, is_error: false}` (text:
+ * the value if a string, else its JSON; structured: the value if an object).
+ */
+export interface CompatibilityCallToolResult {
+  toolResult: unknown;
+  _meta?: { [key: string]: unknown } | null;
+  [key: string]: unknown;
+}
+
+/**
+ * What a tool handler may answer: a {@link ToolResult}, an MCP result as the SDK gives
+ * it, or a string (the text of a successful result). The client checks the answer
+ * before sending it (see the README).
+ */
+export type ToolAnswer = ToolResult | CallToolResult | CompatibilityCallToolResult | string;
+
+/** The MCP `Tool` definition of `run_script` (`run.describe`'s `tool`). */
+export interface RunScriptTool {
+  name: string;
+  description: string;
+  inputSchema: { type: "object"; properties?: { [key: string]: unknown }; required?: string[]; [key: string]: unknown };
+  [key: string]: unknown;
+}
+
+/** The answer of `run.describe`. */
+export interface DescribeResult {
+  text: string;
+  /** Daemons with SPEC §3 (issue 20) only. */
+  tool?: RunScriptTool;
+}
 
 /** `approval.request` params. */
 export interface ApprovalRequest {

@@ -1,5 +1,5 @@
 import { isAbsolute } from "node:path";
-import { ErrorCode, ScriptgateError } from "./errors.js";
+import { SnapshotError } from "./errors.js";
 
 /** How a tool may be used from a script (protocol §3). */
 export type ToolClass = "read" | "write" | "destructive" | "long_task";
@@ -22,6 +22,17 @@ export interface ToolSpec {
   input_schema?: JsonSchema;
   /** Arguments bound by the engine; the script must not pass them. */
   frozen?: { [key: string]: unknown };
+  /** What the model reads about the tool (`run.describe` shows it under the signature). */
+  description?: string;
+  // An MCP `Tool`'s own keys, which the daemon refuses (unknown_field): typed `never`
+  // so that `{...mcpTool, class: "read"}` does not compile. Use toolFromMcp().
+  inputSchema?: never;
+  outputSchema?: never;
+  annotations?: never;
+  execution?: never;
+  title?: never;
+  icons?: never;
+  _meta?: never;
 }
 
 /** Optional per-run limits; each can only tighten the daemon's configured value. */
@@ -46,13 +57,13 @@ export interface Snapshot {
 }
 
 const SNAPSHOT_KEYS = ["workspace", "read_only", "permission_mode", "session_allowed", "tools", "limits"];
-const TOOL_KEYS = ["name", "class", "enabled", "input_schema", "frozen"];
+const TOOL_KEYS = ["name", "class", "enabled", "input_schema", "frozen", "description"];
 const LIMIT_KEYS = ["max_calls", "max_concurrency", "timeout_s", "memory_max_bytes", "tasks_max"];
 const CLASSES = ["read", "write", "destructive", "long_task"];
 const MODES = ["approval", "auto"];
 
 function refuse(reason: string, field: string, message: string): never {
-  throw new ScriptgateError(ErrorCode.SNAPSHOT, `snapshot: ${field}: ${message}`, { reason, field });
+  throw new SnapshotError(`snapshot: ${field}: ${message}`, { reason, field });
 }
 
 function isObject(v: unknown): v is Record<string, unknown> {
@@ -138,6 +149,9 @@ export function validateSnapshot(snapshot: unknown): asserts snapshot is Snapsho
     if (present(t, "enabled") && typeof t["enabled"] !== "boolean") {
       refuse("invalid_value", `${at}.enabled`, "must be a boolean");
     }
+    if (present(t, "description") && typeof t["description"] !== "string") {
+      refuse("invalid_value", `${at}.description`, "must be a string");
+    }
     if (present(t, "frozen") && !isObject(t["frozen"])) {
       refuse("invalid_value", `${at}.frozen`, "must be an object");
     }
@@ -161,4 +175,70 @@ export function validateSnapshot(snapshot: unknown): asserts snapshot is Snapsho
   if (!isAbsolute(s["workspace"] as string)) {
     refuse("not_absolute", "workspace", "workspace must be an absolute path");
   }
+}
+
+/**
+ * An MCP `Tool` as `tools/list` gives it (the MCP SDK's `Tool` type is assignable to
+ * this). Only `name`, `description`, `inputSchema`, `annotations.readOnlyHint`,
+ * `annotations.destructiveHint` and `execution.taskSupport` are read.
+ */
+export interface McpTool {
+  name: string;
+  description?: string | undefined;
+  inputSchema?: { [key: string]: unknown } | undefined;
+  annotations?: { readOnlyHint?: boolean | undefined; destructiveHint?: boolean | undefined; [key: string]: unknown } | undefined;
+  execution?: { taskSupport?: string | undefined; [key: string]: unknown } | undefined;
+  [key: string]: unknown;
+}
+
+export interface FromMcpOptions {
+  /** The server's name: the prefix of the tool's name (`server__tool`). [A-Za-z0-9_-], no `__`. */
+  server: string;
+  /** Override the class the annotations give. */
+  class?: ToolClass;
+  enabled?: boolean;
+  frozen?: { [key: string]: unknown };
+}
+
+const SERVER_NAME = /^[A-Za-z0-9_-]+$/;
+
+/**
+ * The snapshot entry of an MCP tool, as `scriptgate run` makes it
+ * (tests/fixtures/mcp-tools.json): name `server__tool`; class `long_task` when
+ * `execution.taskSupport` is `required`, else `read` when `readOnlyHint` is true,
+ * else `write` when `destructiveHint` is false, else `destructive` (MCP's default
+ * for `destructiveHint` is true); `input_schema` the tool's `inputSchema` (none: no
+ * arguments, `{type: "object", properties: {}}`); `description` when the tool has one.
+ * Throws a TypeError for a server name that is empty, has characters outside
+ * [A-Za-z0-9_-] or contains `__`.
+ */
+export function toolFromMcp(tool: McpTool, options: FromMcpOptions): ToolSpec {
+  const server = options.server;
+  if (typeof server !== "string" || !SERVER_NAME.test(server) || server.includes("__")) {
+    throw new TypeError(`toolFromMcp: server name ${JSON.stringify(server)} must be non-empty, of [A-Za-z0-9_-], without "__"`);
+  }
+  if (!isObject(tool) || typeof tool.name !== "string" || tool.name === "") {
+    throw new TypeError("toolFromMcp: an MCP tool has a non-empty string name");
+  }
+  const a = isObject(tool.annotations) ? tool.annotations : {};
+  let cls: ToolClass;
+  if (isObject(tool.execution) && tool.execution["taskSupport"] === "required") cls = "long_task";
+  else if (a["readOnlyHint"] === true) cls = "read";
+  else if (a["destructiveHint"] === false) cls = "write";
+  else cls = "destructive";
+  const spec: ToolSpec = {
+    name: `${server}__${tool.name}`,
+    class: options.class ?? cls,
+    enabled: options.enabled ?? true,
+    input_schema: isObject(tool.inputSchema) ? tool.inputSchema : { type: "object", properties: {} },
+  };
+  if (typeof tool.description === "string") spec.description = tool.description;
+  if (options.frozen !== undefined) spec.frozen = options.frozen;
+  return spec;
+}
+
+/** `server__tool` back to its parts (the server name has no `__`); undefined when there is no `__`. */
+export function splitToolName(name: string): { server: string; tool: string } | undefined {
+  const i = name.indexOf("__");
+  return i <= 0 ? undefined : { server: name.slice(0, i), tool: name.slice(i + 2) };
 }

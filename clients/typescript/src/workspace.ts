@@ -1,4 +1,5 @@
-import { chmodSync, chownSync, mkdirSync } from "node:fs";
+import { closeSync, constants, fchmodSync, fchownSync, fstatSync, mkdirSync, openSync } from "node:fs";
+import { dirname, resolve } from "node:path";
 import { execFileSync } from "node:child_process";
 
 export interface Owner {
@@ -47,21 +48,34 @@ export interface WorkspaceOptions {
   runAs?: string;
   /** Explicit owner instead of {@link scriptOwner}. */
   owner?: Owner;
-  /** Mode of the directory (default 0o755). */
+  /** Mode of the directory (default 0o700: the script's uid only). */
   mode?: number;
 }
 
 /**
- * Prepare a workspace the script's uid can write: create it (with parents), chown it
- * to the script's uid ({@link defaultRunAs} when this process is root, else our own uid) and set
- * its mode (0755 unless given). Returns the path. Its parents must be traversable by
- * that uid, and it must lie under one of the daemon's `workspace.roots`.
+ * Prepare a workspace the script's uid can write: create it (missing parents with mode
+ * 0755), give it to the script's uid ({@link defaultRunAs} when this process is root,
+ * else our own uid) and set its mode (0700 unless given). An existing directory is
+ * re-owned and re-moded; a symlink or a non-directory at `path` is refused (ELOOP,
+ * ENOTDIR). Returns the absolute path. Its parents must be searchable by that uid
+ * (not checked), and it must lie under one of the daemon's `workspace.roots`.
  */
 export function prepareWorkspace(path: string, options: WorkspaceOptions = {}): string {
-  mkdirSync(path, { recursive: true });
+  const p = resolve(path);
   const owner = options.owner ?? scriptOwner(options.runAs);
-  const me = process.getuid?.();
-  if (me === 0 || owner.uid !== me) chownSync(path, owner.uid, owner.gid);
-  chmodSync(path, options.mode ?? 0o755);
-  return path;
+  mkdirSync(dirname(p), { recursive: true, mode: 0o755 });
+  try {
+    mkdirSync(p, { mode: 0o700 });
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
+  }
+  const fd = openSync(p, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
+  try {
+    const st = fstatSync(fd);
+    if (st.uid !== owner.uid || st.gid !== owner.gid) fchownSync(fd, owner.uid, owner.gid);
+    fchmodSync(fd, options.mode ?? 0o700);
+  } finally {
+    closeSync(fd);
+  }
+  return p;
 }

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { setTimeout as sleep } from "node:timers/promises";
 import { createHmac } from "node:crypto";
-import { ScriptgateClient, ScriptgateError, mintToken, validateSnapshot } from "../dist/index.js";
+import { ApprovalError, ScriptgateClient, ScriptgateError, mintToken, validateSnapshot } from "../dist/index.js";
 import { KEY, startDaemon } from "./rig.mjs";
 
 // A test that fails only for want of a daemon change in flight (issue 9) is marked
@@ -71,7 +71,7 @@ function fleet(seen = []) {
       case "fleet__reboot_device":
         return { text: `rebooted ${sn} for ${call.arguments.tenant}`, structured: null, is_error: false };
       case "fleet__mcp_status":
-        return { content: [{ type: "text", text: `${sn} online` }], structuredContent: { sn, online: true } };
+        return { content: [{ type: "text", text: `${sn} online` }], structuredContent: { sn, online: true }, resultType: "complete" }; // an extra key (mcp 2.3.0): ignored
       case "fleet__mcp_fail":
         return { content: [{ type: "text", text: `${sn} unreachable` }], isError: true };
       case "fleet__bad_answer":
@@ -233,6 +233,25 @@ test("a denied approval refuses the start (-32013)", T, async () => {
   }
 });
 
+test("no approval handler: the daemon is answered deny, start rejects with an ApprovalError saying why, and the engine is warned", T, async () => {
+  const { client, seen } = await engine();
+  const warnings = [];
+  client.on("warning", (w) => warnings.push(w));
+  try {
+    const { token: t } = token({ mode: "approval" });
+    const e = await client.start({ token: t, code: WRITE, tools: ["fleet__reboot_device"] }).catch((e) => e);
+    assert.ok(e instanceof ApprovalError, String(e));
+    assert.equal(e.code, -32013);
+    assert.equal(e.reason, "denied");
+    assert.match(e.message, /: no approval handler is registered on this client \(onApproval\)$/);
+    assert.equal(warnings.length, 1);
+    assert.match(warnings[0], /^denied the approval of script \S+ of run ts-run-\d+ \(fleet__reboot_device\): no approval handler is registered/);
+    assert.equal(seen.length, 0);
+  } finally {
+    await client.close();
+  }
+});
+
 test("a destructive tool is refused: ToolError denied, never at the engine", T, async () => {
   const { client, seen } = await engine();
   try {
@@ -308,7 +327,7 @@ except agent_tools.ToolError as e:
 `;
     const r = await client.run({ token: token().token, code });
     assert.equal(r.status, "ok", r.text);
-    assert.deepEqual(lines(r), ["engine | fleet API is down"]);
+    assert.deepEqual(lines(r), ["engine | Error: fleet API is down"]);
   } finally {
     await client.close();
   }
