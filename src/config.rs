@@ -66,7 +66,7 @@ pub struct Auth {
     pub allowed_groups: Vec<String>,
     pub admin_groups: Vec<String>,
     /// `[[auth.engine]]`: engines bound to their own key and workspaces
-    /// (scriptgate.toml(5)); resolved and checked by `crate::auth`.
+    /// (scriptgate.toml(5)); resolved and checked by `crate::policy::auth`.
     #[serde(rename = "engine", skip_serializing_if = "Vec::is_empty")]
     pub engines: Vec<EngineAuth>,
 }

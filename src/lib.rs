@@ -4,47 +4,25 @@
 //! Every `unsafe` block is in `sys`, the privileged seam.
 #![deny(unsafe_code)]
 
-pub(crate) mod audit;
-pub(crate) mod auth;
-pub mod broker;
-pub(crate) mod checkconfig;
-pub(crate) mod checkpoint;
+pub mod audit;
 pub(crate) mod cli;
 pub mod config;
-pub(crate) mod daemon;
-pub(crate) mod describe;
-pub(crate) mod engine;
-pub(crate) mod framing;
-pub mod journal;
+pub mod daemon;
 pub(crate) mod limits;
-pub(crate) mod mcp;
-pub(crate) mod metrics;
 pub(crate) mod policy;
-pub(crate) mod preflight;
 pub mod protocol;
-pub(crate) mod prune;
-pub mod ratelimit;
-pub(crate) mod registry;
-pub(crate) mod rpc;
-pub(crate) mod runner;
 pub mod sandbox;
-pub(crate) mod sandbox_init;
-pub(crate) mod seccomp;
-pub(crate) mod server;
+pub mod script;
 pub(crate) mod service;
-pub mod snapshot;
-pub(crate) mod startfail;
 #[allow(unsafe_code)]
 pub(crate) mod sys;
-pub(crate) mod time;
-pub mod token;
-pub(crate) mod trace;
+pub mod time;
 
 /// `scriptgate`'s entry point (`src/bin/scriptgate.rs` is a one-line shim).
 pub use cli::main as cli_main;
 /// Both binaries' first check: `Some(status)` when started as the sandbox's init
 /// (`BIN --sandbox-init ...`; see `sandbox_init`), which then exits with it.
-pub use sandbox_init::dispatch as sandbox_init_main;
+pub use sandbox::init::dispatch as sandbox_init_main;
 /// `scriptgated`'s entry point (`src/bin/scriptgated.rs` is a one-line shim).
 pub use service::main as daemon_main;
 

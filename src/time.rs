@@ -7,6 +7,16 @@ use jiff::{SignedDuration, Span, SpanRelativeTo, Timestamp};
 #[cfg(test)]
 use std::sync::atomic::{AtomicI64, Ordering};
 
+/// Milliseconds since the Unix epoch, by the system clock.
+pub fn now_ms() -> i64 {
+    SystemClock.now_ms()
+}
+
+/// Seconds since the Unix epoch, by the system clock (JWT `iat` and `exp`).
+pub fn now_unix() -> i64 {
+    SystemClock.now_unix()
+}
+
 /// Where "now" comes from. The daemon uses `SystemClock`; tests use `FakeClock`.
 pub trait Clock: Send + Sync {
     /// Milliseconds since the Unix epoch.

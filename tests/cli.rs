@@ -1,6 +1,9 @@
 //! `scriptgate run | tools | describe` against real MCP servers: server-everything
 //! and server-filesystem (npm) and mcp-server-time (PyPI), installed by
 //! tools/install-deps (run by .ci/run), never vendored.
+// The test rig forks and execs children (pre_exec, prctl, rusage): each block
+// says why it is sound.
+#![allow(unsafe_code)]
 mod common;
 use common::*;
 use serde_json::Value;

@@ -332,6 +332,6 @@ fn run_describe_gives_the_descriptions_and_a_ready_made_tool() {
     // A description is no way round the snapshot's strictness: other unknown
     // keys are still refused.
     snap["tools"][0]["descripton"] = json!("typo");
-    let err = scriptgate::token::mint(b"k", "run-1", None, &snap, 60).unwrap_err();
+    let err = scriptgate::protocol::token::mint(b"k", "run-1", None, &snap, 60).unwrap_err();
     assert!(err.to_string().contains("descripton"), "{err}");
 }

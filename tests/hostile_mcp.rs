@@ -2,6 +2,9 @@
 //! server is a program the user names, but what it sends must not hang the CLI
 //! or grow it without bound. Each server here is a real process speaking MCP
 //! over stdio; the CLI is the real binary.
+// The test rig forks and execs children (pre_exec, prctl, rusage): each block
+// says why it is sound.
+#![allow(unsafe_code)]
 use std::io::Write;
 use std::process::{Command, Stdio};
 

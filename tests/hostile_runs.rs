@@ -181,8 +181,14 @@ struct Who {
 
 impl Who {
     fn token(&self, run_id: &str, mode: &str) -> String {
-        scriptgate::token::mint(self.key, run_id, None, &fleet_snapshot(&self.ws, mode), 600)
-            .unwrap()
+        scriptgate::protocol::token::mint(
+            self.key,
+            run_id,
+            None,
+            &fleet_snapshot(&self.ws, mode),
+            600,
+        )
+        .unwrap()
     }
 }
 
@@ -407,7 +413,7 @@ fn a_run_id_cannot_spell_another_engines_run() {
     let ws_g = own_workspace(&rig, 7001, GAMES);
     let ws_u = own_workspace(&rig, 7002, IRC);
     let tok = |key: &[u8], run: &str, ws: &Path| {
-        scriptgate::token::mint(key, run, None, &fleet_snapshot(ws, "auto"), 600).unwrap()
+        scriptgate::protocol::token::mint(key, run, None, &fleet_snapshot(ws, "auto"), 600).unwrap()
     };
     let start = |e: &mut PyEngine, t: &str, code: &str| {
         e.request(
@@ -484,7 +490,7 @@ fn revocations_are_bounded_per_scope() {
     let ws_g = own_workspace(&rig, 7001, GAMES);
     let ws_u = own_workspace(&rig, 7002, IRC);
     let tok = |key: &[u8], run: &str, ws: &Path| {
-        scriptgate::token::mint(key, run, None, &fleet_snapshot(ws, "auto"), 600).unwrap()
+        scriptgate::protocol::token::mint(key, run, None, &fleet_snapshot(ws, "auto"), 600).unwrap()
     };
     // The bound engine's revocation, in a scope of its own.
     let tg = tok(KEY_G, "g-run", &ws_g);
@@ -593,7 +599,7 @@ fn a_read_only_run_writes_nothing_where_its_engine_may_not() {
         std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(mode)).unwrap();
         let mut snap = fleet_snapshot(&ws, "auto");
         snap["read_only"] = json!(true);
-        let t = scriptgate::token::mint(KEY, "run-ro", None, &snap, 600).unwrap();
+        let t = scriptgate::protocol::token::mint(KEY, "run-ro", None, &snap, 600).unwrap();
         let e = u
             .request(
                 "script.start",
@@ -625,7 +631,7 @@ fn a_read_only_run_writes_nothing_where_its_engine_may_not() {
     }
 }
 
-/// The marker `scriptgate run` writes into a fresh workspace (crate::prune).
+/// The marker `scriptgate run` writes into a fresh workspace (crate::daemon::prune).
 fn mark_created(ws: &Path) {
     std::fs::create_dir(ws.join(".agent")).unwrap();
     std::fs::set_permissions(ws.join(".agent"), std::fs::Permissions::from_mode(0o700)).unwrap();
@@ -707,7 +713,8 @@ fn retention_removes_only_what_the_daemon_recorded() {
         std::os::unix::fs::chown(&p, Some(7002), Some(IRC)).unwrap();
     }
     let t =
-        scriptgate::token::mint(KEY, "run-p", None, &fleet_snapshot(&fresh, "auto"), 600).unwrap();
+        scriptgate::protocol::token::mint(KEY, "run-p", None, &fleet_snapshot(&fresh, "auto"), 600)
+            .unwrap();
     let id = u
         .request(
             "script.start",
@@ -817,7 +824,9 @@ fn roots_agent_directory_is_not_handed_to_an_engine() {
     let ws = rig.root.join("open");
     std::fs::create_dir_all(ws.join(".agent")).unwrap();
     std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let t = scriptgate::token::mint(KEY, "run-o", None, &fleet_snapshot(&ws, "auto"), 600).unwrap();
+    let t =
+        scriptgate::protocol::token::mint(KEY, "run-o", None, &fleet_snapshot(&ws, "auto"), 600)
+            .unwrap();
     let e = u
         .request(
             "script.start",

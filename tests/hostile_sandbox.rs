@@ -6,6 +6,9 @@
 //! processes left as zombies; memory outside RLIMIT_AS (memfd, SysV), the
 //! daemon's descriptor bound, a refused thread that killed its script, script ids
 //! in command lines, and a running script read by its uid from outside.
+// The test rig forks and execs children (pre_exec, prctl, rusage): each block
+// says why it is sound.
+#![allow(unsafe_code)]
 mod common;
 use common::*;
 use serde_json::{json, Value};

@@ -17,14 +17,19 @@
 //! and long strings. `allocation_worst_cases` feeds each parser large instances
 //! of the JSON shapes that allocate most per byte, where the slope of the bound
 //! (not its constant) is what is tested.
+// The test rig forks and execs children (pre_exec, prctl, rusage): each block
+// says why it is sound.
+#![allow(unsafe_code)]
 
 use base64::Engine as _;
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::select;
-use scriptgate::broker::{self, parse_request, BadRequest, Request, MAX_BATCH, MAX_NAME_BYTES};
+use scriptgate::protocol::token::{self, RunClaims};
 use scriptgate::protocol::{self, code, parse_line, Incoming, RpcError};
-use scriptgate::token::{self, RunClaims};
+use scriptgate::script::broker::{
+    self, parse_request, BadRequest, Request, MAX_BATCH, MAX_NAME_BYTES,
+};
 use serde_json::{json, Map, Value};
 use std::sync::OnceLock;
 
@@ -90,26 +95,30 @@ mod alloc {
     // only touches thread-local cells.
     unsafe impl GlobalAlloc for Counting {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            let p = System.alloc(layout);
+            // SAFETY: the caller's layout contract is passed on to System.
+            let p = unsafe { System.alloc(layout) };
             if !p.is_null() {
                 note(layout.size() as isize);
             }
             p
         }
         unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-            let p = System.alloc_zeroed(layout);
+            // SAFETY: as alloc.
+            let p = unsafe { System.alloc_zeroed(layout) };
             if !p.is_null() {
                 note(layout.size() as isize);
             }
             p
         }
         unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            System.dealloc(ptr, layout);
+            // SAFETY: ptr was allocated by System with this layout (above).
+            unsafe { System.dealloc(ptr, layout) };
             note(-(layout.size() as isize));
         }
         // Counted as its net change: after a realloc the old block is gone.
         unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-            let p = System.realloc(ptr, layout, new_size);
+            // SAFETY: as dealloc; new_size is the caller's.
+            let p = unsafe { System.realloc(ptr, layout, new_size) };
             if !p.is_null() {
                 note(new_size as isize - layout.size() as isize);
             }
@@ -708,7 +717,7 @@ impl Gen {
     fn claims_case(&mut self) -> ClaimsCase {
         // Expiry never within an hour of now: the model and `verify` read the
         // clock apart, and a failing case is run again while it shrinks.
-        let now = token::now_unix();
+        let now = scriptgate::time::now_unix();
         let run_id = match self.below(9) {
             0..=5 => {
                 let s: String = (0..1 + self.below(40)).map(|_| self.char()).collect();
@@ -1843,7 +1852,7 @@ fn bad_alg() -> BoxedStrategy<Option<String>> {
 
 /// Valid claims for a token that would be accepted if its header were honest.
 fn good_claims() -> String {
-    json!({"run_id": "run-1", "iat": token::now_unix(), "exp": token::now_unix() + 3600,
+    json!({"run_id": "run-1", "iat": scriptgate::time::now_unix(), "exp": scriptgate::time::now_unix() + 3600,
            "snapshot": {"workspace": "/", "permission_mode": "auto", "tools": []}})
     .to_string()
 }
@@ -1899,9 +1908,9 @@ proptest! {
         ttl in prop_oneof![60i64..10_000_000, -10_000_000i64..-60],
         check_exp in any::<bool>(),
     ) {
-        let before = token::now_unix();
+        let before = scriptgate::time::now_unix();
         let t = token::mint(&key, &run_id, runner.as_deref(), &snapshot, ttl).expect("a valid snapshot mints");
-        let after = token::now_unix();
+        let after = scriptgate::time::now_unix();
         let r = verify_measured(&t, &key, check_exp);
         if check_exp && ttl < 0 {
             prop_assert_eq!(r.map(|_| ()).map_err(|e| reason_of(&e).1.to_string()), Err("expired".to_string()));

@@ -221,7 +221,7 @@ fn bad_tokens_are_refused_before_anything_runs() {
     let good = rig.token(&snap);
     let reason = |t: &str| code_reason(&e.start(t, "print(1)", &[]).unwrap_err());
     // Signed with another key.
-    let other = scriptgate::token::mint(
+    let other = scriptgate::protocol::token::mint(
         b"some-other-key-some-other-key-!!!",
         "run-1",
         None,

@@ -234,7 +234,7 @@ impl SystemdRig {
     fn token(&self, limits: Value) -> String {
         let mut snap = fleet_snapshot(&self.workspace(), "auto");
         snap["limits"] = limits;
-        scriptgate::token::mint(KEY, "rig-run", Some("rig"), &snap, 600).unwrap()
+        scriptgate::protocol::token::mint(KEY, "rig-run", Some("rig"), &snap, 600).unwrap()
     }
 
     fn journal(&self, message_id: &str) -> Vec<Value> {
@@ -464,7 +464,7 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
             "{j}"
         );
         let _ = e.start(
-            &scriptgate::token::mint(
+            &scriptgate::protocol::token::mint(
                 KEY,
                 "late-run",
                 None,
@@ -827,6 +827,6 @@ fn sysusers_and_catalog_are_valid_for_systemd() {
             String::from_utf8_lossy(&o.stderr)
         );
     }
-    assert_eq!(scriptgate::journal::SCRIPT_FINISHED, FINISHED);
-    assert_eq!(scriptgate::journal::START_REFUSED, REFUSED);
+    assert_eq!(scriptgate::audit::journal::SCRIPT_FINISHED, FINISHED);
+    assert_eq!(scriptgate::audit::journal::START_REFUSED, REFUSED);
 }

@@ -153,7 +153,7 @@ impl Booted {
 
     fn token(&self) -> String {
         let snap = fleet_snapshot(&self.dir.join("roots/ws"), "auto");
-        scriptgate::token::mint(KEY, "rig-run", Some("rig"), &snap, 600).unwrap()
+        scriptgate::protocol::token::mint(KEY, "rig-run", Some("rig"), &snap, 600).unwrap()
     }
 }
 

@@ -237,7 +237,7 @@ fn kill_9_mid_script_leaves_an_interrupted_record_and_no_process() {
         "{log}"
     );
     assert!(
-        log.contains(scriptgate::journal::SCRIPT_FINISHED),
+        log.contains(scriptgate::audit::journal::SCRIPT_FINISHED),
         "the entry carries its MESSAGE_ID: {log}"
     );
 }

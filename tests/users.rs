@@ -403,7 +403,8 @@ fn engine_entries_bind_each_engine_to_its_own_key_and_workspaces() {
     );
     let start = |key: &[u8], ws: &Path| {
         let t =
-            scriptgate::token::mint(key, "run-e", None, &fleet_snapshot(ws, "auto"), 600).unwrap();
+            scriptgate::protocol::token::mint(key, "run-e", None, &fleet_snapshot(ws, "auto"), 600)
+                .unwrap();
         json!(["script.start", {"token": t, "code": "import os\nprint(os.getuid())", "tools": [], "description": "x"}])
     };
     // A with its key, in its own root: runs.
@@ -451,8 +452,14 @@ fn engine_entries_bind_each_engine_to_its_own_key_and_workspaces() {
     assert_eq!(got[1]["result"]["output"], "40012\n", "{got:?}");
     // Both engines used the run id "run-e". B revoking its own "run-e" (with its
     // key) revokes B's run only: A's run of the same id still starts; B's does not.
-    let tb =
-        scriptgate::token::mint(KEY_B, "run-e", None, &fleet_snapshot(&ws_b, "auto"), 600).unwrap();
+    let tb = scriptgate::protocol::token::mint(
+        KEY_B,
+        "run-e",
+        None,
+        &fleet_snapshot(&ws_b, "auto"),
+        600,
+    )
+    .unwrap();
     let got = client_as(
         40012,
         IRC,

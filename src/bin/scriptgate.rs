@@ -1,4 +1,4 @@
-// The binaries are shims: every unsafe operation lives in the library's sys.rs.
+// The binaries are shims: every unsafe operation lives in the library's sys module (src/sys/).
 #![forbid(unsafe_code)]
 
 fn main() -> std::process::ExitCode {

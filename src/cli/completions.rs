@@ -2,17 +2,10 @@
 //! from the command-line definition by clap_complete. The packages install its
 //! output into the shells' standard completion directories.
 
-use clap::{CommandFactory, ValueEnum};
+use super::args::{Cli, Shell};
+use clap::CommandFactory;
 use std::io::Write;
 use std::process::ExitCode;
-
-/// The shells whose completion directories the packages fill.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Shell {
-    Bash,
-    Zsh,
-    Fish,
-}
 
 /// The completion script for `shell`.
 pub fn script(shell: Shell) -> Vec<u8> {
@@ -21,7 +14,7 @@ pub fn script(shell: Shell) -> Vec<u8> {
         Shell::Zsh => clap_complete::Shell::Zsh,
         Shell::Fish => clap_complete::Shell::Fish,
     };
-    let mut cmd = super::Cli::command();
+    let mut cmd = Cli::command();
     let mut out = Vec::new();
     clap_complete::generate(shell, &mut cmd, "scriptgate", &mut out);
     out

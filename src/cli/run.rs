@@ -5,31 +5,25 @@
 //! socket) or, only when none is installed or when asked, an embedded one in
 //! this process (`super::target`): same sandbox, policy, limits and artifacts.
 
+use super::args::{Answer, RunCmd};
 use super::exit::Failure;
-use super::RunCmd;
+use crate::cli::mcp::{self, ServerSpec};
 use crate::config::{BackendChoice, Config};
 use crate::daemon::{Access, Daemon, Peer};
-use crate::engine::{BoxFuture, EngineLink, LinkError};
-use crate::mcp::{self, ServerSpec};
+use crate::protocol::rpc::BoxFuture;
+use crate::protocol::rpc::{self, Bounds, CallError};
+use crate::protocol::token::{PermissionMode, Snapshot, SnapshotLimits, ToolClass, ToolSpec};
 use crate::protocol::{
     ApprovalAnswer, ApprovalRequest, DaemonRequest, Decision, Notification, RpcError, ScriptRef,
     ScriptResult, ScriptStatus, StartParams, Started, ToolCall, ToolResult,
 };
-use crate::rpc::{self, Bounds, CallError};
-use crate::token::{PermissionMode, Snapshot, SnapshotLimits, ToolClass, ToolSpec};
+use crate::script::engine::{EngineLink, LinkError};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
-    Yes,
-    No,
-    Ask,
-}
 
 /// The tools of the started MCP servers.
 pub struct Tools {
@@ -239,7 +233,7 @@ impl EngineLink for Embedded {
     fn tool_call(
         &self,
         params: ToolCall,
-        _end: crate::engine::CallEnd,
+        _end: crate::script::engine::CallEnd,
     ) -> BoxFuture<'_, Result<crate::protocol::Answer, LinkError>> {
         Box::pin(async move {
             let result = self.0.tool_call(&params).await?;
@@ -438,8 +432,8 @@ fn fresh_workspace(base: &Path, id: &crate::sys::Identity) -> Result<PathBuf, Fa
     // root may enter it.
     crate::sys::chmod(&ws, 0o700)
         .map_err(|e| Failure::setup(format!("chmod {}: {e}", ws.display())))?;
-    // Ours to remove once unused for workspace.retain_days (crate::prune).
-    crate::prune::mark_created(&ws, "scriptgate run").map_err(cannot)?;
+    // Ours to remove once unused for workspace.retain_days (crate::daemon::prune).
+    crate::daemon::prune::mark_created(&ws, "scriptgate run").map_err(cannot)?;
     if is_root() {
         crate::sys::chown(&ws, Some(id.uid), Some(id.gid))
             .map_err(|e| Failure::setup(format!("chown {}: {e}", ws.display())))?;
@@ -615,7 +609,7 @@ fn my_entry(cfg: &Config) -> Result<Option<crate::config::EngineAuth>, Failure> 
         nix::unistd::getuid().as_raw(),
         nix::unistd::getgid().as_raw(),
     );
-    crate::auth::entry_for(
+    crate::policy::auth::entry_for(
         &cfg.auth,
         uid,
         &crate::sys::peer_gids(uid, gid),
@@ -635,7 +629,7 @@ fn socket_fresh_base(cfg: &Config, path: &Path) -> Result<PathBuf, Failure> {
         cfg.workspace.roots.clone()
     } else {
         let entry = my_entry(cfg)?;
-        crate::auth::peer_roots(
+        crate::policy::auth::peer_roots(
             &cfg.workspace.roots,
             entry.as_ref().map(|e| e.workspace_roots.as_slice()),
             uid,
@@ -728,7 +722,7 @@ fn mint(key: &[u8], snap: &Snapshot) -> Result<String, Failure> {
     );
     let runner = format!("scriptgate-cli uid {}", nix::unistd::getuid());
     let snap = serde_json::to_value(snap).map_err(|e| Failure::setup(e.to_string()))?;
-    crate::token::mint(key, &run_id, Some(&runner), &snap, 24 * 3600)
+    crate::protocol::token::mint(key, &run_id, Some(&runner), &snap, 24 * 3600)
         .map_err(|e| Failure::setup(e.message))
 }
 
@@ -869,7 +863,7 @@ pub async fn list_tools(
             .map(|t| ToolLine {
                 name: &t.name,
                 class: t.class,
-                signature: crate::describe::signature(t),
+                signature: crate::policy::describe::signature(t),
                 input_schema: &t.input_schema,
             })
             .collect();
@@ -882,7 +876,7 @@ pub async fn list_tools(
                 vec![
                     t.name.clone(),
                     t.class.as_str().to_string(),
-                    crate::describe::signature(t),
+                    crate::policy::describe::signature(t),
                 ]
             })
             .collect();
@@ -914,10 +908,10 @@ pub async fn describe(
     // Checked as the daemon checks a token's snapshot.
     let snap = serde_json::to_value(&snap)
         .map_err(|e| e.to_string())
-        .and_then(|v| crate::token::parse_snapshot(v).map_err(|e| e.message))
+        .and_then(|v| crate::protocol::token::parse_snapshot(v).map_err(|e| e.message))
         .map_err(Failure::setup)?;
     let limits = crate::policy::Limits::effective(&cfg.scripts, &snap.limits);
-    Ok(crate::describe::describe(
+    Ok(crate::policy::describe::describe(
         &snap,
         &limits,
         cfg.scripts.return_max_chars,

@@ -2,6 +2,7 @@
 //! and reads replies from fd 4, one JSON object per line (protocol §8). Parsing
 //! is total and bounded: any bytes give a `Request` or a `BadRequest`.
 
+use super::framing::{clip, clip_marked};
 use super::Progress;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -15,22 +16,6 @@ pub const MAX_NAME_BYTES: usize = 128;
 pub const MAX_PROGRESS_MESSAGE_BYTES: usize = 500;
 /// Bytes of an uncaught `ToolError` code kept.
 pub const MAX_CODE_BYTES: usize = 32;
-
-/// Cut `s` to at most `max` bytes at a character boundary, marking the cut.
-pub fn clip(s: &str, max: usize) -> String {
-    clip_marked(s, max, "…")
-}
-
-fn clip_marked(s: &str, max: usize, mark: &str) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{mark}", &s[..end])
-}
 
 /// A request line on fd 3 as `agent_tools` writes it. Every field is taken
 /// as any JSON value and normalised by `parse_request` (a wrong type reads as

@@ -171,7 +171,7 @@ impl Rig {
     }
 
     pub fn token_for(&self, run_id: &str, snapshot: &Value, ttl: i64) -> String {
-        scriptgate::token::mint(KEY, run_id, Some("test-runner"), snapshot, ttl).unwrap()
+        scriptgate::protocol::token::mint(KEY, run_id, Some("test-runner"), snapshot, ttl).unwrap()
     }
 
     /// The standard fleet snapshot over this rig's workspace.

@@ -15,7 +15,8 @@
 use crate::limits::{Backend, Enforcement};
 use crate::policy::Limits;
 use crate::protocol::SandboxInfo;
-use crate::sandbox::{probe_args, RealHost, FD_SECCOMP};
+use crate::sandbox::abi::FD_SECCOMP;
+use crate::sandbox::{probe_args, RealHost};
 use crate::sys::{
     channel_pipe, dup_high, install_cloexec_above_fixed, install_pre_exec, wait_child, ChildSetup,
     Identity, PidFd, Spawner,
@@ -493,7 +494,7 @@ async fn probe_once(
     };
     let setup = || -> std::io::Result<_> {
         let (seccomp_r, seccomp_w) = channel_pipe()?;
-        let program = crate::seccomp::cached().map_err(std::io::Error::other)?;
+        let program = crate::sandbox::seccomp::cached().map_err(std::io::Error::other)?;
         std::io::Write::write_all(&mut std::fs::File::from(seccomp_w), program)?;
         let (err_r, err_w) = channel_pipe()?;
         Ok((dup_high(&seccomp_r)?, err_r, err_w))

@@ -367,10 +367,8 @@ pub struct ChildSetup {
     pub identity: Option<Identity>,
     /// `(resource, limit)` pairs applied with setrlimit.
     pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
-    /// `(from, to)`: descriptors to place at fixed numbers (`sandbox::FD_*`: the
-    /// tool channel at 3 and 4, bwrap's info fd at 5, the gate at 6, the init's
-    /// usage report at 7, the seccomp program at 8, the workspace at 9 and its
-    /// `.agent` at 10). Every `from` must be above `HIGHEST_FIXED_FD`.
+    /// `(from, to)`: descriptors to place at fixed numbers, each `to` at most
+    /// `HIGHEST_FIXED_FD` and each `from` above it.
     pub dups: Vec<(RawFd, RawFd)>,
     /// The daemon's pid, to notice a parent that died before PDEATHSIG was armed.
     pub parent_pid: libc::pid_t,
@@ -438,8 +436,10 @@ pub fn install_pre_exec(cmd: &mut std::process::Command, s: ChildSetup) {
     }
 }
 
-/// The highest descriptor number a child gets fixed (see `sandbox::FD_*`).
-const HIGHEST_FIXED_FD: RawFd = crate::sandbox::FD_AGENT;
+/// The highest descriptor number a child gets fixed: `dups` place descriptors
+/// at most here, and their sources are raised above it (the sandbox's ABI,
+/// `sandbox::abi`, is held to it).
+pub const HIGHEST_FIXED_FD: RawFd = 11;
 
 /// A close-on-exec duplicate of `fd` numbered above the fixed descriptors, to be
 /// placed at one of them in a child (`ChildSetup::dups`).

@@ -3,6 +3,10 @@
 //! environment variables are read before the runtime starts threads, and the config
 //! and key are checked before any socket exists.
 
+pub(crate) mod checkconfig;
+pub(crate) mod server;
+pub(crate) mod startfail;
+
 use crate::config::{Config, DEFAULT_PATH};
 use crate::daemon::Daemon;
 use clap::Parser;
@@ -67,7 +71,7 @@ pub fn main() -> ExitCode {
     let cloexec = crate::sys::cloexec_inherited_fds();
     let args = Args::parse();
     if args.check_config {
-        return crate::checkconfig::main(args.config);
+        return crate::service::checkconfig::main(args.config);
     }
     // 1. Before any thread exists: take (and unset) LISTEN_FDS / WATCHDOG_USEC.
     let activated = match crate::sys::activated_sockets() {
@@ -121,9 +125,9 @@ pub fn main() -> ExitCode {
 }
 
 /// Exit 1 (the unit does not restart on it), telling the engines queued on an
-/// activated socket why first (crate::startfail).
+/// activated socket why first (crate::service::startfail).
 fn cannot_start(activated: &[OwnedFd], e: &dyn std::fmt::Display) -> ExitCode {
-    crate::startfail::answer_pending(activated, e);
+    crate::service::startfail::answer_pending(activated, e);
     fail(e)
 }
 
@@ -153,7 +157,7 @@ async fn run(
     // Scripts a killed daemon left running: their record is completed now, and so is
     // their journal entry.
     for r in &interrupted {
-        crate::journal::script_finished(&crate::journal::Finished {
+        crate::audit::journal::script_finished(&crate::audit::journal::Finished {
             result: &r.result,
             runner: r.runner.as_deref(),
             uid: r.run_uid,
@@ -236,7 +240,8 @@ fn announce_ready(daemon: &Daemon) {
             "scriptgated ready (backend {backend}; {notes}; {preflight})"
         );
     }
-    if let Err(e) = crate::metrics::write_daemon_file(&daemon.cfg.state.dir, &daemon.info()) {
+    if let Err(e) = crate::audit::metrics::write_daemon_file(&daemon.cfg.state.dir, &daemon.info())
+    {
         tracing::warn!("cannot write daemon.json for scriptgate metrics: {e}");
     }
     let _ = sd_notify::notify(&[
@@ -313,7 +318,7 @@ async fn refuse_reload() {
 }
 
 /// `[workspace] retain_days`: at start, then hourly, remove the workspaces
-/// scriptgate created that nothing used for that long (crate::prune; bounded per
+/// scriptgate created that nothing used for that long (crate::daemon::prune; bounded per
 /// pass, never an engine's own workspace, never one a running script uses).
 async fn workspace_retention(d: Arc<Daemon>) {
     let days = d.cfg.workspace.retain_days;
@@ -324,7 +329,7 @@ async fn workspace_retention(d: Arc<Daemon>) {
     loop {
         t.tick().await;
         let (roots, busy) = (d.cfg.workspace.roots.clone(), d.running_workspaces());
-        // Only the workspaces the daemon recorded as scriptgate's own (crate::prune).
+        // Only the workspaces the daemon recorded as scriptgate's own (crate::daemon::prune).
         let vouched = match d.store.vouched_workspaces() {
             Ok(v) => v,
             Err(e) => {
@@ -333,7 +338,7 @@ async fn workspace_retention(d: Arc<Daemon>) {
             }
         };
         let pass = tokio::task::spawn_blocking(move || {
-            crate::prune::run_pass(&roots, &vouched, days, &|p| {
+            crate::daemon::prune::run_pass(&roots, &vouched, days, &|p| {
                 busy.iter().any(|b| b.starts_with(p))
             })
         })
@@ -393,7 +398,7 @@ async fn serve_until_stopped(
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    let serve = crate::server::serve(daemon.clone(), listener, idle_exit);
+    let serve = crate::service::server::serve(daemon.clone(), listener, idle_exit);
     tokio::pin!(serve);
     let served = |r: std::io::Result<()>| match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,10 +2,11 @@
 //! pages), tools/call. It keeps tools as raw JSON so that every annotation the
 //! server publishes (readOnlyHint, destructiveHint, execution.taskSupport) is seen.
 
-use crate::engine::{BoxFuture, LinkError};
+use crate::protocol::rpc::BoxFuture;
+use crate::protocol::rpc::{self, Bounds, CallError};
+use crate::protocol::token::{ToolClass, ToolSpec};
 use crate::protocol::{RpcError, ToolResult};
-use crate::rpc::{self, Bounds, CallError};
-use crate::token::{ToolClass, ToolSpec};
+use crate::script::engine::LinkError;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::process::Stdio;
@@ -508,7 +509,7 @@ mod tests {
     #[test]
     fn the_shared_table_of_mcp_tools_maps_as_the_clients_do() {
         let table: Value =
-            serde_json::from_str(include_str!("../tests/fixtures/mcp-tools.json")).unwrap();
+            serde_json::from_str(include_str!("../../tests/fixtures/mcp-tools.json")).unwrap();
         let cases = table["cases"].as_array().unwrap();
         assert!(cases.len() >= 10);
         for c in cases {
@@ -604,7 +605,7 @@ mod tests {
             tool_spec("a__3".into(), &bad, ToolClass::Destructive).0,
         ]
         .into();
-        let snap = crate::token::parse_snapshot(
+        let snap = crate::protocol::token::parse_snapshot(
             json!({"workspace": "/w", "permission_mode": "auto", "tools": tools}),
         )
         .unwrap();

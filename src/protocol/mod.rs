@@ -1,6 +1,12 @@
 //! Wire types of the engine protocol (scriptgate-protocol(7)): JSON-RPC 2.0, one
 //! message per line. Only types and constructors live here; no I/O.
 
+pub(crate) mod framing;
+pub(crate) mod rpc;
+pub mod snapshot;
+pub mod token;
+pub(crate) mod trace;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -878,7 +884,7 @@ impl ToolResult {
                 .keys()
                 .filter(|k| !known.contains(&k.as_str()))
                 .take(MAX_IGNORED_KEYS)
-                .map(|k| script::clip(k, 64))
+                .map(|k| framing::clip(k, 64))
                 .collect();
             return Ok(Answer {
                 result: ToolResult::from_mcp(v),
@@ -897,7 +903,7 @@ impl ToolResult {
         {
             return Err(format!(
                 "unknown field `{}` in a {{text, structured, is_error}} answer",
-                script::clip(k, 64)
+                framing::clip(k, 64)
             ));
         }
         let Some(text) = m["text"].as_str() else {
@@ -1254,7 +1260,7 @@ mod tests {
             parse_request(b"[]").unwrap_err().message,
             "not a JSON object"
         );
-        assert_eq!(clip("éé", 3), "é…");
+        assert_eq!(framing::clip("éé", 3), "é…");
     }
 
     /// Every doc example of a wire type that is complete JSON (no `…` outside
@@ -1284,7 +1290,7 @@ mod tests {
             ("ApprovalAnswer", check::<ApprovalAnswer>),
             ("ScriptResult", check::<ScriptResult>),
         ];
-        let src = include_str!("protocol.rs");
+        let src = include_str!("mod.rs");
         let mut checked = Vec::new();
         let mut lines = src.lines().map(str::trim);
         let mut example: Option<String> = None;

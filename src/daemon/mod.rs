@@ -7,25 +7,31 @@
 //! approval (bounded per connection, holding no slot), reserve a `max_running`
 //! slot, create the record, then make the broker and supervise the script.
 
+pub(crate) mod prune;
+pub mod ratelimit;
+pub(crate) mod registry;
+
 // The registry of running and finished scripts; only the daemon uses it.
 
-use crate::audit::{now_ms, Refusal as RefusalRow, StartRow, Store};
-use crate::broker::{Broker, Live, RevokedRuns};
+use crate::audit::{Refusal as RefusalRow, StartRow, Store};
 use crate::config::Config;
-use crate::engine::{EngineLink, LinkError};
+use crate::daemon::ratelimit::{RefusalLimiter, Verdict};
+use crate::daemon::registry::{Registry, Slot};
 use crate::limits::{Backend, Picked};
+use crate::policy::runs::{RunKey, Scope};
 use crate::policy::{Budget, Limits, Policy, StartPlan};
+use crate::protocol::token::{self, PermissionMode, RunClaims, RunRef, Signed};
 use crate::protocol::{
     code, ApprovalRequest, ApprovalTool, DaemonInfo, DaemonLimits, Described, ListedScript,
     Notification, Revoked, RpcError, ScriptRef, ScriptResult, ScriptState, ScriptStatus,
     StartParams, Started, Status,
 };
-use crate::ratelimit::{RefusalLimiter, Verdict};
-use crate::registry::{Registry, RunKey, Scope, Slot};
-use crate::runner::{Launch, Stop};
 use crate::sandbox::SandboxSpec;
+use crate::script::broker::{Broker, Live, RevokedRuns};
+use crate::script::engine::{EngineLink, LinkError};
+use crate::script::{Launch, Stop};
 use crate::sys::{resolve_run_as, ArtifactDir, Identity, Spawner, WorkspaceDir};
-use crate::token::{self, PermissionMode, RunClaims, RunRef, Signed};
+use crate::time::now_ms;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -36,7 +42,7 @@ use tokio::sync::watch;
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Why a script whose engine connection closed is cancelled.
 const ENGINE_LOST: &str = "engine disconnected";
-const AGENT_TOOLS_PY: &str = include_str!("runtime/agent_tools.py");
+const AGENT_TOOLS_PY: &str = include_str!("../sandbox/agent_tools.py");
 
 /// Who is on the other end of a connection (from SO_PEERCRED).
 #[derive(Debug, Clone, Copy)]
@@ -77,11 +83,11 @@ pub struct Daemon {
     pub cfg: Config,
     key: Vec<u8>,
     /// `[[auth.engine]]`: engines bound to their own keys and workspaces.
-    pub engines: crate::auth::Engines,
+    pub engines: crate::policy::auth::Engines,
     pub store: Store,
     pub backend: Picked,
     /// What the start-up preflight found (see `preflight`).
-    pub preflight: crate::preflight::Preflight,
+    pub preflight: crate::sandbox::preflight::Preflight,
     spawner: Spawner,
     runtime_dir: PathBuf,
     /// Running and finished scripts, `max_running` slots, pending approvals.
@@ -162,13 +168,13 @@ struct Admitted {
     run_key: RunKey,
     workspace: WorkspaceDir,
     /// The workspace's (dev, inode) when retention may remove it once unused
-    /// (crate::prune::vouch).
+    /// (crate::daemon::prune::vouch).
     vouched: Option<(u64, u64)>,
     policy: Policy,
     plan: StartPlan,
     identity: Identity,
     /// The engine's trace context (`script.start`'s `traceparent`).
-    trace: Option<crate::trace::TraceContext>,
+    trace: Option<crate::protocol::trace::TraceContext>,
 }
 
 /// A script's record in its workspace, created before anything runs.
@@ -178,7 +184,7 @@ struct Record {
     calls_log: std::fs::File,
     stdout_file: std::fs::File,
     stderr_file: std::fs::File,
-    /// The code the sandbox runs (`runner::Launch::script_code`).
+    /// The code the sandbox runs (`script::Launch::script_code`).
     script_code: std::os::fd::OwnedFd,
     limits: Limits,
 }
@@ -194,7 +200,8 @@ impl Daemon {
             let path = path.to_path_buf();
             move |source| StartupError::Io { op, path, source }
         };
-        let engines = crate::auth::Engines::load(&cfg.auth, Some(&key), Path::new("auth.engine"))?;
+        let engines =
+            crate::policy::auth::Engines::load(&cfg.auth, Some(&key), Path::new("auth.engine"))?;
         let backend = Backend::pick(
             cfg.sandbox.backend,
             &crate::limits::Host::real(),
@@ -222,11 +229,12 @@ impl Daemon {
             .find_map(|g| nix::unistd::Group::from_name(g).ok().flatten())
             .map(|g| g.gid.as_raw());
         let spawner = Spawner::start();
-        let preflight = crate::preflight::Preflight::run(&spawner, &cfg, &backend.backend).await;
+        let preflight =
+            crate::sandbox::preflight::Preflight::run(&spawner, &cfg, &backend.backend).await;
         let (store, interrupted) = Store::open(&state.join("scriptgate.db"), admin_gid)?;
         // The sandbox init is this binary: resolve its path now, while it is the
         // file this process runs (an upgrade may replace it before the first script).
-        let _ = crate::sandbox_init::exe();
+        let _ = crate::sandbox::init::exe();
         let revoked: RevokedRuns =
             Arc::new(RwLock::new(store.revoked_runs()?.into_iter().collect()));
         let d = Daemon {
@@ -256,11 +264,11 @@ impl Daemon {
             }
         });
         // Running scripts' counts reach the audit row at least every tick, in
-        // one write: a kill -9 leaves real counts (crate::checkpoint).
+        // one write: a kill -9 leaves real counts (crate::audit::checkpoint).
         let weak = Arc::downgrade(&d);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(crate::checkpoint::TICK);
-            let mut written = crate::checkpoint::Checkpoint::default();
+            let mut tick = tokio::time::interval(crate::audit::checkpoint::TICK);
+            let mut written = crate::audit::checkpoint::Checkpoint::default();
             loop {
                 tick.tick().await;
                 let Some(d) = weak.upgrade() else { break };
@@ -275,7 +283,7 @@ impl Daemon {
     }
 
     /// `(script_id, calls, failures)` of every running script.
-    fn live_counts(&self) -> Vec<crate::checkpoint::Counts> {
+    fn live_counts(&self) -> Vec<crate::audit::checkpoint::Counts> {
         self.registry
             .all_running()
             .into_iter()
@@ -369,7 +377,7 @@ impl Daemon {
         v
     }
 
-    pub fn sandbox_check(&self) -> &crate::preflight::SandboxCheck {
+    pub fn sandbox_check(&self) -> &crate::sandbox::preflight::SandboxCheck {
         &self.preflight.sandbox
     }
 
@@ -402,7 +410,9 @@ impl Daemon {
     /// `workspace_roots` or per-uid directories, or `workspace.roots`.
     fn roots_for(&self, peer: Peer) -> Vec<PathBuf> {
         match peer.engine.and_then(|i| self.engines.list.get(i)) {
-            Some(e) => crate::auth::peer_roots(&self.cfg.workspace.roots, Some(&e.roots), peer.uid),
+            Some(e) => {
+                crate::policy::auth::peer_roots(&self.cfg.workspace.roots, Some(&e.roots), peer.uid)
+            }
             None => self.cfg.workspace.roots.clone(),
         }
     }
@@ -411,10 +421,13 @@ impl Daemon {
     pub fn describe(&self, engine: Option<usize>, token_str: &str) -> Result<Described, RpcError> {
         let claims = token::verify(token_str, self.key_for(engine), true)?;
         let limits = Limits::effective(&self.cfg.scripts, &claims.snapshot.limits);
-        let text =
-            crate::describe::describe(&claims.snapshot, &limits, self.cfg.scripts.return_max_chars);
+        let text = crate::policy::describe::describe(
+            &claims.snapshot,
+            &limits,
+            self.cfg.scripts.return_max_chars,
+        );
         Ok(Described {
-            tool: crate::describe::run_script_tool(&text),
+            tool: crate::policy::describe::run_script_tool(&text),
             text,
         })
     }
@@ -457,7 +470,13 @@ impl Daemon {
             Some(RunRef { run_id, runner }) => (Some(run_id), runner),
             None => (None, None),
         };
-        crate::journal::start_refused(e, run_id.as_deref(), runner.as_deref(), peer.uid, peer.pid);
+        crate::audit::journal::start_refused(
+            e,
+            run_id.as_deref(),
+            runner.as_deref(),
+            peer.uid,
+            peer.pid,
+        );
         let _ = self
             .store
             .refusal(RefusalRow {
@@ -478,7 +497,7 @@ impl Daemon {
             return;
         };
         let message = s.message(now_ms());
-        crate::journal::refusals_counted(s.count, &message);
+        crate::audit::journal::refusals_counted(s.count, &message);
         let by_reason = s.by_reason.clone().into_iter().collect();
         let _ = self
             .store
@@ -534,10 +553,10 @@ impl Daemon {
     /// and whether that identity may write the workspace.
     fn admit(&self, peer: Peer, p: &StartParams, signed: Signed) -> Result<Admitted, RpcError> {
         let claims = signed.claims()?;
-        claims.check_fresh(token::now_unix())?;
+        claims.check_fresh(crate::time::now_unix())?;
         let trace = match &p.traceparent {
             Some(tp) => Some(
-                crate::trace::TraceContext::parse(tp, p.tracestate.as_deref())
+                crate::protocol::trace::TraceContext::parse(tp, p.tracestate.as_deref())
                     .map_err(|e| RpcError::invalid_params(format!("invalid params: {e}")))?,
             ),
             None if p.tracestate.is_some() => {
@@ -598,7 +617,7 @@ impl Daemon {
         if !writable && (!snap.read_only || peer.uid != 0) {
             return Err(self.not_writable(&workspace, identity, peer, snap.read_only));
         }
-        let vouched = crate::prune::vouch(&workspace.dir, peer.uid, identity.uid);
+        let vouched = crate::daemon::prune::vouch(&workspace.dir, peer.uid, identity.uid);
         Ok(Admitted {
             claims,
             run_key,
@@ -625,7 +644,7 @@ impl Daemon {
             .iter()
             .filter_map(|r| std::fs::canonicalize(r).ok())
             .collect();
-        match crate::auth::engine_dir_owner(&workspace.path, &roots) {
+        match crate::policy::auth::engine_dir_owner(&workspace.path, &roots) {
             Some(owner) if owner != peer.uid => Err(RpcError::with_field(
                 code::SNAPSHOT,
                 format!(
@@ -937,9 +956,9 @@ impl Daemon {
                 script: rec.art.path.join("script.py"),
                 tmp_size_bytes: self.cfg.sandbox.tmp_size_bytes,
                 disable_userns: self.sandbox_check().disable_userns,
-                init: crate::sandbox_init::exe(),
+                init: crate::sandbox::init::exe(),
                 nofile_max: self.cfg.scripts.nofile_max,
-                // The runner makes the copies (see `runner::with_exec_only`).
+                // The runner makes the copies (see `script::with_exec_only`).
                 exec_only: None,
             },
             workspace_dir: a.workspace.dir,
@@ -991,7 +1010,7 @@ impl Daemon {
             engine.clone(),
             running.clone(),
         ));
-        let outcome = crate::runner::run(&self.spawner, launch, broker, stop, started).await;
+        let outcome = crate::script::run(&self.spawner, launch, broker, stop, started).await;
         ticker.abort();
         let live = &running.live;
         // The last state always goes out before script.finished, so that a
@@ -1016,7 +1035,7 @@ impl Daemon {
         // told: whoever hears of the end can start the next script at once.
         self.registry.finish(&sid, running.owner);
         drop(slot);
-        crate::journal::script_finished(&crate::journal::Finished {
+        crate::audit::journal::script_finished(&crate::audit::journal::Finished {
             result: &result,
             runner: running.runner.as_deref(),
             uid: running.run_uid,
@@ -1036,11 +1055,11 @@ impl Daemon {
         run_id: &str,
         details_dir: &str,
         live: &Live,
-        outcome: Result<crate::runner::Ended, std::io::Error>,
+        outcome: Result<crate::script::Ended, std::io::Error>,
     ) -> ScriptResult {
         let calls = live.calls.load(Ordering::Relaxed);
         let failures = live.failures.load(Ordering::Relaxed);
-        let e = outcome.unwrap_or_else(|e| crate::runner::Ended {
+        let e = outcome.unwrap_or_else(|e| crate::script::Ended {
             status: Status::Error,
             exit_code: None,
             duration_ms: 0,
@@ -1278,7 +1297,7 @@ impl Daemon {
                 tracing::warn!(
                     "run.revoke: {} keeps at most {} run revocations; dropped the oldest                      (run {:?}; {} dropped so far): its run may start again",
                     d.run.scope,
-                    crate::registry::REVOCATIONS_PER_SCOPE,
+                    crate::policy::runs::REVOCATIONS_PER_SCOPE,
                     d.run.run_id,
                     d.count
                 );
@@ -1505,7 +1524,7 @@ fn record_error(what: &str, workspace: &WorkspaceDir, e: crate::sys::SysError) -
 mod tests {
     use super::Approval;
     use crate::policy::StartPlan;
-    use crate::token::{PermissionMode, ToolClass};
+    use crate::protocol::token::{PermissionMode, ToolClass};
 
     #[test]
     fn approval_says_why_a_start_may_run_as_the_audit_spells_it() {

@@ -19,6 +19,7 @@
 //! their opened parent: a symlink is removed as a link, never followed out of the
 //! root.
 
+use crate::audit::Vouched;
 use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, FileStat, Mode};
 use nix::unistd::{unlinkat, UnlinkatFlags};
@@ -54,7 +55,7 @@ pub fn mark_created(ws: &Path, by: &str) -> io::Result<()> {
         .open(agent.join(MARKER))?;
     let text = serde_json::json!({
         "created_by": by,
-        "created_at_ms": crate::audit::now_ms(),
+        "created_at_ms": crate::time::now_ms(),
         "uid": nix::unistd::getuid().as_raw(),
     });
     writeln!(f, "{text}")
@@ -88,17 +89,6 @@ pub fn vouch(ws: &OwnedFd, peer_uid: u32, run_uid: u32) -> Option<(u64, u64)> {
 #[allow(clippy::unnecessary_cast)]
 fn ident(st: &FileStat) -> (u64, u64) {
     (st.st_dev as u64, st.st_ino as u64)
-}
-
-/// A workspace the daemon recorded as retention's to remove (audit store).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Vouched {
-    pub path: PathBuf,
-    pub dev: u64,
-    pub ino: u64,
-    /// The last script start in it the daemon recorded: a workspace is old only
-    /// when this and its file system times are (scripts can set those).
-    pub last_at_ms: i64,
 }
 
 /// A workspace scriptgate created, as a pass found it.
@@ -449,7 +439,7 @@ pub fn run_pass(
     retain_days: u64,
     in_use: &dyn Fn(&Path) -> bool,
 ) -> (Plan, Vec<(PathBuf, io::Error)>) {
-    let plan = plan(roots, vouched, retain_days, crate::audit::now_ms(), in_use);
+    let plan = plan(roots, vouched, retain_days, crate::time::now_ms(), in_use);
     let roots: Vec<PathBuf> = roots
         .iter()
         .filter_map(|r| std::fs::canonicalize(r).ok())
@@ -541,7 +531,7 @@ mod tests {
             path: ws.to_path_buf(),
             dev: m.dev(),
             ino: m.ino(),
-            last_at_ms: crate::audit::now_ms() - days * 86_400_000,
+            last_at_ms: crate::time::now_ms() - days * 86_400_000,
         }
     }
 
@@ -663,7 +653,7 @@ mod tests {
         ];
         let roots = vec![root.clone()];
         let in_use = |p: &Path| p == busy;
-        let plan = plan(&roots, &vouched, 30, crate::audit::now_ms(), &in_use);
+        let plan = plan(&roots, &vouched, 30, crate::time::now_ms(), &in_use);
         let mut paths: Vec<&Path> = plan.expired.iter().map(|c| c.path.as_path()).collect();
         paths.sort();
         assert_eq!(paths, vec![nested.as_path(), old.as_path()]);
@@ -742,7 +732,7 @@ mod tests {
             std::slice::from_ref(&root),
             &vouched,
             30,
-            crate::audit::now_ms(),
+            crate::time::now_ms(),
             &|_| false,
         );
         let mut gone = plan.gone.clone();
@@ -764,7 +754,7 @@ mod tests {
             &[root],
             std::slice::from_ref(&unmounted),
             30,
-            crate::audit::now_ms(),
+            crate::time::now_ms(),
             &|_| false,
         );
         assert_eq!(plan.expired.len(), 1);
@@ -782,7 +772,7 @@ mod tests {
         mark_created(&ws, "test").unwrap();
         age_ws(&ws, 400);
         let roots = vec![root.clone()];
-        let now = crate::audit::now_ms();
+        let now = crate::time::now_ms();
         let plan = plan(&roots, &[recorded(&ws, 1)], 30, now, &|_| false);
         assert!(plan.expired.is_empty(), "started a day ago: kept");
         assert_eq!(plan.kept, 1);

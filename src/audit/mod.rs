@@ -2,13 +2,43 @@
 //! when it ends), refused starts, and revoked runs. WAL; one writer thread owns the
 //! write connection; readers use their own connection.
 
+pub(crate) mod checkpoint;
+pub mod journal;
+pub(crate) mod metrics;
+
 use crate::protocol::{ScriptResult, Status};
+use crate::time::now_ms;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Mutex};
 
 const SCHEMA_VERSION: i64 = 5;
+
+/// Upper bounds of the script-duration histogram, in seconds.
+const DURATION_BOUNDS_S: [f64; 11] = [
+    0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0,
+];
+
+/// The histogram's buckets as `(le label, bound)`, `+Inf` last.
+pub fn duration_buckets() -> Vec<(String, f64)> {
+    DURATION_BOUNDS_S
+        .iter()
+        .map(|b| (format!("{b}"), *b))
+        .chain(std::iter::once(("+Inf".to_string(), f64::INFINITY)))
+        .collect()
+}
+
+/// A workspace the daemon recorded as retention's to remove (audit store).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Vouched {
+    pub path: PathBuf,
+    pub dev: u64,
+    pub ino: u64,
+    /// The last script start in it the daemon recorded: a workspace is old only
+    /// when this and its file system times are (scripts can set those).
+    pub last_at_ms: i64,
+}
 
 const MIGRATIONS: &[&str] = &[
     // v1
@@ -67,11 +97,11 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (name, label)
      );",
     // v3 (run scopes, vouched workspaces): every script's run scope (the engine
-    // entry, or the shared key and the peer's uid; crate::registry::Scope) in a
+    // entry, or the shared key and the peer's uid; crate::policy::runs::Scope) in a
     // column of its own beside the bare run id; revocations keyed by (scope, run
     // id), never one string an engine could spell (the old rows are converted by
     // migrate_v3_run_scopes); the workspaces retention may remove, recorded by the
-    // daemon alone (crate::prune).
+    // daemon alone (crate::daemon::prune).
     "ALTER TABLE scripts ADD COLUMN scope TEXT;
      CREATE TABLE revocations (
         scope TEXT NOT NULL,
@@ -87,12 +117,12 @@ const MIGRATIONS: &[&str] = &[
         first_at INTEGER NOT NULL,
         last_at INTEGER NOT NULL
      );",
-    // v4: revocations bounded per scope (crate::registry::REVOCATIONS_PER_SCOPE),
+    // v4: revocations bounded per scope (crate::policy::runs::REVOCATIONS_PER_SCOPE),
     // oldest first by rowid (insertion order); trim_revocations drops what a store
     // of before kept past the bound.
     "CREATE INDEX revocations_scope ON revocations(scope);",
     // v5: the W3C trace id of the engine's span that started the script
-    // (`script.start`'s `traceparent`; crate::trace).
+    // (`script.start`'s `traceparent`; crate::protocol::trace).
     "ALTER TABLE scripts ADD COLUMN trace_id TEXT;",
 ];
 
@@ -154,7 +184,7 @@ fn migrate_v3_run_scopes(c: &Connection) -> rusqlite::Result<()> {
         rows.collect::<rusqlite::Result<_>>()?
     };
     for (key, at) in old {
-        let k = crate::registry::RunKey::from_legacy(&key);
+        let k = crate::policy::runs::RunKey::from_legacy(&key);
         c.execute(
             "INSERT OR IGNORE INTO revocations (scope, run_id, at) VALUES (?1, ?2, ?3)",
             params![k.scope.to_db(), k.run_id, at],
@@ -181,10 +211,10 @@ fn vouch_workspace(
     .map(|_| ())
 }
 
-fn vouched_rows(c: &Connection) -> rusqlite::Result<Vec<crate::prune::Vouched>> {
+fn vouched_rows(c: &Connection) -> rusqlite::Result<Vec<Vouched>> {
     let mut s = c.prepare("SELECT path, dev, ino, last_at FROM workspaces ORDER BY path")?;
     let rows = s.query_map([], |r| {
-        Ok(crate::prune::Vouched {
+        Ok(Vouched {
             path: PathBuf::from(r.get::<_, String>(0)?),
             dev: r.get::<_, i64>(1)? as u64,
             ino: r.get::<_, i64>(2)? as u64,
@@ -217,7 +247,7 @@ fn count_finished(
     bump(c, "calls", "", calls as f64)?;
     bump(c, "failures", "", failures as f64)?;
     let secs = duration_ms as f64 / 1000.0;
-    for (le, bound) in crate::metrics::duration_buckets() {
+    for (le, bound) in duration_buckets() {
         if secs <= bound {
             bump(c, "duration_bucket", &le, 1.0)?;
         }
@@ -367,7 +397,7 @@ pub struct StartRow {
     /// The run's scope (`Scope::to_db`): who may see the script by token.
     pub scope: String,
     /// The workspace's (dev, ino) when retention may remove it once unused
-    /// (crate::prune::vouch); None: never.
+    /// (crate::daemon::prune::vouch); None: never.
     pub vouched: Option<(u64, u64)>,
     /// The engine's trace id, when it started the script with a `traceparent`.
     pub trace_id: Option<String>,
@@ -392,13 +422,6 @@ pub struct Store {
     tx: mpsc::Sender<Job>,
     reader: Mutex<Connection>,
     reserve: std::sync::Arc<Reserve>,
-}
-
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 impl Store {
@@ -463,12 +486,12 @@ impl Store {
                 migrate_v3_run_scopes(&tx).map_err(sql("scope the stored runs (v3)"))?;
             }
             if i + 1 == 4 {
-                let n = trim_revocations(&tx, crate::registry::REVOCATIONS_PER_SCOPE)
+                let n = trim_revocations(&tx, crate::policy::runs::REVOCATIONS_PER_SCOPE)
                     .map_err(sql("bound the revocations per scope (v4)"))?;
                 if n > 0 {
                     tracing::warn!(
                         "audit store: dropped the {n} oldest run revocations past {} per scope",
-                        crate::registry::REVOCATIONS_PER_SCOPE
+                        crate::policy::runs::REVOCATIONS_PER_SCOPE
                     );
                 }
             }
@@ -660,20 +683,20 @@ impl Store {
         .await
     }
 
-    /// Record a revocation; past [`crate::registry::REVOCATIONS_PER_SCOPE`] of
+    /// Record a revocation; past [`crate::policy::runs::REVOCATIONS_PER_SCOPE`] of
     /// its scope, the oldest of that scope is deleted. The write is queued at
     /// once (the caller queues it under the lock of its in-memory set, so that
     /// both drop the same oldest); the future returns how many were deleted.
     pub fn revoke(
         &self,
-        run: &crate::registry::RunKey,
+        run: &crate::policy::runs::RunKey,
     ) -> impl std::future::Future<Output = Result<usize, StoreError>> + Send + 'static {
-        self.revoke_bounded(run, crate::registry::REVOCATIONS_PER_SCOPE)
+        self.revoke_bounded(run, crate::policy::runs::REVOCATIONS_PER_SCOPE)
     }
 
     fn revoke_bounded(
         &self,
-        run: &crate::registry::RunKey,
+        run: &crate::policy::runs::RunKey,
         bound: usize,
     ) -> impl std::future::Future<Output = Result<usize, StoreError>> + Send + 'static {
         let (scope, run_id) = (run.scope.to_db(), run.run_id.clone());
@@ -683,7 +706,7 @@ impl Store {
     }
 
     /// The workspaces retention may remove (recorded by this daemon).
-    pub fn vouched_workspaces(&self) -> Result<Vec<crate::prune::Vouched>, StoreError> {
+    pub fn vouched_workspaces(&self) -> Result<Vec<Vouched>, StoreError> {
         self.read("list vouched workspaces", vouched_rows)
     }
 
@@ -731,16 +754,16 @@ impl Store {
         .await
     }
 
-    pub fn revoked_runs(&self) -> Result<Vec<crate::registry::RunKey>, StoreError> {
+    pub fn revoked_runs(&self) -> Result<Vec<crate::policy::runs::RunKey>, StoreError> {
         self.read("list revoked runs", |c| {
-            // Oldest first: past the bound, crate::registry::Revocations drops those.
+            // Oldest first: past the bound, crate::policy::runs::Revocations drops those.
             let mut s = c.prepare("SELECT scope, run_id FROM revocations ORDER BY rowid")?;
             let rows = s.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
             let mut out = Vec::new();
             for row in rows {
                 let (scope, run_id) = row?;
-                match crate::registry::Scope::from_db(&scope) {
-                    Some(scope) => out.push(crate::registry::RunKey { scope, run_id }),
+                match crate::policy::runs::Scope::from_db(&scope) {
+                    Some(scope) => out.push(crate::policy::runs::RunKey { scope, run_id }),
                     None => tracing::warn!("audit store: revocation of run {run_id:?} has an unknown scope {scope:?}; ignored"),
                 }
             }
@@ -753,7 +776,7 @@ impl Store {
     pub fn run_of(
         &self,
         script_id: &str,
-    ) -> Result<Option<(ScriptResult, Option<crate::registry::Scope>)>, StoreError> {
+    ) -> Result<Option<(ScriptResult, Option<crate::policy::runs::Scope>)>, StoreError> {
         self.read("read result and scope", |c| {
             c.query_row(
                 "SELECT result, scope FROM scripts WHERE script_id = ?1 AND result IS NOT NULL",
@@ -767,7 +790,9 @@ impl Store {
                 let res = serde_json::from_str(&res).ok()?;
                 Some((
                     res,
-                    scope.as_deref().and_then(crate::registry::Scope::from_db),
+                    scope
+                        .as_deref()
+                        .and_then(crate::policy::runs::Scope::from_db),
                 ))
             })
         })
@@ -891,7 +916,7 @@ impl Reader {
     }
 
     /// The workspaces retention may remove (recorded by the daemon).
-    pub fn vouched_workspaces(&self) -> rusqlite::Result<Vec<crate::prune::Vouched>> {
+    pub fn vouched_workspaces(&self) -> rusqlite::Result<Vec<Vouched>> {
         vouched_rows(&self.0)
     }
 
@@ -1127,8 +1152,8 @@ mod tests {
             let (s, rec) = Store::open(&p, None).unwrap();
             assert!(rec.is_empty());
             s.insert_started(row("s1")).await.unwrap();
-            s.revoke(&crate::registry::RunKey::new(
-                crate::registry::Scope::Shared(7),
+            s.revoke(&crate::policy::runs::RunKey::new(
+                crate::policy::runs::Scope::Shared(7),
                 "run-9",
             ))
             .await
@@ -1150,8 +1175,8 @@ mod tests {
         assert!(r.text.starts_with("run_script interrupted: 0 calls"));
         assert_eq!(
             s.revoked_runs().unwrap(),
-            vec![crate::registry::RunKey::new(
-                crate::registry::Scope::Shared(7),
+            vec![crate::policy::runs::RunKey::new(
+                crate::policy::runs::Scope::Shared(7),
                 "run-9"
             )]
         );
@@ -1290,13 +1315,13 @@ mod tests {
     /// workspace is recorded until a script starts in it again.
     #[tokio::test]
     async fn upgrading_a_v2_store_scopes_its_revocations_and_records_no_workspace() {
-        use crate::registry::{RunKey, Scope};
+        use crate::policy::runs::{RunKey, Scope};
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("a.db");
         let me = nix::unistd::getuid().as_raw();
         let marked = d.path().join("marked");
         std::fs::create_dir(&marked).unwrap();
-        crate::prune::mark_created(&marked, "test").unwrap();
+        crate::daemon::prune::mark_created(&marked, "test").unwrap();
         let plain = d.path().join("plain");
         std::fs::create_dir(&plain).unwrap();
         {
@@ -1355,7 +1380,7 @@ mod tests {
     /// scope's are untouched; a store of before v4 is trimmed when it migrates.
     #[tokio::test]
     async fn revocations_are_bounded_per_scope_in_the_store() {
-        use crate::registry::{RunKey, Scope};
+        use crate::policy::runs::{RunKey, Scope};
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("a.db");
         let (s, _) = Store::open(&p, None).unwrap();
@@ -1385,7 +1410,7 @@ mod tests {
         // A v3 store holding more than the bound.
         s.write("a v3 store past the bound", |c| {
             let tx = c.transaction()?;
-            for i in 0..(crate::registry::REVOCATIONS_PER_SCOPE + 3) {
+            for i in 0..(crate::policy::runs::REVOCATIONS_PER_SCOPE + 3) {
                 tx.execute(
                     "INSERT INTO revocations (scope, run_id, at) VALUES ('uid:9', ?1, 1)",
                     [format!("v{i}")],
@@ -1406,9 +1431,9 @@ mod tests {
             .iter()
             .filter(|k| k.scope == Scope::Shared(9))
             .collect();
-        assert_eq!(of9.len(), crate::registry::REVOCATIONS_PER_SCOPE);
+        assert_eq!(of9.len(), crate::policy::runs::REVOCATIONS_PER_SCOPE);
         assert_eq!(of9[0].run_id, "v3", "the oldest three went");
-        assert_eq!(kept.len(), crate::registry::REVOCATIONS_PER_SCOPE + 11);
+        assert_eq!(kept.len(), crate::policy::runs::REVOCATIONS_PER_SCOPE + 11);
     }
 
     fn interrupted_result(id: &str) -> ScriptResult {

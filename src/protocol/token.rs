@@ -10,16 +10,17 @@
 //! [`Claims::check_fresh`] (expiry; `run.revoke` skips it) →
 //! [`Claims::parse_snapshot`]. [`verify`] does all of them.
 //!
-//! The snapshot's types live in [`crate::snapshot`]; they are re-exported here.
+//! The snapshot's types live in [`crate::protocol::snapshot`]; they are re-exported here.
 
-// The snapshot types moved to their own module; `crate::token::X` keeps working.
+// The snapshot types moved to their own module; `crate::protocol::token::X` keeps working.
 
-pub use crate::snapshot::{
+pub use crate::protocol::snapshot::{
     missing_schema_error, parse_snapshot, PermissionMode, Snapshot, SnapshotLimits, ToolClass,
     ToolSpec,
 };
 
 use crate::protocol::{code, RpcError};
+use crate::time::now_unix;
 use base64::Engine as _;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde_json::{json, Map, Value};
@@ -43,13 +44,6 @@ pub type RunClaims = Claims<Snapshot>;
 pub struct RunRef {
     pub run_id: String,
     pub runner: Option<String>,
-}
-
-pub fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
 }
 
 fn token_error(reason: &str, message: impl Into<String>) -> RpcError {

@@ -2,14 +2,15 @@
 //! dispatch of protocol methods to `Daemon`. Each connection is also the
 //! `EngineLink` of the scripts it starts.
 
-use crate::auth::Role;
 use crate::daemon::{Access, Daemon, Peer};
-use crate::engine::{Abandoned, BoxFuture, CallEnd, EngineLink, LinkError};
+use crate::policy::auth::Role;
+use crate::protocol::rpc::BoxFuture;
+use crate::protocol::rpc::{self, Bounds, CallError, Strict};
 use crate::protocol::{
     self, code, Answer, ApprovalAnswer, ApprovalRequest, DaemonRequest, Decision, EngineRequest,
     Method, Notification, RpcError, ToolCall, ToolCancelled, ToolResult,
 };
-use crate::rpc::{self, Bounds, CallError, Strict};
+use crate::script::engine::{Abandoned, CallEnd, EngineLink, LinkError};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -734,7 +735,7 @@ impl Gate {
     /// Admit or refuse a peer whose groups are known (`None`: root).
     fn admit(self: &Arc<Self>, c: Caller, g: Option<&Groups>) {
         let auth = &self.daemon.cfg.auth;
-        let role = crate::auth::role(
+        let role = crate::policy::auth::role(
             c.uid == 0,
             g.is_some_and(|g| g.in_allowed),
             g.is_some_and(|g| g.in_admin),

@@ -162,7 +162,7 @@ pub fn gather(path: &Path, explicit: bool) -> Facts {
     let Ok(cfg) = &f.config else { return f };
     let key = cfg.read_key();
     f.engines = Some(
-        crate::auth::Engines::load(&cfg.auth, key.as_deref().ok(), path)
+        crate::policy::auth::Engines::load(&cfg.auth, key.as_deref().ok(), path)
             .map(|e| e.list.len())
             .map_err(|e| e.to_string()),
     );

@@ -1,14 +1,18 @@
 //! Spawning and supervising one script: the sandbox child, its output, its end.
 
-use crate::broker::Broker;
-use crate::engine::Abandoned;
+pub mod broker;
+pub(crate) mod engine;
+
 use crate::limits::{Backend, Outcome, Placement};
 use crate::policy::Limits;
 use crate::protocol::Status;
-use crate::sandbox::{
-    bwrap_args, parse_usage_report, RealHost, SandboxSpec, FD_AGENT, FD_GATE, FD_INFO, FD_REPLIES,
-    FD_REQUESTS, FD_SCRIPT, FD_SECCOMP, FD_USAGE, FD_WORKSPACE,
+use crate::sandbox::abi::{
+    FD_AGENT, FD_GATE, FD_INFO, FD_REPLIES, FD_REQUESTS, FD_SCRIPT, FD_SECCOMP, FD_USAGE,
+    FD_WORKSPACE,
 };
+use crate::sandbox::{bwrap_args, parse_usage_report, RealHost, SandboxSpec};
+use crate::script::broker::Broker;
+use crate::script::engine::Abandoned;
 use crate::sys::{
     channel_pipe, dup_high, give_pipe, install_cloexec_above_fixed, install_ignore_sigxfsz,
     install_pre_exec, wait_child, ChildSetup, Exit, Identity, PidFd, Spawner,
@@ -158,20 +162,10 @@ fn write_counted(file: &mut std::fs::File, mut bytes: &[u8]) -> (u64, Option<Str
                 bytes = &bytes[k..];
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return (n, Some(describe_write_error(&e))),
+            Err(e) => return (n, Some(broker::describe_write_error(&e))),
         }
     }
     (n, None)
-}
-
-/// A write error as the record's note says it; a full filesystem or quota is
-/// named as such.
-pub fn describe_write_error(e: &std::io::Error) -> String {
-    match e.raw_os_error() {
-        Some(libc::ENOSPC) => format!("the filesystem is full ({e})"),
-        Some(libc::EDQUOT) => format!("the disk quota is used up ({e})"),
-        _ => e.to_string(),
-    }
 }
 
 /// The disk bound of a script's processes, the same on every backend: no file
@@ -393,8 +387,8 @@ pub async fn run(
     // bwrap failed before the sandbox existed: say why in one line, its words after.
     if never_ran && ending.cut.is_none() && ending.setup_error.is_none() && status == Status::Error
     {
-        let facts = crate::preflight::HostFacts::read();
-        if let Some(why) = crate::preflight::explain(&ending.stderr_tail, &facts) {
+        let facts = crate::sandbox::preflight::HostFacts::read();
+        if let Some(why) = crate::sandbox::preflight::explain(&ending.stderr_tail, &facts) {
             error = Some(why);
             setup_failed = true;
         }
@@ -464,7 +458,7 @@ fn open_fds(launch: &Launch) -> std::io::Result<(ChildEnds, OurEnds)> {
     let (usage_r, usage_w) = channel_pipe()?; // the sandbox init reports its usage
                                               // The seccomp program, already in the pipe (a few KiB) for bwrap to read.
     let (seccomp_r, seccomp_w) = channel_pipe()?;
-    let program = crate::seccomp::cached().map_err(std::io::Error::other)?;
+    let program = crate::sandbox::seccomp::cached().map_err(std::io::Error::other)?;
     std::io::Write::write_all(&mut std::fs::File::from(seccomp_w), program)?;
     let mut fixed = vec![
         (req_w, FD_REQUESTS),
@@ -740,7 +734,7 @@ async fn place_behind_gate(
             let e = backend.verify(script_id, pid as u32, limits);
             placed.notes = e.lines();
             if require_enforced_limits && !e.enforced() {
-                placed.error = Some(crate::preflight::limits_refusal(&e.problems));
+                placed.error = Some(crate::sandbox::preflight::limits_refusal(&e.problems));
                 return placed;
             }
             let mut w = std::fs::File::from(gate_w);

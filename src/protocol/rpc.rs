@@ -9,8 +9,9 @@
 //! requests and notifications as method and params, and the typed protocol
 //! (`protocol`) gives them their types.
 
-use crate::engine::BoxFuture;
-use crate::framing::{parse_cost, read_line, read_line_limited, Line, LineLimits, FREE_LINE_BYTES};
+use crate::protocol::framing::{
+    parse_cost, read_line, read_line_limited, Line, LineLimits, FREE_LINE_BYTES,
+};
 use crate::protocol::{self, code, Incoming, RpcError};
 use serde::Serialize;
 use serde_json::Value;
@@ -20,6 +21,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+
+/// A boxed future that is `Send`: what handlers and engine links return.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 /// Serves what the other side asks of us.
 pub trait Handler: Send + Sync + 'static {

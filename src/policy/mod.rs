@@ -1,11 +1,15 @@
 //! Pure policy decisions (protocol §3): what a run may start with and what each call
 //! from a script may do. No I/O, no syscalls, no clocks: callers pass everything in.
 
+pub(crate) mod auth;
+pub(crate) mod describe;
+pub(crate) mod runs;
+
 use crate::config::Scripts;
-use crate::protocol::{code, RpcError};
-use crate::snapshot::{
+use crate::protocol::snapshot::{
     missing_schema_error, PermissionMode, Snapshot, SnapshotLimits, ToolClass, ToolSpec,
 };
+use crate::protocol::{code, RpcError};
 use jsonschema::error::ValidationErrorKind;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -798,7 +802,7 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::token::parse_snapshot;
+    use crate::protocol::token::parse_snapshot;
 
     fn snapshot(mode: &str, read_only: bool) -> Snapshot {
         parse_snapshot(json!({

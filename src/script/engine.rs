@@ -2,12 +2,9 @@
 //! calls. A socket connection implements it (`server`), and so does the CLI's
 //! in-process engine over MCP servers (`scriptgate run`).
 
+use crate::protocol::rpc::BoxFuture;
 use crate::protocol::{Answer, ApprovalRequest, Notification, ToolCall};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Why a request to the engine did not produce an answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -5,24 +5,11 @@
 //! ready (backend, whether limits are enforced per script). Nothing goes over the
 //! socket: scraping never activates or keeps alive a socket-activated daemon.
 
+use super::duration_buckets;
 use crate::protocol::{DaemonInfo, Status};
 use serde_json::Value;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-
-/// Upper bounds of the script-duration histogram, in seconds.
-const DURATION_BOUNDS_S: [f64; 11] = [
-    0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0,
-];
-
-/// The histogram's buckets as `(le label, bound)`, `+Inf` last.
-pub fn duration_buckets() -> Vec<(String, f64)> {
-    DURATION_BOUNDS_S
-        .iter()
-        .map(|b| (format!("{b}"), *b))
-        .chain(std::iter::once(("+Inf".to_string(), f64::INFINITY)))
-        .collect()
-}
 
 /// The file the daemon describes itself in, under `state.dir`.
 pub fn daemon_file(state_dir: &Path) -> PathBuf {
@@ -36,7 +23,7 @@ pub fn write_daemon_file(state_dir: &Path, info: &DaemonInfo) -> std::io::Result
     if let Value::Object(m) = &mut v {
         m.remove("running");
         m.insert("pid".into(), std::process::id().into());
-        m.insert("started_at_ms".into(), crate::audit::now_ms().into());
+        m.insert("started_at_ms".into(), crate::time::now_ms().into());
     }
     write_atomically(&daemon_file(state_dir), &(v.to_string() + "\n"), 0o644)
 }

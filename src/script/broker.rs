@@ -8,11 +8,11 @@
 //! (a script that never reads them stalls only itself), the names quoted back, the
 //! bytes of each calls.jsonl line and its number of lines, and the tool counts.
 
-use crate::engine::{Abandoned, CallEnd, EngineLink, LinkError};
-use crate::framing::{read_line, skip_line, Line};
 use crate::policy::{Budget, Policy, Refusal};
+use crate::protocol::framing::{read_line, skip_line, Line};
 use crate::protocol::script::{CallError, CallLogFull, CallLogLine, CallResult, Outcome, Reply};
 use crate::protocol::{ToolCall, ToolResult};
+use crate::script::engine::{Abandoned, CallEnd, EngineLink, LinkError};
 use crate::time::{Clock, SystemClock};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -25,9 +25,8 @@ use tokio::sync::Semaphore;
 
 // The fd-3/4 messages and their parsing live in `protocol::script`; these names
 // stay here for the callers (and tests) that know them as the broker's.
-pub use crate::protocol::script::{
-    clip, parse_request, BadRequest, Request, MAX_BATCH, MAX_NAME_BYTES,
-};
+pub use crate::protocol::framing::clip;
+pub use crate::protocol::script::{parse_request, BadRequest, Request, MAX_BATCH, MAX_NAME_BYTES};
 pub use crate::protocol::Progress;
 
 /// Bytes of a refusal message sent back to the script.
@@ -76,13 +75,13 @@ impl Live {
     }
 }
 
-pub type RevokedRuns = Arc<RwLock<crate::registry::Revocations>>;
+pub type RevokedRuns = Arc<RwLock<crate::policy::runs::Revocations>>;
 
 pub struct Broker {
     pub script_id: String,
     pub run_id: String,
     /// The run as the revoked set knows it (scoped to its engine entry).
-    pub run_key: crate::registry::RunKey,
+    pub run_key: crate::policy::runs::RunKey,
     pub token_exp: i64,
     pub policy: Policy,
     pub budget: Mutex<Budget>,
@@ -103,7 +102,7 @@ pub struct Broker {
     /// Answers that carried MCP keys the daemon ignores (logged once, at debug).
     pub ignored_answers: AtomicU64,
     /// The script's trace, when it was started with one.
-    pub trace: Option<crate::trace::TraceContext>,
+    pub trace: Option<crate::protocol::trace::TraceContext>,
     /// How the script ended, once it has: the calls still at the engine are then
     /// abandoned with this reason (`end`).
     pub end: CallEnd,
@@ -252,7 +251,7 @@ impl Broker {
                 // What the request will hold once parsed, not only its bytes: the
                 // budget bounds the daemon's memory, and a request that alone
                 // would exceed it is refused unparsed.
-                let cost = crate::framing::parse_cost(&ch.buf) + REQUEST_OVERHEAD;
+                let cost = crate::protocol::framing::parse_cost(&ch.buf) + REQUEST_OVERHEAD;
                 if cost > self.max_line + REQUEST_OVERHEAD {
                     let reply = bad_request_reply(BadRequest {
                         id: crate::protocol::script::request_id(&ch.buf),
@@ -349,7 +348,7 @@ impl Broker {
         let span_id = self.trace.as_ref().map(|_| {
             let mut b = [0u8; 8];
             getrandom::getrandom(&mut b).expect("getrandom");
-            crate::trace::span_id(b)
+            crate::protocol::trace::span_id(b)
         });
         at_engine.span_id = span_id.clone();
         let params = ToolCall {
@@ -512,7 +511,7 @@ impl Broker {
             return;
         }
         if let Err(e) = self.calls_log.lock().unwrap().write_all(text.as_bytes()) {
-            *err = Some((crate::runner::describe_write_error(&e), 1));
+            *err = Some((describe_write_error(&e), 1));
         }
     }
 
@@ -537,6 +536,16 @@ impl Broker {
         drop(counts);
         self.live.dirty.store(true, Ordering::Relaxed);
         self.live.changed.notify_one();
+    }
+}
+
+/// A write error as the record's note says it; a full filesystem or quota is
+/// named as such.
+pub fn describe_write_error(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) => format!("the filesystem is full ({e})"),
+        Some(libc::EDQUOT) => format!("the disk quota is used up ({e})"),
+        _ => e.to_string(),
     }
 }
 
@@ -602,7 +611,7 @@ fn summarize(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::BoxFuture;
+    use crate::protocol::rpc::BoxFuture;
     use crate::protocol::{ApprovalRequest, Notification};
     use crate::time::FakeClock;
 
@@ -639,7 +648,7 @@ mod tests {
     }
 
     fn broker(token_exp: i64, log: std::fs::File) -> Broker {
-        let snap = crate::token::parse_snapshot(serde_json::json!({
+        let snap = crate::protocol::token::parse_snapshot(serde_json::json!({
             "workspace": "/w", "permission_mode": "auto",
             "tools": [{"name": "t", "class": "read", "input_schema": {"type": "object"}}]
         }))
@@ -648,7 +657,7 @@ mod tests {
         Broker {
             script_id: "s".into(),
             run_id: "r".into(),
-            run_key: crate::registry::RunKey::new(crate::registry::Scope::Shared(0), "r"),
+            run_key: crate::policy::runs::RunKey::new(crate::policy::runs::Scope::Shared(0), "r"),
             token_exp,
             policy,
             budget: Mutex::new(Budget::new(10)),

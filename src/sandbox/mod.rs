@@ -1,6 +1,12 @@
 //! The bubblewrap sandbox. `bwrap_args` is pure: it turns a spec into bwrap's argv
 //! (unit-tested below); the spawn itself lives in `sys`, the privileged seam.
 
+pub mod abi;
+pub(crate) mod init;
+pub(crate) mod preflight;
+pub(crate) mod seccomp;
+
+use abi::*;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -14,24 +20,6 @@ pub const RUNTIME_MOUNT: &str = "/run/scriptgate";
 /// in the sandbox's `/proc/PID/mountinfo`, which is world-readable too (a bind
 /// of the record directory showed its path there).
 pub const SCRIPT_MOUNT: &str = "/run/scriptgate-script";
-
-/// The fixed descriptors the sandbox child gets. 3 and 4 are the tool channel
-/// (protocol §8) and reach the script; 5, 8, 9, 10 and 11 are read by bwrap itself
-/// (9 and 11 are the workspace and `.agent`, opened once by the daemon and bound
-/// by descriptor, never by path; 10 is the script, which bwrap copies in; bwrap
-/// closes them); 6 is the placement
-/// gate, closed before bwrap runs; 7 is the init's usage report, which the init
-/// keeps from the script. FD_AGENT is the highest (`sys` bounds the fixed numbers
-/// by it).
-pub const FD_REQUESTS: i32 = 3;
-pub const FD_REPLIES: i32 = 4;
-pub const FD_INFO: i32 = 5;
-pub const FD_GATE: i32 = 6;
-pub const FD_USAGE: i32 = 7;
-pub const FD_SECCOMP: i32 = 8;
-pub const FD_WORKSPACE: i32 = 9;
-pub const FD_SCRIPT: i32 = 10;
-pub const FD_AGENT: i32 = 11;
 
 /// Host directories mounted read-only when they exist (symlinks are recreated as
 /// symlinks, so merged-/usr systems get `/lib -> usr/lib`).
@@ -99,7 +87,7 @@ pub fn libgcc_s_candidates() -> Vec<PathBuf> {
 /// (`sandbox_init`, which says what it does), bound read-only at
 /// `sandbox_init::MOUNT` and started as `MOUNT --sandbox-init REPORT_FD PROGRAM
 /// ARGS...`.
-pub use crate::sandbox_init::{ARG as INIT_ARG, MOUNT as INIT_MOUNT};
+pub use crate::sandbox::init::{ARG as INIT_ARG, MOUNT as INIT_MOUNT};
 
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {

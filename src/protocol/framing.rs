@@ -182,6 +182,22 @@ pub async fn skip_line<R: AsyncBufRead + Unpin>(r: &mut R) -> std::io::Result<()
     }
 }
 
+/// Cut `s` to at most `max` bytes at a character boundary, marking the cut.
+pub fn clip(s: &str, max: usize) -> String {
+    clip_marked(s, max, "…")
+}
+
+pub fn clip_marked(s: &str, max: usize, mark: &str) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{mark}", &s[..end])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

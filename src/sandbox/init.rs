@@ -27,7 +27,7 @@
 //!   REPORT_FD (close-on-exec, never the script's) as `{"max_rss_kib": N}`; then
 //!   exits with the script's status (128 + signal when killed by one).
 
-use crate::sandbox::{FD_REPLIES, FD_USAGE};
+use crate::sandbox::abi::{FD_REPLIES, FD_USAGE};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
