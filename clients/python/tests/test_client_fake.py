@@ -78,12 +78,13 @@ def test_requests_from_the_daemon_are_served_concurrently() -> None:
 
     async def body(c: Client) -> str:
         ev["tool_done"] = asyncio.Event()
-        sid = await c.start("tok", "code", ["w"])
+        started = await c.start("tok", "code", ["w"])
         while not progress:
             await asyncio.sleep(0.01)
-        return sid
+        return started
 
-    assert asyncio.run(with_fake(fake, client, body)) == "s1"
+    started = asyncio.run(with_fake(fake, client, body))
+    assert (started.script_id, started.state) == ("s1", "running")
     by_id = {m["id"]: m for m in seen}
     assert by_id[2]["result"] == {"content": [{"type": "text", "text": "x"}], "isError": False}  # sent as returned
     assert by_id[1]["result"] == {"decision": "allow_once"}
@@ -120,7 +121,7 @@ def test_handler_failures_become_error_answers() -> None:
 
     asyncio.run(with_fake(fake, Client(tool_handler=tool, approval_handler=lambda req: "maybe"), body))
     by_id = {a["id"]: a for a in answers}
-    assert by_id[1]["error"] == {"code": -32000, "message": "backend down"}
+    assert by_id[1]["error"] == {"code": -32000, "message": "RuntimeError: backend down"}
     assert by_id[2]["error"]["code"] == -32000  # not JSON: an error, not a lost answer
     assert by_id[3]["error"]["code"] == -32000
     assert by_id[4]["result"] == {"text": "plain text", "structured": None, "is_error": False}

@@ -322,7 +322,7 @@ except agent_tools.ToolError as e:
 
     r = run(main())
     assert r.status == "ok", r.text
-    assert lines(r)["err"] == ["engine", "fleet backend down"]
+    assert lines(r)["err"] == ["engine", "RuntimeError: fleet backend down"]
 
 
 def test_timeout(daemon: Daemon) -> None:
@@ -349,7 +349,7 @@ def test_wait_still_running_then_cancel(daemon: Daemon) -> None:
                 await sg.wait(sid, timeout_s=0.2)
             assert e.value.code == -32017 and e.value.reason == "still_running"
             st = await sg.status(sid)
-            assert st.state == "running" and st.script_id == sid
+            assert st.state == "running" and st.script_id == sid.script_id
             ans = await sg.cancel(sid)
             return ans, await sg.wait(sid)
 
