@@ -425,8 +425,8 @@ class CallContext:
       handler's task is also cancelled (it sees ``CancelledError``); a plain
       handler, running in a thread, should check the event.
     - ``progress(progress, total=None, message=None)``: reports the call's
-      progress to the engine's progress streams (``Client.progress``); thread-safe.
-      It is not sent to the daemon.
+      progress to the engine's progress streams (``Client.progress``); thread-safe;
+      also usable as the mcp SDK's ``progress_callback``. It is not sent to the daemon.
     - ``traceparent``, ``tracestate``, ``span_id``: the call's trace context
       (``None`` unless the script was started with one).
     """
@@ -458,9 +458,20 @@ class CallContext:
             self.cancel_reason, self.cancel_message = reason, message
             self.cancelled.set()
 
-    def progress(self, progress: float, total: Optional[float] = None, message: Optional[str] = None) -> None:
+    def progress(self, progress: float, total: Optional[float] = None, message: Optional[str] = None) -> "_Done":
+        """Report progress. Returns an already-done awaitable, so that
+        ``ctx.progress`` also serves as the mcp SDK's (async) ``progress_callback``."""
         if self._emit is not None:
             self._emit(CallProgress(self.script_id, self.call_id, self.tool, progress, total, message))
+        return _DONE
+
+
+class _Done:
+    def __await__(self) -> Any:
+        return iter(())
+
+
+_DONE = _Done()
 
 
 @dataclass
