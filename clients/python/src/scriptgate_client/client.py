@@ -32,7 +32,7 @@ from typing import (
 
 from . import _otel
 from .errors import (
-    ApprovalError, ConnectFailed, ConnectionClosed, ConnectionRefused, PermissionDenied, ProtocolError,
+    ApprovalError, ConnectFailed, ConnectionClosed, ConnectionRefused, InvalidParams, PermissionDenied, ProtocolError,
     ScriptgateError, SocketNotFound, StillRunning, error_from_rpc,
 )
 from .types import (
@@ -428,7 +428,14 @@ class Client:
         pending = _PendingStart((code, description, tuple(sorted(names))))
         self._starts.append(pending)
         try:
-            r = await self.request("script.start", params)
+            try:
+                r = await self.request("script.start", params)
+            except InvalidParams as e:  # a daemon from before trace contexts: start untraced
+                if not trace_params or "traceparent" not in e.message:
+                    raise
+                log.warning("the daemon takes no traceparent (older than scriptgate issue 20): not traced")
+                params = {k: v for k, v in params.items() if k not in trace_params}
+                r = await self.request("script.start", params)
             if not isinstance(r, dict) or not isinstance(r.get("script_id"), str):
                 raise ProtocolError(f"script.start answered {r!r:.200}")
         except ApprovalError as e:
