@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Mutex};
 
-const SCHEMA_VERSION: i64 = 4;
+const SCHEMA_VERSION: i64 = 5;
 
 const MIGRATIONS: &[&str] = &[
     // v1
@@ -91,6 +91,9 @@ const MIGRATIONS: &[&str] = &[
     // oldest first by rowid (insertion order); trim_revocations drops what a store
     // of before kept past the bound.
     "CREATE INDEX revocations_scope ON revocations(scope);",
+    // v5: the W3C trace id of the engine's span that started the script
+    // (`script.start`'s `traceparent`; crate::trace).
+    "ALTER TABLE scripts ADD COLUMN trace_id TEXT;",
 ];
 
 /// Keep at most `bound` revocations of each scope, the newest (insertion order,
@@ -366,6 +369,8 @@ pub struct StartRow {
     /// The workspace's (dev, ino) when retention may remove it once unused
     /// (crate::prune::vouch); None: never.
     pub vouched: Option<(u64, u64)>,
+    /// The engine's trace id, when it started the script with a `traceparent`.
+    pub trace_id: Option<String>,
 }
 
 /// A refused `script.start`.
@@ -412,12 +417,26 @@ impl Store {
             }
         };
         let mut w = Connection::open(path).map_err(sql("open"))?;
-        w.pragma_update(None, "journal_mode", "WAL")
-            .map_err(sql("enable WAL"))?;
-        w.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(sql("set synchronous"))?;
         w.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(sql("busy_timeout"))?;
+        // Switching a fresh store to WAL needs a lock that another process
+        // opening it at the same moment may hold, and SQLite answers BUSY there
+        // without waiting (no busy handler: it could deadlock): try again, for
+        // as long as the busy timeout.
+        let t0 = std::time::Instant::now();
+        loop {
+            match w.pragma_update(None, "journal_mode", "WAL") {
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.code == rusqlite::ErrorCode::DatabaseBusy
+                        && t0.elapsed() < std::time::Duration::from_secs(5) =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                r => break r.map_err(sql("enable WAL"))?,
+            }
+        }
+        w.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sql("set synchronous"))?;
         // Each step in an IMMEDIATE transaction that reads the version itself:
         // two processes opening a fresh store together (the CLI's embedded
         // daemons) take the steps one after the other, never both the same one.
@@ -547,8 +566,8 @@ impl Store {
             )?;
             bump(&tx, "started", "", 1.0)?;
             tx.execute(
-                "UPDATE scripts SET scope = ?2 WHERE script_id = ?1",
-                params![r.script_id, r.scope],
+                "UPDATE scripts SET scope = ?2, trace_id = ?3 WHERE script_id = ?1",
+                params![r.script_id, r.scope, r.trace_id],
             )?;
             match r.vouched {
                 Some((dev, ino)) => {
@@ -781,7 +800,7 @@ const ROW_COLUMNS: &str = "script_id, run_id, runner, peer_uid, peer_pid, run_ui
     details_dir, memory_peak_bytes, cpu_usec, result, scope";
 
 /// Read-only access for the CLI, also while the daemon is down.
-pub struct Reader(Connection);
+pub struct Reader(Connection, &'static str);
 
 impl Reader {
     pub fn open(path: &Path) -> Result<Reader, StoreError> {
@@ -817,11 +836,18 @@ impl Reader {
                     .map_err(sql("open immutable"))?
             }
         };
-        Ok(Reader(c))
+        // A store of before v5 (the daemon not restarted since the upgrade) has
+        // no trace ids: they read as null.
+        let columns = if c.prepare("SELECT trace_id FROM scripts LIMIT 0").is_ok() {
+            "trace_id"
+        } else {
+            "NULL AS trace_id"
+        };
+        Ok(Reader(c, columns))
     }
 
     pub fn scripts(&self, q: &Query) -> rusqlite::Result<Vec<Value>> {
-        let mut sql = format!("SELECT {ROW_COLUMNS} FROM scripts WHERE 1=1");
+        let mut sql = format!("SELECT {ROW_COLUMNS}, {} FROM scripts WHERE 1=1", self.1);
         let mut args: Vec<rusqlite::types::Value> = vec![];
         if let Some(s) = q.since_ms {
             sql.push_str(" AND started_at >= ?");
@@ -845,7 +871,10 @@ impl Reader {
     pub fn script(&self, id: &str) -> rusqlite::Result<Option<Value>> {
         self.0
             .query_row(
-                &format!("SELECT {ROW_COLUMNS} FROM scripts WHERE script_id = ?1"),
+                &format!(
+                    "SELECT {ROW_COLUMNS}, {} FROM scripts WHERE script_id = ?1",
+                    self.1
+                ),
                 [id],
                 row_json,
             )
@@ -903,7 +932,13 @@ impl Reader {
 /// One `scripts` row as JSON; JSON-valued columns are parsed.
 fn row_json(r: &rusqlite::Row) -> rusqlite::Result<Value> {
     let mut m = serde_json::Map::new();
-    for (i, name) in ROW_COLUMNS.split(',').map(str::trim).enumerate() {
+    let names: Vec<String> = r
+        .as_ref()
+        .column_names()
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    for (i, name) in names.iter().map(String::as_str).enumerate() {
         let v = match r.get_ref(i)? {
             rusqlite::types::ValueRef::Null => Value::Null,
             rusqlite::types::ValueRef::Integer(n) => Value::from(n),
@@ -1055,6 +1090,7 @@ mod tests {
             details_dir: format!(".agent/scripts/{id}"),
             scope: "uid:0".into(),
             vouched: None,
+            trace_id: None,
         }
     }
 
@@ -1215,6 +1251,7 @@ mod tests {
                 c.execute_batch(
                     "DROP TABLE metrics; DROP TABLE revocations; DROP TABLE workspaces;
                      ALTER TABLE scripts DROP COLUMN scope;
+                     ALTER TABLE scripts DROP COLUMN trace_id;
                      CREATE TABLE revoked_runs (run_id TEXT PRIMARY KEY, at INTEGER NOT NULL);
                      PRAGMA user_version = 1;",
                 )
@@ -1354,7 +1391,10 @@ mod tests {
                     [format!("v{i}")],
                 )?;
             }
-            tx.execute_batch("DROP INDEX revocations_scope; PRAGMA user_version = 3;")?;
+            tx.execute_batch(
+                "DROP INDEX revocations_scope; ALTER TABLE scripts DROP COLUMN trace_id;
+                 PRAGMA user_version = 3;",
+            )?;
             tx.commit()
         })
         .await

@@ -8,7 +8,7 @@
 //! (a script that never reads them stalls only itself), the names quoted back, the
 //! bytes of each calls.jsonl line and its number of lines, and the tool counts.
 
-use crate::engine::{EngineLink, LinkError};
+use crate::engine::{Abandoned, CallEnd, EngineLink, LinkError};
 use crate::framing::{read_line, skip_line, Line};
 use crate::policy::{Budget, Policy, Refusal};
 use crate::protocol::script::{CallError, CallLogFull, CallLogLine, CallResult, Outcome, Reply};
@@ -37,9 +37,14 @@ pub const MAX_LOGGED_ARGS_BYTES: usize = 4096;
 /// What one request costs against the request budget beyond its bytes: a
 /// stream of tiny requests is bounded in number too.
 const REQUEST_OVERHEAD: usize = 4096;
-/// After the script closed fd 3, how long calls already at the engine may take
-/// to come back (so that they are logged with their answer).
+/// After a script exited by itself, how long calls already at the engine may take
+/// to come back (so that they are logged with their answer). A script that was
+/// cut short (cancel, timeout, revoke, OOM, shutdown) gets none: its calls are
+/// abandoned at once.
 const EOF_GRACE: Duration = Duration::from_secs(3);
+/// How long the broker waits, after fd 3 closed, to learn how the script ended
+/// (`Broker::end`); the supervisor says so once the sandbox is gone.
+const END_WAIT: Duration = Duration::from_secs(30);
 /// The tool_counts key of every name that is not in the snapshot.
 pub const OTHER_TOOLS: &str = "(not in the snapshot)";
 
@@ -95,6 +100,14 @@ pub struct Broker {
     pub logged: AtomicU64,
     /// A malformed answer from the engine is logged once per script.
     pub malformed_logged: AtomicBool,
+    /// Answers that carried MCP keys the daemon ignores (logged once, at debug).
+    pub ignored_answers: AtomicU64,
+    /// The script's trace, when it was started with one.
+    pub trace: Option<crate::trace::TraceContext>,
+    /// How the script ended, once it has: the calls still at the engine are then
+    /// abandoned with this reason (`end`).
+    pub end: CallEnd,
+    pub ended: tokio::sync::Notify,
 }
 
 fn refusal(r: Refusal) -> Outcome {
@@ -113,6 +126,7 @@ struct AtEngine<'a> {
     arguments: &'a Value,
     started: Instant,
     answered: bool,
+    span_id: Option<String>,
 }
 
 impl Drop for AtEngine<'_> {
@@ -124,6 +138,7 @@ impl Drop for AtEngine<'_> {
                 self.arguments,
                 None,
                 self.started.elapsed().as_millis() as u64,
+                self.span_id.take(),
             );
         }
     }
@@ -169,21 +184,55 @@ impl Broker {
             tasks: tokio::task::JoinSet::new(),
         };
         while self.serve_one(&mut ch, &clock).await {}
-        // fd 3 closed: the script is gone. Calls already at the engine get a short
-        // grace to come back and be logged with their answer; the rest are
-        // cancelled, and each is still logged and counted (`AtEngine`).
+        // fd 3 closed: the script is gone. Once the supervisor says how it ended,
+        // the calls already at the engine get a short grace to come back and be
+        // logged with their answer if it exited by itself, none if it was cut
+        // short; the rest are abandoned (the engine is told: `tool.cancelled`),
+        // and each is still logged and counted (`AtEngine`).
         let Channel {
             replies, mut tasks, ..
         } = ch;
         drop(replies);
-        let drained = tokio::time::timeout(EOF_GRACE, async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await;
+        let ended = async {
+            loop {
+                let wake = self.ended.notified();
+                tokio::pin!(wake);
+                wake.as_mut().enable();
+                if let Some(a) = self.end.get() {
+                    return a.clone();
+                }
+                wake.await;
+            }
+        };
+        let drain = async { while tasks.join_next().await.is_some() {} };
+        let grace = tokio::select! {
+            // Every call answered before the end was known: nothing to abandon.
+            () = drain => return,
+            a = tokio::time::timeout(END_WAIT, ended) => match a {
+                Ok(a) if a.reason != "exited" => Duration::ZERO,
+                Ok(_) => EOF_GRACE,
+                Err(_) => {
+                    self.end(Abandoned {
+                        reason: "exited",
+                        message: "the script ended".into(),
+                    });
+                    Duration::ZERO
+                }
+            },
+        };
+        let drained =
+            tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             tasks.abort_all();
             while tasks.join_next().await.is_some() {}
         }
+    }
+
+    /// How the script ended: the calls still at the engine are abandoned with
+    /// this reason (at once, or after a grace for a script that exited by itself).
+    pub fn end(&self, why: Abandoned) {
+        let _ = self.end.set(why);
+        self.ended.notify_waiters();
     }
 
     /// Read and start serving one request line. `false` once fd 3 is done.
@@ -282,7 +331,7 @@ impl Broker {
             Err(r) => {
                 let reply = refusal(r);
                 let ms = started.elapsed().as_millis() as u64;
-                self.record(clock, tool, args, Some(&reply), ms);
+                self.record(clock, tool, args, Some(&reply), ms, None);
                 return reply;
             }
         };
@@ -294,26 +343,62 @@ impl Broker {
             arguments: &merged,
             started,
             answered: false,
+            span_id: None,
         };
         let call_id = self.next_call.fetch_add(1, Ordering::Relaxed) + 1;
+        let span_id = self.trace.as_ref().map(|_| {
+            let mut b = [0u8; 8];
+            getrandom::getrandom(&mut b).expect("getrandom");
+            crate::trace::span_id(b)
+        });
+        at_engine.span_id = span_id.clone();
         let params = ToolCall {
             script_id: self.script_id.clone(),
             run_id: self.run_id.clone(),
             call_id: call_id.to_string(),
             tool: tool.to_string(),
             arguments: merged.clone(),
+            traceparent: self.trace.as_ref().map(|t| t.child_traceparent()),
+            tracestate: self.trace.as_ref().and_then(|t| t.state.clone()),
+            span_id,
         };
-        let reply = match self.engine.tool_call(params).await {
-            Ok(r) => {
-                let code = if r.is_error { Some("tool_error") } else { None };
-                result_outcome(r, code)
+        let reply = match self.engine.tool_call(params, self.end.clone()).await {
+            Ok(a) => {
+                if !a.ignored.is_empty() {
+                    self.ignored_keys(tool, &a.ignored);
+                }
+                let code = if a.result.is_error {
+                    Some("tool_error")
+                } else {
+                    None
+                };
+                result_outcome(a.result, code)
             }
             Err(e) => self.engine_failed(tool, e),
         };
         at_engine.answered = true;
         let ms = started.elapsed().as_millis() as u64;
-        self.record(clock, tool, &merged, Some(&reply), ms);
+        self.record(
+            clock,
+            tool,
+            &merged,
+            Some(&reply),
+            ms,
+            at_engine.span_id.clone(),
+        );
         reply
+    }
+
+    /// An MCP answer carried keys the daemon ignores (MCP lets a `Result` carry
+    /// more, e.g. `resultType`): counted, and logged once per script at debug.
+    fn ignored_keys(&self, tool: &str, keys: &[String]) {
+        if self.ignored_answers.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::debug!(
+                script_id = %self.script_id,
+                "{tool}: the engine's CallToolResult carried keys scriptgate ignores: {} (logged once per script)",
+                keys.join(", ")
+            );
+        }
     }
 
     /// The engine did not answer properly: a failed call with code `engine`.
@@ -367,6 +452,7 @@ impl Broker {
         arguments: &Value,
         outcome: Option<&Outcome>,
         duration_ms: u64,
+        span_id: Option<String>,
     ) {
         let (is_error, summary) = match outcome {
             None => (
@@ -397,6 +483,7 @@ impl Broker {
                 duration_ms,
                 is_error,
                 summary,
+                span_id,
             };
             serde_json::to_string(&line)
         } else if n == self.max_log_lines {
@@ -525,12 +612,19 @@ mod tests {
         fn id(&self) -> u64 {
             1
         }
-        fn tool_call(&self, p: ToolCall) -> BoxFuture<'_, Result<ToolResult, LinkError>> {
+        fn tool_call(
+            &self,
+            p: ToolCall,
+            _: CallEnd,
+        ) -> BoxFuture<'_, Result<crate::protocol::Answer, LinkError>> {
             Box::pin(async move {
-                Ok(ToolResult {
-                    text: format!("ok {}", p.call_id),
-                    structured: None,
-                    is_error: false,
+                Ok(crate::protocol::Answer {
+                    result: ToolResult {
+                        text: format!("ok {}", p.call_id),
+                        structured: None,
+                        is_error: false,
+                    },
+                    ignored: vec![],
                 })
             })
         }
@@ -568,6 +662,10 @@ mod tests {
             max_log_lines: 100,
             logged: Default::default(),
             malformed_logged: Default::default(),
+            ignored_answers: Default::default(),
+            trace: None,
+            end: Default::default(),
+            ended: Default::default(),
         }
     }
 

@@ -66,6 +66,8 @@ struct Running {
     details_dir: String,
     /// The workspace's absolute path (journal entries).
     workspace: PathBuf,
+    /// The engine's trace id (`SCRIPTGATE_TRACE_ID`).
+    trace_id: Option<String>,
     live: Arc<Live>,
     stop: watch::Sender<Option<Stop>>,
     result: watch::Receiver<Option<ScriptResult>>,
@@ -165,6 +167,8 @@ struct Admitted {
     policy: Policy,
     plan: StartPlan,
     identity: Identity,
+    /// The engine's trace context (`script.start`'s `traceparent`).
+    trace: Option<crate::trace::TraceContext>,
 }
 
 /// A script's record in its workspace, created before anything runs.
@@ -407,12 +411,11 @@ impl Daemon {
     pub fn describe(&self, engine: Option<usize>, token_str: &str) -> Result<Described, RpcError> {
         let claims = token::verify(token_str, self.key_for(engine), true)?;
         let limits = Limits::effective(&self.cfg.scripts, &claims.snapshot.limits);
+        let text =
+            crate::describe::describe(&claims.snapshot, &limits, self.cfg.scripts.return_max_chars);
         Ok(Described {
-            text: crate::describe::describe(
-                &claims.snapshot,
-                &limits,
-                self.cfg.scripts.return_max_chars,
-            ),
+            tool: crate::describe::run_script_tool(&text),
+            text,
         })
     }
 
@@ -532,6 +535,18 @@ impl Daemon {
     fn admit(&self, peer: Peer, p: &StartParams, signed: Signed) -> Result<Admitted, RpcError> {
         let claims = signed.claims()?;
         claims.check_fresh(token::now_unix())?;
+        let trace = match &p.traceparent {
+            Some(tp) => Some(
+                crate::trace::TraceContext::parse(tp, p.tracestate.as_deref())
+                    .map_err(|e| RpcError::invalid_params(format!("invalid params: {e}")))?,
+            ),
+            None if p.tracestate.is_some() => {
+                return Err(RpcError::invalid_params(
+                    "invalid params: `tracestate` without `traceparent`",
+                ))
+            }
+            None => None,
+        };
         let claims = claims.parse_snapshot()?;
         let run_key = self.run_key(peer.engine, peer.uid, &claims.run_id);
         if self.revoked.read().unwrap().contains(&run_key) {
@@ -592,6 +607,7 @@ impl Daemon {
             policy,
             plan,
             identity,
+            trace,
         })
     }
 
@@ -698,6 +714,8 @@ impl Daemon {
                     class: class.as_str().into(),
                 })
                 .collect(),
+            traceparent: a.trace.as_ref().map(|t| t.child_traceparent()),
+            tracestate: a.trace.as_ref().and_then(|t| t.state.clone()),
         };
         let timeout = Duration::from_secs(self.cfg.scripts.approval_timeout_s);
         match engine.approval_request(request, timeout).await {
@@ -777,6 +795,7 @@ impl Daemon {
                     details_dir: details_dir.clone(),
                     scope: a.run_key.scope.to_db(),
                     vouched: a.vouched,
+                    trace_id: a.trace.as_ref().map(|t| t.trace_id.clone()),
                 })
                 .await
                 .map_err(|e| {
@@ -834,6 +853,7 @@ impl Daemon {
             started: Instant::now(),
             details_dir: rec.details_dir.clone(),
             workspace: a.workspace.path.clone(),
+            trace_id: a.trace.as_ref().map(|t| t.trace_id.clone()),
             live: Arc::new(Live::default()),
             stop: stop_tx,
             result: result_rx,
@@ -902,6 +922,10 @@ impl Daemon {
             max_log_lines: rec.limits.max_calls.saturating_add(1000),
             logged: Default::default(),
             malformed_logged: Default::default(),
+            ignored_answers: Default::default(),
+            trace: a.trace.clone(),
+            end: Default::default(),
+            ended: Default::default(),
         };
         let launch = Launch {
             bwrap: self.cfg.sandbox.bwrap.clone(),
@@ -999,6 +1023,7 @@ impl Daemon {
             unit: running.unit.as_deref(),
             workspace: &running.workspace.display().to_string(),
             infrastructure,
+            trace_id: running.trace_id.as_deref(),
         });
         engine.send(Notification::ScriptFinished(Box::new(result.clone())));
         let _ = result_tx.send(Some(result));

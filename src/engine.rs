@@ -2,9 +2,10 @@
 //! calls. A socket connection implements it (`server`), and so does the CLI's
 //! in-process engine over MCP servers (`scriptgate run`).
 
-use crate::protocol::{ApprovalRequest, Notification, ToolCall, ToolResult};
+use crate::protocol::{Answer, ApprovalRequest, Notification, ToolCall};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -23,12 +24,27 @@ pub enum LinkError {
     Timeout,
 }
 
+/// Why the calls still at the engine are abandoned: set once, when the script
+/// has ended, before they are dropped; an engine link reads it to tell the
+/// engine (`tool.cancelled`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Abandoned {
+    /// `cancelled`, `timeout`, `oom`, `interrupted` or `exited`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// One per script, shared by its calls.
+pub type CallEnd = Arc<OnceLock<Abandoned>>;
+
 /// What the daemon needs of an engine, in the typed messages the wire carries.
 pub trait EngineLink: Send + Sync {
     /// Identifies the connection; scripts are visible to the connection that started them.
     fn id(&self) -> u64;
-    /// `tool.call`: one tool call of a script.
-    fn tool_call(&self, params: ToolCall) -> BoxFuture<'_, Result<ToolResult, LinkError>>;
+    /// `tool.call`: one tool call of a script. A future dropped before its answer
+    /// came is an abandoned call: the link tells the engine, with `end`'s reason.
+    fn tool_call(&self, params: ToolCall, end: CallEnd)
+        -> BoxFuture<'_, Result<Answer, LinkError>>;
     /// `approval.request`; `Ok(true)` for `allow_once`.
     fn approval_request(
         &self,

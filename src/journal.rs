@@ -22,6 +22,8 @@ pub struct Finished<'a> {
     /// Not the script's doing: the sandbox or its limits could not be set up, the
     /// engine was lost, or the daemon stopped under it.
     pub infrastructure: bool,
+    /// The engine's W3C trace id (`SCRIPTGATE_TRACE_ID`), when it gave one.
+    pub trace_id: Option<&'a str>,
 }
 
 /// The journal priority of a finished script, by cause: what went wrong around
@@ -65,6 +67,7 @@ pub fn script_finished(f: &Finished) {
                 scriptgate_error = error,
                 scriptgate_cause = if f.infrastructure { "infrastructure" } else { "script" },
                 scriptgate_unit = f.unit.unwrap_or(""),
+                scriptgate_trace_id = f.trace_id.unwrap_or(""),
                 "script {} of run {} finished: {} ({} calls, {} failed, {} ms){sep}{error}",
                 r.script_id, r.run_id, r.status.as_str(), r.calls, r.failures, r.duration_ms
             )

@@ -38,6 +38,7 @@ pub(crate) mod startfail;
 pub(crate) mod sys;
 pub(crate) mod time;
 pub mod token;
+pub(crate) mod trace;
 
 /// `scriptgate`'s entry point (`src/bin/scriptgate.rs` is a one-line shim).
 pub use cli::main as cli_main;

@@ -119,6 +119,10 @@ pub fn tool_spec(full: String, tool: &Value, class: ToolClass) -> (ToolSpec, Opt
         enabled,
         input_schema,
         frozen: Default::default(),
+        description: tool
+            .get("description")
+            .and_then(Value::as_str)
+            .map(str::to_string),
     };
     (spec, warning)
 }
@@ -357,7 +361,21 @@ impl Server {
         timeout: Duration,
     ) -> Result<Value, LinkError> {
         let name = &self.name;
-        match self.peer.request(method, params, Some(timeout)).await {
+        // A call dropped unanswered (its script ended) is cancelled at the server
+        // too, as MCP's cancellation says.
+        let peer = self.peer.clone();
+        let abandoned = move |id| {
+            let cancel = Cancelled {
+                request_id: id,
+                reason: "the script that made the call ended",
+            };
+            peer.notify("notifications/cancelled", &cancel);
+        };
+        match self
+            .peer
+            .request_abandonable(method, params, Some(timeout), abandoned)
+            .await
+        {
             Ok(v) => Ok(v),
             Err(CallError::Answered(e)) => Err(LinkError::Answered(format!(
                 "MCP server {name}: {}",
@@ -484,6 +502,37 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one table of MCP tools and their snapshot entries that both clients
+    /// (`Tool.from_mcp`, `toolFromMcp`) are tested on too.
+    #[test]
+    fn the_shared_table_of_mcp_tools_maps_as_the_clients_do() {
+        let table: Value =
+            serde_json::from_str(include_str!("../tests/fixtures/mcp-tools.json")).unwrap();
+        let cases = table["cases"].as_array().unwrap();
+        assert!(cases.len() >= 10);
+        for c in cases {
+            let what = c["what"].as_str().unwrap();
+            let server = c["server"].as_str().unwrap();
+            let spec = format!("{server}=cmd").parse::<ServerSpec>();
+            if c["error"] == true {
+                assert!(spec.is_err(), "{what}");
+                continue;
+            }
+            let spec = spec.unwrap_or_else(|e| panic!("{what}: {e}"));
+            let tool = &c["tool"];
+            let full = format!("{}__{}", spec.name, tool["name"].as_str().unwrap());
+            let (entry, _) = tool_spec(full, tool, class_of(tool));
+            let got = json!({
+                "name": entry.name,
+                "class": entry.class.as_str(),
+                "enabled": entry.enabled,
+                "input_schema": entry.input_schema,
+                "description": entry.description,
+            });
+            assert_eq!(got, c["expect"], "{what}");
+        }
+    }
 
     #[test]
     fn classes_follow_annotations_and_spec_defaults() {

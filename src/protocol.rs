@@ -291,7 +291,8 @@ pub fn response_line(id: &Value, result: &Result<Value, RpcError>) -> String {
 /// `script.start` params.
 ///
 /// ```json
-/// {"token": "eyJ…", "code": "import agent_tools\n…", "tools": ["fleet__reboot_device"], "description": "reboot stale devices"}
+/// {"token": "eyJ…", "code": "import agent_tools\n…", "tools": ["fleet__reboot_device"], "description": "reboot stale devices",
+///  "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
 /// ```
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -302,6 +303,11 @@ pub struct StartParams {
     pub tools: Vec<String>,
     #[serde(default)]
     pub description: String,
+    /// W3C trace context of the engine's span that starts the script (`trace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
 }
 
 /// Params of `script.wait`, `script.status`, `script.cancel`.
@@ -537,11 +543,18 @@ pub struct Revoked {
 /// The answer to `run.describe`: the run_script description for the token's snapshot.
 ///
 /// ```json
-/// {"text": "Run a Python script that calls tools…"}
+/// {"text": "run_script: run one Python 3 script…",
+///  "tool": {"name": "run_script", "description": "run_script: run one Python 3 script…",
+///           "inputSchema": {"type": "object", "properties": {"code": {…}, "tools": {…}, "description": {…}},
+///                           "required": ["code"]}}}
 /// ```
+///
+/// `tool` is an MCP `Tool` definition an engine hands its model as it is; its
+/// arguments are `script.start`'s `code`, `tools` and `description`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Described {
     pub text: String,
+    pub tool: Value,
 }
 
 /// The answer to `daemon.info`.
@@ -655,6 +668,15 @@ pub struct ToolCall {
     pub call_id: String,
     pub tool: String,
     pub arguments: Value,
+    /// The script's trace (`trace`), when it was started with one: the parent is
+    /// the engine's span that started the script.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
+    /// This call's own span id, which its calls.jsonl line carries too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span_id: Option<String>,
 }
 
 /// `approval.request` (daemon → engine, request): one approval for all the write
@@ -672,6 +694,10 @@ pub struct ApprovalRequest {
     pub description: String,
     pub code: String,
     pub tools: Vec<ApprovalTool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
 }
 
 /// A tool in `approval.request`.
@@ -725,6 +751,27 @@ pub enum Notification {
     /// ```
     #[serde(rename = "script.finished")]
     ScriptFinished(Box<ScriptResult>),
+    /// A `tool.call` that had no answer when its script ended: the engine may stop
+    /// the work; an answer sent after it is ignored.
+    ///
+    /// ```json
+    /// {"jsonrpc": "2.0", "method": "tool.cancelled", "params": {"id": 7, "script_id": "4f1c…",
+    ///  "call_id": "17", "reason": "cancelled", "message": "cancelled by the engine"}}
+    /// ```
+    #[serde(rename = "tool.cancelled")]
+    ToolCancelled(ToolCancelled),
+}
+
+/// `tool.cancelled` params; `id` is the JSON-RPC id of the abandoned `tool.call`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCancelled {
+    pub id: u64,
+    pub script_id: String,
+    pub call_id: String,
+    /// `cancelled`, `timeout`, `oom`, `interrupted` or `exited`.
+    pub reason: String,
+    pub message: String,
 }
 
 impl Notification {
@@ -732,6 +779,7 @@ impl Notification {
         match self {
             Notification::ScriptProgress(_) => "script.progress",
             Notification::ScriptFinished(_) => "script.finished",
+            Notification::ToolCancelled(_) => "tool.cancelled",
         }
     }
 
@@ -746,6 +794,7 @@ impl Notification {
         match self {
             Notification::ScriptProgress(s) => serde_json::to_value(s),
             Notification::ScriptFinished(r) => serde_json::to_value(r),
+            Notification::ToolCancelled(c) => serde_json::to_value(c),
         }
         .unwrap_or_default()
     }
@@ -763,6 +812,17 @@ pub struct ToolResult {
     pub is_error: bool,
 }
 
+/// An answer to `tool.call`: the result, and the keys of an MCP `CallToolResult`
+/// that the daemon ignored (at most `MAX_IGNORED_KEYS`, each clipped).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub result: ToolResult,
+    pub ignored: Vec<String>,
+}
+
+/// The most ignored keys of one answer that are named.
+pub const MAX_IGNORED_KEYS: usize = 8;
+
 impl ToolResult {
     /// The engine's answer to `tool.call`, in exactly one of its two shapes (§5):
     ///
@@ -771,27 +831,22 @@ impl ToolResult {
     /// {"content": [{"type": "text", "text": "boom"}], "isError": true}
     /// ```
     ///
-    /// The first needs `text` and `is_error` (`structured` may be left out: null);
-    /// the second is an MCP `CallToolResult` (`content`, optional
-    /// `structuredContent`, `isError`, `_meta`), converted as `scriptgate run`
-    /// converts MCP results. Anything else — an unknown key, a wrong type, neither
-    /// `text` nor `content` — is an error naming the problem: a failed call, never
-    /// an empty success.
-    pub fn from_answer(v: &Value) -> Result<ToolResult, String> {
+    /// The first needs `text` and `is_error` (`structured` may be left out: null)
+    /// and nothing else. The second is an MCP `CallToolResult`, taken by the MCP
+    /// schema: `content` an array of content blocks, `isError` a boolean,
+    /// `structuredContent` and `_meta` objects (null: absent); a `Result` may carry
+    /// other keys, and new spec versions add them (`resultType`), so any other key
+    /// is ignored and named in `ignored`. It is converted as `scriptgate run`
+    /// converts MCP results. Anything else (a wrong type, neither `text` nor
+    /// `content`, an unknown key in the first shape) is an error naming the
+    /// problem: a failed call, never an empty success.
+    pub fn from_answer(v: &Value) -> Result<Answer, String> {
         let Value::Object(m) = v else {
             return Err("the answer must be a JSON object".into());
         };
-        let unknown = |allowed: &[&str]| {
-            m.keys()
-                .find(|k| !allowed.contains(&k.as_str()))
-                .map(|k| format!("unknown field `{k}`"))
-        };
         if m.contains_key("content") {
-            if let Some(e) = unknown(&["content", "structuredContent", "isError", "_meta"]) {
-                return Err(format!("{e} in an MCP CallToolResult"));
-            }
             let Some(items) = m["content"].as_array() else {
-                return Err("`content` must be an array of content items".into());
+                return Err("`content` must be an array of content blocks".into());
             };
             if let Some(i) = items
                 .iter()
@@ -799,10 +854,36 @@ impl ToolResult {
             {
                 return Err(format!("content[{i}] has no string `type`"));
             }
-            if m.get("isError").is_some_and(|e| !e.is_boolean()) {
+            let present = |k: &str| m.get(k).filter(|x| !x.is_null());
+            if present("isError").is_some_and(|e| !e.is_boolean()) {
                 return Err("`isError` must be a boolean".into());
             }
-            return Ok(ToolResult::from_mcp(v));
+            for k in ["structuredContent", "_meta"] {
+                if present(k).is_some_and(|x| !x.is_object()) {
+                    return Err(format!("`{k}` must be an object"));
+                }
+            }
+            // The other shape's keys are a mix-up, not an extension: an answer
+            // meant as an error must not pass as an empty success.
+            if let Some(k) = ["text", "structured", "is_error"]
+                .into_iter()
+                .find(|k| m.contains_key(*k))
+            {
+                return Err(format!(
+                    "`{k}` belongs to the {{text, structured, is_error}} answer, not to an MCP CallToolResult (which says `isError`, `structuredContent`)"
+                ));
+            }
+            let known = ["content", "isError", "structuredContent", "_meta"];
+            let ignored = m
+                .keys()
+                .filter(|k| !known.contains(&k.as_str()))
+                .take(MAX_IGNORED_KEYS)
+                .map(|k| script::clip(k, 64))
+                .collect();
+            return Ok(Answer {
+                result: ToolResult::from_mcp(v),
+                ignored,
+            });
         }
         if !m.contains_key("text") {
             return Err(
@@ -810,8 +891,14 @@ impl ToolResult {
                     .into(),
             );
         }
-        if let Some(e) = unknown(&["text", "structured", "is_error"]) {
-            return Err(e);
+        if let Some(k) = m
+            .keys()
+            .find(|k| !["text", "structured", "is_error"].contains(&k.as_str()))
+        {
+            return Err(format!(
+                "unknown field `{}` in a {{text, structured, is_error}} answer",
+                script::clip(k, 64)
+            ));
         }
         let Some(text) = m["text"].as_str() else {
             return Err("`text` must be a string".into());
@@ -819,10 +906,13 @@ impl ToolResult {
         let Some(is_error) = m.get("is_error").and_then(Value::as_bool) else {
             return Err("`is_error` must be present and a boolean".into());
         };
-        Ok(ToolResult {
-            text: text.to_string(),
-            structured: m.get("structured").cloned().filter(|s| !s.is_null()),
-            is_error,
+        Ok(Answer {
+            result: ToolResult {
+                text: text.to_string(),
+                structured: m.get("structured").cloned().filter(|s| !s.is_null()),
+                is_error,
+            },
+            ignored: vec![],
         })
     }
 

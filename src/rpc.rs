@@ -137,6 +137,33 @@ struct Shared {
     closed_with: Mutex<Option<RpcError>>,
 }
 
+/// A request waiting for its answer. Dropped unsettled (its future was), it
+/// frees its slot in `pending` and says so through `abandoned`.
+struct Waiting<'a, F: FnOnce(u64)> {
+    shared: &'a Shared,
+    id: u64,
+    abandoned: Option<F>,
+}
+
+impl<F: FnOnce(u64)> Waiting<'_, F> {
+    /// The request ended (answered, timed out, disconnected): free its slot.
+    fn settle(&mut self) {
+        self.abandoned = None;
+        if let Some(p) = self.shared.pending.lock().unwrap().as_mut() {
+            p.remove(&self.id);
+        }
+    }
+}
+
+impl<F: FnOnce(u64)> Drop for Waiting<'_, F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.abandoned.take() {
+            self.settle();
+            f(self.id);
+        }
+    }
+}
+
 impl Peer {
     /// A peer writing to `write`, and the writer task (it ends once every line
     /// queued before the last `Peer` clone went away is written).
@@ -236,25 +263,44 @@ impl Peer {
         params: &P,
         timeout: Option<Duration>,
     ) -> Result<Value, CallError> {
+        self.request_abandonable(method, params, timeout, |_| {})
+            .await
+    }
+
+    /// `request`, and `abandoned(id)` if the future is dropped before it ended
+    /// (its caller gave up: a script that ended with the call at the engine).
+    /// Either way the request's slot is freed: an answer that comes later finds
+    /// nobody waiting and is dropped.
+    pub async fn request_abandonable<P: Serialize + ?Sized, F: FnOnce(u64)>(
+        &self,
+        method: &str,
+        params: &P,
+        timeout: Option<Duration>,
+        abandoned: F,
+    ) -> Result<Value, CallError> {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         match self.shared.pending.lock().unwrap().as_mut() {
             Some(p) => p.insert(id, tx),
             None => return Err(self.disconnected()),
         };
+        let mut waiting = Waiting {
+            shared: &self.shared,
+            id,
+            abandoned: Some(abandoned),
+        };
         self.send(protocol::request_line(id, method, params), None);
         let answer = match timeout {
             Some(t) => match tokio::time::timeout(t, rx).await {
                 Ok(a) => a,
                 Err(_) => {
-                    if let Some(p) = self.shared.pending.lock().unwrap().as_mut() {
-                        p.remove(&id);
-                    }
+                    waiting.settle();
                     return Err(CallError::Timeout { id });
                 }
             },
             None => rx.await,
         };
+        waiting.settle();
         match answer {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(CallError::Answered(e)),

@@ -1,6 +1,7 @@
 //! Spawning and supervising one script: the sandbox child, its output, its end.
 
 use crate::broker::Broker;
+use crate::engine::Abandoned;
 use crate::limits::{Backend, Outcome, Placement};
 use crate::policy::Limits;
 use crate::protocol::Status;
@@ -367,7 +368,7 @@ pub async fn run(
         placed.placement,
         placed.keeper,
         streams,
-        &script_id,
+        (&broker, cut.as_ref()),
     )
     .await;
 
@@ -846,12 +847,14 @@ struct Collected {
 
 /// Step 7. The init has exited (bwrap waited for it), so its report is complete;
 /// the unit's word on how it ended is read while the keeper still holds it.
+/// Once the unit's word is in, the broker learns how the script ended, and
+/// abandons the calls still at the engine with that reason.
 async fn collect(
     usage: OwnedFd,
     placement: Placement,
     keeper: Option<Keeper>,
     streams: Streams,
-    script_id: &str,
+    (broker, cut): (&Broker, Option<&Cut>),
 ) -> Collected {
     let usage = tokio::time::timeout(Duration::from_secs(5), read_usage(usage))
         .await
@@ -861,7 +864,8 @@ async fn collect(
     if let Some(k) = keeper {
         k.end().await;
     }
-    let (out, err) = streams.finish(script_id).await;
+    broker.end(abandoned_by(cut, &outcome));
+    let (out, err) = streams.finish(&broker.script_id).await;
     Collected {
         usage,
         outcome,
@@ -916,6 +920,33 @@ impl Collected {
             record_incomplete,
         }
     }
+}
+
+/// Why the calls still at the engine are abandoned (`tool.cancelled`), from how
+/// the script ended: the supervisor's cut first, then the unit's counters.
+pub fn abandoned_by(cut: Option<&Cut>, outcome: &Outcome) -> Abandoned {
+    let (reason, message) = match cut {
+        Some(Cut::Timeout) => ("timeout", "the script ran longer than its timeout_s".into()),
+        Some(Cut::Stopped(Stop::Cancel(why))) => ("cancelled", why.clone()),
+        Some(Cut::Stopped(Stop::Interrupt)) => (
+            "interrupted",
+            "the daemon stopped while the script ran".into(),
+        ),
+        None if outcome.stats.oom_killed => ("oom", "the script ran out of memory".into()),
+        None if outcome.unit_timeout => (
+            "timeout",
+            "the script's unit reached its RuntimeMaxSec=".into(),
+        ),
+        None if outcome.stopped_externally => (
+            "cancelled",
+            "the script's unit was stopped from outside scriptgate".into(),
+        ),
+        None => (
+            "exited",
+            "the script ended before the engine answered".into(),
+        ),
+    };
+    Abandoned { reason, message }
 }
 
 /// Why the supervisor ended a script before it exited by itself.

@@ -4,10 +4,10 @@
 
 use crate::auth::Role;
 use crate::daemon::{Access, Daemon, Peer};
-use crate::engine::{BoxFuture, EngineLink, LinkError};
+use crate::engine::{Abandoned, BoxFuture, CallEnd, EngineLink, LinkError};
 use crate::protocol::{
-    self, code, ApprovalAnswer, ApprovalRequest, DaemonRequest, Decision, EngineRequest, Method,
-    Notification, RpcError, ToolCall, ToolResult,
+    self, code, Answer, ApprovalAnswer, ApprovalRequest, DaemonRequest, Decision, EngineRequest,
+    Method, Notification, RpcError, ToolCall, ToolCancelled, ToolResult,
 };
 use crate::rpc::{self, Bounds, CallError, Strict};
 use serde_json::Value;
@@ -42,11 +42,33 @@ impl EngineLink for Conn {
     fn id(&self) -> u64 {
         self.id
     }
-    fn tool_call(&self, params: ToolCall) -> BoxFuture<'_, Result<ToolResult, LinkError>> {
+    fn tool_call(
+        &self,
+        params: ToolCall,
+        end: CallEnd,
+    ) -> BoxFuture<'_, Result<Answer, LinkError>> {
         Box::pin(async move {
+            // Dropped unanswered: the script ended with the call at the engine,
+            // which is told so (`tool.cancelled`) and may stop the work.
+            let peer = self.peer.clone();
+            let (script_id, call_id) = (params.script_id.clone(), params.call_id.clone());
+            let abandoned = move |id| {
+                let why = end.get().cloned().unwrap_or(Abandoned {
+                    reason: "exited",
+                    message: "the script ended".into(),
+                });
+                let n = ToolCancelled {
+                    id,
+                    script_id,
+                    call_id,
+                    reason: why.reason.into(),
+                    message: why.message,
+                };
+                peer.notify("tool.cancelled", &n);
+            };
             let v = self
                 .peer
-                .request(DaemonRequest::TOOL_CALL, &params, None)
+                .request_abandonable(DaemonRequest::TOOL_CALL, &params, None, abandoned)
                 .await
                 .map_err(link_error)?;
             ToolResult::from_answer(&v)
@@ -76,6 +98,7 @@ impl EngineLink for Conn {
         match &n {
             Notification::ScriptProgress(s) => self.peer.notify(n.method(), s),
             Notification::ScriptFinished(r) => self.peer.notify(n.method(), r),
+            Notification::ToolCancelled(c) => self.peer.notify(n.method(), c),
         }
     }
 }

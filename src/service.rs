@@ -160,6 +160,7 @@ async fn run(
             unit: None,
             workspace: &r.workspace,
             infrastructure: true,
+            trace_id: None,
         });
     }
     // 2. The socket (systemd's, or our own --listen), still with every capability:

@@ -58,6 +58,9 @@ pub struct ToolSpec {
     pub input_schema: Option<Value>,
     #[serde(default)]
     pub frozen: Map<String, Value>,
+    /// What the model reads about the tool (`run.describe` gives it, clipped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
 }
 
 impl ToolSpec {

@@ -211,7 +211,11 @@ try:
     agent_tools.call("fleet__list_devices", {"site": "boom"})
 except ToolError as e:
     print("engine:", e.code, e.message)
-print("raw engine:", agent_tools.call_raw("fleet__list_devices", {"site": "boom"})["is_error"])
+try:
+    agent_tools.call_raw("fleet__list_devices", {"site": "boom"})
+    print("raw engine: returned")
+except ToolError as e:
+    print("raw engine raises:", e.code, e.message)
 "#;
     e.set_handler(std::sync::Arc::new(|tool, args| {
         if tool == "fleet__list_devices" && args["site"] == "boom" {
@@ -236,7 +240,11 @@ print("raw engine:", agent_tools.call_raw("fleet__list_devices", {"site": "boom"
     );
     assert!(out.contains("many raises: tool_error\n"), "{out}");
     assert!(out.contains("engine: engine backend exploded\n"), "{out}");
-    assert!(out.contains("raw engine: True\n"), "{out}");
+    // A broken engine is never taken for the tool's answer, call_raw included.
+    assert!(
+        out.contains("raw engine raises: engine backend exploded\n"),
+        "{out}"
+    );
     // calls: 1 + 3 + 1 + 2 + 1 + 1 = 9, of which the invalid one never reached the engine.
     assert_eq!(r["calls"], 9);
     assert_eq!(r["failures"], 7);

@@ -45,6 +45,26 @@ fn an_mcp_call_tool_result_is_converted() {
     assert_eq!(r["output"], "ToolError tool_error boom\n", "{r}");
 }
 
+/// What mcp 2.3.0's `CallToolResult.model_dump(by_alias=True, mode="json")` gives,
+/// byte for byte (nulls and `resultType` included): MCP lets a `Result` carry
+/// keys the daemon does not know, and new spec versions add them.
+#[test]
+fn the_mcp_sdks_own_dump_is_accepted_with_keys_scriptgate_ignores() {
+    let (_, r) = run_with_answer(
+        json!({"_meta": null, "content": [{"type": "text", "text": "SN1 online", "annotations": null, "_meta": null}],
+               "structuredContent": {"online": true}, "isError": false, "resultType": "complete"}),
+        SHOW,
+    );
+    assert_eq!(r["output"], "{'online': True}\n", "{r}");
+    assert_eq!(r["failures"], 0, "{r}");
+    let (_, r) = run_with_answer(
+        json!({"content": [{"type": "text", "text": "boom"}], "isError": true,
+               "resultType": "complete", "_meta": {"progressToken": 1}, "x-vendor": [1, 2]}),
+        SHOW,
+    );
+    assert_eq!(r["output"], "ToolError tool_error boom\n", "{r}");
+}
+
 #[test]
 fn the_documented_shape_needs_text_and_is_error() {
     let (_, r) = run_with_answer(
@@ -82,7 +102,19 @@ fn any_other_answer_fails_the_call_as_engine() {
         ),
         (
             json!({"content": [], "is_error": true}),
-            "unknown field `is_error`",
+            "`is_error` belongs to the {text, structured, is_error} answer",
+        ),
+        (
+            json!({"content": [], "structuredContent": [1]}),
+            "`structuredContent` must be an object",
+        ),
+        (
+            json!({"content": [], "_meta": "m"}),
+            "`_meta` must be an object",
+        ),
+        (
+            json!({"content": [{"text": "no type"}]}),
+            "content[0] has no string `type`",
         ),
         (json!("ok"), "must be a JSON object"),
     ] {

@@ -236,8 +236,18 @@ impl EngineLink for Embedded {
     fn id(&self) -> u64 {
         1
     }
-    fn tool_call(&self, params: ToolCall) -> BoxFuture<'_, Result<ToolResult, LinkError>> {
-        Box::pin(async move { self.0.tool_call(&params).await })
+    fn tool_call(
+        &self,
+        params: ToolCall,
+        _end: crate::engine::CallEnd,
+    ) -> BoxFuture<'_, Result<crate::protocol::Answer, LinkError>> {
+        Box::pin(async move {
+            let result = self.0.tool_call(&params).await?;
+            Ok(crate::protocol::Answer {
+                result,
+                ignored: vec![],
+            })
+        })
     }
     fn approval_request(
         &self,
@@ -664,6 +674,8 @@ pub async fn run(o: RunCmd) -> Result<ScriptResult, Failure> {
             .description
             .clone()
             .unwrap_or_else(|| format!("scriptgate run {}", o.script.display())),
+        traceparent: None,
+        tracestate: None,
     };
     let result = match conn {
         None => run_embedded(cfg, snap, params, &o, engine.clone()).await,

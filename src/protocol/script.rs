@@ -352,6 +352,9 @@ pub struct CallLogLine {
     pub duration_ms: u64,
     pub is_error: Option<bool>,
     pub summary: String,
+    /// The call's span id, when the script was started with a trace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub span_id: Option<String>,
 }
 
 /// The last line of a full `calls.jsonl`.

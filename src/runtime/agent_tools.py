@@ -199,14 +199,20 @@ def _plain(raw):
 def call_raw(tool, args=None):
     """Call a tool; return {"text", "structured", "is_error"}.
 
-    Tool errors come back with is_error=True; refusals (denied, invalid_arguments,
-    limit, revoked) still raise ToolError.
+    The tool's own errors come back with is_error=True. Refusals (denied,
+    invalid_arguments, limit, revoked) and failures of the engine that serves the
+    tools (code "engine": a malformed answer, a JSON-RPC error, a lost engine)
+    raise ToolError, as call() does: a broken gateway is never taken for the
+    tool's answer.
     """
     args = _check_args(tool, args)
     reply = _channel().request({"op": "call", "tool": tool, "args": args})
     if reply is None:
         raise _lost(tool)
-    return _plain(_raw_or_raise(tool, reply))
+    raw = _raw_or_raise(tool, reply)
+    if raw.get("code") == "engine":
+        raise ToolError(tool, "engine", raw.get("text") or "the engine failed")
+    return _plain(raw)
 
 
 def call(tool, args=None):
