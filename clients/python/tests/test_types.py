@@ -190,6 +190,7 @@ def test_tool_answer_shapes():
         ({"content": [{"text": "x"}]}, "content[0] has no string `type`"),
         ({"content": [], "isError": "yes"}, "`isError` must be a boolean"),
         ({"content": [], "structuredContent": [1]}, "`structuredContent` must be an object"),
+        ({"content": [], "is_error": True}, "`is_error` in an MCP CallToolResult"),
         ([1], "returned list"),
         (None, "returned NoneType"),
     ]:

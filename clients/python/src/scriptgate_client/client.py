@@ -122,7 +122,9 @@ def tool_answer(result: Any) -> Dict[str, Any]:
     model) is dumped with ``by_alias=True, exclude_none=True, mode="json"``. Of an
     MCP result, ``content``, ``structuredContent``, ``isError`` and ``_meta`` are
     sent (null ones left out; other keys, e.g. ``resultType``, dropped, as the
-    daemon ignores them); ``{text, structured, is_error}`` is strict."""
+    daemon ignores them; ``text``, ``structured`` or ``is_error`` among them is a
+    mix-up of the shapes and refused, as the daemon refuses it);
+    ``{text, structured, is_error}`` is strict."""
     if isinstance(result, str):
         return {"text": result, "structured": None, "is_error": False}
     if not isinstance(result, dict):
@@ -134,6 +136,9 @@ def tool_answer(result: Any) -> Dict[str, Any]:
                 "or an MCP CallToolResult"
             ) from None
     if "content" in result:
+        mixed = [k for k in ("text", "structured", "is_error") if k in result]
+        if mixed:
+            raise ValueError(f"`{mixed[0]}` in an MCP CallToolResult (a mix of the two answer shapes)")
         items = result["content"]
         if not isinstance(items, list):
             raise ValueError("`content` must be an array of content items")
