@@ -539,9 +539,11 @@ class Client:
         result (see ``ProgressStream``). Only for scripts this connection started."""
         sid = _sid(script_id)
         stream = ProgressStream(self, sid)
+        ended = False
         for ev in self._backlog.pop(sid, ()):
             stream._q.put_nowait(ev)
-        if self._closed is not None and not any(isinstance(e, ScriptResult) for e in stream._q._queue):  # type: ignore[attr-defined]
+            ended = ended or isinstance(ev, ScriptResult)
+        if self._closed is not None and not ended:
             stream._q.put_nowait(self._closed)
         self._streams.setdefault(sid, []).append(stream)
         return stream
