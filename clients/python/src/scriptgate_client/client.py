@@ -430,7 +430,7 @@ class Client:
         params: Dict[str, Any] = {"token": token, "code": code, "tools": names, "description": description}
         span, trace_params = _otel.start_run_span()
         params.update(trace_params)
-        pending = _PendingStart((code, description, tuple(sorted(names))))
+        pending = _PendingStart((code, description, tuple(sorted(set(names)))))
         self._starts.append(pending)
         try:
             try:
@@ -804,7 +804,7 @@ class Client:
 
     def _deny(self, req: ApprovalRequest, why: str) -> Dict[str, str]:
         """Deny, and tell the matching pending ``start`` why (its ApprovalError says it)."""
-        key = (req.code, req.description, tuple(sorted(str(t.get("name", "")) for t in req.tools)))
+        key = (req.code, req.description, tuple(sorted({str(t.get("name", "")) for t in req.tools})))
         for s in self._starts:
             if s.key == key and s.denied_why is None:
                 s.denied_why = why
