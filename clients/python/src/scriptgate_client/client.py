@@ -730,7 +730,7 @@ class Client:
             "scriptgate.tool": ctx.tool, "scriptgate.script_id": ctx.script_id,
             **({"scriptgate.call.span_id": ctx.span_id} if ctx.span_id else {}),
         })
-        call = self._call_of(ctx)
+        call = ctx._call
         ok, why = False, "cancelled"
         try:
             args = (call, ctx) if _takes_ctx(fn) else (call,)
@@ -740,14 +740,12 @@ class Client:
                 msg = (f"the engine's tool handler {_name(fn)} did not answer {ctx.tool} within "
                        f"tool_timeout_s = {self.tool_timeout_s} s; the call was cancelled")
                 log.error("%s (call %s of script %s)", msg, ctx.call_id, ctx.script_id)
-                why = "timeout"
                 raise _HandlerError(HANDLER_FAILED, msg)
             try:
                 answer = tool_answer(result)
             except ValueError as e:
                 msg = f"the engine's tool handler {_name(fn)} gave a malformed answer for {ctx.tool}: {e}"
                 log.error("%s (call %s of script %s)", msg, ctx.call_id, ctx.script_id)
-                why = str(e)
                 raise _HandlerError(HANDLER_FAILED, msg) from None
             ok = not (answer.get("is_error") or answer.get("isError"))
             why = "the tool result is an error"
@@ -761,10 +759,6 @@ class Client:
                     span.set_attribute("scriptgate.cancelled", ctx.cancel_reason)
                 _otel.detach(token)
                 _otel.end_span(span, ok, why)
-
-    @staticmethod
-    def _call_of(ctx: CallContext) -> ToolCall:
-        return ctx._call
 
     def _emit_call_progress(self, ev: CallProgress) -> None:
         loop = self._loop
