@@ -4,6 +4,7 @@ serves a script's tool calls, approves its write, and watches its progress."""
 from __future__ import annotations
 
 import asyncio
+import re
 import json
 import os
 import subprocess
@@ -322,7 +323,7 @@ except agent_tools.ToolError as e:
 
     r = run(main())
     assert r.status == "ok", r.text
-    assert lines(r)["err"] == ["engine", "fleet backend down"]
+    assert lines(r)["err"] == ["engine", "RuntimeError: fleet backend down"]
 
 
 def test_timeout(daemon: Daemon) -> None:
@@ -349,7 +350,7 @@ def test_wait_still_running_then_cancel(daemon: Daemon) -> None:
                 await sg.wait(sid, timeout_s=0.2)
             assert e.value.code == -32017 and e.value.reason == "still_running"
             st = await sg.status(sid)
-            assert st.state == "running" and st.script_id == sid
+            assert st.state == "running" and st.script_id == sid.script_id
             ans = await sg.cancel(sid)
             return ans, await sg.wait(sid)
 
@@ -427,3 +428,173 @@ def test_example_engine(daemon: Daemon) -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.startswith("run_script ok:"), p.stdout
     assert "rebooted" in p.stdout
+
+
+# --- issue 20 -------------------------------------------------------------------------
+
+import threading
+
+from scriptgate_client import CallContext
+
+
+def test_sync_handlers_run_concurrently(daemon: Daemon) -> None:
+    """8 calls of a plain handler that sleeps 0.5 s, via call_many: the daemon runs
+    max_concurrency (4) at once and the client serves them in threads (one at a
+    time on the event loop took 4.1 s)."""
+    code = 'import agent_tools\nagent_tools.call_many("fleet__get_device_status", [{"sn": "SN%03d" % i} for i in range(8)])\n'
+    stop = threading.Event()  # never set: a 0.5 s wait that ends early only if cancelled
+
+    def slow(call: ToolCall) -> Any:
+        stop.wait(0.5)
+        return {"text": "ok", "structured": DEVICES[call.arguments["sn"]], "is_error": False}
+
+    async def main() -> Any:
+        async with Client(daemon.socket, tool_handler=slow) as sg:
+            t0 = time.monotonic()
+            r = await sg.run(token(fleet_snapshot(daemon.workspace())), code)
+            return r, time.monotonic() - t0
+
+    r, took = run(main())
+    print(f"\n8 x 0.5 s plain handler calls via call_many: {took:.2f} s")
+    assert r.status == "ok" and r.calls == 8 and r.failures == 0, r.text
+    assert took < 3.0
+
+
+def test_run_timeout_cancels_the_script(daemon: Daemon) -> None:
+    async def main() -> Any:
+        async with Client(daemon.socket) as sg:
+            t0 = time.monotonic()
+            r = await sg.run(token(fleet_snapshot(daemon.workspace())), "import time\ntime.sleep(60)\n", timeout_s=0.5)
+            return r, time.monotonic() - t0, await sg.status(r.script_id)
+
+    r, took, st = run(main())
+    assert r.status == "cancelled" and "cancelled by the engine" in (r.error or "")
+    assert st.state == "cancelled"
+    assert took < 20
+
+
+def test_tool_timeout_through_the_daemon(daemon: Daemon) -> None:
+    code = """
+import agent_tools, json
+try:
+    agent_tools.call("fleet__get_device_status", {"sn": "SN001"})
+except agent_tools.ToolError as e:
+    print("err", json.dumps([e.code, e.message]))
+"""
+    seen: Dict[str, Any] = {}
+
+    def stuck(call: ToolCall, ctx: CallContext) -> str:
+        seen["set"] = ctx.cancelled.wait(30)
+        seen["reason"] = ctx.cancel_reason
+        return "late"
+
+    async def main() -> ScriptResult:
+        async with Client(daemon.socket, tool_handler=stuck, tool_timeout_s=0.3) as sg:
+            return await sg.run(token(fleet_snapshot(daemon.workspace())), code)
+
+    r = run(main())
+    code_, message = lines(r)["err"]
+    assert code_ == "engine" and "tool_timeout_s = 0.3" in message and "stuck" in message, message
+    assert seen == {"set": True, "reason": "timeout"}
+
+
+def test_handler_exception_names_its_type(daemon: Daemon) -> None:
+    code = """
+import agent_tools, json
+try:
+    agent_tools.call("fleet__get_device_status", {"sn": "SN001"})
+except agent_tools.ToolError as e:
+    print("err", json.dumps([e.code, e.message]))
+"""
+
+    def tool(call: ToolCall) -> Any:
+        return {}["nope"]
+
+    async def main() -> ScriptResult:
+        async with Client(daemon.socket, tool_handler=tool) as sg:
+            return await sg.run(token(fleet_snapshot(daemon.workspace())), code)
+
+    assert lines(run(main()))["err"] == ["engine", "KeyError: 'nope'"]
+
+
+def test_no_approval_handler_says_so(daemon: Daemon) -> None:
+    async def main() -> None:
+        async with Client(daemon.socket) as sg:
+            await sg.start(token(fleet_snapshot(daemon.workspace())), "print(1)", tools=["fleet__reboot_device"])
+
+    with pytest.raises(ApprovalError) as e:
+        run(main())
+    assert e.value.reason == "denied" and "no approval handler is registered" in str(e.value)
+
+
+def test_approval_timeout_denies(daemon: Daemon) -> None:
+    async def never(req: ApprovalRequest) -> bool:
+        await asyncio.Event().wait()
+        return True
+
+    async def main() -> None:
+        async with Client(daemon.socket, approval_handler=never, approval_timeout_s=0.3) as sg:
+            await sg.start(token(fleet_snapshot(daemon.workspace())), "print(1)", tools=["fleet__reboot_device"])
+
+    with pytest.raises(ApprovalError) as e:
+        run(main())
+    assert e.value.reason == "denied" and "approval_timeout_s = 0.3" in str(e.value)
+
+
+def test_tracing_one_tree(daemon: Daemon) -> None:
+    """SPEC-20 §4: an outer agent span, a script of 3 calls whose handler makes its own
+    span: one trace, one tree (every parent is a recorded span), and each tool span
+    carries the call's span_id."""
+    pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk is not installed in the test venv")
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    code = 'import agent_tools\nfor s in ["SN001", "SN002", "SN003"]:\n    agent_tools.call("fleet__get_device_status", {"sn": s})\n'
+    span_ids: List[str] = []
+
+    def tool(call: ToolCall, ctx: CallContext) -> Any:
+        span_ids.append(ctx.span_id or "")
+        with tracer.start_as_current_span("backend.lookup"):  # the handler's own span
+            return {"text": "ok", "structured": DEVICES[call.arguments["sn"]], "is_error": False}
+
+    async def main() -> ScriptResult:
+        async with Client(daemon.socket, tool_handler=tool, on_finished=lambda r: None) as sg:
+            with tracer.start_as_current_span("agent"):
+                r = await sg.run(token(fleet_snapshot(daemon.workspace())), code)
+            for _ in range(100):  # the run span ends when script.finished is delivered
+                if any(s.name == "scriptgate.run_script" for s in exporter.get_finished_spans()):
+                    break
+                await asyncio.sleep(0.01)
+            return r
+
+    old = trace._TRACER_PROVIDER  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER = provider  # type: ignore[attr-defined]  # set_tracer_provider sets it once only
+    try:
+        r = run(main())
+    finally:
+        trace._TRACER_PROVIDER = old  # type: ignore[attr-defined]
+    assert r.status == "ok", r.text
+    spans = exporter.get_finished_spans()
+    names = sorted(s.name for s in spans)
+    assert names == sorted(["agent", "scriptgate.run_script"] + ["scriptgate.tool_call", "backend.lookup"] * 3), names
+    assert len({s.context.trace_id for s in spans}) == 1
+    ids = {s.context.span_id for s in spans}
+    roots = [s for s in spans if s.parent is None]
+    assert [s.name for s in roots] == ["agent"]
+    assert all(s.parent.span_id in ids for s in spans if s.parent is not None)
+    by_id = {s.context.span_id: s for s in spans}
+    for s in spans:
+        if s.name == "scriptgate.tool_call":
+            assert by_id[s.parent.span_id].name == "scriptgate.run_script"
+            assert s.attributes["scriptgate.tool"] == "fleet__get_device_status"
+            assert s.attributes["scriptgate.script_id"] == r.script_id
+            assert re.fullmatch("[0-9a-f]{16}", s.attributes["scriptgate.call.span_id"])
+        if s.name == "backend.lookup":
+            assert by_id[s.parent.span_id].name == "scriptgate.tool_call"
+    assert sorted(s.attributes["scriptgate.call.span_id"] for s in spans if s.name == "scriptgate.tool_call") == sorted(span_ids)

@@ -113,3 +113,124 @@ def test_the_default_run_as_is_the_packaged_user_where_it_exists(monkeypatch):
     assert workspace.default_run_as() == "nobody"
     monkeypatch.setattr(workspace.pwd, "getpwnam", lambda name: real("nobody"))
     assert workspace.default_run_as() == "scriptgate-script"
+
+
+# --- issue 20: MCP in, descriptions, answers, error classes ----------------------------
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from scriptgate_client import errors, tool_answer
+
+REPO = Path(__file__).resolve().parents[3]
+FIXTURE = json.loads((REPO / "tests" / "fixtures" / "mcp-tools.json").read_text())
+
+
+def entry(t: Tool) -> dict:
+    return {"name": t.name, "class": t.tool_class.value, "enabled": t.enabled,
+            "input_schema": t.input_schema, "description": t.description}
+
+
+@pytest.mark.parametrize("case", FIXTURE["cases"], ids=[c["what"] for c in FIXTURE["cases"]])
+def test_from_mcp_fixture(case):
+    if case.get("error"):
+        with pytest.raises(ValueError):
+            Tool.from_mcp(case["tool"], server=case["server"])
+        return
+    t = Tool.from_mcp(case["tool"], server=case["server"])
+    assert entry(t) == case["expect"]
+    d = t.to_dict()  # the snapshot entry: description only when there is one
+    assert ("description" in d) == (case["expect"]["description"] is not None)
+    assert Tool.from_dict(d).to_dict() == d
+
+
+def test_from_mcp_takes_the_sdk_model():
+    types = pytest.importorskip("mcp.types", reason="the mcp SDK (Python 3.10+) is not installed")
+    for case in FIXTURE["cases"]:
+        if case.get("error") or "inputSchema" not in case["tool"]:
+            continue  # the SDK's Tool requires an inputSchema
+        model = types.Tool.model_validate(case["tool"])
+        assert entry(Tool.from_mcp(model, server=case["server"])) == case["expect"], case["what"]
+    with pytest.raises(TypeError):
+        Tool.from_mcp(42, server="s")
+
+
+def test_snapshot_description_accepted_other_unknown_fields_refused():
+    d = snap_dict()
+    d["tools"][0]["description"] = "Status of one device."
+    s = Snapshot.from_dict(d)
+    assert s.tools[0].description == "Status of one device."
+    assert s.to_dict()["tools"][0]["description"] == "Status of one device."
+    d["tools"][0]["title"] = "Status"
+    with pytest.raises(SnapshotError) as e:
+        Snapshot.from_dict(d)
+    assert (e.value.reason, e.value.field) == ("unknown_field", "tools[0].title")
+    d["tools"][0].pop("title")
+    d["tools"][0]["description"] = 5
+    with pytest.raises(SnapshotError) as e:
+        Snapshot.from_dict(d)
+    assert (e.value.reason, e.value.field) == ("invalid_value", "tools[0].description")
+
+
+def test_tool_answer_shapes():
+    assert tool_answer("t") == {"text": "t", "structured": None, "is_error": False}
+    plain = {"text": "x", "structured": {"a": 1}, "is_error": True}
+    assert tool_answer(plain) == plain
+    mcp_dict = {"content": [{"type": "text", "text": "x"}], "isError": False, "structuredContent": None,
+                "resultType": "complete", "_meta": {"k": 1}}
+    assert tool_answer(mcp_dict) == {"content": [{"type": "text", "text": "x"}], "isError": False, "_meta": {"k": 1}}
+    for bad, problem in [
+        ({"text": "x"}, "`is_error` must be present"),
+        ({"text": 1, "is_error": False}, "`text` must be a string"),
+        ({"text": "x", "is_error": False, "foo": 1}, "unknown field `foo`"),
+        ({"foo": 1}, "neither `text`"),
+        ({"content": "x"}, "`content` must be an array"),
+        ({"content": [{"text": "x"}]}, "content[0] has no string `type`"),
+        ({"content": [], "isError": "yes"}, "`isError` must be a boolean"),
+        ({"content": [], "structuredContent": [1]}, "`structuredContent` must be an object"),
+        ({"content": [], "is_error": True}, "`is_error` in an MCP CallToolResult"),
+        ([1], "returned list"),
+        (None, "returned NoneType"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(problem)):
+            tool_answer(bad)
+
+
+def test_tool_answer_takes_the_sdk_result():
+    types = pytest.importorskip("mcp.types", reason="the mcp SDK (Python 3.10+) is not installed")
+    r = types.CallToolResult(content=[types.TextContent(type="text", text="hi")], structuredContent={"n": 1})
+    assert tool_answer(r) == {"content": [{"type": "text", "text": "hi"}], "structuredContent": {"n": 1},
+                              "isError": False}
+
+
+def test_one_error_class_per_daemon_code():
+    """Every code the protocol page names has its class, and no class has a code it does not name."""
+    page = (REPO / "man" / "scriptgate-protocol.7").read_text()
+    codes = {int(c) for c in re.findall(r"\\?-(32[0-9]{3})\b", page)}
+    codes = {-c for c in codes}
+    assert {-32001, -32010, -32011, -32012, -32013, -32015, -32016, -32017, -32018, -32700, -32600, -32601,
+            -32602, -32603} <= codes, codes
+    assert set(errors.ERRORS_BY_CODE) == codes
+    for code, cls in errors.ERRORS_BY_CODE.items():
+        e = error_from_rpc({"code": code, "message": "m", "data": {"reason": "r"}})
+        assert type(e) is cls and e.code == code and e.reason == "r"
+
+
+def test_standard_library_only():
+    """Without mcp, pydantic and opentelemetry the client imports and works."""
+    code = """
+import sys
+for m in ("mcp", "pydantic", "opentelemetry"):
+    sys.modules[m] = None  # import fails
+import scriptgate_client as sc
+from scriptgate_client import _otel
+t = sc.Tool.from_mcp({"name": "echo", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}, "s")
+assert t.name == "s__echo" and t.tool_class.value == "read"
+assert sc.tool_answer({"content": []}) == {"content": []}
+assert _otel.api() is None and _otel.start_run_span() == (None, {})
+print("ok")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout == "ok\n", p.stderr

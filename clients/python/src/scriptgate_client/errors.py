@@ -41,11 +41,47 @@ def _str_or_none(v: Any) -> Optional[str]:
 
 
 class ConnectionClosed(ScriptgateError):
-    """The connection to the daemon ended (or was never open); no code."""
+    """The connection to the daemon ended (or was never open); no code.
+    ``path`` is the socket (``None`` when never connected)."""
+
+    def __init__(self, message: str, path: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConnectFailed(ScriptgateError, OSError):
+    """The socket could not be connected to; no code. Also an ``OSError``
+    (the subclasses are also the matching ``FileNotFoundError``,
+    ``ConnectionRefusedError``, ``PermissionError``). ``path`` is the socket."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class SocketNotFound(ConnectFailed, FileNotFoundError):
+    """No socket at the path: scriptgated (or scriptgate.socket) is not running there."""
+
+
+class ConnectionRefused(ConnectFailed, ConnectionRefusedError):
+    """A socket file exists but nothing listens on it (a stale socket)."""
+
+
+class PermissionDenied(ConnectFailed, PermissionError):
+    """The socket (or a directory above it) may not be opened by this user."""
 
 
 class ProtocolError(ScriptgateError):
     """The daemon sent something that is not protocol v1 (e.g. an over-long line)."""
+
+    def __str__(self) -> str:
+        return self.message if self.code is None else super().__str__()
 
 
 class ParseError(ScriptgateError):

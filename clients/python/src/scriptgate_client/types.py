@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import enum
 import os
+import re
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from .errors import SnapshotError
 
@@ -52,6 +54,21 @@ def _check_keys(d: Any, where: str, required: Sequence[str], allowed: Sequence[s
     return d
 
 
+_SERVER_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _mcp_dict(obj: Any) -> Dict[str, Any]:
+    """An mcp SDK (pydantic) model as its wire dict; a dict as it is."""
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):
+        d = dump(by_alias=True, exclude_none=True, mode="json")
+        if isinstance(d, dict):
+            return d
+    raise TypeError(f"expected an mcp SDK model or a dict, not {type(obj).__name__}")
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -79,8 +96,10 @@ class Tool:
     input_schema: Optional[Dict[str, JSON]] = None
     enabled: bool = True
     frozen: Dict[str, JSON] = field(default_factory=dict)
+    #: What the model reads about the tool (``run.describe`` shows it under the signature).
+    description: Optional[str] = None
 
-    FIELDS = ("name", "class", "enabled", "input_schema", "frozen")
+    FIELDS = ("name", "class", "enabled", "input_schema", "frozen", "description")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -102,6 +121,8 @@ class Tool:
             raise _err("invalid_value", f"{where}.input_schema", f"{where}.input_schema must be a JSON Schema")
         if not isinstance(self.frozen, dict):
             raise _err("invalid_value", f"{where}.frozen", f"{where}.frozen must be an object")
+        if self.description is not None and not isinstance(self.description, str):
+            raise _err("invalid_value", f"{where}.description", f"{where}.description must be a string")
 
     @classmethod
     def read(cls, name: str, input_schema: Dict[str, JSON], **kw: Any) -> "Tool":
@@ -128,8 +149,45 @@ class Tool:
         t.enabled = d.get("enabled", True)
         t.input_schema = d.get("input_schema")
         t.frozen = d.get("frozen", {})
+        t.description = d.get("description")
         t.validate(where)
         return t
+
+    @classmethod
+    def from_mcp(cls, tool: Any, server: str) -> "Tool":
+        """The snapshot entry for an MCP ``Tool`` (the mcp SDK's model or its dict, as
+        ``tools/list`` gives it), as ``scriptgate run`` makes it: named
+        ``server__tool``; class ``long_task`` for ``execution.taskSupport:
+        "required"``, else ``read`` for ``readOnlyHint: true``, else ``destructive``
+        unless ``destructiveHint`` is false (its default is true), else ``write``;
+        the ``inputSchema`` as it is (none: ``{"type": "object", "properties": {}}``,
+        no arguments); the ``description``. ``server`` must be non-empty, of
+        ``[A-Za-z0-9_-]`` and without ``__`` (``ValueError`` otherwise)."""
+        if not isinstance(server, str) or not _SERVER_NAME.fullmatch(server) or "__" in server:
+            raise ValueError(f"MCP server name {server!r}: it must be non-empty, of [A-Za-z0-9_-], without '__'")
+        d = _mcp_dict(tool)
+        name = d.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"MCP tool of server {server!r} without a name: {d!r:.200}")
+        execution = d.get("execution")
+        ann = d.get("annotations")
+        hint = lambda k: ann.get(k) if isinstance(ann, dict) and isinstance(ann.get(k), bool) else None
+        if isinstance(execution, dict) and execution.get("taskSupport") == "required":
+            klass = ToolClass.LONG_TASK
+        elif hint("readOnlyHint") is True:
+            klass = ToolClass.READ
+        elif hint("destructiveHint") is not False:
+            klass = ToolClass.DESTRUCTIVE
+        else:
+            klass = ToolClass.WRITE
+        schema = d.get("inputSchema")
+        desc = d.get("description")
+        return cls(
+            f"{server}__{name}",
+            klass,
+            {"type": "object", "properties": {}} if schema is None else schema,
+            description=desc if isinstance(desc, str) else None,
+        )
 
     def to_dict(self) -> Dict[str, JSON]:
         self.validate()
@@ -137,6 +195,8 @@ class Tool:
         if self.input_schema is not None:
             out["input_schema"] = self.input_schema
         out["frozen"] = dict(self.frozen)
+        if self.description is not None:
+            out["description"] = self.description
         return out
 
 
@@ -343,6 +403,78 @@ class ScriptResult:
 
 
 @dataclass
+class CallProgress:
+    """A tool handler's progress (``ctx.progress(...)``), as the progress stream yields it."""
+
+    script_id: str
+    call_id: str
+    tool: str
+    progress: float
+    total: Optional[float] = None
+    message: Optional[str] = None
+
+
+class CallContext:
+    """What a tool handler has besides the arguments: the second argument of a
+    two-argument handler, and ``call.ctx`` for any handler.
+
+    - ``cancelled``: a ``threading.Event``, set when the daemon sends
+      ``tool.cancelled`` for the call (the script ended), when ``tool_timeout_s``
+      passes, or when the connection closes; ``cancel_reason`` and
+      ``cancel_message`` then say why (``cancelled``, ``timeout``, ...). An async
+      handler's task is also cancelled (it sees ``CancelledError``); a plain
+      handler, running in a thread, should check the event.
+    - ``progress(progress, total=None, message=None)``: reports the call's
+      progress to the engine's progress streams (``Client.progress``); thread-safe;
+      also usable as the mcp SDK's ``progress_callback``. It is not sent to the daemon.
+    - ``traceparent``, ``tracestate``, ``span_id``: the call's trace context
+      (``None`` unless the script was started with one).
+    """
+
+    def __init__(
+        self,
+        call: "ToolCall",
+        rpc_id: Any = None,
+        traceparent: Optional[str] = None,
+        tracestate: Optional[str] = None,
+        span_id: Optional[str] = None,
+        emit: Optional[Callable[[CallProgress], None]] = None,
+    ) -> None:
+        self._call = call
+        self.script_id = call.script_id
+        self.call_id = call.call_id
+        self.tool = call.tool
+        self.rpc_id = rpc_id
+        self.traceparent = traceparent
+        self.tracestate = tracestate
+        self.span_id = span_id
+        self.cancelled = threading.Event()
+        self.cancel_reason: Optional[str] = None
+        self.cancel_message: Optional[str] = None
+        self._emit = emit
+
+    def cancel(self, reason: str, message: str = "") -> None:
+        if not self.cancelled.is_set():
+            self.cancel_reason, self.cancel_message = reason, message
+            self.cancelled.set()
+
+    def progress(self, progress: float, total: Optional[float] = None, message: Optional[str] = None) -> "_Done":
+        """Report progress. Returns an already-done awaitable, so that
+        ``ctx.progress`` also serves as the mcp SDK's (async) ``progress_callback``."""
+        if self._emit is not None:
+            self._emit(CallProgress(self.script_id, self.call_id, self.tool, progress, total, message))
+        return _DONE
+
+
+class _Done:
+    def __await__(self) -> Any:
+        return iter(())
+
+
+_DONE = _Done()
+
+
+@dataclass
 class ToolCall:
     """A ``tool.call`` request from the daemon; ``arguments`` include the frozen ones."""
 
@@ -351,6 +483,23 @@ class ToolCall:
     call_id: str
     tool: str
     arguments: Dict[str, JSON]
+    ctx: Optional[CallContext] = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class Started:
+    """The answer to ``script.start``: ``{script_id, state}`` (``running``)."""
+
+    script_id: str
+    state: str
+    extra: Dict[str, JSON] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Started":
+        return cls(
+            str(d["script_id"]), str(d.get("state", "")),
+            {k: v for k, v in d.items() if k not in ("script_id", "state")},
+        )
 
 
 @dataclass
