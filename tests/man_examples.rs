@@ -59,7 +59,7 @@ fn snapshot_example() -> Value {
 
 #[test]
 fn the_snapshot_example_is_accepted() {
-    let snap = scriptgate::protocol::token::parse_snapshot(snapshot_example());
+    let snap = scriptgate::protocol::snapshot::parse_snapshot(snapshot_example());
     assert!(snap.is_ok(), "{:?}", snap.err());
 }
 
@@ -72,7 +72,7 @@ fn the_documented_refusal_is_the_daemons() {
         .position(|t| t["name"] == "fleet__query_logs")
         .unwrap();
     tools[i].as_object_mut().unwrap().remove("input_schema");
-    let e = scriptgate::protocol::token::parse_snapshot(snap).unwrap_err();
+    let e = scriptgate::protocol::snapshot::parse_snapshot(snap).unwrap_err();
     let documented = examples()
         .into_iter()
         .find(|v| v["error"]["code"] == -32011)

@@ -1637,7 +1637,7 @@ fn fd3_clipped_names_match_no_snapshot_tool() {
     let snapshot = json!({"workspace": "/", "permission_mode": "auto", "tools": [
         {"name": tool, "class": "read", "input_schema": {"type": "object"}}]});
     assert!(
-        token::parse_snapshot(snapshot).is_err(),
+        scriptgate::protocol::snapshot::parse_snapshot(snapshot).is_err(),
         "the clipped name {tool:?} ({} bytes) is a valid snapshot tool name",
         tool.len()
     );

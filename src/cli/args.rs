@@ -2,7 +2,7 @@
 //! how the approval flags answer.
 
 use crate::cli::mcp::ServerSpec;
-use crate::protocol::token::{PermissionMode, ToolClass};
+use crate::protocol::snapshot::{PermissionMode, ToolClass};
 use crate::protocol::Status;
 use clap::builder::PossibleValue;
 use clap::{Args, Parser, Subcommand, ValueEnum};

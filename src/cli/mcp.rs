@@ -4,7 +4,7 @@
 
 use crate::protocol::rpc::BoxFuture;
 use crate::protocol::rpc::{self, Bounds, CallError};
-use crate::protocol::token::{ToolClass, ToolSpec};
+use crate::protocol::snapshot::{ToolClass, ToolSpec};
 use crate::protocol::{RpcError, ToolResult};
 use crate::script::engine::LinkError;
 use serde::Serialize;
@@ -605,7 +605,7 @@ mod tests {
             tool_spec("a__3".into(), &bad, ToolClass::Destructive).0,
         ]
         .into();
-        let snap = crate::protocol::token::parse_snapshot(
+        let snap = crate::protocol::snapshot::parse_snapshot(
             json!({"workspace": "/w", "permission_mode": "auto", "tools": tools}),
         )
         .unwrap();

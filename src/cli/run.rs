@@ -12,7 +12,7 @@ use crate::config::{BackendChoice, Config};
 use crate::daemon::{Access, Daemon, Peer};
 use crate::protocol::rpc::BoxFuture;
 use crate::protocol::rpc::{self, Bounds, CallError};
-use crate::protocol::token::{PermissionMode, Snapshot, SnapshotLimits, ToolClass, ToolSpec};
+use crate::protocol::snapshot::{PermissionMode, Snapshot, SnapshotLimits, ToolClass, ToolSpec};
 use crate::protocol::{
     ApprovalAnswer, ApprovalRequest, DaemonRequest, Decision, Notification, RpcError, ScriptRef,
     ScriptResult, ScriptStatus, StartParams, Started, ToolCall, ToolResult,
@@ -908,7 +908,7 @@ pub async fn describe(
     // Checked as the daemon checks a token's snapshot.
     let snap = serde_json::to_value(&snap)
         .map_err(|e| e.to_string())
-        .and_then(|v| crate::protocol::token::parse_snapshot(v).map_err(|e| e.message))
+        .and_then(|v| crate::protocol::snapshot::parse_snapshot(v).map_err(|e| e.message))
         .map_err(Failure::setup)?;
     let limits = crate::policy::Limits::effective(&cfg.scripts, &snap.limits);
     Ok(crate::policy::describe::describe(

@@ -11,8 +11,6 @@ pub(crate) mod prune;
 pub mod ratelimit;
 pub(crate) mod registry;
 
-// The registry of running and finished scripts; only the daemon uses it.
-
 use crate::audit::{Refusal as RefusalRow, StartRow, Store};
 use crate::config::Config;
 use crate::daemon::ratelimit::{RefusalLimiter, Verdict};
@@ -20,7 +18,8 @@ use crate::daemon::registry::{Registry, Slot};
 use crate::limits::{Backend, Picked};
 use crate::policy::runs::{RunKey, Scope};
 use crate::policy::{Budget, Limits, Policy, StartPlan};
-use crate::protocol::token::{self, PermissionMode, RunClaims, RunRef, Signed};
+use crate::protocol::snapshot::PermissionMode;
+use crate::protocol::token::{self, RunClaims, RunRef, Signed};
 use crate::protocol::{
     code, ApprovalRequest, ApprovalTool, DaemonInfo, DaemonLimits, Described, ListedScript,
     Notification, Revoked, RpcError, ScriptRef, ScriptResult, ScriptState, ScriptStatus,
@@ -1524,7 +1523,7 @@ fn record_error(what: &str, workspace: &WorkspaceDir, e: crate::sys::SysError) -
 mod tests {
     use super::Approval;
     use crate::policy::StartPlan;
-    use crate::protocol::token::{PermissionMode, ToolClass};
+    use crate::protocol::snapshot::{PermissionMode, ToolClass};
 
     #[test]
     fn approval_says_why_a_start_may_run_as_the_audit_spells_it() {

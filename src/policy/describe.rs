@@ -3,7 +3,7 @@
 //! signatures taken from their JSON schemas. Pure.
 
 use crate::policy::Limits;
-use crate::protocol::token::{PermissionMode, Snapshot, ToolClass, ToolSpec};
+use crate::protocol::snapshot::{PermissionMode, Snapshot, ToolClass, ToolSpec};
 use serde_json::Value;
 
 fn py_type(schema: &Value) -> String {
@@ -209,7 +209,7 @@ No network. The working directory is the workspace, {}; files the script writes 
 mod tests {
     use super::*;
     use crate::config::Scripts;
-    use crate::protocol::token::parse_snapshot;
+    use crate::protocol::snapshot::parse_snapshot;
     use serde_json::json;
 
     fn snap(read_only: bool) -> Snapshot {

@@ -802,7 +802,7 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::token::parse_snapshot;
+    use crate::protocol::snapshot::parse_snapshot;
 
     fn snapshot(mode: &str, read_only: bool) -> Snapshot {
         parse_snapshot(json!({

@@ -12,12 +12,7 @@
 //!
 //! The snapshot's types live in [`crate::protocol::snapshot`]; they are re-exported here.
 
-// The snapshot types moved to their own module; `crate::protocol::token::X` keeps working.
-
-pub use crate::protocol::snapshot::{
-    missing_schema_error, parse_snapshot, PermissionMode, Snapshot, SnapshotLimits, ToolClass,
-    ToolSpec,
-};
+use crate::protocol::snapshot::{parse_snapshot, Snapshot};
 
 use crate::protocol::{code, RpcError};
 use crate::time::now_unix;
@@ -313,6 +308,7 @@ pub fn run_id_problem(run_id: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::snapshot::ToolClass;
 
     const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 

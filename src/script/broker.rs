@@ -648,7 +648,7 @@ mod tests {
     }
 
     fn broker(token_exp: i64, log: std::fs::File) -> Broker {
-        let snap = crate::protocol::token::parse_snapshot(serde_json::json!({
+        let snap = crate::protocol::snapshot::parse_snapshot(serde_json::json!({
             "workspace": "/w", "permission_mode": "auto",
             "tools": [{"name": "t", "class": "read", "input_schema": {"type": "object"}}]
         }))

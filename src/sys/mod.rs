@@ -799,7 +799,6 @@ pub fn chown(path: &Path, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> 
 }
 
 /// A signal the daemon or the CLI sends to a process group it started.
-// Used by mcp.rs's shutdown once its two killpg calls come here (issue 10 merge).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupSignal {
     Terminate,
