@@ -103,143 +103,143 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
+/// A family of one sample, without labels.
+fn single(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    family(out, name, kind, help);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+/// A family of one sample per value of one label.
+fn by_label<'a>(
+    out: &mut String,
+    (name, kind, help): (&str, &str, &str),
+    label: &str,
+    samples: impl IntoIterator<Item = (&'a str, f64)>,
+) {
+    family(out, name, kind, help);
+    for (value, v) in samples {
+        let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {}", esc(value), num(v));
+    }
+}
+
 /// The metrics text. Pure: the same source gives the same text.
 pub fn render(s: &Source) -> String {
     let mut o = String::new();
-    family(
-        &mut o,
+    scripts_and_calls(&mut o, s);
+    durations(&mut o, s);
+    if let Some(d) = &s.daemon {
+        daemon(&mut o, d);
+    }
+    o
+}
+
+/// Scripts started, finished by status, running; tool calls and failures;
+/// refused starts by reason.
+fn scripts_and_calls(o: &mut String, s: &Source) {
+    single(
+        o,
         "scriptgate_scripts_started_total",
         "counter",
         "Scripts started.",
+        num(s.get("started", "")),
     );
-    let _ = writeln!(
+    by_label(
         o,
-        "scriptgate_scripts_started_total {}",
-        num(s.get("started", ""))
+        (
+            "scriptgate_scripts_finished_total",
+            "counter",
+            "Scripts finished, by status.",
+        ),
+        "status",
+        Status::FINAL
+            .iter()
+            .map(|st| (st.as_str(), s.get("finished", st.as_str()))),
     );
-    family(
-        &mut o,
-        "scriptgate_scripts_finished_total",
-        "counter",
-        "Scripts finished, by status.",
-    );
-    for st in Status::FINAL {
-        let _ = writeln!(
-            o,
-            "scriptgate_scripts_finished_total{{status=\"{}\"}} {}",
-            st.as_str(),
-            num(s.get("finished", st.as_str()))
-        );
-    }
-    family(
-        &mut o,
+    single(
+        o,
         "scriptgate_scripts_running",
         "gauge",
         "Scripts running now (audit rows still running).",
+        s.running,
     );
-    let _ = writeln!(o, "scriptgate_scripts_running {}", s.running);
-    family(
-        &mut o,
+    single(
+        o,
         "scriptgate_tool_calls_total",
         "counter",
         "Tool calls of finished scripts.",
+        num(s.get("calls", "")),
     );
-    let _ = writeln!(o, "scriptgate_tool_calls_total {}", num(s.get("calls", "")));
-    family(
-        &mut o,
+    single(
+        o,
         "scriptgate_tool_call_failures_total",
         "counter",
         "Tool calls of finished scripts that failed.",
+        num(s.get("failures", "")),
     );
-    let _ = writeln!(
+    by_label(
         o,
-        "scriptgate_tool_call_failures_total {}",
-        num(s.get("failures", ""))
+        (
+            "scriptgate_start_refusals_total",
+            "counter",
+            "Refused script.start requests, by reason.",
+        ),
+        "reason",
+        s.labelled("refusals"),
     );
+}
+
+/// The script-duration histogram.
+fn durations(o: &mut String, s: &Source) {
+    let name = "scriptgate_script_duration_seconds";
     family(
-        &mut o,
-        "scriptgate_start_refusals_total",
-        "counter",
-        "Refused script.start requests, by reason.",
-    );
-    for (reason, v) in s.labelled("refusals") {
-        let _ = writeln!(
-            o,
-            "scriptgate_start_refusals_total{{reason=\"{}\"}} {}",
-            esc(reason),
-            num(v)
-        );
-    }
-    family(
-        &mut o,
-        "scriptgate_script_duration_seconds",
+        o,
+        name,
         "histogram",
         "Wall-clock duration of finished scripts.",
     );
     for (le, _) in duration_buckets() {
         let _ = writeln!(
             o,
-            "scriptgate_script_duration_seconds_bucket{{le=\"{le}\"}} {}",
+            "{name}_bucket{{le=\"{le}\"}} {}",
             num(s.get("duration_bucket", &le))
         );
     }
-    let _ = writeln!(
+    let _ = writeln!(o, "{name}_sum {}", num(s.get("duration_sum", "")));
+    let _ = writeln!(o, "{name}_count {}", num(s.get("duration_count", "")));
+}
+
+/// What the daemon last started with (`daemon.json`): version and backend,
+/// whether limits are its own and in force, the sandbox, the start time.
+fn daemon(o: &mut String, d: &Value) {
+    let text = |k: &str| d[k].as_str().unwrap_or("").to_string();
+    family(
         o,
-        "scriptgate_script_duration_seconds_sum {}",
-        num(s.get("duration_sum", ""))
+        "scriptgate_daemon_info",
+        "gauge",
+        "The daemon last started: version and limit backend (value 1).",
     );
     let _ = writeln!(
         o,
-        "scriptgate_script_duration_seconds_count {}",
-        num(s.get("duration_count", ""))
+        "scriptgate_daemon_info{{version=\"{}\",backend=\"{}\"}} 1",
+        esc(&text("version")),
+        esc(&text("backend"))
     );
-    if let Some(d) = &s.daemon {
-        let text = |k: &str| d[k].as_str().unwrap_or("").to_string();
-        family(
-            &mut o,
-            "scriptgate_daemon_info",
-            "gauge",
-            "The daemon last started: version and limit backend (value 1).",
-        );
-        let _ = writeln!(
-            o,
-            "scriptgate_daemon_info{{version=\"{}\",backend=\"{}\"}} 1",
-            esc(&text("version")),
-            esc(&text("backend"))
-        );
-        family(&mut o, "scriptgate_limits_enforced_per_script", "gauge", "1 when each script has limits of its own (systemd or cgroup backend), 0 when scripts of one uid share them (rlimit).");
-        let _ = writeln!(
-            o,
-            "scriptgate_limits_enforced_per_script {}",
-            u8::from(d["limits_per_script"].as_bool().unwrap_or(false))
-        );
-        if let Some(enforced) = d["limits_enforced"].as_bool() {
-            family(&mut o, "scriptgate_limits_enforced", "gauge", "1 when the start-up read-back found the configured limits in force, 0 when it did not (scriptgate status says which).");
-            let _ = writeln!(o, "scriptgate_limits_enforced {}", u8::from(enforced));
-        }
-        if let Some(state) = d["sandbox"]["state"].as_str() {
-            family(&mut o, "scriptgate_sandbox_available", "gauge", "1 when the start-up preflight made a sandbox as the script uid, 0 when it could not (or did not check).");
-            let _ = writeln!(
-                o,
-                "scriptgate_sandbox_available {}",
-                u8::from(state == "ok")
-            );
-        }
-        if let Some(ms) = d["started_at_ms"].as_i64() {
-            family(
-                &mut o,
-                "scriptgate_daemon_start_time_seconds",
-                "gauge",
-                "When the daemon last became ready, in seconds since the epoch.",
-            );
-            let _ = writeln!(
-                o,
-                "scriptgate_daemon_start_time_seconds {}",
-                ms as f64 / 1000.0
-            );
-        }
+    single(o, "scriptgate_limits_enforced_per_script", "gauge", "1 when each script has limits of its own (systemd or cgroup backend), 0 when scripts of one uid share them (rlimit).", u8::from(d["limits_per_script"].as_bool().unwrap_or(false)));
+    if let Some(enforced) = d["limits_enforced"].as_bool() {
+        single(o, "scriptgate_limits_enforced", "gauge", "1 when the start-up read-back found the configured limits in force, 0 when it did not (scriptgate status says which).", u8::from(enforced));
     }
-    o
+    if let Some(state) = d["sandbox"]["state"].as_str() {
+        single(o, "scriptgate_sandbox_available", "gauge", "1 when the start-up preflight made a sandbox as the script uid, 0 when it could not (or did not check).", u8::from(state == "ok"));
+    }
+    if let Some(ms) = d["started_at_ms"].as_i64() {
+        single(
+            o,
+            "scriptgate_daemon_start_time_seconds",
+            "gauge",
+            "When the daemon last became ready, in seconds since the epoch.",
+            ms as f64 / 1000.0,
+        );
+    }
 }
 
 /// Read the source: the audit store (read-only) and `daemon.json`.
@@ -310,6 +310,32 @@ mod tests {
         for line in t.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("scriptgate_"), "{line}");
         }
+    }
+
+    /// The exposition format is what node_exporter and dashboards read: any
+    /// change to it is reviewed as a diff of `tests/fixtures/metrics.prom`.
+    #[test]
+    fn the_exposition_matches_the_golden_file() {
+        let s = Source {
+            counters: vec![
+                ("started".into(), "".into(), 7.0),
+                ("finished".into(), "ok".into(), 5.0),
+                ("finished".into(), "timeout".into(), 1.0),
+                ("calls".into(), "".into(), 120.0),
+                ("failures".into(), "".into(), 3.0),
+                ("refusals".into(), "signature".into(), 2.0),
+                ("duration_bucket".into(), "0.5".into(), 4.0),
+                ("duration_bucket".into(), "+Inf".into(), 6.0),
+                ("duration_sum".into(), "".into(), 12.5),
+                ("duration_count".into(), "".into(), 6.0),
+            ],
+            running: 1,
+            daemon: Some(serde_json::json!({
+                "version": "0.1.0", "backend": "systemd", "limits_per_script": true,
+                "limits_enforced": true, "sandbox": {"state": "ok"},
+                "started_at_ms": 1_796_000_000_123_i64})),
+        };
+        crate::golden::check("metrics.prom", &render(&s));
     }
 
     #[test]

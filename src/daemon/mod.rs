@@ -17,7 +17,7 @@ use crate::daemon::ratelimit::{RefusalLimiter, Verdict};
 use crate::daemon::registry::{Registry, Slot};
 use crate::limits::{Backend, Picked};
 use crate::policy::runs::{RunKey, Scope};
-use crate::policy::{Budget, Limits, Policy, StartPlan};
+use crate::policy::{Limits, Policy, StartPlan};
 use crate::protocol::snapshot::PermissionMode;
 use crate::protocol::token::{self, RunClaims, RunRef, Signed};
 use crate::protocol::{
@@ -26,7 +26,7 @@ use crate::protocol::{
     StartParams, Started, Status,
 };
 use crate::sandbox::SandboxSpec;
-use crate::script::broker::{Broker, Live, RevokedRuns};
+use crate::script::broker::{Broker, BrokerSpec, Live, RevokedRuns};
 use crate::script::engine::{EngineLink, LinkError};
 use crate::script::{Launch, Stop};
 use crate::sys::{resolve_run_as, ArtifactDir, Identity, Spawner, WorkspaceDir};
@@ -923,28 +923,21 @@ impl Daemon {
         a: Admitted,
         rec: Record,
     ) -> (Broker, Launch) {
-        let broker = Broker {
+        let broker = Broker::new(BrokerSpec {
             script_id: script_id.to_string(),
             run_id: a.claims.run_id.clone(),
             run_key: a.run_key.clone(),
             token_exp: a.claims.exp,
             policy: a.policy,
-            budget: Mutex::new(Budget::new(rec.limits.max_calls)),
-            slots: tokio::sync::Semaphore::new(rec.limits.max_concurrency),
+            max_calls: rec.limits.max_calls,
+            max_concurrency: rec.limits.max_concurrency,
             engine: engine.clone(),
             live: running.live.clone(),
-            calls_log: Mutex::new(rec.calls_log),
+            calls_log: rec.calls_log,
             revoked: self.revoked.clone(),
             max_line: self.cfg.server.max_message_bytes,
-            next_call: Default::default(),
-            max_log_lines: rec.limits.max_calls.saturating_add(1000),
-            logged: Default::default(),
-            malformed_logged: Default::default(),
-            ignored_answers: Default::default(),
             trace: a.trace.clone(),
-            end: Default::default(),
-            ended: Default::default(),
-        };
+        });
         let launch = Launch {
             bwrap: self.cfg.sandbox.bwrap.clone(),
             sandbox: SandboxSpec {

@@ -184,133 +184,11 @@ fn push(args: &mut Vec<OsString>, items: &[&dyn AsRef<std::ffi::OsStr>]) {
 /// file `tests/fixtures/bwrap-argv.txt` pins the whole of it.
 pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
-    // Namespaces: all of them (no network, not even loopback to the host), and an
-    // explicit user namespace so that --disable-userns can forbid nested ones.
-    push(&mut a, &[&"--unshare-all", &"--unshare-user"]);
-    if spec.disable_userns {
-        push(&mut a, &[&"--disable-userns"]);
-    }
-    // The sandbox dies with its supervisor, has no controlling terminal (no TIOCSTI)
-    // and no capabilities, and sees only the environment set below.
-    push(
-        &mut a,
-        &[
-            &"--die-with-parent",
-            &"--new-session",
-            &"--cap-drop",
-            &"ALL",
-            &"--clearenv",
-        ],
-    );
-    // No bwrap process inside the sandbox: its PID 1 is our init (`sandbox_init`).
-    // bwrap then waits for that child itself, so nothing of the sandbox outlives
-    // the outer bwrap (bwrap's own init was left behind, a zombie of whoever
-    // inherited it, and its rusage never reached the daemon).
-    push(&mut a, &[&"--as-pid-1"]);
-    // bwrap writes {"child-pid": N}, the sandbox's PID 1, so the supervisor can
-    // kill the whole namespace even before --die-with-parent is armed.
-    push(&mut a, &[&"--info-fd", &FD_INFO.to_string()]);
-    for dir in SYSTEM_DIRS {
-        match host.entry(Path::new(dir)) {
-            Entry::Symlink(target) => push(&mut a, &[&"--symlink", &target, dir]),
-            Entry::Plain => push(&mut a, &[&"--ro-bind", dir, dir]),
-            Entry::Missing => {}
-        }
-    }
-    for f in ETC_FILES {
-        // A symlinked file (e.g. /etc/localtime) is bound as its target's content.
-        if host.entry(Path::new(f)) != Entry::Missing {
-            push(&mut a, &[&"--ro-bind", f, f]);
-        }
-    }
-    // An interpreter outside the system dirs (a venv, /opt/python) brings its prefix.
-    if !SYSTEM_DIRS.iter().any(|d| spec.python.starts_with(d)) {
-        if let Some(prefix) = spec.python.parent().and_then(Path::parent) {
-            push(&mut a, &[&"--ro-bind", &prefix, &prefix]);
-        }
-    }
-    // Python runs from its execute-only copy, at its own path (see `ExecOnly`).
-    if let Some(x) = &spec.exec_only {
-        push(&mut a, &[&"--ro-bind", &x.python, &x.python_at]);
-    }
-    push(&mut a, &[&"--proc", &"/proc"]);
-    // /dev is built by hand, not with --dev (an unbounded tmpfs writable by the
-    // script, and a devpts that hands out ptys from the host-wide pool): a small
-    // tmpfs with the device nodes bound in, the /proc/self/fd links, and
-    // /dev/shm as a link to /tmp, so that POSIX shared memory and semaphores
-    // (Python's multiprocessing) share /tmp's bound. Then /dev goes read-only.
-    // --remount-ro is not recursive (checked): the device binds stay usable, and
-    // a read-only mount does not stop writes to device nodes anyway.
-    push(
-        &mut a,
-        &[&"--size", &DEV_TMPFS_BYTES.to_string(), &"--tmpfs", &"/dev"],
-    );
-    for node in DEV_NODES {
-        push(&mut a, &[&"--dev-bind-try", node, node]);
-    }
-    for (target, link) in [
-        ("/proc/self/fd", "/dev/fd"),
-        ("/proc/self/fd/0", "/dev/stdin"),
-        ("/proc/self/fd/1", "/dev/stdout"),
-        ("/proc/self/fd/2", "/dev/stderr"),
-        ("/tmp", "/dev/shm"),
-    ] {
-        push(&mut a, &[&"--symlink", &target, &link]);
-    }
-    push(&mut a, &[&"--remount-ro", &"/dev"]);
-    push(
-        &mut a,
-        &[
-            &"--size",
-            &spec.tmp_size_bytes.to_string(),
-            &"--tmpfs",
-            &"/tmp",
-        ],
-    );
-    push(&mut a, &[&"--ro-bind", &spec.runtime_dir, &RUNTIME_MOUNT]);
-    let init = spec.exec_only.as_ref().map_or(&spec.init, |x| &x.init);
-    push(&mut a, &[&"--ro-bind", init, &INIT_MOUNT]);
-    let script = Path::new(SCRIPT_MOUNT).join(spec.script.file_name().unwrap_or_default());
-    push(
-        &mut a,
-        &[&"--ro-bind-data", &FD_SCRIPT.to_string(), &script],
-    );
-    // The workspace and its `.agent` come as descriptors the daemon opened without
-    // following symlinks: what is mounted is what was checked.
-    let ws = &spec.workspace;
-    let agent = ws.join(".agent");
-    let bind = if spec.read_only {
-        "--ro-bind-fd"
-    } else {
-        "--bind-fd"
-    };
-    push(&mut a, &[&bind, &FD_WORKSPACE.to_string(), ws]);
-    push(&mut a, &[&"--ro-bind-fd", &FD_AGENT.to_string(), &agent]);
-    // The root tmpfs bwrap builds the tree on goes read-only: writable are only the
-    // workspace (unless read-only) and the private /tmp.
-    push(&mut a, &[&"--remount-ro", &"/"]);
-    push(&mut a, &[&"--chdir", ws]);
-    // libgcc_s in every process from its start (see `libgcc_s_candidates`); none
-    // on the host, no preload (ld.so would complain at every exec).
-    let libgcc = libgcc_s_candidates()
-        .into_iter()
-        .find(|p| host.entry(p) != Entry::Missing);
-    if let Some(p) = &libgcc {
-        push(&mut a, &[&"--setenv", &"LD_PRELOAD", p]);
-    }
-    for (k, v) in [
-        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        ("HOME", "/tmp"),
-        ("TMPDIR", "/tmp"),
-        ("LANG", "C.UTF-8"),
-        ("PYTHONPATH", RUNTIME_MOUNT),
-        ("PYTHONDONTWRITEBYTECODE", "1"),
-        ("PYTHONIOENCODING", "utf-8"),
-        ("PYTHONUNBUFFERED", "1"),
-        ("MALLOC_ARENA_MAX", MALLOC_ARENA_MAX),
-    ] {
-        push(&mut a, &[&"--setenv", &k, &v]);
-    }
+    isolation(&mut a, spec.disable_userns);
+    host_mounts(&mut a, spec, host);
+    dev_and_tmp(&mut a, spec.tmp_size_bytes);
+    let script = our_mounts(&mut a, spec);
+    environment(&mut a, host);
     // The seccomp program (see `seccomp`), loaded just before the init's exec, so the
     // init and everything it starts carry it.
     push(&mut a, &[&"--seccomp", &FD_SECCOMP.to_string()]);
@@ -323,6 +201,150 @@ pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
     );
     push(&mut a, &[&spec.python, &"-s", &"-B", &script]);
     a
+}
+
+/// The namespaces, the session, the capabilities and environment dropped, our
+/// init as PID 1 and where bwrap says its pid.
+fn isolation(a: &mut Vec<OsString>, disable_userns: bool) {
+    // Namespaces: all of them (no network, not even loopback to the host), and an
+    // explicit user namespace so that --disable-userns can forbid nested ones.
+    push(a, &[&"--unshare-all", &"--unshare-user"]);
+    if disable_userns {
+        push(a, &[&"--disable-userns"]);
+    }
+    // The sandbox dies with its supervisor, has no controlling terminal (no TIOCSTI)
+    // and no capabilities, and sees only the environment set below.
+    push(
+        a,
+        &[
+            &"--die-with-parent",
+            &"--new-session",
+            &"--cap-drop",
+            &"ALL",
+            &"--clearenv",
+        ],
+    );
+    // No bwrap process inside the sandbox: its PID 1 is our init (`sandbox_init`).
+    // bwrap then waits for that child itself, so nothing of the sandbox outlives
+    // the outer bwrap (bwrap's own init was left behind, a zombie of whoever
+    // inherited it, and its rusage never reached the daemon).
+    push(a, &[&"--as-pid-1"]);
+    // bwrap writes {"child-pid": N}, the sandbox's PID 1, so the supervisor can
+    // kill the whole namespace even before --die-with-parent is armed.
+    push(a, &[&"--info-fd", &FD_INFO.to_string()]);
+}
+
+/// What of the host the script sees, read-only: the system directories and
+/// `/etc` files, the interpreter (its prefix, or its execute-only copy), `/proc`.
+fn host_mounts(a: &mut Vec<OsString>, spec: &SandboxSpec, host: &dyn HostView) {
+    for dir in SYSTEM_DIRS {
+        match host.entry(Path::new(dir)) {
+            Entry::Symlink(target) => push(a, &[&"--symlink", &target, dir]),
+            Entry::Plain => push(a, &[&"--ro-bind", dir, dir]),
+            Entry::Missing => {}
+        }
+    }
+    for f in ETC_FILES {
+        // A symlinked file (e.g. /etc/localtime) is bound as its target's content.
+        if host.entry(Path::new(f)) != Entry::Missing {
+            push(a, &[&"--ro-bind", f, f]);
+        }
+    }
+    // An interpreter outside the system dirs (a venv, /opt/python) brings its prefix.
+    if !SYSTEM_DIRS.iter().any(|d| spec.python.starts_with(d)) {
+        if let Some(prefix) = spec.python.parent().and_then(Path::parent) {
+            push(a, &[&"--ro-bind", &prefix, &prefix]);
+        }
+    }
+    // Python runs from its execute-only copy, at its own path (see `ExecOnly`).
+    if let Some(x) = &spec.exec_only {
+        push(a, &[&"--ro-bind", &x.python, &x.python_at]);
+    }
+    push(a, &[&"--proc", &"/proc"]);
+}
+
+/// `/dev`, built by hand, and the private, bounded `/tmp`.
+fn dev_and_tmp(a: &mut Vec<OsString>, tmp_size_bytes: u64) {
+    // /dev is built by hand, not with --dev (an unbounded tmpfs writable by the
+    // script, and a devpts that hands out ptys from the host-wide pool): a small
+    // tmpfs with the device nodes bound in, the /proc/self/fd links, and
+    // /dev/shm as a link to /tmp, so that POSIX shared memory and semaphores
+    // (Python's multiprocessing) share /tmp's bound. Then /dev goes read-only.
+    // --remount-ro is not recursive (checked): the device binds stay usable, and
+    // a read-only mount does not stop writes to device nodes anyway.
+    push(
+        a,
+        &[&"--size", &DEV_TMPFS_BYTES.to_string(), &"--tmpfs", &"/dev"],
+    );
+    for node in DEV_NODES {
+        push(a, &[&"--dev-bind-try", node, node]);
+    }
+    for (target, link) in [
+        ("/proc/self/fd", "/dev/fd"),
+        ("/proc/self/fd/0", "/dev/stdin"),
+        ("/proc/self/fd/1", "/dev/stdout"),
+        ("/proc/self/fd/2", "/dev/stderr"),
+        ("/tmp", "/dev/shm"),
+    ] {
+        push(a, &[&"--symlink", &target, &link]);
+    }
+    push(a, &[&"--remount-ro", &"/dev"]);
+    push(
+        a,
+        &[&"--size", &tmp_size_bytes.to_string(), &"--tmpfs", &"/tmp"],
+    );
+}
+
+/// scriptgate's own mounts: `agent_tools`, the init, the script, the workspace and
+/// its `.agent`; then the root read-only and the workspace as working directory.
+/// Returns where the script is inside.
+fn our_mounts(a: &mut Vec<OsString>, spec: &SandboxSpec) -> PathBuf {
+    push(a, &[&"--ro-bind", &spec.runtime_dir, &RUNTIME_MOUNT]);
+    let init = spec.exec_only.as_ref().map_or(&spec.init, |x| &x.init);
+    push(a, &[&"--ro-bind", init, &INIT_MOUNT]);
+    let script = Path::new(SCRIPT_MOUNT).join(spec.script.file_name().unwrap_or_default());
+    push(a, &[&"--ro-bind-data", &FD_SCRIPT.to_string(), &script]);
+    // The workspace and its `.agent` come as descriptors the daemon opened without
+    // following symlinks: what is mounted is what was checked.
+    let ws = &spec.workspace;
+    let agent = ws.join(".agent");
+    let bind = if spec.read_only {
+        "--ro-bind-fd"
+    } else {
+        "--bind-fd"
+    };
+    push(a, &[&bind, &FD_WORKSPACE.to_string(), ws]);
+    push(a, &[&"--ro-bind-fd", &FD_AGENT.to_string(), &agent]);
+    // The root tmpfs bwrap builds the tree on goes read-only: writable are only the
+    // workspace (unless read-only) and the private /tmp.
+    push(a, &[&"--remount-ro", &"/"]);
+    push(a, &[&"--chdir", ws]);
+    script
+}
+
+/// The environment the script starts with (bwrap cleared the rest).
+fn environment(a: &mut Vec<OsString>, host: &dyn HostView) {
+    // libgcc_s in every process from its start (see `libgcc_s_candidates`); none
+    // on the host, no preload (ld.so would complain at every exec).
+    let libgcc = libgcc_s_candidates()
+        .into_iter()
+        .find(|p| host.entry(p) != Entry::Missing);
+    if let Some(p) = &libgcc {
+        push(a, &[&"--setenv", &"LD_PRELOAD", p]);
+    }
+    for (k, v) in [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", "/tmp"),
+        ("TMPDIR", "/tmp"),
+        ("LANG", "C.UTF-8"),
+        ("PYTHONPATH", RUNTIME_MOUNT),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("PYTHONIOENCODING", "utf-8"),
+        ("PYTHONUNBUFFERED", "1"),
+        ("MALLOC_ARENA_MAX", MALLOC_ARENA_MAX),
+    ] {
+        push(a, &[&"--setenv", &k, &v]);
+    }
 }
 
 /// The preflight's argv (see `preflight`): the namespaces, isolation flags and

@@ -77,36 +77,81 @@ impl Live {
 
 pub type RevokedRuns = Arc<RwLock<crate::policy::runs::Revocations>>;
 
-pub struct Broker {
+/// What one script's broker is made from: its run, its policy and limits, its
+/// engine and its record. The counters it keeps start at zero (`Broker::new`).
+pub struct BrokerSpec {
     pub script_id: String,
     pub run_id: String,
     /// The run as the revoked set knows it (scoped to its engine entry).
     pub run_key: crate::policy::runs::RunKey,
     pub token_exp: i64,
     pub policy: Policy,
-    pub budget: Mutex<Budget>,
-    pub slots: Semaphore,
+    pub max_calls: u64,
+    pub max_concurrency: usize,
     pub engine: Arc<dyn EngineLink>,
     pub live: Arc<Live>,
-    pub calls_log: Mutex<std::fs::File>,
+    pub calls_log: std::fs::File,
     pub revoked: RevokedRuns,
     /// The longest request line; also the bytes of requests served at once.
     pub max_line: usize,
-    pub next_call: AtomicU64,
-    /// calls.jsonl gets at most this many lines (max_calls + 1000): refused calls
-    /// cost no budget, so a loop of them must not fill the disk.
-    pub max_log_lines: u64,
-    pub logged: AtomicU64,
-    /// A malformed answer from the engine is logged once per script.
-    pub malformed_logged: AtomicBool,
-    /// Answers that carried MCP keys the daemon ignores (logged once, at debug).
-    pub ignored_answers: AtomicU64,
     /// The script's trace, when it was started with one.
     pub trace: Option<crate::protocol::trace::TraceContext>,
+}
+
+pub struct Broker {
+    pub script_id: String,
+    run_id: String,
+    run_key: crate::policy::runs::RunKey,
+    token_exp: i64,
+    policy: Policy,
+    budget: Mutex<Budget>,
+    slots: Semaphore,
+    engine: Arc<dyn EngineLink>,
+    pub live: Arc<Live>,
+    calls_log: Mutex<std::fs::File>,
+    revoked: RevokedRuns,
+    max_line: usize,
+    next_call: AtomicU64,
+    /// calls.jsonl gets at most this many lines (max_calls + 1000): refused calls
+    /// cost no budget, so a loop of them must not fill the disk.
+    max_log_lines: u64,
+    logged: AtomicU64,
+    /// A malformed answer from the engine is logged once per script.
+    malformed_logged: AtomicBool,
+    /// Answers that carried MCP keys the daemon ignores (logged once, at debug).
+    ignored_answers: AtomicU64,
+    trace: Option<crate::protocol::trace::TraceContext>,
     /// How the script ended, once it has: the calls still at the engine are then
     /// abandoned with this reason (`end`).
-    pub end: CallEnd,
-    pub ended: tokio::sync::Notify,
+    end: CallEnd,
+    ended: tokio::sync::Notify,
+}
+
+impl Broker {
+    pub fn new(s: BrokerSpec) -> Broker {
+        Broker {
+            script_id: s.script_id,
+            run_id: s.run_id,
+            run_key: s.run_key,
+            token_exp: s.token_exp,
+            policy: s.policy,
+            budget: Mutex::new(Budget::new(s.max_calls)),
+            slots: Semaphore::new(s.max_concurrency),
+            engine: s.engine,
+            live: s.live,
+            calls_log: Mutex::new(s.calls_log),
+            revoked: s.revoked,
+            max_line: s.max_line,
+            next_call: AtomicU64::new(0),
+            max_log_lines: s.max_calls.saturating_add(1000),
+            logged: AtomicU64::new(0),
+            malformed_logged: AtomicBool::new(false),
+            ignored_answers: AtomicU64::new(0),
+            trace: s.trace,
+            end: CallEnd::default(),
+            ended: tokio::sync::Notify::new(),
+        }
+    }
 }
 
 fn refusal(r: Refusal) -> Outcome {
@@ -654,28 +699,21 @@ mod tests {
         }))
         .unwrap();
         let (policy, _) = Policy::plan(&snap, &[]).unwrap();
-        Broker {
+        Broker::new(BrokerSpec {
             script_id: "s".into(),
             run_id: "r".into(),
             run_key: crate::policy::runs::RunKey::new(crate::policy::runs::Scope::Shared(0), "r"),
             token_exp,
             policy,
-            budget: Mutex::new(Budget::new(10)),
-            slots: Semaphore::new(4),
+            max_calls: 10,
+            max_concurrency: 4,
             engine: Arc::new(Ok1),
             live: Default::default(),
-            calls_log: Mutex::new(log),
+            calls_log: log,
             revoked: Default::default(),
             max_line: 1 << 16,
-            next_call: Default::default(),
-            max_log_lines: 100,
-            logged: Default::default(),
-            malformed_logged: Default::default(),
-            ignored_answers: Default::default(),
             trace: None,
-            end: Default::default(),
-            ended: Default::default(),
-        }
+        })
     }
 
     #[tokio::test]

@@ -275,46 +275,12 @@ pub async fn run(
     let script_id = broker.script_id.clone();
     let mut launch = launch;
 
-    // 0. The execute-only interpreter and init (`sandbox::ExecOnly`), when the
-    //    script runs as another uid than a root daemon: copied once per version.
-    //    They are a second layer (other processes of the script's uid cannot
-    //    read it through /proc); a state directory with no room for them costs
-    //    that layer, said at warning priority, not the script.
-    if let Err(e) = with_exec_only(&mut launch).await {
-        tracing::warn!(
-            script_id = %script_id,
-            "no execute-only copies of the interpreter and the init in {}: {e}; this script runs \
-             without them, so other processes of its uid may read it through /proc/PID",
-            launch.sandbox.runtime_dir.with_file_name("exec").display()
-        );
-    }
-
-    // 1. Open every descriptor before the spawn: the child's ends are dup2'ed to
-    //    fixed numbers in `pre_exec`, where nothing may be allocated.
-    let (child_ends, ours) = open_fds(&launch)?;
-
-    // 2. Build the command: bwrap, behind the gate when the backend places the
-    //    sandbox in a unit (its first instruction must already run there).
-    let ChildEnds {
-        fixed,
-        stdout,
-        stderr,
-    } = child_ends;
-    let cmd = command(&launch, &fixed, stdout, stderr);
-
-    // 3. Spawn from the spawner's long-lived thread (`--die-with-parent` fires when
-    //    the spawning thread exits) and reap on a thread of its own.
-    let mut sandbox = match spawn_supervised(spawner, cmd).await {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = started.send(Err(format!("{}: {e}", launch.bwrap.display())));
-            return Err(e);
-        }
-    };
-    let _ = started.send(Ok(()));
-    // Our copies of the child's ends must go, or fd 3 would never reach EOF.
-    // (`cmd`, holding stdout/stderr's write ends, was consumed by the spawn.)
-    drop(fixed);
+    // 0. The execute-only interpreter and init, when the script runs as another
+    //    uid than a root daemon (`with_exec_only`).
+    exec_only_or_warn(&mut launch, &script_id).await;
+    // 1.–3. The descriptors, the command, the spawn (`spawn_sandbox`).
+    let (mut sandbox, ours) = spawn_sandbox(spawner, &launch, started).await?;
+    // Our copies of the workspace's descriptors go: bwrap has its own.
     drop((launch.workspace_dir, launch.agent_dir));
 
     // 4. Serve fd 3/4 and drain stdout/stderr before the script can run: a full
@@ -382,9 +348,24 @@ pub async fn run(
         stderr_tail: collected.stderr_tail(),
     };
     let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
-    let (status, mut error) = judge(&ending, &launch.limits, &unit);
+    let (status, error, setup_failed) = decide(&ending, never_ran, &launch.limits, &unit);
+    let mut ended = collected.ended(status, error, exit, t0, launch.return_max_chars);
+    ended.backend_notes = backend_notes;
+    ended.setup_failed = setup_failed;
+    Ok(ended)
+}
+
+/// Step 8: the status and error (`judge`), and whether the sandbox itself could
+/// not be set up. A bwrap that failed before the sandbox existed (no usage
+/// report, no cut) gets its one-line diagnosis, bwrap's words after it.
+fn decide(
+    ending: &Ending,
+    never_ran: bool,
+    limits: &Limits,
+    unit: &str,
+) -> (Status, Option<String>, bool) {
+    let (status, mut error) = judge(ending, limits, unit);
     let mut setup_failed = ending.setup_error.is_some();
-    // bwrap failed before the sandbox existed: say why in one line, its words after.
     if never_ran && ending.cut.is_none() && ending.setup_error.is_none() && status == Status::Error
     {
         let facts = crate::sandbox::preflight::HostFacts::read();
@@ -393,10 +374,55 @@ pub async fn run(
             setup_failed = true;
         }
     }
-    let mut ended = collected.ended(status, error, exit, t0, launch.return_max_chars);
-    ended.backend_notes = backend_notes;
-    ended.setup_failed = setup_failed;
-    Ok(ended)
+    (status, error, setup_failed)
+}
+
+/// Step 0: the execute-only copies of the interpreter and the init
+/// (`sandbox::ExecOnly`), copied once per version. They are a second layer
+/// (other processes of the script's uid cannot read it through /proc); a state
+/// directory with no room for them costs that layer, said at warning priority,
+/// not the script.
+async fn exec_only_or_warn(launch: &mut Launch, script_id: &str) {
+    if let Err(e) = with_exec_only(launch).await {
+        tracing::warn!(
+            script_id = %script_id,
+            "no execute-only copies of the interpreter and the init in {}: {e}; this script runs \
+             without them, so other processes of its uid may read it through /proc/PID",
+            launch.sandbox.runtime_dir.with_file_name("exec").display()
+        );
+    }
+}
+
+/// Steps 1–3. Every descriptor is opened before the spawn: the child's ends
+/// are dup2'ed to fixed numbers in `pre_exec`, where nothing may be allocated.
+/// The command is bwrap, behind the gate when the backend places the sandbox
+/// in a unit (its first instruction must already run there). It is spawned from
+/// the spawner's long-lived thread (`--die-with-parent` fires when the spawning
+/// thread exits) and reaped on a thread of its own. `started` hears either way.
+async fn spawn_sandbox(
+    spawner: &Spawner,
+    launch: &Launch,
+    started: tokio::sync::oneshot::Sender<Result<(), String>>,
+) -> std::io::Result<(Sandbox, OurEnds)> {
+    let (child_ends, ours) = open_fds(launch)?;
+    let ChildEnds {
+        fixed,
+        stdout,
+        stderr,
+    } = child_ends;
+    let cmd = command(launch, &fixed, stdout, stderr);
+    let sandbox = match spawn_supervised(spawner, cmd).await {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = started.send(Err(format!("{}: {e}", launch.bwrap.display())));
+            return Err(e);
+        }
+    };
+    let _ = started.send(Ok(()));
+    // Our copies of the child's ends must go, or fd 3 would never reach EOF
+    // (`cmd`, holding stdout/stderr's write ends, was consumed by the spawn).
+    drop(fixed);
+    Ok((sandbox, ours))
 }
 
 /// The child's ends of its descriptors.

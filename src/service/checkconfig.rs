@@ -52,6 +52,24 @@ pub fn report(f: &Facts) -> (String, bool) {
             return (out, false);
         }
     };
+    ok &= credentials(&mut out, f, cfg);
+    ok &= backend(&mut out, f, cfg);
+    settings(&mut out, f, cfg);
+    for p in &f.problems {
+        ok = false;
+        out.push_str(&format!("error: {p}\n"));
+    }
+    out.push_str(if ok {
+        "scriptgated: the configuration is ok\n"
+    } else {
+        "scriptgated: configuration test failed\n"
+    });
+    (out, ok)
+}
+
+/// The token key and the `[[auth.engine]]` entries; false when one is refused.
+fn credentials(out: &mut String, f: &Facts, cfg: &Config) -> bool {
+    let mut ok = true;
     match &f.key {
         Some(Ok(n)) => out.push_str(&format!(
             "token key      {}: {n} bytes\n",
@@ -74,6 +92,12 @@ pub fn report(f: &Facts) -> (String, bool) {
             out.push_str(&format!("error: {e}\n"));
         }
     }
+    ok
+}
+
+/// The backend the daemon would pick, and its notes; false when none would do.
+fn backend(out: &mut String, f: &Facts, cfg: &Config) -> bool {
+    let mut ok = true;
     let choice = match cfg.sandbox.backend {
         BackendChoice::Auto => "auto",
         BackendChoice::Systemd => "systemd",
@@ -96,6 +120,12 @@ pub fn report(f: &Facts) -> (String, bool) {
         }
         None => {}
     }
+    ok
+}
+
+/// What the daemon would run with: sandbox, interpreter, users, directories,
+/// limits, enforcement, the drain.
+fn settings(out: &mut String, f: &Facts, cfg: &Config) {
     let bwrap = match &f.bwrap_version {
         Some(v) => format!("{} ({v})", cfg.sandbox.bwrap.display()),
         None => cfg.sandbox.bwrap.display().to_string(),
@@ -134,16 +164,6 @@ pub fn report(f: &Facts) -> (String, bool) {
         "stopping       running scripts may finish for {} s (server.drain_s)\n",
         cfg.server.drain_s
     ));
-    for p in &f.problems {
-        ok = false;
-        out.push_str(&format!("error: {p}\n"));
-    }
-    out.push_str(if ok {
-        "scriptgated: the configuration is ok\n"
-    } else {
-        "scriptgated: configuration test failed\n"
-    });
-    (out, ok)
 }
 
 /// Gather the facts for `path` (`explicit`: named with --config).

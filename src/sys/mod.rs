@@ -975,3 +975,58 @@ pub fn ensure_engine_dir(root: &Path, owner: Identity) -> Result<PathBuf, SysErr
     .map_err(path_err("chown", &path))?;
     Ok(path)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The owner's bits for the owner, the group's for the primary group only,
+    /// the others' for everyone else; each bit asked for must be there.
+    #[test]
+    fn mode_permits_takes_the_one_class_that_applies() {
+        let me = Identity {
+            uid: 1000,
+            gid: 100,
+        };
+        let table = [
+            // (owner, group, mode, want, expected, why)
+            (1000, 0, 0o700, 0o3, true, "the owner with rwx"),
+            (
+                1000,
+                100,
+                0o077,
+                0o3,
+                false,
+                "the owner gets the owner's bits, not the group's",
+            ),
+            (0, 100, 0o070, 0o3, true, "the primary group"),
+            (
+                0,
+                100,
+                0o707,
+                0o3,
+                false,
+                "the group's bits, not the others'",
+            ),
+            (0, 0, 0o007, 0o3, true, "others"),
+            (0, 0, 0o005, 0o3, false, "others without write"),
+            (1000, 0, 0o500, 0o1, true, "search alone"),
+            (1000, 0, 0o300, 0o5, false, "read and search, but no read"),
+            (
+                1000,
+                0,
+                0o40700,
+                0o3,
+                true,
+                "the file type bits are not permission bits",
+            ),
+        ];
+        for (owner, group, mode, want, expected, why) in table {
+            assert_eq!(
+                mode_permits(owner, group, mode, me, want),
+                expected,
+                "{why}"
+            );
+        }
+    }
+}
