@@ -966,6 +966,108 @@ mod tests {
         r.message
     }
 
+    /// A refusal names at most 20 of the tool's arguments, then "…": 20 are all
+    /// named, 21 are cut after the 20th.
+    #[test]
+    fn a_refusal_names_twenty_arguments_at_most() {
+        let with = |n: usize| {
+            let props: Map<String, Value> =
+                (0..n).map(|i| (format!("a{i:02}"), json!({}))).collect();
+            refused(
+                json!({"type": "object", "properties": props}),
+                json!({"zz": 1}),
+            )
+        };
+        let twenty = with(20);
+        assert!(twenty.contains("a19)"), "{twenty}");
+        assert!(!twenty.contains('…'), "{twenty}");
+        let more = with(21);
+        assert!(more.contains("a19, …)"), "{more}");
+        assert!(!more.contains("a20"), "{more}");
+    }
+
+    /// `knows` is the snapshot's list, enabled or not: what the broker counts a
+    /// call under (its own name, or "not in the snapshot").
+    #[test]
+    fn the_policy_knows_every_tool_of_the_snapshot_and_no_other() {
+        let s = parse_snapshot(
+            json!({"workspace": "/w", "permission_mode": "auto", "tools": [
+            {"name": "on", "class": "read", "input_schema": {"type": "object"}},
+            {"name": "off", "class": "read", "enabled": false}]}),
+        )
+        .unwrap();
+        let (p, _) = Policy::plan(&s, &[]).unwrap();
+        assert!(p.knows("on") && p.knows("off"));
+        assert!(!p.knows("other") && !p.knows(""));
+    }
+
+    /// `additionalProperties: false` or `unevaluatedProperties: false` with no
+    /// `properties` beside it is one error about the whole object: each of its
+    /// keys is reported as undeclared, by name, either way.
+    #[test]
+    fn a_schema_that_takes_no_keys_names_each_key_given() {
+        for schema in [
+            json!({"type": "object", "additionalProperties": false}),
+            json!({"type": "object", "unevaluatedProperties": false}),
+            json!({"type": "object"}),
+        ] {
+            let m = refused(schema.clone(), json!({"x": 1}));
+            assert_eq!(
+                m, "t: argument `x` is not declared in the tool's schema (it takes no arguments)",
+                "{schema}"
+            );
+        }
+    }
+
+    /// An object whose keys are declared only through an in-place subschema
+    /// (each of `allOf`, `anyOf`, `oneOf`, `then`, `else`, `dependentSchemas`,
+    /// and `if` as an annotation source) is closed where its value begins: an
+    /// undeclared key beside them is refused.
+    #[test]
+    fn keys_declared_through_each_in_place_keyword_close_the_object() {
+        let x = json!({"properties": {"x": {}}});
+        for (kw, m) in [
+            ("allOf", json!({"allOf": [x]})),
+            ("anyOf", json!({"anyOf": [x]})),
+            ("oneOf", json!({"oneOf": [x]})),
+            ("then", json!({"if": true, "then": x})),
+            ("else", json!({"if": false, "else": x})),
+            ("dependentSchemas", json!({"dependentSchemas": {"x": x}})),
+            ("if", json!({"if": x, "then": true})),
+        ] {
+            let schema = json!({"type": "object", "properties": {"m": m}});
+            let msg = refused(schema.clone(), json!({"m": {"x": 1, "y": 2}}));
+            assert!(msg.contains("`y` at /m"), "{kw}: {msg}");
+            check(schema, json!({}), json!({"m": {"x": 1}}))
+                .unwrap_or_else(|r| panic!("{kw}: {}", r.message));
+        }
+    }
+
+    /// Definitions reached from under `not` or `contains` stay as open as their
+    /// author wrote them, however they are reached there: closing them would make
+    /// `not` looser and `contains` stricter.
+    #[test]
+    fn definitions_under_not_and_contains_stay_open() {
+        let defs = json!({"D": {"type": "object",
+            "properties": {"inner": {"type": "object", "properties": {"z": {}}}}}});
+        let item = json!({"inner": {"z": 1, "extra": 2}});
+        // contains: the item matches D as written, extra key and all.
+        let contains = json!({"type": "object", "$defs": defs,
+            "properties": {"l": {"type": "array", "contains": {"$ref": "#/$defs/D"}}}});
+        check(contains, json!({}), json!({"l": [item]})).unwrap();
+        // not: the value matches D as written, so `not` refuses it.
+        let not = json!({"type": "object", "$defs": defs,
+            "properties": {"a": {"not": {"$ref": "#/$defs/D"}}}});
+        let msg = refused(not, json!({"a": item}));
+        assert!(msg.contains("at /a"), "{msg}");
+        // propertyNames holds subschemas too: a definition referenced under a `not`
+        // there stays open where a property uses it.
+        let names = json!({"type": "object", "$defs": defs,
+            "propertyNames": {"anyOf": [{"maxLength": 50}, {"not": {"$ref": "#/$defs/D"}}]},
+            "properties": {"p": {"$ref": "#/$defs/D"}}});
+        check(names, json!({}), json!({"p": item})).unwrap();
+    }
+
     #[test]
     fn an_open_schema_is_checked_as_a_closed_one() {
         let open = json!({"type": "object", "properties": {"sn": {"type": "string"}}});
