@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::daemon::ratelimit::{RefusalLimiter, Verdict};
 use crate::daemon::registry::{Registry, Slot};
 use crate::limits::{Backend, Picked};
+use crate::policy::auth::EngineId;
 use crate::policy::runs::{RunKey, Scope};
 use crate::policy::{Limits, Policy, StartPlan};
 use crate::protocol::snapshot::PermissionMode;
@@ -53,7 +54,7 @@ pub struct Peer {
     pub admin: bool,
     /// The `[[auth.engine]]` entry the peer is bound to (`Daemon::engines`);
     /// None: `auth.token_key_file` and `workspace.roots`.
-    pub engine: Option<usize>,
+    pub engine: Option<EngineId>,
 }
 
 /// What the daemon keeps of a running script.
@@ -383,8 +384,8 @@ impl Daemon {
     /// Whose run ids a peer's tokens name: its `[[auth.engine]]` entry's, or for
     /// `auth.token_key_file` (which every unbound engine may read) those of its
     /// uid (0: root).
-    fn scope(&self, engine: Option<usize>, uid: u32) -> Scope {
-        match engine.and_then(|i| self.engines.list.get(i)) {
+    fn scope(&self, engine: Option<EngineId>, uid: u32) -> Scope {
+        match engine.and_then(|i| self.engines.get(i)) {
             Some(e) => Scope::Entry(e.label.clone()),
             None => Scope::Shared(uid),
         }
@@ -393,13 +394,13 @@ impl Daemon {
     /// A run as revocation and visibility know it: (scope, run id), a pair no
     /// run id can spell, so a token one engine signs for another's run id names a
     /// different run.
-    fn run_key(&self, engine: Option<usize>, uid: u32, run_id: &str) -> RunKey {
+    fn run_key(&self, engine: Option<EngineId>, uid: u32, run_id: &str) -> RunKey {
         RunKey::new(self.scope(engine, uid), run_id)
     }
 
     /// The key the tokens of an engine (`Peer::engine`) are signed with.
-    fn key_for(&self, engine: Option<usize>) -> &[u8] {
-        match engine.and_then(|i| self.engines.list.get(i)) {
+    fn key_for(&self, engine: Option<EngineId>) -> &[u8] {
+        match engine.and_then(|i| self.engines.get(i)) {
             Some(e) => &e.key,
             None => &self.key,
         }
@@ -408,7 +409,7 @@ impl Daemon {
     /// The directories a peer's workspaces must lie under: an engine entry's
     /// `workspace_roots` or per-uid directories, or `workspace.roots`.
     fn roots_for(&self, peer: Peer) -> Vec<PathBuf> {
-        match peer.engine.and_then(|i| self.engines.list.get(i)) {
+        match peer.engine.and_then(|i| self.engines.get(i)) {
             Some(e) => {
                 crate::policy::auth::peer_roots(&self.cfg.workspace.roots, Some(&e.roots), peer.uid)
             }
@@ -417,7 +418,11 @@ impl Daemon {
     }
 
     /// `run.describe`: the run_script description for the token's snapshot.
-    pub fn describe(&self, engine: Option<usize>, token_str: &str) -> Result<Described, RpcError> {
+    pub fn describe(
+        &self,
+        engine: Option<EngineId>,
+        token_str: &str,
+    ) -> Result<Described, RpcError> {
         let claims = token::verify(token_str, self.key_for(engine), true)?;
         let limits = Limits::effective(&self.cfg.scripts, &claims.snapshot.limits);
         let text = crate::policy::describe::describe(
@@ -1360,7 +1365,7 @@ pub enum Access {
     /// A connection (the `[[auth.engine]]` entry its peer is bound to, and its
     /// uid): sees the scripts it started, or those of a run it has a token for
     /// (signed with its key, in its scope: `Daemon::run_key`).
-    Conn(u64, Option<usize>, u32),
+    Conn(u64, Option<EngineId>, u32),
     /// An administrator (`admin.*` methods, checked by the caller): sees every script.
     Admin,
 }

@@ -67,10 +67,15 @@ pub struct Engine {
     pub roots: Vec<PathBuf>,
 }
 
+/// Which `[[auth.engine]]` entry a peer is bound to: an index into the entries
+/// loaded at start-up, made only by `Engines::for_peer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EngineId(usize);
+
 /// The `[[auth.engine]]` entries, resolved.
 #[derive(Debug, Clone, Default)]
 pub struct Engines {
-    pub list: Vec<Engine>,
+    list: Vec<Engine>,
 }
 
 /// A name or a decimal number.
@@ -165,17 +170,32 @@ impl Engines {
         Ok(Engines { list })
     }
 
+    /// No `[[auth.engine]]` entry: every engine uses `auth.token_key_file`.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// How many entries there are.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// The entry `id` names.
+    pub fn get(&self, id: EngineId) -> Option<&Engine> {
+        self.list.get(id.0)
+    }
+
     /// The entry this peer is bound to: None when it matches none (it then uses
     /// `auth.token_key_file`); an error naming the entries when it matches more
     /// than one (possible only through group membership changed since start-up).
-    pub fn for_peer(&self, uid: u32, gids: &[u32]) -> Result<Option<usize>, String> {
+    pub fn for_peer(&self, uid: u32, gids: &[u32]) -> Result<Option<EngineId>, String> {
         if self.list.is_empty() {
             return Ok(None);
         }
         let m: Vec<Match> = self.list.iter().map(|e| e.matches).collect();
         match matching(&m, uid, gids).as_slice() {
             [] => Ok(None),
-            [one] => Ok(Some(*one)),
+            [one] => Ok(Some(EngineId(*one))),
             many => Err(format!(
                 "uid {uid} matches more than one engine entry ({}); a peer must match exactly one: fix its groups or the entries",
                 many.iter()
@@ -295,7 +315,8 @@ mod tests {
             list: vec![mk("A", Match::Gid(60)), mk("B", Match::Gid(61))],
         };
         assert_eq!(e.for_peer(5, &[5]), Ok(None));
-        assert_eq!(e.for_peer(5, &[5, 61]), Ok(Some(1)));
+        let b = e.for_peer(5, &[5, 61]).unwrap().expect("B");
+        assert_eq!(e.get(b).map(|x| x.label.as_str()), Some("B"));
         let err = e.for_peer(5, &[60, 61]).unwrap_err();
         assert!(err.contains("A, B"), "{err}");
     }

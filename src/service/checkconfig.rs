@@ -183,7 +183,7 @@ pub fn gather(path: &Path, explicit: bool) -> Facts {
     let key = cfg.read_key();
     f.engines = Some(
         crate::policy::auth::Engines::load(&cfg.auth, key.as_deref().ok(), path)
-            .map(|e| e.list.len())
+            .map(|e| e.len())
             .map_err(|e| e.to_string()),
     );
     f.key = Some(key.map(|k| k.len()).map_err(|e| e.to_string()));

@@ -3,6 +3,7 @@
 //! `EngineLink` of the scripts it starts.
 
 use crate::daemon::{Access, Daemon, Peer};
+use crate::policy::auth::EngineId;
 use crate::policy::auth::Role;
 use crate::protocol::rpc::BoxFuture;
 use crate::protocol::rpc::{self, Bounds, CallError, Strict};
@@ -705,7 +706,7 @@ impl Gate {
                 let gate = self.clone();
                 tokio::spawn(async move {
                     let d = gate.daemon.clone();
-                    let engines = !d.engines.list.is_empty();
+                    let engines = !d.engines.is_empty();
                     let g = tokio::task::spawn_blocking(move || {
                         look_up(key.0, key.1, &d.cfg.auth, engines)
                     })
@@ -923,7 +924,7 @@ const ENGINE_MAX_QUEUED_BYTES: usize = 1 << 20;
 
 /// One admitted connection: JSON-RPC both ways until it closes; then its
 /// scripts are told (they are cancelled).
-async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, engine: Option<usize>) {
+async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, engine: Option<EngineId>) {
     let daemon = &gate.daemon;
     // Counted (for the idle exit) until this returns.
     let Caller {
@@ -1144,9 +1145,9 @@ fn refusal_log(reason: &'static str, line: impl FnOnce() -> String) {
 /// `workspace.roots` (no entry, or an entry without `workspace_roots`), created on
 /// its first connection so that it can make workspaces in them before it starts
 /// anything. A daemon that is not root can only make its own uid's.
-fn engine_dirs(daemon: &Daemon, uid: u32, gid: u32, engine: Option<usize>) {
+fn engine_dirs(daemon: &Daemon, uid: u32, gid: u32, engine: Option<EngineId>) {
     let explicit = engine
-        .and_then(|i| daemon.engines.list.get(i))
+        .and_then(|i| daemon.engines.get(i))
         .is_some_and(|e| !e.roots.is_empty());
     let me = nix::unistd::Uid::effective().as_raw();
     if explicit || (me != 0 && me != uid) {
