@@ -251,24 +251,31 @@ impl Broker {
         let drain = async { while tasks.join_next().await.is_some() {} };
         let grace = tokio::select! {
             // Every call answered before the end was known: nothing to abandon.
-            () = drain => return,
-            a = tokio::time::timeout(END_WAIT, ended) => match a {
-                Ok(a) if a.reason != "exited" => Duration::ZERO,
+            () = drain => None,
+            a = tokio::time::timeout(END_WAIT, ended) => Some(match a {
+                Ok(a) if a.cut_short() => Duration::ZERO,
                 Ok(_) => EOF_GRACE,
                 Err(_) => {
-                    self.end(Abandoned {
-                        reason: "exited",
-                        message: "the script ended".into(),
-                    });
+                    self.end(Abandoned::exited());
                     Duration::ZERO
                 }
-            },
+            }),
         };
-        let drained =
-            tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
-        if drained.is_err() {
-            tasks.abort_all();
-            while tasks.join_next().await.is_some() {}
+        if let Some(grace) = grace {
+            let drained =
+                tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} })
+                    .await;
+            if drained.is_err() {
+                tasks.abort_all();
+                while tasks.join_next().await.is_some() {}
+            }
+        }
+        let ignored = self.ignored_answers.load(Ordering::Relaxed);
+        if ignored > 1 {
+            tracing::debug!(
+                script_id = %self.script_id,
+                "{ignored} of this script's answers carried CallToolResult keys scriptgate ignores"
+            );
         }
     }
 
@@ -380,6 +387,12 @@ impl Broker {
             }
         };
         let _permit = self.slots.acquire().await.expect("semaphore never closed");
+        let call_id = self.next_call.fetch_add(1, Ordering::Relaxed) + 1;
+        let span_id = self.trace.as_ref().map(|_| {
+            let mut b = [0u8; 8];
+            getrandom::getrandom(&mut b).expect("getrandom");
+            crate::protocol::trace::span_id(b)
+        });
         let mut at_engine = AtEngine {
             broker: self,
             clock,
@@ -387,15 +400,8 @@ impl Broker {
             arguments: &merged,
             started,
             answered: false,
-            span_id: None,
+            span_id: span_id.clone(),
         };
-        let call_id = self.next_call.fetch_add(1, Ordering::Relaxed) + 1;
-        let span_id = self.trace.as_ref().map(|_| {
-            let mut b = [0u8; 8];
-            getrandom::getrandom(&mut b).expect("getrandom");
-            crate::protocol::trace::span_id(b)
-        });
-        at_engine.span_id = span_id.clone();
         let params = ToolCall {
             script_id: self.script_id.clone(),
             run_id: self.run_id.clone(),
@@ -428,7 +434,7 @@ impl Broker {
             &merged,
             Some(&reply),
             ms,
-            at_engine.span_id.clone(),
+            at_engine.span_id.take(),
         );
         reply
     }

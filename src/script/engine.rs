@@ -3,7 +3,7 @@
 //! in-process engine over MCP servers (`scriptgate run`).
 
 use crate::protocol::rpc::BoxFuture;
-use crate::protocol::{Answer, ApprovalRequest, Notification, ToolCall};
+use crate::protocol::{Answer, ApprovalRequest, Notification, Status, ToolCall};
 use std::sync::{Arc, OnceLock};
 
 /// Why a request to the engine did not produce an answer.
@@ -29,6 +29,37 @@ pub struct Abandoned {
     /// `cancelled`, `timeout`, `oom`, `interrupted` or `exited`.
     pub reason: &'static str,
     pub message: String,
+}
+
+impl Abandoned {
+    /// From how the script was made to end (`script::forced`): its status when
+    /// it was cancelled, timed out, ran out of memory or was interrupted;
+    /// otherwise it ended by itself, `exited`.
+    pub fn after(forced: Option<(Status, String)>) -> Abandoned {
+        match forced {
+            Some((
+                s @ (Status::Cancelled | Status::Timeout | Status::Oom | Status::Interrupted),
+                why,
+            )) => Abandoned {
+                reason: s.as_str(),
+                message: why,
+            },
+            _ => Abandoned::exited(),
+        }
+    }
+
+    /// The script ended by itself with calls outstanding.
+    pub fn exited() -> Abandoned {
+        Abandoned {
+            reason: "exited",
+            message: "the script ended before the engine answered".into(),
+        }
+    }
+
+    /// Cut short (not `exited`): its calls get no grace to come back.
+    pub fn cut_short(&self) -> bool {
+        self.reason != "exited"
+    }
 }
 
 /// One per script, shared by its calls.

@@ -321,33 +321,37 @@ pub async fn run(
     )
     .await;
 
-    // 7. Collect what the ending left: the init's report, the unit's counters
-    //    (read while the keeper still holds the scope), the output, the broker.
-    let collected = collect(
-        ours.usage,
-        placed.placement,
-        placed.keeper,
-        streams,
-        (&broker, cut.as_ref()),
-    )
-    .await;
+    // 7. Collect what the ending left: the init's report and the unit's counters
+    //    (read while the keeper still holds the scope); then the output and the
+    //    broker, told first how the script was made to end (`forced`): the
+    //    calls still at the engine are abandoned with that reason.
+    let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
+    let (usage, outcome) = unit_facts(ours.usage, placed.placement, placed.keeper).await;
+    let mut ending = Ending {
+        cut,
+        setup_error: placed.error,
+        oom_killed: outcome.stats.oom_killed,
+        stopped_externally: outcome.stopped_externally,
+        unit_timeout: outcome.unit_timeout,
+        exit,
+        ..Default::default()
+    };
+    broker.end(Abandoned::after(forced(&ending, &launch.limits, &unit)));
+    let (out, err) = streams.finish(&script_id).await;
+    let collected = Collected {
+        usage,
+        outcome,
+        out,
+        err,
+    };
+    ending.uncaught = broker.live.uncaught.lock().unwrap().clone();
+    ending.stderr_tail = collected.stderr_tail();
 
     // The init reports at its end, even after a failed script; no report and no
     // kill means bwrap failed before it ran (its `child-pid` may have come: on
     // Ubuntu the namespace is made, and its setup then fails).
     let never_ran = collected.usage.is_none();
     // 8. Decide the status and error, from facts only.
-    let ending = Ending {
-        cut,
-        setup_error: placed.error,
-        oom_killed: collected.outcome.stats.oom_killed,
-        stopped_externally: collected.outcome.stopped_externally,
-        unit_timeout: collected.outcome.unit_timeout,
-        exit,
-        uncaught: broker.live.uncaught.lock().unwrap().clone(),
-        stderr_tail: collected.stderr_tail(),
-    };
-    let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
     let (status, error, setup_failed) = decide(&ending, never_ran, &launch.limits, &unit);
     let mut ended = collected.ended(status, error, exit, t0, launch.return_max_chars);
     ended.backend_notes = backend_notes;
@@ -865,17 +869,14 @@ struct Collected {
     err: Option<Captured>,
 }
 
-/// Step 7. The init has exited (bwrap waited for it), so its report is complete;
-/// the unit's word on how it ended is read while the keeper still holds it.
-/// Once the unit's word is in, the broker learns how the script ended, and
-/// abandons the calls still at the engine with that reason.
-async fn collect(
+/// Step 7, first part. The init has exited (bwrap waited for it), so its report
+/// is complete; the unit's word on how it ended is read while the keeper still
+/// holds it.
+async fn unit_facts(
     usage: OwnedFd,
     placement: Placement,
     keeper: Option<Keeper>,
-    streams: Streams,
-    (broker, cut): (&Broker, Option<&Cut>),
-) -> Collected {
+) -> (Option<u64>, Outcome) {
     let usage = tokio::time::timeout(Duration::from_secs(5), read_usage(usage))
         .await
         .ok()
@@ -884,14 +885,7 @@ async fn collect(
     if let Some(k) = keeper {
         k.end().await;
     }
-    broker.end(abandoned_by(cut, &outcome));
-    let (out, err) = streams.finish(&broker.script_id).await;
-    Collected {
-        usage,
-        outcome,
-        out,
-        err,
-    }
+    (usage, outcome)
 }
 
 impl Collected {
@@ -942,33 +936,6 @@ impl Collected {
     }
 }
 
-/// Why the calls still at the engine are abandoned (`tool.cancelled`), from how
-/// the script ended: the supervisor's cut first, then the unit's counters.
-pub fn abandoned_by(cut: Option<&Cut>, outcome: &Outcome) -> Abandoned {
-    let (reason, message) = match cut {
-        Some(Cut::Timeout) => ("timeout", "the script ran longer than its timeout_s".into()),
-        Some(Cut::Stopped(Stop::Cancel(why))) => ("cancelled", why.clone()),
-        Some(Cut::Stopped(Stop::Interrupt)) => (
-            "interrupted",
-            "the daemon stopped while the script ran".into(),
-        ),
-        None if outcome.stats.oom_killed => ("oom", "the script ran out of memory".into()),
-        None if outcome.unit_timeout => (
-            "timeout",
-            "the script's unit reached its RuntimeMaxSec=".into(),
-        ),
-        None if outcome.stopped_externally => (
-            "cancelled",
-            "the script's unit was stopped from outside scriptgate".into(),
-        ),
-        None => (
-            "exited",
-            "the script ended before the engine answered".into(),
-        ),
-    };
-    Abandoned { reason, message }
-}
-
 /// Why the supervisor ended a script before it exited by itself.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Cut {
@@ -997,59 +964,65 @@ pub struct Ending {
     pub stderr_tail: String,
 }
 
-/// Which status and error an ending gets. The arms are in order of precedence:
-/// the supervisor's own cut first, then a failed setup, then the unit's counters
-/// (not the exit signal: a SIGKILL alone does not mean `oom`), then the exit.
-pub fn judge(e: &Ending, limits: &Limits, unit: &str) -> (Status, Option<String>) {
+/// The endings the script did not choose, in `judge`'s order: the supervisor's
+/// cut, a failed setup, the unit's counters; `None` when the script's own exit
+/// decides. Known before the output is drained (the broker is told from it).
+pub fn forced(e: &Ending, limits: &Limits, unit: &str) -> Option<(Status, String)> {
     match &e.cut {
         // systemd's backstop ended the unit before the daemon's own timer came
         // round (a stalled daemon): the unit's word says so.
         Some(Cut::Timeout) if e.unit_timeout => {}
         Some(Cut::Timeout) => {
-            return (
+            return Some((
                 Status::Timeout,
-                Some(format!(
+                format!(
                     "the script ran longer than timeout_s = {} and was killed",
                     limits.timeout_s
-                )),
-            )
+                ),
+            ))
         }
-        Some(Cut::Stopped(Stop::Cancel(why))) => return (Status::Cancelled, Some(why.clone())),
+        Some(Cut::Stopped(Stop::Cancel(why))) => return Some((Status::Cancelled, why.clone())),
         Some(Cut::Stopped(Stop::Interrupt)) => {
-            return (
+            return Some((
                 Status::Interrupted,
-                Some("the daemon stopped while the script ran".into()),
-            )
+                "the daemon stopped while the script ran".into(),
+            ))
         }
         None => {}
     }
     if let Some(why) = &e.setup_error {
-        return (Status::Error, Some(why.clone()));
+        return Some((Status::Error, why.clone()));
     }
     if e.oom_killed {
-        return (
+        return Some((
             Status::Oom,
-            Some(format!(
+            format!(
                 "the script ran out of memory (memory_max_bytes = {}) and was killed",
                 limits.memory_max_bytes
-            )),
-        );
+            ),
+        ));
     }
     if e.unit_timeout {
-        return (
+        return Some((
             Status::Timeout,
-            Some(format!(
-                "the script's unit {unit} reached its RuntimeMaxSec= and systemd stopped it"
-            )),
-        );
+            format!("the script's unit {unit} reached its RuntimeMaxSec= and systemd stopped it"),
+        ));
     }
     if e.stopped_externally {
-        return (
+        return Some((
             Status::Cancelled,
-            Some(format!(
-                "stopped from outside scriptgate (systemctl stop {unit})"
-            )),
-        );
+            format!("stopped from outside scriptgate (systemctl stop {unit})"),
+        ));
+    }
+    None
+}
+
+/// Which status and error an ending gets. The arms are in order of precedence:
+/// the supervisor's own cut first, then a failed setup, then the unit's counters
+/// (not the exit signal: a SIGKILL alone does not mean `oom`), then the exit.
+pub fn judge(e: &Ending, limits: &Limits, unit: &str) -> (Status, Option<String>) {
+    if let Some((status, why)) = forced(e, limits, unit) {
+        return (status, Some(why));
     }
     if e.exit.and_then(|x| x.code) == Some(0) {
         return (Status::Ok, None);

@@ -55,10 +55,7 @@ impl EngineLink for Conn {
             let peer = self.peer.clone();
             let (script_id, call_id) = (params.script_id.clone(), params.call_id.clone());
             let abandoned = move |id| {
-                let why = end.get().cloned().unwrap_or(Abandoned {
-                    reason: "exited",
-                    message: "the script ended".into(),
-                });
+                let why = end.get().cloned().unwrap_or_else(Abandoned::exited);
                 let n = ToolCancelled {
                     id,
                     script_id,
