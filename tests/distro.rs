@@ -39,6 +39,8 @@ fn info(rig: &Rig) -> Value {
 fn rig_with(edit: impl FnOnce(String) -> String) -> Rig {
     let mut rig = Rig::new();
     rig.stop(nix::sys::signal::Signal::SIGTERM);
+    // The first daemon's lines go: `ready_line` reads the next daemon's only.
+    std::fs::write(&rig.log, "").unwrap();
     let text = std::fs::read_to_string(&rig.config).unwrap();
     std::fs::write(&rig.config, edit(text)).unwrap();
     rig
@@ -82,14 +84,21 @@ fn start_under(
     }
 }
 
-/// The start-up line.
+/// The start-up line. The daemon listens before it logs it, so a connectable
+/// socket does not mean the line is written yet: wait for it.
 fn ready_line(rig: &Rig) -> String {
-    rig.log_text()
-        .lines()
-        .rev()
-        .find(|l| l.contains("scriptgated ready"))
-        .unwrap_or_else(|| panic!("no ready line: {}", rig.log_text()))
-        .to_string()
+    let t0 = Instant::now();
+    loop {
+        let log = rig.log_text();
+        if let Some(l) = log.lines().rev().find(|l| l.contains("scriptgated ready")) {
+            return l.to_string();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no ready line: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Everything said about one bwrap failure: the start-up line, daemon.info,
@@ -398,6 +407,8 @@ fn limits_not_in_force_are_loud_and_refused_when_required() {
 
     // Required: refused before anything runs, with the reason.
     rig.stop(nix::sys::signal::Signal::SIGTERM);
+    // The first daemon's lines go: `ready_line` reads the next daemon's only.
+    std::fs::write(&rig.log, "").unwrap();
     let text = std::fs::read_to_string(&rig.config).unwrap();
     let text = text.replace(
         "backend = \"cgroup\"",
