@@ -487,8 +487,8 @@ fn a_flood_of_refused_starts_is_counted_not_recorded_one_by_one() {
             |r| r.get(0),
         )
         .unwrap();
-    let bound = scriptgate::daemon::ratelimit::REFUSAL_BURST
-        + scriptgate::daemon::ratelimit::REFUSALS_PER_S * (elapsed + 1.0);
+    let bound = scriptgate::daemon::ratelimit::STARTS.burst
+        + scriptgate::daemon::ratelimit::STARTS.per_s * (elapsed + 1.0);
     assert!(
         (single as f64) <= bound,
         "{single} refusals recorded one by one in {elapsed:.1} s"

@@ -72,7 +72,9 @@ fn the_documented_refusal_is_the_daemons() {
         .position(|t| t["name"] == "fleet__query_logs")
         .unwrap();
     tools[i].as_object_mut().unwrap().remove("input_schema");
-    let e = scriptgate::protocol::snapshot::parse_snapshot(snap).unwrap_err();
+    let e = scriptgate::protocol::RpcError::from(
+        scriptgate::protocol::snapshot::parse_snapshot(snap).unwrap_err(),
+    );
     let documented = examples()
         .into_iter()
         .find(|v| v["error"]["code"] == -32011)

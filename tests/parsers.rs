@@ -212,7 +212,7 @@ fn verify_measured(t: &str, key: &[u8], check_exp: bool) -> Result<RunClaims, Rp
         SIGNED_TOKEN_SLOPE,
         TOKEN_CONST,
     );
-    r
+    r.map_err(RpcError::from)
 }
 
 /// `verify` of a token without the key's MAC: bounded by its header part alone.
@@ -231,7 +231,7 @@ fn verify_forged(t: &str, key: &[u8]) -> RpcError {
             "a token without a valid MAC was accepted (run {}): {t}",
             c.run_id
         ),
-        Err(e) => e,
+        Err(e) => e.into(),
     }
 }
 
@@ -2063,7 +2063,10 @@ fn token_forged_never_decodes_the_payload() {
     );
     let (_, small) = alloc::peak(|| token::verify(&small, KEY, true));
     let (r, big) = alloc::peak(|| token::verify(&big, KEY, true));
-    assert_eq!(r.unwrap_err().reason(), Some("signature"));
+    assert_eq!(
+        r.unwrap_err().reason(),
+        scriptgate::protocol::refusal::Reason::Signature
+    );
     assert!(
         big <= small + 1024,
         "{big} bytes for a forged token with a {} byte payload, {small} with an empty one",
@@ -2124,7 +2127,10 @@ fn allocation_worst_cases() {
                 b64(good_claims().as_bytes())
             );
             let (r, p) = alloc::peak(|| token::verify(&t, KEY, true));
-            assert_eq!(r.unwrap_err().reason(), Some("signature"));
+            assert_eq!(
+                r.unwrap_err().reason(),
+                scriptgate::protocol::refusal::Reason::Signature
+            );
             let h = t.split('.').next().unwrap();
             assert_bounded(
                 "verify (forged)",

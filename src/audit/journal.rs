@@ -4,7 +4,8 @@
 //! field prefix, `scriptgate_run_id` arrives as `SCRIPTGATE_RUN_ID`; without a journal
 //! the same fields go to stderr.
 
-use crate::protocol::{RpcError, ScriptResult, Status};
+use crate::protocol::refusal::Refused;
+use crate::protocol::{ScriptResult, Status};
 
 /// MESSAGE_ID of "script finished" (fixed forever).
 pub const SCRIPT_FINISHED: &str = "346f6012b1654d13bd185a7cfc0553cb";
@@ -81,7 +82,7 @@ pub fn script_finished(f: &Finished) {
 }
 
 pub fn start_refused(
-    e: &RpcError,
+    e: &Refused,
     run_id: Option<&str>,
     runner: Option<&str>,
     peer_uid: u32,
@@ -93,12 +94,12 @@ pub fn start_refused(
         scriptgate_runner = runner.unwrap_or(""),
         scriptgate_peer_uid = peer_uid,
         scriptgate_peer_pid = peer_pid.unwrap_or(0),
-        scriptgate_code = e.code,
-        scriptgate_reason = e.reason().unwrap_or(""),
+        scriptgate_code = e.code(),
+        scriptgate_reason = e.reason().wire().unwrap_or(""),
         "script.start refused for run {}: {} ({})",
         run_id.unwrap_or("?"),
-        e.message,
-        e.code
+        e.message(),
+        e.code()
     );
 }
 

@@ -908,7 +908,9 @@ pub async fn describe(
     // Checked as the daemon checks a token's snapshot.
     let snap = serde_json::to_value(&snap)
         .map_err(|e| e.to_string())
-        .and_then(|v| crate::protocol::snapshot::parse_snapshot(v).map_err(|e| e.message))
+        .and_then(|v| {
+            crate::protocol::snapshot::parse_snapshot(v).map_err(|e| e.message().to_string())
+        })
         .map_err(Failure::setup)?;
     let limits = crate::policy::Limits::effective(&cfg.scripts, &snap.limits);
     Ok(crate::policy::describe::describe(

@@ -19,6 +19,7 @@ use crate::limits::{Backend, Picked};
 use crate::policy::auth::EngineId;
 use crate::policy::runs::{RunKey, Scope};
 use crate::policy::{Limits, Policy, StartPlan};
+use crate::protocol::refusal::{Reason, Refused};
 use crate::protocol::snapshot::PermissionMode;
 use crate::protocol::token::{self, RunClaims, RunRef, Signed};
 use crate::protocol::{
@@ -32,7 +33,7 @@ use crate::script::engine::{EngineLink, LinkError};
 use crate::script::{Launch, Stop};
 use crate::sys::{resolve_run_as, ArtifactDir, Identity, Spawner, WorkspaceDir};
 use crate::time::now_ms;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
@@ -93,7 +94,7 @@ pub struct Daemon {
     /// Running and finished scripts, `max_running` slots, pending approvals.
     registry: Arc<Registry<Running>>,
     /// Refused starts past a rate are counted, not recorded one by one.
-    refusals: Mutex<RefusalLimiter>,
+    refusals: Mutex<RefusalLimiter<Reason>>,
     revoked: RevokedRuns,
     changed: tokio::sync::Notify,
     /// Set on SIGTERM: no new script starts (graceful stop, `server.drain_s`).
@@ -246,7 +247,7 @@ impl Daemon {
             spawner,
             runtime_dir,
             registry: Registry::new(cfg.server.max_running),
-            refusals: Mutex::new(RefusalLimiter::default()),
+            refusals: Mutex::new(RefusalLimiter::new(crate::daemon::ratelimit::STARTS)),
             revoked,
             changed: tokio::sync::Notify::new(),
             stopping: Default::default(),
@@ -315,9 +316,9 @@ impl Daemon {
     }
 
     /// Refuse a start once the daemon is stopping.
-    fn check_not_stopping(&self) -> Result<(), RpcError> {
+    fn check_not_stopping(&self) -> Result<(), Refused> {
         if self.stopping.load(Ordering::SeqCst) {
-            return Err(RpcError::stopping(self.cfg.server.drain_s));
+            return Err(stopping(self.cfg.server.drain_s));
         }
         Ok(())
     }
@@ -455,17 +456,13 @@ impl Daemon {
         if let Err(e) = &r {
             self.record_refusal(e, run, peer).await;
         }
-        r
+        r.map_err(RpcError::from)
     }
 
     /// A refused start: a journal entry and an audit row, unless refusals come
     /// faster than the rate limit; then they are counted and summarised.
-    async fn record_refusal(&self, e: &RpcError, run: Option<RunRef>, peer: Peer) {
-        let verdict = self
-            .refusals
-            .lock()
-            .unwrap()
-            .admit(now_ms(), e.reason().unwrap_or("other"));
+    async fn record_refusal(&self, e: &Refused, run: Option<RunRef>, peer: Peer) {
+        let verdict = self.refusals.lock().unwrap().admit(now_ms(), e.reason());
         if verdict == Verdict::Count {
             return;
         }
@@ -488,9 +485,9 @@ impl Daemon {
                 runner,
                 peer_uid: peer.uid,
                 peer_pid: peer.pid,
-                code: e.code,
-                reason: e.reason().map(str::to_string),
-                message: e.message.clone(),
+                code: e.code(),
+                reason: e.reason().wire().map(str::to_string),
+                message: e.message().to_string(),
             })
             .await;
     }
@@ -502,7 +499,11 @@ impl Daemon {
         };
         let message = s.message(now_ms());
         crate::audit::journal::refusals_counted(s.count, &message);
-        let by_reason = s.by_reason.clone().into_iter().collect();
+        let by_reason = s
+            .by_reason
+            .iter()
+            .map(|(r, n)| (r.as_str().to_string(), *n))
+            .collect();
         let _ = self
             .store
             .refusal_counted(
@@ -527,7 +528,7 @@ impl Daemon {
         engine: Arc<dyn EngineLink>,
         p: StartParams,
         signed: Signed,
-    ) -> Result<Started, RpcError> {
+    ) -> Result<Started, Refused> {
         // 1. Admit: nothing runs unless the run is proven, not revoked, and its
         //    workspace, plan and identity hold.
         self.check_not_stopping()?;
@@ -555,16 +556,16 @@ impl Daemon {
     /// Step 1: the token's claims, freshness and snapshot; the revocation; the
     /// workspace (opened once, here); the plan; the identity the script runs as,
     /// and whether that identity may write the workspace.
-    fn admit(&self, peer: Peer, p: &StartParams, signed: Signed) -> Result<Admitted, RpcError> {
+    fn admit(&self, peer: Peer, p: &StartParams, signed: Signed) -> Result<Admitted, Refused> {
         let claims = signed.claims()?;
         claims.check_fresh(crate::time::now_unix())?;
         let trace = match &p.traceparent {
             Some(tp) => Some(
                 crate::protocol::trace::TraceContext::parse(tp, p.tracestate.as_deref())
-                    .map_err(|e| RpcError::invalid_params(format!("invalid params: {e}")))?,
+                    .map_err(|e| Refused::invalid_params(format!("invalid params: {e}")))?,
             ),
             None if p.tracestate.is_some() => {
-                return Err(RpcError::invalid_params(
+                return Err(Refused::invalid_params(
                     "invalid params: `tracestate` without `traceparent`",
                 ))
             }
@@ -573,47 +574,43 @@ impl Daemon {
         let claims = claims.parse_snapshot()?;
         let run_key = self.run_key(peer.engine, peer.uid, &claims.run_id);
         if self.revoked.read().unwrap().contains(&run_key) {
-            return Err(RpcError::with_reason(
-                code::TOKEN,
+            return Err(Refused::new(
+                Reason::Revoked,
                 format!("run {} was revoked", claims.run_id),
-                "revoked",
             ));
         }
         let snap = &claims.snapshot;
         // Opened once, beneath its root, never following symlinks; everything
         // later (the record, the sandbox's bind mount) uses this descriptor.
-        let workspace =
-            WorkspaceDir::open(&snap.workspace, &self.roots_for(peer)).map_err(|e| {
-                RpcError::with_field(code::SNAPSHOT, e.to_string(), e.reason(), "workspace")
-            })?;
+        let workspace = WorkspaceDir::open(&snap.workspace, &self.roots_for(peer))
+            .map_err(|e| Refused::new(workspace_reason(&e), e.to_string()).field("workspace"))?;
         self.check_engine_dir(peer, &workspace)?;
         let (policy, plan) = Policy::plan(snap, &p.tools)?;
         if p.code.len() > self.cfg.server.max_message_bytes {
-            return Err(RpcError::invalid_params(
+            return Err(Refused::invalid_params(
                 "code is larger than max_message_bytes",
             ));
         }
         let identity = resolve_run_as(peer.uid, peer.gid, &self.cfg.sandbox.run_as)
-            .map_err(|e| RpcError::with_reason(code::INTERNAL, e.to_string(), "identity"))?;
+            .map_err(|e| Refused::new(Reason::Identity, e.to_string()))?;
         // A non-root engine's script (its own uid) must be able to reach the
         // workspace the way a file system walk would; bwrap's bind by descriptor
         // would not ask.
         if peer.uid != 0 && !workspace.reachable_by(identity) {
-            return Err(RpcError::with_field(
-                code::SNAPSHOT,
+            return Err(Refused::new(
+                Reason::NotReachable,
                 format!(
                     "workspace {}: uid {} may not search a directory above it (below the root)",
                     workspace.path.display(),
                     identity.uid
                 ),
-                "not_reachable",
-                "workspace",
-            ));
+            )
+            .field("workspace"));
         }
         // The workspace is the script's to write (protocol §2), unless read-only.
         let writable = workspace
             .writable_by(identity)
-            .map_err(|e| RpcError::internal(e.to_string()))?;
+            .map_err(|e| Refused::internal(e.to_string()))?;
         // A read-only run still gets its record, `.agent/scripts/<id>`: the daemon
         // makes it only where the engine's own uid could have, so a non-root
         // engine needs the workspace writable, read-only or not. Root engines'
@@ -637,7 +634,7 @@ impl Daemon {
     /// A per-uid directory `<root>/<uid>` belongs to the engine of that uid:
     /// another non-root engine cannot name a workspace in it, even with a valid
     /// token of the shared key.
-    fn check_engine_dir(&self, peer: Peer, workspace: &WorkspaceDir) -> Result<(), RpcError> {
+    fn check_engine_dir(&self, peer: Peer, workspace: &WorkspaceDir) -> Result<(), Refused> {
         if peer.uid == 0 || peer.engine.is_some() {
             return Ok(());
         }
@@ -649,8 +646,8 @@ impl Daemon {
             .filter_map(|r| std::fs::canonicalize(r).ok())
             .collect();
         match crate::policy::auth::engine_dir_owner(&workspace.path, &roots) {
-            Some(owner) if owner != peer.uid => Err(RpcError::with_field(
-                code::SNAPSHOT,
+            Some(owner) if owner != peer.uid => Err(Refused::new(
+                Reason::OtherEngine,
                 format!(
                     "workspace {} lies in the directory of the engine with uid {owner}; uid {} uses its own, {}",
                     workspace.path.display(),
@@ -660,9 +657,8 @@ impl Daemon {
                         .map(|r| r.join(peer.uid.to_string()).display().to_string())
                         .unwrap_or_default()
                 ),
-                "other_engine",
-                "workspace",
-            )),
+            )
+            .field("workspace")),
             _ => Ok(()),
         }
     }
@@ -673,10 +669,10 @@ impl Daemon {
         identity: Identity,
         peer: Peer,
         read_only: bool,
-    ) -> RpcError {
+    ) -> Refused {
         if read_only {
-            return RpcError::with_field(
-                code::SNAPSHOT,
+            return Refused::new(
+                Reason::NotWritable,
                 format!(
                     "workspace {} is not writable by uid {} (gid {}), this engine's own uid: even a read_only run \
                      gets its record .agent/scripts/<id> in the workspace, and the daemon makes it only where the \
@@ -685,12 +681,11 @@ impl Daemon {
                     identity.uid,
                     identity.gid,
                 ),
-                "not_writable",
-                "workspace",
-            );
+            )
+            .field("workspace");
         }
-        RpcError::with_field(
-            code::SNAPSHOT,
+        Refused::new(
+            Reason::NotWritable,
             format!(
                 "workspace {} is not writable by uid {} (gid {}), the identity this run's scripts have{}; \
                  chown the directory to that uid (or make it writable for it), or make the run read_only",
@@ -703,9 +698,8 @@ impl Daemon {
                     ", the engine's own".to_string()
                 }
             ),
-            "not_writable",
-            "workspace",
         )
+        .field("workspace")
     }
 
     /// Step 2: ask the engine when the plan needs it (counted against the
@@ -716,7 +710,7 @@ impl Daemon {
         script_id: &str,
         a: &Admitted,
         p: &StartParams,
-    ) -> Result<Approval, RpcError> {
+    ) -> Result<Approval, Refused> {
         if let Some(approval) =
             Approval::without_request(&a.plan, a.claims.snapshot.permission_mode)
         {
@@ -744,17 +738,20 @@ impl Daemon {
         match engine.approval_request(request, timeout).await {
             Ok(true) => Ok(Approval::AllowOnce),
             Ok(false) => Err(approval_error(
-                "denied",
+                Reason::Denied,
                 "the engine denied approval for the script's write tools",
             )),
             Err(LinkError::Timeout) => Err(approval_error(
-                "timeout",
+                Reason::Timeout,
                 &format!(
                     "approval was not answered within approval_timeout_s = {}",
                     timeout.as_secs()
                 ),
             )),
-            Err(e) => Err(approval_error("denied", &format!("approval failed: {e}"))),
+            Err(e) => Err(approval_error(
+                Reason::Denied,
+                &format!("approval failed: {e}"),
+            )),
         }
     }
 
@@ -770,9 +767,9 @@ impl Daemon {
         p: &StartParams,
         a: &Admitted,
         approval: Approval,
-    ) -> Result<Record, RpcError> {
+    ) -> Result<Record, Refused> {
         let script_code = crate::sys::sealed_copy(c"scriptgate-script", p.code.as_bytes())
-            .map_err(|e| RpcError::internal(format!("cannot hold the script's code: {e}")))?;
+            .map_err(|e| Refused::internal(format!("cannot hold the script's code: {e}")))?;
         let state = &self.cfg.state;
         if let Err(e) = self.store.keep_reserve(state.reserve_bytes) {
             if is_no_space(&e) {
@@ -828,10 +825,10 @@ impl Daemon {
                             state.dir.display()
                         ))
                     } else {
-                        RpcError::internal(format!("audit store: {e}"))
+                        Refused::internal(format!("audit store: {e}"))
                     }
                 })?;
-            Ok::<_, RpcError>(files)
+            Ok::<_, Refused>(files)
         }
         .await;
         let (calls_log, stdout_file, stderr_file) = match made {
@@ -862,7 +859,7 @@ impl Daemon {
         a: Admitted,
         rec: Record,
         slot: Slot<Running>,
-    ) -> Result<Started, RpcError> {
+    ) -> Result<Started, Refused> {
         let (stop_tx, stop_rx) = watch::channel(None);
         let (result_tx, result_rx) = watch::channel(None);
         let running = Arc::new(Running {
@@ -901,18 +898,12 @@ impl Daemon {
                 script_id,
                 state: Status::Running,
             }),
-            Ok(Err(e)) => {
-                let mut err = RpcError::with_reason(
-                    code::INTERNAL,
-                    format!("the sandbox could not start: {e}"),
-                    "spawn",
-                );
-                if let Some(Value::Object(data)) = err.data.as_mut() {
-                    data.insert("script_id".into(), Value::String(script_id));
-                }
-                Err(err)
-            }
-            Err(_) => Err(RpcError::internal(
+            Ok(Err(e)) => Err(Refused::new(
+                Reason::Spawn,
+                format!("the sandbox could not start: {e}"),
+            )
+            .script(script_id)),
+            Err(_) => Err(Refused::internal(
                 "the script supervisor ended before the script started",
             )),
         }
@@ -1185,10 +1176,10 @@ impl Daemon {
         turn: impl std::future::Future<Output = ()>,
     ) -> Result<ScriptResult, RpcError> {
         let still_running = || {
-            RpcError::with_reason(
+            RpcError::with_data(
                 code::STILL_RUNNING,
                 format!("script {} is still running", r.script_id),
-                "still_running",
+                serde_json::json!({"reason": "still_running"}),
             )
         };
         let run = match self.lookup(who, &r)? {
@@ -1390,8 +1381,30 @@ struct Job {
     slot: Slot<Running>,
 }
 
-fn approval_error(reason: &str, message: &str) -> RpcError {
-    RpcError::with_reason(code::APPROVAL, message, reason)
+fn approval_error(reason: Reason, message: &str) -> Refused {
+    Refused::new(reason, message)
+}
+
+/// A `script.start` while the daemon drains for a stop or restart.
+fn stopping(drain_s: u64) -> Refused {
+    Refused::new(
+        Reason::Stopping,
+        format!(
+            "scriptgated is stopping: it lets running scripts finish (up to server.drain_s = {drain_s} s) and starts no new ones; retry once it is back (socket activation starts it again on the next connection)"
+        ),
+    )
+}
+
+/// The reason of a workspace that cannot be used.
+fn workspace_reason(e: &crate::sys::WorkspaceError) -> Reason {
+    use crate::sys::WorkspaceError as W;
+    match e {
+        W::OutsideRoots(_) => Reason::OutsideRoots,
+        W::IsRoot(_) => Reason::IsRoot,
+        W::Symlink { .. } => Reason::Symlink,
+        W::NotDirectory { .. } => Reason::NotDirectory,
+        W::Unusable { .. } => Reason::WorkspaceMissing,
+    }
 }
 
 fn status_of(script_id: &str, r: &Running) -> ScriptStatus {
@@ -1500,12 +1513,12 @@ fn is_no_space(e: &std::io::Error) -> bool {
 }
 
 /// A start refused for want of disk space.
-fn no_space(message: String) -> RpcError {
-    RpcError::with_reason(code::INTERNAL, message, "no_space")
+fn no_space(message: String) -> Refused {
+    Refused::new(Reason::NoSpace, message)
 }
 
 /// A record that could not be made: a full filesystem is named as such.
-fn record_error(what: &str, workspace: &WorkspaceDir, e: crate::sys::SysError) -> RpcError {
+fn record_error(what: &str, workspace: &WorkspaceDir, e: crate::sys::SysError) -> Refused {
     match &e {
         crate::sys::SysError::Path { source, .. } if is_no_space(source) => no_space(format!(
             "{what}: {e}: the filesystem of workspace {} is full; free space there \
@@ -1513,7 +1526,7 @@ fn record_error(what: &str, workspace: &WorkspaceDir, e: crate::sys::SysError) -
              a filesystem quota does)",
             workspace.path.display()
         )),
-        _ => RpcError::internal(format!("{what}: {e}")),
+        _ => Refused::internal(format!("{what}: {e}")),
     }
 }
 

@@ -3,8 +3,8 @@
 //! `max_running` slots, and the starts waiting for an approval. No I/O: the
 //! daemon decides what a script is; this only keeps count and finds them.
 
-use crate::protocol::{code, RpcError};
-use serde_json::json;
+use crate::protocol::refusal::{Reason, Refused};
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,17 +40,16 @@ impl<R> Registry<R> {
     }
 
     /// A `max_running` slot, held until the guard is dropped.
-    pub fn reserve_slot(self: &Arc<Self>) -> Result<Slot<R>, RpcError> {
+    pub fn reserve_slot(self: &Arc<Self>) -> Result<Slot<R>, Refused> {
         let max = self.max_running;
         self.slots
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 (n < max).then_some(n + 1)
             })
             .map_err(|_| {
-                RpcError::with_data(
-                    code::BUSY,
+                Refused::new(
+                    Reason::Busy,
                     format!("the daemon already runs max_running = {max} scripts"),
-                    json!({"reason": "busy"}),
                 )
             })?;
         Ok(Slot(self.clone()))
@@ -58,20 +57,19 @@ impl<R> Registry<R> {
 
     /// Count a start of connection `conn` as waiting for approval, within the
     /// per-connection and daemon-wide bounds, until the guard is dropped.
-    pub fn await_approval(&self, conn: u64) -> Result<ApprovalWait<'_, R>, RpcError> {
+    pub fn await_approval(&self, conn: u64) -> Result<ApprovalWait<'_, R>, Refused> {
         let max = self.max_running;
         let per_conn = (max / 4).max(1);
         let mut waiting = self.approvals.lock().unwrap();
         let total: usize = waiting.values().sum();
         let mine = waiting.get(&conn).copied().unwrap_or(0);
         if mine >= per_conn || total >= max {
-            return Err(RpcError::with_data(
-                code::BUSY,
+            return Err(Refused::new(
+                Reason::ApprovalsPending,
                 format!(
                     "too many starts wait for approval ({mine} on this connection, {total} in all; \
                      at most {per_conn} per connection and max_running = {max} in all): answer the pending approval.request first"
                 ),
-                json!({"reason": "approvals_pending"}),
             ));
         }
         *waiting.entry(conn).or_default() += 1;
@@ -172,6 +170,7 @@ impl<R> Drop for ApprovalWait<'_, R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::{code, RpcError};
 
     #[derive(Debug, PartialEq)]
     struct Script {
@@ -188,7 +187,7 @@ mod tests {
         let reg = Registry::<Script>::new(2);
         let a = reg.reserve_slot().unwrap();
         let _b = reg.reserve_slot().unwrap();
-        let e = reg.reserve_slot().err().unwrap();
+        let e = reg.reserve_slot().map_err(RpcError::from).err().unwrap();
         assert_eq!(e.code, code::BUSY);
         assert_eq!(e.reason(), Some("busy"));
         assert_eq!(e.message, "the daemon already runs max_running = 2 scripts");
@@ -202,7 +201,7 @@ mod tests {
         let reg = Registry::<Script>::new(8);
         let w1 = reg.await_approval(1).unwrap();
         let _w2 = reg.await_approval(1).unwrap();
-        let e = reg.await_approval(1).err().unwrap();
+        let e = reg.await_approval(1).map_err(RpcError::from).err().unwrap();
         assert_eq!(
             (e.code, e.reason()),
             (code::BUSY, Some("approvals_pending"))
@@ -217,7 +216,7 @@ mod tests {
         assert_eq!(reg.approvals_pending(1), 1);
         let _w3 = reg.await_approval(1).unwrap();
         let others: Vec<_> = (2..=7).map(|c| reg.await_approval(c).unwrap()).collect();
-        let e = reg.await_approval(9).err().unwrap();
+        let e = reg.await_approval(9).map_err(RpcError::from).err().unwrap();
         assert!(
             e.message.contains("(0 on this connection, 8 in all;"),
             "{}",

@@ -6,12 +6,12 @@ pub(crate) mod describe;
 pub(crate) mod runs;
 
 use crate::config::Scripts;
+use crate::protocol::refusal::{Reason, Refused};
 use crate::protocol::snapshot::{
     missing_schema_error, PermissionMode, Snapshot, SnapshotLimits, ToolClass, ToolSpec,
 };
-use crate::protocol::{code, RpcError};
 use jsonschema::error::ValidationErrorKind;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// The limits a script runs under: the daemon's, tightened by the snapshot's.
@@ -91,17 +91,13 @@ pub struct Policy {
     read_only: bool,
 }
 
-fn tools_error(tool: &str, reason: &str, message: String) -> RpcError {
-    RpcError::with_data(
-        code::TOOLS,
-        message,
-        json!({"tool": tool, "reason": reason}),
-    )
+fn tools_error(tool: &str, reason: Reason, message: String) -> Refused {
+    Refused::new(reason, message).tool(tool)
 }
 
 impl Policy {
     /// Compile the snapshot's schemas and check `script.start`'s `tools`.
-    pub fn plan(snap: &Snapshot, declared: &[String]) -> Result<(Policy, StartPlan), RpcError> {
+    pub fn plan(snap: &Snapshot, declared: &[String]) -> Result<(Policy, StartPlan), Refused> {
         let mut tools = HashMap::new();
         for (i, t) in snap.tools.iter().enumerate() {
             tools.insert(t.name.clone(), Tool::compile(i, t)?);
@@ -115,7 +111,7 @@ impl Policy {
             let Some(t) = tools.get(name) else {
                 return Err(tools_error(
                     name,
-                    "unknown",
+                    Reason::Unknown,
                     format!("tool {name} is not in this run's snapshot"),
                 ));
             };
@@ -210,18 +206,18 @@ impl Policy {
 
 impl Tool {
     /// Compile the `i`th tool of the snapshot.
-    fn compile(i: usize, t: &ToolSpec) -> Result<Tool, RpcError> {
+    fn compile(i: usize, t: &ToolSpec) -> Result<Tool, Refused> {
         let (schema, arguments) = match &t.input_schema {
             Some(s) => {
                 let invalid = |e: &dyn std::fmt::Display| {
-                    RpcError::with_data(
-                        code::SNAPSHOT,
+                    Refused::new(
+                        Reason::InvalidSchema,
                         format!(
                             "tool {}: input_schema is not a valid JSON Schema: {e}",
                             t.name
                         ),
-                        json!({"reason": "invalid_schema", "field": format!("tools[{i}].input_schema")}),
                     )
+                    .field(format!("tools[{i}].input_schema"))
                 };
                 // The author's schema must compile as it is; only then is the
                 // closed copy built (so a refusal never blames our rewrite).
@@ -252,8 +248,8 @@ impl Tool {
 
     /// May `script.start` name this tool in `tools`? Only enabled write tools, and
     /// not in a read-only run.
-    fn check_declarable(&self, name: &str, read_only: bool) -> Result<(), RpcError> {
-        let refuse = |reason: &str, why: &str| {
+    fn check_declarable(&self, name: &str, read_only: bool) -> Result<(), Refused> {
+        let refuse = |reason: Reason, why: &str| {
             Err(tools_error(
                 name,
                 reason,
@@ -261,20 +257,20 @@ impl Tool {
             ))
         };
         match self.class {
-            _ if !self.enabled => refuse("disabled", "it is switched off for this run"),
+            _ if !self.enabled => refuse(Reason::Disabled, "it is switched off for this run"),
             ToolClass::Read => refuse(
-                "not_write",
+                Reason::NotWrite,
                 "it is a read tool; read tools need no declaration",
             ),
             ToolClass::Destructive => refuse(
-                "destructive",
+                Reason::Destructive,
                 "destructive tools are never callable from a script; call it directly",
             ),
             ToolClass::LongTask => refuse(
-                "long_task",
+                Reason::LongTask,
                 "long-running task tools are never callable from a script; call it directly",
             ),
-            ToolClass::Write if read_only => refuse("read_only", "this run is read-only"),
+            ToolClass::Write if read_only => refuse(Reason::ReadOnly, "this run is read-only"),
             ToolClass::Write => Ok(()),
         }
     }
@@ -803,6 +799,8 @@ impl Budget {
 mod tests {
     use super::*;
     use crate::protocol::snapshot::parse_snapshot;
+    use crate::protocol::{code, RpcError};
+    use serde_json::json;
 
     fn snapshot(mode: &str, read_only: bool) -> Snapshot {
         parse_snapshot(json!({
@@ -834,9 +832,9 @@ mod tests {
         Policy::plan(&snapshot(mode, ro), &names(tools))
             .err()
             .map(|e| {
-                assert_eq!(e.code, code::TOOLS);
-                assert_eq!(e.data.as_ref().unwrap()["tool"], tools[0]);
-                e.reason().unwrap().to_string()
+                assert_eq!(e.code(), code::TOOLS);
+                assert_eq!(e.named_tool(), Some(tools[0]));
+                e.reason().as_str().to_string()
             })
     }
 
@@ -1316,7 +1314,7 @@ mod tests {
                 "tools": [{"name": "ok", "class": "read", "input_schema": {"type": "object"}}, tool]}))
         };
         for class in ["read", "write"] {
-            let e = snap(json!({"name": "x", "class": class})).unwrap_err();
+            let e = RpcError::from(snap(json!({"name": "x", "class": class})).unwrap_err());
             assert_eq!(e.code, code::SNAPSHOT);
             assert_eq!(
                 e.data,
@@ -1337,8 +1335,12 @@ mod tests {
         s.tools[1].class = ToolClass::Write;
         let e = Policy::plan(&s, &[]).err().unwrap();
         assert_eq!(
-            (e.code, e.reason()),
-            (code::SNAPSHOT, Some("missing_field"))
+            (e.code(), e.reason(), e.named_field()),
+            (
+                code::SNAPSHOT,
+                Reason::MissingField,
+                Some("tools[1].input_schema")
+            )
         );
     }
 
@@ -1349,8 +1351,8 @@ mod tests {
         .unwrap();
         let e = Policy::plan(&s, &[]).err().unwrap();
         assert_eq!(
-            (e.code, e.reason()),
-            (code::SNAPSHOT, Some("invalid_schema"))
+            (e.code(), e.reason()),
+            (code::SNAPSHOT, Reason::InvalidSchema)
         );
     }
 

@@ -2,6 +2,7 @@
 //! message per line. Only types and constructors live here; no I/O.
 
 pub(crate) mod framing;
+pub mod refusal;
 pub(crate) mod rpc;
 pub mod snapshot;
 pub mod token;
@@ -89,55 +90,19 @@ impl RpcError {
             json!({"reason": "not_found", "script_id": script_id}),
         )
     }
-    /// An engine method from a peer that is only an administrator.
-    pub fn admin_only_peer(uid: u32, allowed_groups: &[String]) -> Self {
-        Self::with_reason(
-            code::PEER_NOT_ALLOWED,
-            format!(
-                "uid {uid} is an administrator (auth.admin_groups) but not an engine: it may use daemon.info and admin.* only; scripts and tokens are for root and members of auth.allowed_groups {allowed_groups:?}"
-            ),
-            "admin_only",
-        )
-    }
-    /// An error whose `data` is `{"reason": reason}`.
-    pub fn with_reason(code: i64, message: impl Into<String>, reason: &str) -> Self {
-        Self::with_data(code, message, json!({ "reason": reason }))
-    }
-    /// An error whose `data` is `{"reason": reason, "field": field}` (-32011).
-    pub fn with_field(code: i64, message: impl Into<String>, reason: &str, field: &str) -> Self {
-        Self::with_data(code, message, json!({ "reason": reason, "field": field }))
-    }
-    /// The peer is neither root nor in `auth.allowed_groups`.
-    pub fn peer_not_allowed(uid: u32, allowed_groups: &[String]) -> Self {
-        Self::with_reason(
-            code::PEER_NOT_ALLOWED,
-            format!(
-                "uid {uid} may not use scriptgated: not root and not in auth.allowed_groups {allowed_groups:?}"
-            ),
-            "peer_not_allowed",
-        )
-    }
-    /// A `script.start` while the daemon drains for a stop or restart.
-    pub fn stopping(drain_s: u64) -> Self {
-        Self::with_reason(
-            code::BUSY,
-            format!(
-                "scriptgated is stopping: it lets running scripts finish (up to server.drain_s = {drain_s} s) and starts no new ones; retry once it is back (socket activation starts it again on the next connection)"
-            ),
-            "stopping",
-        )
+    /// The `data.reason` of an answer, read as a client reads it. The daemon
+    /// never reads its own refusals back: they are typed until they are sent
+    /// ([`refusal::Refused`]).
+    pub fn reason(&self) -> Option<&str> {
+        self.data.as_ref()?.get("reason")?.as_str()
     }
     /// An admin method from a peer that is not an administrator.
     pub fn not_admin() -> Self {
-        Self::with_reason(
+        Self::with_data(
             code::NOT_ADMIN,
             "this method is for root and members of auth.admin_groups",
-            "not_admin",
+            json!({"reason": "not_admin"}),
         )
-    }
-    /// The `data.reason` string, when there is one.
-    pub fn reason(&self) -> Option<&str> {
-        self.data.as_ref()?.get("reason")?.as_str()
     }
 }
 

@@ -3,9 +3,9 @@
 //! an absolute workspace). The workspace's existence and roots are checked
 //! where it is opened (`sys::WorkspaceDir`).
 
-use crate::protocol::{code, RpcError};
+use crate::protocol::refusal::{Reason, Refused};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,9 +77,9 @@ fn yes() -> bool {
 }
 
 /// The snapshot error for a script-callable tool without `input_schema`.
-pub fn missing_schema_error(i: usize, tool: &ToolSpec) -> RpcError {
+pub fn missing_schema_error(i: usize, tool: &ToolSpec) -> Refused {
     snapshot_error(
-        "missing_field",
+        Reason::MissingField,
         &format!("tools[{i}].input_schema"),
         format!(
             "snapshot: tools[{i}].input_schema: {} tool {} has no input_schema; every tool a script can call needs one \
@@ -121,33 +121,29 @@ pub struct Snapshot {
     pub limits: SnapshotLimits,
 }
 
-pub(crate) fn snapshot_error(reason: &str, field: &str, message: impl Into<String>) -> RpcError {
-    RpcError::with_data(
-        code::SNAPSHOT,
-        message,
-        json!({"reason": reason, "field": field}),
-    )
+pub(crate) fn snapshot_error(reason: Reason, field: &str, message: impl Into<String>) -> Refused {
+    Refused::new(reason, message).field(field)
 }
 
 /// Deserialize the snapshot, naming the offending field on error.
-pub fn parse_snapshot(v: Value) -> Result<Snapshot, RpcError> {
+pub fn parse_snapshot(v: Value) -> Result<Snapshot, Refused> {
     let snap: Snapshot = serde_path_to_error::deserialize(v).map_err(|e| {
         let field = e.path().to_string();
         let inner = e.inner().to_string();
         let reason = if inner.starts_with("missing field") {
-            "missing_field"
+            Reason::MissingField
         } else if inner.starts_with("unknown field") {
-            "unknown_field"
+            Reason::UnknownField
         } else {
-            "invalid_value"
+            Reason::InvalidValue
         };
         // The path of an unknown field already ends with its name; that of a
         // missing one is its parent's.
         let field = match (reason, inner.split('`').nth(1)) {
-            ("missing_field", Some(name)) | ("unknown_field", Some(name)) if field == "." => {
+            (Reason::MissingField | Reason::UnknownField, Some(name)) if field == "." => {
                 name.to_string()
             }
-            ("missing_field", Some(name)) => format!("{field}.{name}"),
+            (Reason::MissingField, Some(name)) => format!("{field}.{name}"),
             _ => field,
         };
         snapshot_error(reason, &field, format!("snapshot: {field}: {inner}"))
@@ -159,14 +155,14 @@ pub fn parse_snapshot(v: Value) -> Result<Snapshot, RpcError> {
             || t.name.chars().any(|c| c.is_control() || c.is_whitespace())
         {
             return Err(snapshot_error(
-                "invalid_value",
+                Reason::InvalidValue,
                 &format!("tools[{i}].name"),
                 "tool names must be 1..128 visible characters",
             ));
         }
         if !seen.insert(t.name.as_str()) {
             return Err(snapshot_error(
-                "duplicate_tool",
+                Reason::DuplicateTool,
                 &format!("tools[{i}].name"),
                 format!("tool {} is listed twice", t.name),
             ));
@@ -177,7 +173,7 @@ pub fn parse_snapshot(v: Value) -> Result<Snapshot, RpcError> {
     }
     if !snap.workspace.is_absolute() {
         return Err(snapshot_error(
-            "not_absolute",
+            Reason::NotAbsolute,
             "workspace",
             "workspace must be an absolute path",
         ));
@@ -188,23 +184,29 @@ pub fn parse_snapshot(v: Value) -> Result<Snapshot, RpcError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::{code, RpcError};
+    use serde_json::json;
 
     #[test]
     fn snapshot_errors_name_the_field() {
-        let e = parse_snapshot(json!({"workspace": "/w", "permission_mode": "auto", "tools": [{"name": "x", "class": "sideways"}]})).unwrap_err();
+        let e = parse_snapshot(json!({"workspace": "/w", "permission_mode": "auto", "tools": [{"name": "x", "class": "sideways"}]})).map_err(RpcError::from).unwrap_err();
         assert_eq!(e.code, code::SNAPSHOT);
         assert_eq!(e.data.as_ref().unwrap()["field"], "tools[0].class");
-        let e = parse_snapshot(json!({"permission_mode": "auto", "tools": []})).unwrap_err();
+        let e = parse_snapshot(json!({"permission_mode": "auto", "tools": []}))
+            .map_err(RpcError::from)
+            .unwrap_err();
         assert_eq!(
             (e.reason(), e.data.as_ref().unwrap()["field"].as_str()),
             (Some("missing_field"), Some("workspace"))
         );
         let e = parse_snapshot(json!({"workspace": "rel", "permission_mode": "auto", "tools": []}))
+            .map_err(RpcError::from)
             .unwrap_err();
         assert_eq!(e.reason(), Some("not_absolute"));
         let e = parse_snapshot(
             json!({"workspace": "/w", "permission_mode": "auto", "tools": [], "root": true}),
         )
+        .map_err(RpcError::from)
         .unwrap_err();
         assert_eq!(e.reason(), Some("unknown_field"));
         assert_eq!(e.data.as_ref().unwrap()["field"], "root");
@@ -230,11 +232,11 @@ mod tests {
                 "tools[0].name",
             ),
         ] {
-            let e = parse_snapshot(snap).unwrap_err();
+            let e = parse_snapshot(snap).map_err(RpcError::from).unwrap_err();
             assert_eq!(e.data.as_ref().unwrap()["field"], field, "{}", e.message);
             assert!(!e.message.contains(&format!("{field}.")), "{}", e.message);
         }
-        let e = parse_snapshot(json!({"workspace": "/w", "permission_mode": "auto", "tools": [{"name": "x", "class": "destructive"}, {"name": "x", "class": "destructive"}]})).unwrap_err();
+        let e = parse_snapshot(json!({"workspace": "/w", "permission_mode": "auto", "tools": [{"name": "x", "class": "destructive"}, {"name": "x", "class": "destructive"}]})).map_err(RpcError::from).unwrap_err();
         assert_eq!(e.reason(), Some("duplicate_tool"));
     }
 
@@ -247,7 +249,9 @@ mod tests {
                 if let Some(s) = &schema {
                     t["input_schema"] = s.clone();
                 }
-                let e = parse_snapshot(tools(t)).unwrap_err();
+                let e = parse_snapshot(tools(t))
+                    .map_err(RpcError::from)
+                    .unwrap_err();
                 assert_eq!(e.code, code::SNAPSHOT);
                 assert_eq!(
                     e.data,

@@ -14,7 +14,8 @@
 
 use crate::protocol::snapshot::{parse_snapshot, Snapshot};
 
-use crate::protocol::{code, RpcError};
+use crate::protocol::refusal::{Reason, Refused};
+use crate::protocol::RpcError;
 use crate::time::now_unix;
 use base64::Engine as _;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
@@ -41,13 +42,13 @@ pub struct RunRef {
     pub runner: Option<String>,
 }
 
-fn token_error(reason: &str, message: impl Into<String>) -> RpcError {
-    RpcError::with_data(code::TOKEN, message, json!({"reason": reason}))
+fn token_error(reason: Reason, message: impl Into<String>) -> Refused {
+    Refused::new(reason, message)
 }
 
 /// Check signature, algorithm and claims. `check_exp = false` is for `run.revoke`,
 /// which must work with a token that has already expired.
-pub fn verify(token: &str, key: &[u8], check_exp: bool) -> Result<RunClaims, RpcError> {
+pub fn verify(token: &str, key: &[u8], check_exp: bool) -> Result<RunClaims, Refused> {
     let claims = Signed::verify(token, key)?.claims()?;
     if check_exp {
         claims.check_fresh(now_unix())?;
@@ -61,7 +62,7 @@ pub struct Signed(Value);
 
 impl Signed {
     /// Check the algorithm, then the signature against `key`.
-    pub fn verify(token: &str, key: &[u8]) -> Result<Signed, RpcError> {
+    pub fn verify(token: &str, key: &[u8]) -> Result<Signed, Refused> {
         verify_signature(token, key).map(Signed)
     }
 
@@ -79,30 +80,30 @@ impl Signed {
     }
 
     /// The claims' presence and shapes; not the expiry, not the snapshot's content.
-    pub fn claims(self) -> Result<Claims<Value>, RpcError> {
+    pub fn claims(self) -> Result<Claims<Value>, Refused> {
         let Value::Object(mut c) = self.0 else {
             return Err(token_error(
-                "malformed",
+                Reason::Malformed,
                 "token claims are not a JSON object",
             ));
         };
         let run_id = match c.remove("run_id") {
             Some(Value::String(s)) if !s.is_empty() => {
                 if let Some(why) = run_id_problem(&s) {
-                    return Err(claim_error("malformed", "run_id", &why));
+                    return Err(claim_error(Reason::Malformed, "run_id", &why));
                 }
                 s
             }
             Some(_) => {
                 return Err(claim_error(
-                    "malformed",
+                    Reason::Malformed,
                     "run_id",
                     "claim `run_id` must be a non-empty string",
                 ))
             }
             None => {
                 return Err(claim_error(
-                    "missing_claim",
+                    Reason::MissingClaim,
                     "run_id",
                     "token has no `run_id` claim",
                 ))
@@ -115,7 +116,7 @@ impl Signed {
             Some(Value::String(s)) => Some(s),
             Some(_) => {
                 return Err(claim_error(
-                    "malformed",
+                    Reason::Malformed,
                     "runner",
                     "claim `runner` must be a string",
                 ))
@@ -125,14 +126,14 @@ impl Signed {
             Some(v @ Value::Object(_)) => v,
             Some(_) => {
                 return Err(claim_error(
-                    "malformed",
+                    Reason::Malformed,
                     "snapshot",
                     "claim `snapshot` must be an object",
                 ))
             }
             None => {
                 return Err(claim_error(
-                    "missing_claim",
+                    Reason::MissingClaim,
                     "snapshot",
                     "token has no `snapshot` claim",
                 ))
@@ -158,10 +159,10 @@ impl<S> Claims<S> {
     }
 
     /// Is the token still valid at `now` (Unix seconds)? `exp` is exclusive.
-    pub fn check_fresh(&self, now: i64) -> Result<(), RpcError> {
+    pub fn check_fresh(&self, now: i64) -> Result<(), Refused> {
         if self.exp <= now {
             return Err(token_error(
-                "expired",
+                Reason::Expired,
                 format!("run token of run {} expired", self.run_id),
             ));
         }
@@ -172,7 +173,7 @@ impl<S> Claims<S> {
 impl Claims<Value> {
     /// Parse and check the snapshot claim (after the expiry, so that an expired
     /// token is refused as `expired` whatever its snapshot).
-    pub fn parse_snapshot(self) -> Result<RunClaims, RpcError> {
+    pub fn parse_snapshot(self) -> Result<RunClaims, Refused> {
         Ok(Claims {
             snapshot: parse_snapshot(self.snapshot)?,
             run_id: self.run_id,
@@ -183,40 +184,36 @@ impl Claims<Value> {
     }
 }
 
-fn claim_error(reason: &str, claim: &str, message: &str) -> RpcError {
-    RpcError::with_data(
-        code::TOKEN,
-        message,
-        json!({"reason": reason, "field": claim}),
-    )
+fn claim_error(reason: Reason, claim: &str, message: &str) -> Refused {
+    Refused::new(reason, message).field(claim)
 }
 
-fn numeric_date(c: &mut Map<String, Value>, name: &str) -> Result<i64, RpcError> {
+fn numeric_date(c: &mut Map<String, Value>, name: &str) -> Result<i64, Refused> {
     match c.remove(name) {
         Some(Value::Number(n)) => n
             .as_i64()
             .or_else(|| n.as_f64().map(|f| f as i64))
-            .ok_or_else(|| claim_error("malformed", name, "NumericDate out of range")),
+            .ok_or_else(|| claim_error(Reason::Malformed, name, "NumericDate out of range")),
         Some(_) => Err(claim_error(
-            "malformed",
+            Reason::Malformed,
             name,
             &format!("claim `{name}` must be a NumericDate"),
         )),
         None => Err(claim_error(
-            "missing_claim",
+            Reason::MissingClaim,
             name,
             &format!("token has no `{name}` claim"),
         )),
     }
 }
 
-fn verify_signature(token: &str, key: &[u8]) -> Result<Value, RpcError> {
+fn verify_signature(token: &str, key: &[u8]) -> Result<Value, Refused> {
     let mut parts = token.split('.');
     let (Some(h), Some(_), Some(_), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(token_error(
-            "malformed",
+            Reason::Malformed,
             "a run token is a JWS compact serialization: three base64url parts",
         ));
     };
@@ -224,18 +221,18 @@ fn verify_signature(token: &str, key: &[u8]) -> Result<Value, RpcError> {
         .decode(h.trim_end_matches('='))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or_else(|| token_error("malformed", "token header is not base64url JSON"))?;
+        .ok_or_else(|| token_error(Reason::Malformed, "token header is not base64url JSON"))?;
     match header.get("alg").and_then(Value::as_str) {
         Some("HS256") => {}
         Some(other) => {
             return Err(token_error(
-                "algorithm",
+                Reason::Algorithm,
                 format!("token algorithm {other:?} refused; only HS256 is accepted"),
             ))
         }
         None => {
             return Err(token_error(
-                "algorithm",
+                Reason::Algorithm,
                 "token header has no `alg`; only HS256 is accepted",
             ))
         }
@@ -250,14 +247,14 @@ fn verify_signature(token: &str, key: &[u8]) -> Result<Value, RpcError> {
         Ok(data) => Ok(data.claims),
         Err(e) => Err(match e.kind() {
             jsonwebtoken::errors::ErrorKind::InvalidSignature => token_error(
-                "signature",
+                Reason::Signature,
                 "token signature does not match the daemon's key",
             ),
             jsonwebtoken::errors::ErrorKind::InvalidAlgorithm => token_error(
-                "algorithm",
+                Reason::Algorithm,
                 "token algorithm refused; only HS256 is accepted",
             ),
-            _ => token_error("malformed", format!("token cannot be decoded: {e}")),
+            _ => token_error(Reason::Malformed, format!("token cannot be decoded: {e}")),
         }),
     }
 }
@@ -309,6 +306,7 @@ pub fn run_id_problem(run_id: &str) -> Option<String> {
 mod tests {
     use super::*;
     use crate::protocol::snapshot::ToolClass;
+    use crate::protocol::{code, RpcError};
 
     const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 
@@ -336,13 +334,17 @@ mod tests {
         let t = mint(KEY, "run-1", None, &snap(), 60).unwrap();
         assert_eq!(
             verify(&t, b"another key another key another k", true)
+                .map_err(RpcError::from)
                 .unwrap_err()
                 .reason(),
             Some("signature")
         );
         let expired = mint(KEY, "run-1", None, &snap(), -5).unwrap();
         assert_eq!(
-            verify(&expired, KEY, true).unwrap_err().reason(),
+            verify(&expired, KEY, true)
+                .map_err(RpcError::from)
+                .unwrap_err()
+                .reason(),
             Some("expired")
         );
         assert!(verify(&expired, KEY, false).is_ok());
@@ -352,7 +354,10 @@ mod tests {
             b64(&json!({"run_id": "x"}))
         );
         assert_eq!(
-            verify(&none, KEY, true).unwrap_err().reason(),
+            verify(&none, KEY, true)
+                .map_err(RpcError::from)
+                .unwrap_err()
+                .reason(),
             Some("algorithm")
         );
         let hs512 = jsonwebtoken::encode(
@@ -362,11 +367,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            verify(&hs512, KEY, true).unwrap_err().reason(),
+            verify(&hs512, KEY, true)
+                .map_err(RpcError::from)
+                .unwrap_err()
+                .reason(),
             Some("algorithm")
         );
         assert_eq!(
-            verify("abc", KEY, true).unwrap_err().reason(),
+            verify("abc", KEY, true)
+                .map_err(RpcError::from)
+                .unwrap_err()
+                .reason(),
             Some("malformed")
         );
         let no_run = jsonwebtoken::encode(
@@ -375,7 +386,9 @@ mod tests {
             &EncodingKey::from_secret(KEY),
         )
         .unwrap();
-        let e = verify(&no_run, KEY, true).unwrap_err();
+        let e = verify(&no_run, KEY, true)
+            .map_err(RpcError::from)
+            .unwrap_err();
         assert_eq!(
             (e.reason(), e.data.as_ref().unwrap()["field"].as_str()),
             (Some("missing_claim"), Some("run_id"))
@@ -395,7 +408,10 @@ mod tests {
         claims["snapshot"]["tools"][0]["class"] = json!("write");
         let forged = format!("{}.{}.{}", parts[0], b64(&claims), parts[2]);
         assert_eq!(
-            verify(&forged, KEY, true).unwrap_err().reason(),
+            verify(&forged, KEY, true)
+                .map_err(RpcError::from)
+                .unwrap_err()
+                .reason(),
             Some("signature")
         );
     }
@@ -413,7 +429,10 @@ mod tests {
         );
         let claims = signed.claims().unwrap();
         assert_eq!(claims.run().run_id, "run-1");
-        let e = claims.check_fresh(now_unix()).unwrap_err();
+        let e = claims
+            .check_fresh(now_unix())
+            .map_err(RpcError::from)
+            .unwrap_err();
         assert_eq!(
             (e.reason(), e.message.as_str()),
             (Some("expired"), "run token of run run-1 expired")
@@ -434,7 +453,12 @@ mod tests {
         .unwrap();
         let signed = Signed::verify(&t, KEY).unwrap();
         assert_eq!(signed.run().unwrap().run_id, "run-2");
-        let e = signed.claims().unwrap().parse_snapshot().unwrap_err();
+        let e = signed
+            .claims()
+            .unwrap()
+            .parse_snapshot()
+            .map_err(RpcError::from)
+            .unwrap_err();
         assert_eq!(e.reason(), Some("not_absolute"));
         assert!(Signed::verify(&t, b"another key another key another k").is_err());
     }
@@ -466,7 +490,7 @@ mod tests {
             assert!(why.contains("control character"), "{why}");
         }
         let t = mint(KEY, "run\n1", None, &snap(), 60).unwrap();
-        let e = verify(&t, KEY, true).unwrap_err();
+        let e = verify(&t, KEY, true).map_err(RpcError::from).unwrap_err();
         assert_eq!((e.reason(), e.code), (Some("malformed"), code::TOKEN));
     }
 }

@@ -726,12 +726,12 @@ impl Preflight {
     pub fn refuse_unenforced(
         &self,
         cfg: &crate::config::Config,
-    ) -> Result<(), crate::protocol::RpcError> {
+    ) -> Result<(), crate::protocol::refusal::Refused> {
+        use crate::protocol::refusal::{Reason, Refused};
         if cfg.sandbox.require_enforced_limits && !self.limits.enforced() {
-            return Err(crate::protocol::RpcError::with_reason(
-                crate::protocol::code::INTERNAL,
+            return Err(Refused::new(
+                Reason::LimitsNotEnforced,
                 limits_refusal(&self.limits.problems),
-                "limits_not_enforced",
             ));
         }
         Ok(())

@@ -2,14 +2,16 @@
 //! dispatch of protocol methods to `Daemon`. Each connection is also the
 //! `EngineLink` of the scripts it starts.
 
+use crate::daemon::ratelimit::{RefusalLimiter, Verdict, CONNECTIONS};
 use crate::daemon::{Access, Daemon, Peer};
 use crate::policy::auth::EngineId;
 use crate::policy::auth::Role;
+use crate::protocol::refusal::{Reason, Refused};
 use crate::protocol::rpc::BoxFuture;
 use crate::protocol::rpc::{self, Bounds, CallError, Strict};
 use crate::protocol::{
-    self, code, Answer, ApprovalAnswer, ApprovalRequest, DaemonRequest, Decision, EngineRequest,
-    Method, Notification, RpcError, ToolCall, ToolCancelled, ToolResult,
+    self, Answer, ApprovalAnswer, ApprovalRequest, DaemonRequest, Decision, EngineRequest, Method,
+    Notification, RpcError, ToolCall, ToolCancelled, ToolResult,
 };
 use crate::script::engine::{Abandoned, CallEnd, EngineLink, LinkError};
 use serde_json::Value;
@@ -362,7 +364,7 @@ pub fn admit(role: Role, open: Counts, caps: Caps) -> Admission {
 }
 
 /// The -32015 for a connection refused at `cap`.
-fn too_many(cap: Cap, caps: &Caps, uid: u32) -> RpcError {
+fn too_many(cap: Cap, caps: &Caps, uid: u32) -> Refused {
     let message = match cap {
         Cap::Total => format!(
             "scriptgated already serves server.max_connections = {} connections; close one and retry",
@@ -380,7 +382,7 @@ fn too_many(cap: Cap, caps: &Caps, uid: u32) -> RpcError {
             "the peer group lookups are at their caps ({MAX_PEER_CHECKS} at once, {MAX_PEER_CHECKS_PER_UID} per uid, {MAX_WAITING_PER_LOOKUP} connections waiting for one); retry"
         ),
     };
-    RpcError::with_reason(code::BUSY, message, "too_many_connections")
+    Refused::new(Reason::TooManyConnections, message)
 }
 
 /// The connections served, by pool and uid.
@@ -739,8 +741,8 @@ impl Gate {
             g.is_some_and(|g| g.in_admin),
         );
         if role == Role::Refused {
-            let e = RpcError::peer_not_allowed(c.uid, &auth.allowed_groups);
-            return self.refuse(c, "peer_not_allowed", e, |c| {
+            let e = peer_not_allowed(c.uid, &auth.allowed_groups);
+            return self.refuse(c, e, |c| {
                 format!(
                     "connection refused: uid {} (pid {:?}) is not root nor in auth.allowed_groups or auth.admin_groups",
                     c.uid, c.pid
@@ -755,9 +757,8 @@ impl Gate {
                         "connection refused (uid {}, pid {:?}): {message}",
                         c.uid, c.pid
                     );
-                    let e =
-                        RpcError::with_reason(code::PEER_NOT_ALLOWED, message, "engine_ambiguous");
-                    return self.refuse(c, "engine_ambiguous", e, |_| line);
+                    let e = Refused::new(Reason::EngineAmbiguous, message);
+                    return self.refuse(c, e, |_| line);
                 }
             },
             _ => None,
@@ -797,8 +798,8 @@ impl Gate {
 
     fn refuse_full(&self, c: Caller, cap: Cap) {
         let e = too_many(cap, &self.table.caps, c.uid);
-        let message = e.message.clone();
-        self.refuse(c, "too_many_connections", e, |c| {
+        let message = e.message().to_string();
+        self.refuse(c, e, |c| {
             format!(
                 "connection refused (uid {}, pid {:?}): {message}",
                 c.uid, c.pid
@@ -812,13 +813,7 @@ impl Gate {
     /// one uid (root excepted), its connections are just closed, with no line
     /// and no log: a peer looping on connect costs an accept and a close. The
     /// gate never waits: the listen backlog is drained at full speed.
-    fn refuse(
-        &self,
-        c: Caller,
-        reason: &'static str,
-        e: RpcError,
-        line: impl FnOnce(&Caller) -> String,
-    ) {
+    fn refuse(&self, c: Caller, e: Refused, line: impl FnOnce(&Caller) -> String) {
         if c.uid != 0 {
             let allowed = self
                 .pace
@@ -829,12 +824,12 @@ impl Gate {
                 return;
             }
         }
-        refusal_log(reason, || line(&c));
+        refusal_log(e.reason().as_str(), || line(&c));
         // Straight to the socket: tokio's try_write would not even try before
         // its reactor has seen the new socket writable.
         use nix::sys::socket::MsgFlags;
         use std::os::fd::AsRawFd;
-        let line = protocol::response_line(&Value::Null, &Err(e));
+        let line = protocol::response_line(&Value::Null, &Err(e.into()));
         let _ = nix::sys::socket::send(
             c.stream.as_raw_fd(),
             line.as_bytes(),
@@ -1027,10 +1022,9 @@ impl Engine {
             return Err(RpcError::not_admin());
         }
         if self.admin_only && !method.admin_only() && method != Method::DaemonInfo {
-            return Err(RpcError::admin_only_peer(
-                self.peer.uid,
-                &self.daemon.cfg.auth.allowed_groups,
-            ));
+            return Err(
+                admin_only_peer(self.peer.uid, &self.daemon.cfg.auth.allowed_groups).into(),
+            );
         }
         let engine = self.peer.engine;
         let (d, conn, who) = (
@@ -1066,76 +1060,44 @@ impl Engine {
     }
 }
 
-/// Refusals of connections logged one by one per minute, whatever their
-/// reason; past that they are counted by reason, and the counts are logged with
-/// the next refusal of a later minute, so that a local user who loops on
-/// connect cannot flood the journal.
-const REFUSED_LOGGED_PER_MIN: u64 = 20;
-
-/// One limiter for every refusal line of the gate. Pure: callers pass the minute.
-#[derive(Debug, Default)]
-struct RefusalLog {
-    minute: u64,
-    logged: u64,
-    /// Refusals counted and not logged in `minute`, by reason.
-    counted: std::collections::BTreeMap<&'static str, u64>,
-}
-
-impl RefusalLog {
-    /// Whether this refusal is logged, and the summary of the last minute's
-    /// counted ones when it is the first of a new minute.
-    fn note(&mut self, minute: u64, reason: &'static str) -> (bool, Option<String>) {
-        let mut summary = None;
-        if minute != self.minute {
-            if !self.counted.is_empty() {
-                let n: u64 = self.counted.values().sum();
-                let by: Vec<String> = self
-                    .counted
-                    .iter()
-                    .map(|(r, n)| format!("{r} ×{n}"))
-                    .collect();
-                summary = Some(format!(
-                    "{n} more connections were refused in a minute and not logged one by one (logged: the first {REFUSED_LOGGED_PER_MIN}): {}",
-                    by.join(", ")
-                ));
-            }
-            *self = RefusalLog {
-                minute,
-                ..RefusalLog::default()
-            };
-        }
-        if self.logged < REFUSED_LOGGED_PER_MIN {
-            self.logged += 1;
-            (true, summary)
-        } else {
-            *self.counted.entry(reason).or_default() += 1;
-            (false, summary)
-        }
-    }
-}
-
-static REFUSALS: Mutex<RefusalLog> = Mutex::new(RefusalLog {
-    minute: 0,
-    logged: 0,
-    counted: std::collections::BTreeMap::new(),
-});
+/// The gate's refused connections: logged one by one within the one refusal
+/// limiter's rate for connections, counted by reason past it; the counts are
+/// logged with the next refusal that is, so a local user who loops on connect
+/// cannot flood the journal.
+static REFUSALS: Mutex<RefusalLimiter<&'static str>> = Mutex::new(RefusalLimiter::new(CONNECTIONS));
 
 /// Log a refused connection (`line` is only built when it is logged).
 fn refusal_log(reason: &'static str, line: impl FnOnce() -> String) {
-    let minute = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() / 60)
-        .unwrap_or(0);
-    let (log, summary) = REFUSALS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .note(minute, reason);
-    if let Some(s) = summary {
-        tracing::warn!("{s}");
+    let now = crate::time::now_ms();
+    let mut limiter = REFUSALS.lock().unwrap_or_else(|p| p.into_inner());
+    if limiter.admit(now, reason) == Verdict::Count {
+        return;
     }
-    if log {
-        tracing::warn!(reason, "{}", line());
+    if let Some(s) = limiter.take() {
+        tracing::warn!("{}", s.message(now));
     }
+    drop(limiter);
+    tracing::warn!(reason, "{}", line());
+}
+
+/// The peer is neither root nor in `auth.allowed_groups`.
+fn peer_not_allowed(uid: u32, allowed_groups: &[String]) -> Refused {
+    Refused::new(
+        Reason::PeerNotAllowed,
+        format!(
+            "uid {uid} may not use scriptgated: not root and not in auth.allowed_groups {allowed_groups:?}"
+        ),
+    )
+}
+
+/// An engine method from a peer that is only an administrator.
+fn admin_only_peer(uid: u32, allowed_groups: &[String]) -> Refused {
+    Refused::new(
+        Reason::AdminOnly,
+        format!(
+            "uid {uid} is an administrator (auth.admin_groups) but not an engine: it may use daemon.info and admin.* only; scripts and tokens are for root and members of auth.allowed_groups {allowed_groups:?}"
+        ),
+    )
 }
 
 /// The per-uid directories `<root>/<uid>` of a non-root engine that uses
@@ -1171,6 +1133,7 @@ fn to_value<T: serde::Serialize>(v: T) -> Result<Value, RpcError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::code;
 
     const CAPS: Caps = Caps {
         total: 256,
@@ -1244,36 +1207,9 @@ mod tests {
             (Cap::Admin, "server.max_admin_connections = 16"),
         ] {
             let e = too_many(cap, &CAPS, 7);
-            assert!(e.message.contains(key), "{}", e.message);
-            assert_eq!(e.code, code::BUSY);
+            assert!(e.message().contains(key), "{}", e.message());
+            assert_eq!(e.code(), code::BUSY);
         }
-    }
-
-    #[test]
-    fn one_limiter_for_every_refusal_line() {
-        let mut l = RefusalLog::default();
-        let mut logged = 0;
-        for i in 0..1000 {
-            let reason = if i % 2 == 0 {
-                "peer_not_allowed"
-            } else {
-                "too_many_connections"
-            };
-            let (log, summary) = l.note(5, reason);
-            assert!(summary.is_none());
-            logged += u64::from(log);
-        }
-        assert_eq!(logged, REFUSED_LOGGED_PER_MIN);
-        let (log, summary) = l.note(6, "engine_ambiguous");
-        assert!(log);
-        let s = summary.expect("a summary of the minute before");
-        assert!(
-            s.starts_with("980 more")
-                && s.contains("peer_not_allowed ×490")
-                && s.contains("too_many_connections ×490"),
-            "{s}"
-        );
-        assert_eq!(l.note(6, "x").1, None, "one summary");
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! the file is no longer enough. Answered and closed, each engine connection costs
 //! one start, and is told why: the error names the file, the line and the fix.
 
-use crate::protocol::{code, response_line, RpcError};
+use crate::protocol::refusal::{Reason, Refused};
+use crate::protocol::{response_line, RpcError};
 use serde_json::Value;
 use std::io::Write;
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -17,13 +18,13 @@ const MAX_ANSWERED: usize = 256;
 
 /// The error every queued connection gets.
 pub fn error(why: &dyn std::fmt::Display) -> RpcError {
-    RpcError::with_reason(
-        code::INTERNAL,
+    Refused::new(
+        Reason::DaemonCannotStart,
         format!(
             "scriptgated cannot start: {why}; fix it, then run \"systemctl restart scriptgate\" (or just connect again)"
         ),
-        "daemon_cannot_start",
     )
+    .into()
 }
 
 /// Answer every connection queued on the activated sockets with `why`, then

@@ -118,7 +118,8 @@ impl WorkspaceDir {
     }
 }
 
-/// Why a workspace cannot be used (protocol §2: error -32011, `data.reason`).
+/// Why a workspace cannot be used (protocol §2: error -32011; the daemon names
+/// each with its `data.reason`).
 #[derive(Debug, thiserror::Error)]
 pub enum WorkspaceError {
     #[error("workspace {0} is not under any of workspace.roots")]
@@ -131,19 +132,6 @@ pub enum WorkspaceError {
     NotDirectory { path: PathBuf, component: PathBuf },
     #[error("workspace {path}: {source}")]
     Unusable { path: PathBuf, source: io::Error },
-}
-
-impl WorkspaceError {
-    /// The `data.reason` of the refusal.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            WorkspaceError::OutsideRoots(_) => "outside_roots",
-            WorkspaceError::IsRoot(_) => "is_root",
-            WorkspaceError::Symlink { .. } => "symlink",
-            WorkspaceError::NotDirectory { .. } => "not_directory",
-            WorkspaceError::Unusable { .. } => "workspace_missing",
-        }
-    }
 }
 
 impl WorkspaceDir {
