@@ -257,9 +257,17 @@ impl Source {
     }
 }
 
-pub fn collect(reader: &crate::audit::Reader, state_dir: &Path) -> Result<Source, String> {
-    let counters = reader.metrics().map_err(|e| format!("audit store: {e}"))?;
-    let running = reader.running().map_err(|e| format!("audit store: {e}"))?;
+/// Why the source could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    /// The audit store's counters or its running rows could not be read.
+    #[error("audit store: {0}")]
+    AuditStore(#[from] rusqlite::Error),
+}
+
+pub fn collect(reader: &crate::audit::Reader, state_dir: &Path) -> Result<Source, CollectError> {
+    let counters = reader.metrics()?;
+    let running = reader.running()?;
     let daemon = std::fs::read_to_string(daemon_file(state_dir))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());

@@ -135,7 +135,7 @@ fn metrics_cmd(c: MetricsCmd) -> ExitCode {
         let source = if ctx.config.state.dir.join("scriptgate.db").exists() {
             let reader = ctx.reader()?;
             crate::audit::metrics::collect(&reader, &ctx.config.state.dir)
-                .map_err(Failure::setup)?
+                .map_err(|e| Failure::setup(e.to_string()))?
         } else {
             ctx.reader_allowed()?;
             crate::audit::metrics::Source::fresh(&ctx.config.state.dir)

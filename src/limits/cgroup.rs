@@ -8,6 +8,57 @@ use std::path::{Path, PathBuf};
 
 use crate::policy::Limits;
 
+/// Why a cgroup cannot be used: the daemon's subtree at start-up, a script's
+/// leaf, or the cgroup a placed script is in when its limits are read back.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// `/proc/self/cgroup` has no `0::` line: no cgroup v2 here.
+    #[error("no cgroup v2 entry in /proc/self/cgroup")]
+    NoV2Entry,
+    /// The daemon's v2 path has no `cgroup.controllers`.
+    #[error("{} is not a cgroup v2 directory", dir.display())]
+    NotV2Dir { dir: PathBuf },
+    /// A controller the backend needs is not available in the daemon's subtree.
+    #[error("the {controller} controller is not delegated to {} (controllers: {controllers:?})", root.display())]
+    NotDelegated {
+        controller: &'static str,
+        root: PathBuf,
+        /// The subtree's `cgroup.controllers`, trimmed.
+        controllers: String,
+    },
+    /// The subtree's `cgroup.subtree_control` cannot be written by the daemon.
+    #[error("{}: {source} (not delegated to us)", probe.display())]
+    NotWritable {
+        probe: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Moving the daemon into its own leaf, or enabling the controllers for
+    /// leaves, failed.
+    #[error(transparent)]
+    Init(io::Error),
+    /// A script's leaf could not be made, or its limits written.
+    #[error(transparent)]
+    Leaf(io::Error),
+    /// A script's process could not be moved into its leaf.
+    #[error(transparent)]
+    Add(io::Error),
+    /// The process is in no cgroup of a hierarchy with the controller, nor in a v2
+    /// one.
+    #[error("the script is in no {controller} cgroup")]
+    NoController { controller: String },
+    /// The process is in a cgroup that is not its own (`own`).
+    #[error("the script is in {controller} cgroup {path}, not in its own {own} (the controller is not writable, or not delegated)")]
+    NotOwn {
+        controller: String,
+        path: String,
+        own: String,
+    },
+    /// The process's own v2 cgroup does not have the controller enabled.
+    #[error("the {controller} controller is not enabled for {} (its parent's cgroup.subtree_control lacks it)", dir.display())]
+    NotEnabled { controller: String, dir: PathBuf },
+}
+
 /// What a script's cgroup says after its end.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -102,7 +153,7 @@ fn controller_dir(
     proc_cgroup: &str,
     controller: &str,
     own: &str,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, CgroupError> {
     let mut v2 = None;
     for line in proc_cgroup.lines() {
         let mut it = line.splitn(3, ':');
@@ -116,7 +167,9 @@ fn controller_dir(
             return own_cgroup(path, own, controller).map(|()| dir);
         }
     }
-    let path = v2.ok_or_else(|| format!("the script is in no {controller} cgroup"))?;
+    let path = v2.ok_or_else(|| CgroupError::NoController {
+        controller: controller.into(),
+    })?;
     own_cgroup(path, own, controller)?;
     let rel = path.trim_start_matches('/');
     let dir = if fs.join("cgroup.controllers").exists() {
@@ -128,20 +181,22 @@ fn controller_dir(
     if enabled.split_whitespace().any(|c| c == controller) {
         Ok(dir)
     } else {
-        Err(format!(
-            "the {controller} controller is not enabled for {} (its parent's cgroup.subtree_control lacks it)",
-            dir.display()
-        ))
+        Err(CgroupError::NotEnabled {
+            controller: controller.into(),
+            dir,
+        })
     }
 }
 
-fn own_cgroup(path: &str, own: &str, controller: &str) -> Result<(), String> {
+fn own_cgroup(path: &str, own: &str, controller: &str) -> Result<(), CgroupError> {
     if path.rsplit('/').next() == Some(own) {
         Ok(())
     } else {
-        Err(format!(
-            "the script is in {controller} cgroup {path}, not in its own {own} (the controller is not writable, or not delegated)"
-        ))
+        Err(CgroupError::NotOwn {
+            controller: controller.into(),
+            path: path.into(),
+            own: own.into(),
+        })
     }
 }
 
@@ -175,7 +230,7 @@ pub fn read_back(
     ] {
         let not = |why: String| format!("{key} = {want} is not in force: {why}");
         match controller_dir(fs, proc_cgroup, controller, own) {
-            Err(why) => e.problems.push(not(why)),
+            Err(why) => e.problems.push(not(why.to_string())),
             Ok(dir) => {
                 let file = [dir.join(v1), dir.join(v2)]
                     .into_iter()
@@ -199,7 +254,7 @@ pub fn read_back(
         let not =
             |why: String| format!("cpu_quota_percent = {cpu_quota_percent} is not in force: {why}");
         match controller_dir(fs, proc_cgroup, "cpu", own) {
-            Err(why) => e.notes.push(not(why)),
+            Err(why) => e.notes.push(not(why.to_string())),
             Ok(dir) => {
                 let v2 = read(&dir.join("cpu.max")).map(|t| {
                     let mut it = t.split_whitespace();
@@ -252,25 +307,25 @@ pub fn own_v2_path(proc_cgroup: &str) -> Option<String> {
 impl Tree {
     /// Find a usable delegated subtree: the daemon's v2 cgroup, with the memory and
     /// pids controllers available and writable by us.
-    pub fn detect(fs: &Path, proc_cgroup: &str) -> Result<Tree, String> {
-        let path = own_v2_path(proc_cgroup).ok_or("no cgroup v2 entry in /proc/self/cgroup")?;
+    pub fn detect(fs: &Path, proc_cgroup: &str) -> Result<Tree, CgroupError> {
+        let path = own_v2_path(proc_cgroup).ok_or(CgroupError::NoV2Entry)?;
         let root = fs.join(path.trim_start_matches('/'));
-        let controllers = read(&root.join("cgroup.controllers"))
-            .ok_or_else(|| format!("{} is not a cgroup v2 directory", root.display()))?;
+        let Some(controllers) = read(&root.join("cgroup.controllers")) else {
+            return Err(CgroupError::NotV2Dir { dir: root });
+        };
         for c in ["memory", "pids"] {
             if !controllers.split_whitespace().any(|x| x == c) {
-                return Err(format!(
-                    "the {c} controller is not delegated to {} (controllers: {:?})",
-                    root.display(),
-                    controllers.trim()
-                ));
+                return Err(CgroupError::NotDelegated {
+                    controller: c,
+                    root,
+                    controllers: controllers.trim().into(),
+                });
             }
         }
         let probe = root.join("cgroup.subtree_control");
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(&probe)
-            .map_err(|e| format!("{}: {e} (not delegated to us)", probe.display()))?;
+        if let Err(source) = std::fs::OpenOptions::new().append(true).open(&probe) {
+            return Err(CgroupError::NotWritable { probe, source });
+        }
         Ok(Tree { root })
     }
 
@@ -408,14 +463,100 @@ mod tests {
         assert_eq!(t.root, root);
         let hybrid = "12:memory:/system.slice\n0::/system.slice/scriptgate.service\n";
         assert!(Tree::detect(d.path(), hybrid).is_ok());
-        assert!(Tree::detect(d.path(), "4:memory:/x\n")
-            .unwrap_err()
-            .contains("no cgroup v2"));
-        std::fs::write(root.join("cgroup.controllers"), "cpu io\n").unwrap();
+    }
+
+    /// Which of the subtree's failures, and its message.
+    #[test]
+    fn a_subtree_that_cannot_be_used_says_why() {
+        let (d, root) = fake_tree();
+        let own = "0::/system.slice/scriptgate.service";
+        let e = Tree::detect(d.path(), "4:memory:/x\n").unwrap_err();
+        assert!(matches!(e, CgroupError::NoV2Entry), "{e:?}");
+        assert_eq!(e.to_string(), "no cgroup v2 entry in /proc/self/cgroup");
+
+        let e = Tree::detect(d.path(), "0::/elsewhere").unwrap_err();
+        let dir = d.path().join("elsewhere");
         assert!(
-            Tree::detect(d.path(), "0::/system.slice/scriptgate.service")
-                .unwrap_err()
-                .contains("memory controller is not delegated")
+            matches!(&e, CgroupError::NotV2Dir { dir: x } if *x == dir),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("{} is not a cgroup v2 directory", dir.display())
+        );
+
+        std::fs::write(root.join("cgroup.controllers"), "cpu io memory\n").unwrap();
+        let e = Tree::detect(d.path(), own).unwrap_err();
+        assert!(
+            matches!(&e, CgroupError::NotDelegated { controller: "pids", controllers, .. } if controllers == "cpu io memory"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the pids controller is not delegated to {} (controllers: \"cpu io memory\")",
+                root.display()
+            )
+        );
+
+        std::fs::write(root.join("cgroup.controllers"), "memory pids\n").unwrap();
+        std::fs::remove_file(root.join("cgroup.subtree_control")).unwrap();
+        let e = Tree::detect(d.path(), own).unwrap_err();
+        let probe = root.join("cgroup.subtree_control");
+        assert!(
+            matches!(&e, CgroupError::NotWritable { probe: p, source } if *p == probe && source.kind() == io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().starts_with(&format!("{}: ", probe.display())),
+            "{e}"
+        );
+        assert!(e.to_string().ends_with(" (not delegated to us)"), "{e}");
+    }
+
+    /// Which of a placed script's cgroup failures, and its message.
+    #[test]
+    fn a_controller_not_in_force_says_which_failure() {
+        let d = tempfile::tempdir().unwrap();
+        put(d.path(), &[("cgroup.controllers", "cpu memory pids\n")]);
+        let leaf = d.path().join("svc/script-ab");
+        put(&leaf, &[("cgroup.controllers", "cpu\n")]);
+
+        let e =
+            controller_dir(d.path(), "4:memory:/svc/script-ab\n", "pids", "script-ab").unwrap_err();
+        assert!(
+            matches!(&e, CgroupError::NoController { controller } if controller == "pids"),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "the script is in no pids cgroup");
+
+        let e =
+            controller_dir(d.path(), "4:memory:/machine/c1\n", "memory", "script-ab").unwrap_err();
+        assert!(
+            matches!(&e, CgroupError::NotOwn { controller, path, own }
+                if controller == "memory" && path == "/machine/c1" && own == "script-ab"),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "the script is in memory cgroup /machine/c1, not in its own script-ab (the controller is not writable, or not delegated)");
+
+        let e = controller_dir(d.path(), "0::/svc\n", "memory", "script-ab").unwrap_err();
+        assert!(matches!(e, CgroupError::NotOwn { .. }), "{e:?}");
+
+        let e = controller_dir(d.path(), "0::/svc/script-ab\n", "memory", "script-ab").unwrap_err();
+        assert!(
+            matches!(&e, CgroupError::NotEnabled { controller, dir } if controller == "memory" && *dir == leaf),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the memory controller is not enabled for {} (its parent's cgroup.subtree_control lacks it)",
+                leaf.display()
+            )
+        );
+        assert_eq!(
+            controller_dir(d.path(), "0::/svc/script-ab\n", "cpu", "script-ab").unwrap(),
+            leaf
         );
     }
 

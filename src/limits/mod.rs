@@ -118,7 +118,19 @@ impl Picked {
 #[error("sandbox.backend = {choice:?}: {why}")]
 pub struct BackendError {
     pub choice: BackendChoice,
-    pub why: String,
+    pub why: LimitsError,
+}
+
+/// What failed in one backend: when it was picked ([`BackendError`]) or when a
+/// script was placed in its unit ([`Backend::place`]).
+#[derive(Debug, thiserror::Error)]
+pub enum LimitsError {
+    /// The system manager, or a scope of it.
+    #[error(transparent)]
+    Systemd(#[from] systemd::SystemdError),
+    /// The daemon's delegated subtree, or a script's leaf in it.
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
 }
 
 impl Backend {
@@ -130,7 +142,7 @@ impl Backend {
         cpu_quota_percent: u32,
     ) -> Result<Picked, BackendError> {
         let mut notes = vec![];
-        let fail = |why: String| BackendError { choice, why };
+        let fail = |why: LimitsError| BackendError { choice, why };
         if matches!(choice, BackendChoice::Auto | BackendChoice::Systemd) {
             match systemd::Manager::connect().await {
                 Ok(manager) => {
@@ -142,7 +154,7 @@ impl Backend {
                     });
                     return Ok(Picked::new(b, notes));
                 }
-                Err(why) if choice == BackendChoice::Systemd => return Err(fail(why)),
+                Err(why) if choice == BackendChoice::Systemd => return Err(fail(why.into())),
                 Err(why) => notes.push(format!("systemd: {why}")),
             }
         }
@@ -150,7 +162,7 @@ impl Backend {
             let tree = cgroup::Tree::detect(&host.cgroupfs, &host.proc_self_cgroup).and_then(|t| {
                 t.init(std::process::id())
                     .map(|()| t)
-                    .map_err(|e| e.to_string())
+                    .map_err(cgroup::CgroupError::Init)
             });
             match tree {
                 Ok(tree) => {
@@ -162,7 +174,7 @@ impl Backend {
                     });
                     return Ok(Picked::new(b, notes));
                 }
-                Err(why) if choice == BackendChoice::Cgroup => return Err(fail(why)),
+                Err(why) if choice == BackendChoice::Cgroup => return Err(fail(why.into())),
                 Err(why) => notes.push(format!("cgroup: {why}")),
             }
         }
@@ -222,7 +234,7 @@ impl Backend {
         script_id: &str,
         l: &Limits,
         pids: &[u32],
-    ) -> Result<Placement, String> {
+    ) -> Result<Placement, LimitsError> {
         match self {
             Backend::Systemd(s) => {
                 let unit = s
@@ -239,9 +251,9 @@ impl Backend {
                 let leaf = c
                     .tree
                     .leaf(script_id, l, c.cpu_quota_percent)
-                    .map_err(|e| e.to_string())?;
+                    .map_err(cgroup::CgroupError::Leaf)?;
                 for p in pids {
-                    leaf.add(*p).map_err(|e| e.to_string())?;
+                    leaf.add(*p).map_err(cgroup::CgroupError::Add)?;
                 }
                 Ok(Placement::Leaf(leaf))
             }
@@ -457,5 +469,17 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(e.choice, BackendChoice::Cgroup);
+        let dir = d.path().join("nothing/x");
+        assert!(
+            matches!(&e.why, LimitsError::Cgroup(cgroup::CgroupError::NotV2Dir { dir: x }) if *x == dir),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "sandbox.backend = Cgroup: {} is not a cgroup v2 directory",
+                dir.display()
+            )
+        );
     }
 }

@@ -22,6 +22,36 @@ const DEST: &str = "org.freedesktop.systemd1";
 const PATH: &str = "/org/freedesktop/systemd1";
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
 
+/// Why the system manager cannot be used, or a scope did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SystemdError {
+    /// Transient units of the system manager are root's.
+    #[error("needs root (the system manager's transient units)")]
+    NotRoot,
+    /// Connecting to the system bus took longer than 3 s.
+    #[error("the system bus did not answer")]
+    BusTimeout,
+    /// There is no system bus to connect to.
+    #[error("no system bus: {0}")]
+    NoBus(#[source] zbus::Error),
+    /// The bus is there, but no systemd answers on it.
+    #[error("no systemd manager on the system bus: {0}")]
+    NoManager(#[source] zbus::Error),
+    /// systemd refused to create the scope.
+    #[error("StartTransientUnit {unit}: {source}")]
+    StartTransientUnit {
+        unit: String,
+        #[source]
+        source: zbus::Error,
+    },
+    /// The scope was created, and failed before it was active.
+    #[error("{unit} failed to start")]
+    Failed { unit: String },
+    /// The scope was not active within 2 s; it was stopped.
+    #[error("{unit} did not become active")]
+    NotActive { unit: String },
+}
+
 #[derive(Clone)]
 pub struct Manager {
     bus: zbus::Connection,
@@ -63,14 +93,14 @@ pub fn unit_name(script_id: &str) -> String {
 
 impl Manager {
     /// The system manager, if this process may create units in it.
-    pub async fn connect() -> Result<Manager, String> {
+    pub async fn connect() -> Result<Manager, SystemdError> {
         if !nix::unistd::Uid::effective().is_root() {
-            return Err("needs root (the system manager's transient units)".into());
+            return Err(SystemdError::NotRoot);
         }
         let bus = tokio::time::timeout(Duration::from_secs(3), zbus::Connection::system())
             .await
-            .map_err(|_| "the system bus did not answer".to_string())?
-            .map_err(|e| format!("no system bus: {e}"))?;
+            .map_err(|_| SystemdError::BusTimeout)?
+            .map_err(SystemdError::NoBus)?;
         let m = Manager {
             bus,
             oom_policy: Arc::new(AtomicBool::new(true)),
@@ -78,7 +108,7 @@ impl Manager {
         let v = m
             .property(PATH, MANAGER, "Version")
             .await
-            .map_err(|e| format!("no systemd manager on the system bus: {e}"))?;
+            .map_err(SystemdError::NoManager)?;
         tracing::debug!("systemd {v:?}");
         Ok(m)
     }
@@ -171,7 +201,7 @@ impl Manager {
         pids: &[u32],
         l: &Limits,
         cpu_quota_percent: u32,
-    ) -> Result<String, String> {
+    ) -> Result<String, SystemdError> {
         let unit = unit_name(script_id);
         let with_policy = self.oom_policy.load(Ordering::Relaxed);
         match self
@@ -188,13 +218,16 @@ impl Manager {
             }
             r => r,
         }
-        .map_err(|e| format!("StartTransientUnit {unit}: {e}"))?;
+        .map_err(|source| SystemdError::StartTransientUnit {
+            unit: unit.clone(),
+            source,
+        })?;
         for _ in 0..200 {
             match self.active_state(&unit).await.as_deref() {
                 Some("active") => return Ok(unit),
                 Some("failed") => {
                     self.reset_failed(&unit).await;
-                    return Err(format!("{unit} failed to start"));
+                    return Err(SystemdError::Failed { unit });
                 }
                 _ => tokio::time::sleep(Duration::from_millis(10)).await,
             }
@@ -212,7 +245,7 @@ impl Manager {
             )
             .await;
         self.reset_failed(&unit).await;
-        Err(format!("{unit} did not become active"))
+        Err(SystemdError::NotActive { unit })
     }
 
     async fn start_transient(
@@ -270,7 +303,41 @@ impl Manager {
 
 #[cfg(test)]
 mod tests {
-    use super::ScopeEnd;
+    use super::{ScopeEnd, SystemdError};
+
+    /// The words `sandbox.backend`, check-config and a refused start show.
+    #[test]
+    fn systemd_errors_keep_their_words() {
+        let unit = || "scriptgate-ab.scope".to_string();
+        for (e, said) in [
+            (
+                SystemdError::NotRoot,
+                "needs root (the system manager's transient units)",
+            ),
+            (SystemdError::BusTimeout, "the system bus did not answer"),
+            (
+                SystemdError::Failed { unit: unit() },
+                "scriptgate-ab.scope failed to start",
+            ),
+            (
+                SystemdError::NotActive { unit: unit() },
+                "scriptgate-ab.scope did not become active",
+            ),
+        ] {
+            assert_eq!(e.to_string(), said);
+        }
+        let e = SystemdError::StartTransientUnit {
+            unit: unit(),
+            source: zbus::Error::Failure("refused".into()),
+        };
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "StartTransientUnit scriptgate-ab.scope: {}",
+                zbus::Error::Failure("refused".into())
+            )
+        );
+    }
 
     #[test]
     fn a_scope_ends_as_its_result_says() {

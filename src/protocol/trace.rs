@@ -21,17 +21,30 @@ pub struct TraceContext {
 /// characters; 512 bytes is what vendors are advised to propagate at least).
 pub const MAX_TRACESTATE_BYTES: usize = 512;
 
+/// What is wrong with a trace context; callers say it in an `invalid params`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TraceError {
+    /// Not `00-<trace-id>-<parent-id>-<flags>` in lowercase hex, or an id all zero.
+    #[error("`traceparent` must be 00-<32 hex trace-id>-<16 hex parent-id>-<2 hex flags>, lowercase, ids not all zero")]
+    Traceparent,
+    /// `tracestate` longer than [`MAX_TRACESTATE_BYTES`].
+    #[error("`tracestate` is {len} bytes; at most {MAX_TRACESTATE_BYTES}")]
+    TracestateTooLong { len: usize },
+    /// `tracestate` with a character outside printable ASCII.
+    #[error("`tracestate` must be printable ASCII")]
+    TracestateNotPrintable,
+}
+
 fn hex(s: &str, len: usize) -> bool {
     s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 impl TraceContext {
     /// A `traceparent` (version 00) and `tracestate`, or what is wrong with them.
-    pub fn parse(traceparent: &str, tracestate: Option<&str>) -> Result<TraceContext, String> {
-        let want = "`traceparent` must be 00-<32 hex trace-id>-<16 hex parent-id>-<2 hex flags>, lowercase, ids not all zero";
+    pub fn parse(traceparent: &str, tracestate: Option<&str>) -> Result<TraceContext, TraceError> {
         let parts: Vec<&str> = traceparent.split('-').collect();
         let [version, trace_id, parent_id, flags] = parts[..] else {
-            return Err(want.into());
+            return Err(TraceError::Traceparent);
         };
         let zero = |s: &str| s.bytes().all(|b| b == b'0');
         if version != "00"
@@ -41,17 +54,14 @@ impl TraceContext {
             || zero(trace_id)
             || zero(parent_id)
         {
-            return Err(want.into());
+            return Err(TraceError::Traceparent);
         }
         if let Some(st) = tracestate {
             if st.len() > MAX_TRACESTATE_BYTES {
-                return Err(format!(
-                    "`tracestate` is {} bytes; at most {MAX_TRACESTATE_BYTES}",
-                    st.len()
-                ));
+                return Err(TraceError::TracestateTooLong { len: st.len() });
             }
             if st.chars().any(|c| !(' '..='~').contains(&c)) {
-                return Err("`tracestate` must be printable ASCII".into());
+                return Err(TraceError::TracestateNotPrintable);
             }
         }
         Ok(TraceContext {
@@ -105,10 +115,23 @@ mod tests {
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
         ] {
-            assert!(TraceContext::parse(bad, None).is_err(), "{bad:?}");
+            assert_eq!(
+                TraceContext::parse(bad, None),
+                Err(TraceError::Traceparent),
+                "{bad:?}"
+            );
         }
-        assert!(TraceContext::parse(TP, Some(&"a".repeat(513))).is_err());
-        assert!(TraceContext::parse(TP, Some("a=\n")).is_err());
+        assert_eq!(
+            TraceError::Traceparent.to_string(),
+            "`traceparent` must be 00-<32 hex trace-id>-<16 hex parent-id>-<2 hex flags>, lowercase, ids not all zero"
+        );
+        let e = TraceContext::parse(TP, Some(&"a".repeat(513))).unwrap_err();
+        assert_eq!(e, TraceError::TracestateTooLong { len: 513 });
+        assert_eq!(e.to_string(), "`tracestate` is 513 bytes; at most 512");
+        assert!(TraceContext::parse(TP, Some(&"a".repeat(512))).is_ok());
+        let e = TraceContext::parse(TP, Some("a=\n")).unwrap_err();
+        assert_eq!(e, TraceError::TracestateNotPrintable);
+        assert_eq!(e.to_string(), "`tracestate` must be printable ASCII");
     }
 
     #[test]

@@ -135,7 +135,33 @@ pub fn denied_syscalls() -> Vec<(&'static str, i64)> {
     v
 }
 
-fn arch() -> Result<TargetArch, String> {
+/// Why the filter could not be built. seccompiler's errors are its own words.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// No filter is written for the architecture this was built for.
+    #[error("no seccomp filter for this architecture")]
+    Arch,
+    /// seccompiler refused one argument comparison.
+    #[error("{0}")]
+    Condition(#[source] seccompiler::BackendError),
+    /// seccompiler refused one rule (a set of comparisons).
+    #[error("{0}")]
+    Rule(#[source] seccompiler::BackendError),
+    /// seccompiler refused a filter (its rules and actions).
+    #[error("{0}")]
+    Filter(#[source] seccompiler::BackendError),
+    /// seccompiler could not compile a filter to BPF.
+    #[error("{0}")]
+    Compile(#[source] seccompiler::BackendError),
+    /// The joined program is longer than the kernel takes.
+    #[error("seccomp program of {len} instructions; the kernel takes at most {}", MAX_INSTRUCTIONS - 1)]
+    TooLong { len: usize },
+}
+
+/// The kernel's bound on a program (`BPF_MAXINSNS`), not reached.
+const MAX_INSTRUCTIONS: usize = 4096;
+
+fn arch() -> Result<TargetArch, SeccompError> {
     if cfg!(target_arch = "x86_64") {
         Ok(TargetArch::x86_64)
     } else if cfg!(target_arch = "aarch64") {
@@ -143,7 +169,7 @@ fn arch() -> Result<TargetArch, String> {
     } else if cfg!(target_arch = "riscv64") {
         Ok(TargetArch::riscv64)
     } else {
-        Err("no seccomp filter for this architecture".into())
+        Err(SeccompError::Arch)
     }
 }
 
@@ -167,13 +193,10 @@ pub const ALLOWED_FAMILIES: &[(&str, i32)] = &[
     ("AF_INET6", libc::AF_INET6),
 ];
 
-/// The program, compiled once per process.
-pub fn cached() -> Result<&'static [u8], String> {
-    static PROGRAM: std::sync::OnceLock<Result<Vec<u8>, String>> = std::sync::OnceLock::new();
-    PROGRAM
-        .get_or_init(program)
-        .as_deref()
-        .map_err(Clone::clone)
+/// The program, compiled once per process (and so is its failure).
+pub fn cached() -> Result<&'static [u8], &'static SeccompError> {
+    static PROGRAM: std::sync::OnceLock<Result<Vec<u8>, SeccompError>> = std::sync::OnceLock::new();
+    PROGRAM.get_or_init(program).as_deref()
 }
 
 // Classic BPF, as in <linux/filter.h> and <linux/seccomp.h>.
@@ -226,16 +249,14 @@ fn then(mut first: BpfProgram, second: BpfProgram) -> BpfProgram {
 fn compile(
     rules: BTreeMap<i64, Vec<SeccompRule>>,
     on_match: SeccompAction,
-) -> Result<BpfProgram, String> {
+) -> Result<BpfProgram, SeccompError> {
     let filter = SeccompFilter::new(rules, SeccompAction::Allow, on_match, arch()?)
-        .map_err(|e| e.to_string())?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| e.to_string())
+        .map_err(SeccompError::Filter)?;
+    filter.try_into().map_err(SeccompError::Compile)
 }
 
 /// Part 2: the denylist and the terminal-injection ioctls, EPERM.
-fn denylist() -> Result<BpfProgram, String> {
+fn denylist() -> Result<BpfProgram, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied_syscalls()
         .into_iter()
         .map(|(_, nr)| (nr, vec![]))
@@ -247,10 +268,10 @@ fn denylist() -> Result<BpfProgram, String> {
             // libc's ioctl request type is u64 on some targets and i32 on others.
             #[allow(clippy::unnecessary_cast)]
             let c = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, req as u64)
-                .map_err(|e| e.to_string())?;
-            SeccompRule::new(vec![c]).map_err(|e| e.to_string())
+                .map_err(SeccompError::Condition)?;
+            SeccompRule::new(vec![c]).map_err(SeccompError::Rule)
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, SeccompError>>()?;
     rules.insert(libc::SYS_ioctl, ioctl);
     // clone: flags are argument 0 on every architecture here, and the kernel reads
     // only their low 32 bits (`Dword`). One rule per flag: rules are alternatives.
@@ -263,10 +284,10 @@ fn denylist() -> Result<BpfProgram, String> {
                 SeccompCmpOp::MaskedEq(flag as u64),
                 flag as u64,
             )
-            .map_err(|e| e.to_string())?;
-            SeccompRule::new(vec![c]).map_err(|e| e.to_string())
+            .map_err(SeccompError::Condition)?;
+            SeccompRule::new(vec![c]).map_err(SeccompError::Rule)
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, SeccompError>>()?;
     rules.insert(libc::SYS_clone, clone);
     rules.extend(setid_rules()?);
     compile(rules, SeccompAction::Errno(libc::EPERM as u32))
@@ -279,7 +300,7 @@ fn denylist() -> Result<BpfProgram, String> {
 /// are refused in `chmod`, `fchmod`, `fchmodat`, `fchmodat2`, `mknod`, `mknodat`,
 /// and in `creat`, `open` and `openat` that create (O_CREAT, O_TMPFILE). `openat2`,
 /// whose mode is in memory, is part 4's.
-fn setid_rules() -> Result<Vec<(i64, Vec<SeccompRule>)>, String> {
+fn setid_rules() -> Result<Vec<(i64, Vec<SeccompRule>)>, SeccompError> {
     let bit = |arg: u8, b: u32| {
         SeccompCondition::new(
             arg,
@@ -287,7 +308,7 @@ fn setid_rules() -> Result<Vec<(i64, Vec<SeccompRule>)>, String> {
             SeccompCmpOp::MaskedEq(b as u64),
             b as u64,
         )
-        .map_err(|e| e.to_string())
+        .map_err(SeccompError::Condition)
     };
     let bits = [libc::S_ISUID, libc::S_ISGID];
     // (syscall, the mode's argument, the flags' argument when it only counts on
@@ -324,14 +345,14 @@ fn setid_rules() -> Result<Vec<(i64, Vec<SeccompRule>)>, String> {
             let rules = rules
                 .into_iter()
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| e.to_string())?;
+                .map_err(SeccompError::Rule)?;
             Ok((nr, rules))
         })
         .collect()
 }
 
 /// Part 4: `clone3` and `openat2`, ENOSYS (see the module comment).
-fn no_clone3() -> Result<BpfProgram, String> {
+fn no_clone3() -> Result<BpfProgram, SeccompError> {
     let rules = BTreeMap::from([(libc::SYS_clone3, vec![]), (libc::SYS_openat2, vec![])]);
     compile(rules, SeccompAction::Errno(libc::ENOSYS as u32))
 }
@@ -340,15 +361,15 @@ fn no_clone3() -> Result<BpfProgram, String> {
 /// The kernel reads the family as an `int`, so only the low 32 bits of the
 /// argument are compared (`Dword`): high bits can neither smuggle a family in nor
 /// get an allowed one refused.
-fn families() -> Result<BpfProgram, String> {
+fn families() -> Result<BpfProgram, SeccompError> {
     let not_allowed = ALLOWED_FAMILIES
         .iter()
         .map(|&(_, fam)| {
             SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, fam as u64)
-                .map_err(|e| e.to_string())
+                .map_err(SeccompError::Condition)
         })
-        .collect::<Result<Vec<_>, String>>()?;
-    let rule = SeccompRule::new(not_allowed).map_err(|e| e.to_string())?;
+        .collect::<Result<Vec<_>, SeccompError>>()?;
+    let rule = SeccompRule::new(not_allowed).map_err(SeccompError::Rule)?;
     let rules = [libc::SYS_socket, libc::SYS_socketpair]
         .into_iter()
         .map(|nr| (nr, vec![rule.clone()]))
@@ -357,20 +378,22 @@ fn families() -> Result<BpfProgram, String> {
 }
 
 /// The whole filter as instructions.
-fn instructions() -> Result<BpfProgram, String> {
+fn instructions() -> Result<BpfProgram, SeccompError> {
     let mut prog = x32_guard();
     prog.extend(then(then(denylist()?, families()?), no_clone3()?));
-    if prog.len() >= 4096 {
-        return Err(format!(
-            "seccomp program of {} instructions; the kernel takes at most 4095",
-            prog.len()
-        ));
+    within_bound(prog)
+}
+
+/// `prog`, if the kernel takes one of its length.
+fn within_bound(prog: BpfProgram) -> Result<BpfProgram, SeccompError> {
+    if prog.len() >= MAX_INSTRUCTIONS {
+        return Err(SeccompError::TooLong { len: prog.len() });
     }
     Ok(prog)
 }
 
 /// The compiled program, as bwrap reads it: `struct sock_filter` records.
-pub fn program() -> Result<Vec<u8>, String> {
+pub fn program() -> Result<Vec<u8>, SeccompError> {
     let prog = instructions()?;
     let mut bytes = Vec::with_capacity(prog.len() * 8);
     for ins in prog {
@@ -438,6 +461,23 @@ mod tests {
     }
     fn call(nr: i64, args: [u64; 6]) -> u32 {
         run(&instructions().unwrap(), native(), nr as u32, args)
+    }
+
+    #[test]
+    fn a_program_too_long_for_the_kernel_is_refused() {
+        let ret = ins(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW);
+        assert_eq!(within_bound(vec![ret.clone(); 4095]).unwrap().len(), 4095);
+        let e = within_bound(vec![ret; 4096]).unwrap_err();
+        assert!(matches!(e, SeccompError::TooLong { len: 4096 }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "seccomp program of 4096 instructions; the kernel takes at most 4095"
+        );
+        assert_eq!(
+            SeccompError::Arch.to_string(),
+            "no seccomp filter for this architecture"
+        );
+        assert!(arch().is_ok() && cached().is_ok());
     }
 
     #[test]

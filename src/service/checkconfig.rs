@@ -240,7 +240,10 @@ fn predict_backend(choice: BackendChoice, host: &Host) -> Result<(Kind, Vec<Stri
             .enable_all()
             .build()
         {
-            Ok(rt) => rt.block_on(systemd::Manager::connect()).map(|_| ()),
+            Ok(rt) => rt
+                .block_on(systemd::Manager::connect())
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
             Err(e) => Err(format!("cannot start a runtime: {e}")),
         };
         match connected {

@@ -528,7 +528,7 @@ impl PidFd {
 /// own, and killing sandboxes. (bwrap needs none: it builds the sandbox in a user
 /// namespace of its own, as the script's uid.) The unit's CapabilityBoundingSet
 /// is the same list.
-pub fn drop_daemon_capabilities() -> Result<(), String> {
+pub fn drop_daemon_capabilities() -> Result<(), CapabilityError> {
     use caps::{CapSet, Capability as C};
     if !Uid::effective().is_root() {
         return Ok(());
@@ -544,12 +544,29 @@ pub fn drop_daemon_capabilities() -> Result<(), String> {
     ]
     .into_iter()
     .collect();
-    let have = caps::read(None, CapSet::Permitted).map_err(|e| e.to_string())?;
+    let have = caps::read(None, CapSet::Permitted).map_err(CapabilityError::Read)?;
     let keep: caps::CapsHashSet = keep.intersection(&have).copied().collect();
-    caps::set(None, CapSet::Effective, &keep).map_err(|e| e.to_string())?;
-    caps::set(None, CapSet::Permitted, &keep).map_err(|e| e.to_string())?;
-    caps::clear(None, CapSet::Inheritable).map_err(|e| e.to_string())?;
+    caps::set(None, CapSet::Effective, &keep).map_err(CapabilityError::SetEffective)?;
+    caps::set(None, CapSet::Permitted, &keep).map_err(CapabilityError::SetPermitted)?;
+    caps::clear(None, CapSet::Inheritable).map_err(CapabilityError::ClearInheritable)?;
     Ok(())
+}
+
+/// Which step of [`drop_daemon_capabilities`] failed; the caps crate's words.
+#[derive(Debug, thiserror::Error)]
+pub enum CapabilityError {
+    /// Reading the permitted set.
+    #[error("{0}")]
+    Read(#[source] caps::errors::CapsError),
+    /// Narrowing the effective set to the kept ones.
+    #[error("{0}")]
+    SetEffective(#[source] caps::errors::CapsError),
+    /// Narrowing the permitted set to the kept ones.
+    #[error("{0}")]
+    SetPermitted(#[source] caps::errors::CapsError),
+    /// Clearing the inheritable set.
+    #[error("{0}")]
+    ClearInheritable(#[source] caps::errors::CapsError),
 }
 
 /// Raise the soft limit on open descriptors to the hard limit: each connection
