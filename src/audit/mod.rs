@@ -405,7 +405,7 @@ pub struct StartRow {
 
 /// A refused `script.start`.
 #[derive(Debug, Clone)]
-pub struct Refusal {
+pub struct RefusalRow {
     pub run_id: Option<String>,
     pub runner: Option<String>,
     pub peer_uid: u32,
@@ -656,7 +656,7 @@ impl Store {
         .await
     }
 
-    pub async fn refusal(&self, r: Refusal) -> Result<(), StoreError> {
+    pub async fn refusal(&self, r: RefusalRow) -> Result<(), StoreError> {
         let reason = r.reason.clone().unwrap_or_else(|| "other".into());
         self.refusal_counted(r, vec![(reason, 1)]).await
     }
@@ -665,7 +665,7 @@ impl Store {
     /// refusal, or a summary of those that came faster than the rate limit).
     pub async fn refusal_counted(
         &self,
-        r: Refusal,
+        r: RefusalRow,
         by_reason: Vec<(String, u64)>,
     ) -> Result<(), StoreError> {
         self.write("record refusal", move |c| {
@@ -1207,7 +1207,7 @@ mod tests {
         })
         .await
         .unwrap();
-        s.refusal(Refusal {
+        s.refusal(RefusalRow {
             run_id: None,
             runner: None,
             peer_uid: 1,
@@ -1261,7 +1261,7 @@ mod tests {
             let mut r = interrupted_result("a");
             (r.status, r.calls, r.failures, r.duration_ms) = (Status::Ok, 5, 2, 2000);
             s.finish(&r, serde_json::json!({})).await.unwrap();
-            s.refusal(Refusal {
+            s.refusal(RefusalRow {
                 run_id: None,
                 runner: None,
                 peer_uid: 1,

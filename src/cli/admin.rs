@@ -67,7 +67,7 @@ impl Ctx {
             .await
             .map_err(|e| self.connect_failed(e))?;
         let (read, write) = stream.into_split();
-        let (peer, _writer) = rpc::Peer::new(write);
+        let (peer, _writer) = rpc::Endpoint::new(write);
         let reader = {
             let (peer, bounds) = (
                 peer.clone(),

@@ -239,7 +239,7 @@ impl rpc::Handler for Client {
 /// One running MCP server.
 pub struct Server {
     pub name: String,
-    peer: rpc::Peer,
+    peer: rpc::Endpoint,
     child: tokio::sync::Mutex<tokio::process::Child>,
     pgid: Option<i32>,
     stderr_tail: Arc<Mutex<Vec<u8>>>,
@@ -293,7 +293,7 @@ impl Server {
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         let stderr_tail = keep_stderr_tail(child.stderr.take().expect("piped"));
-        let (peer, _writer) = rpc::Peer::new(stdin);
+        let (peer, _writer) = rpc::Endpoint::new(stdin);
         {
             // Reads until the server's stdout closes (it exited or crashed); what
             // is still waiting then fails.

@@ -521,7 +521,7 @@ fn read_script(p: &Path) -> Result<String, Failure> {
 struct Connected {
     path: PathBuf,
     system: bool,
-    peer: rpc::Peer,
+    peer: rpc::Endpoint,
     engine: Arc<std::sync::OnceLock<Arc<CliEngine>>>,
     reader: tokio::task::JoinHandle<()>,
     info: crate::protocol::DaemonInfo,
@@ -552,7 +552,7 @@ async fn connect(path: &Path, system: bool, cfg: &Config) -> Result<Connected, F
         .await
         .map_err(|e| fail(format!("cannot be reached: {e}")))?;
     let (read, write) = stream.into_split();
-    let (peer, _writer) = rpc::Peer::new(write);
+    let (peer, _writer) = rpc::Endpoint::new(write);
     let engine: Arc<std::sync::OnceLock<Arc<CliEngine>>> = Default::default();
     let reader = {
         let (peer, bounds) = (peer.clone(), Bounds::client(cfg.server.max_message_bytes));

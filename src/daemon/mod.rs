@@ -11,7 +11,7 @@ pub(crate) mod prune;
 pub mod ratelimit;
 pub(crate) mod registry;
 
-use crate::audit::{Refusal as RefusalRow, StartRow, Store};
+use crate::audit::{RefusalRow, StartRow, Store};
 use crate::config::Config;
 use crate::daemon::ratelimit::{RefusalLimiter, Verdict};
 use crate::daemon::registry::{Registry, Slot};

@@ -308,7 +308,7 @@ pub enum Placement {
 
 /// What the unit says at the script's end.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Outcome {
+pub struct UnitEnd {
     pub stats: cgroup::Stats,
     /// The unit was stopped by someone else (`systemctl stop`).
     pub stopped_externally: bool,
@@ -328,9 +328,9 @@ impl Placement {
     /// Read the counters and let the unit go. Call after the sandbox exited and
     /// before the keeper is killed: with the keeper alive, a scope that is no longer
     /// active was stopped from outside.
-    pub async fn finish(self) -> Outcome {
+    pub async fn finish(self) -> UnitEnd {
         match self {
-            Placement::None => Outcome::default(),
+            Placement::None => UnitEnd::default(),
             Placement::Scope {
                 unit,
                 manager,
@@ -342,7 +342,7 @@ impl Placement {
                 };
                 let end = manager.ended(&unit).await;
                 stats.oom_killed |= end == systemd::ScopeEnd::OomKill;
-                Outcome {
+                UnitEnd {
                     stats,
                     stopped_externally: end == systemd::ScopeEnd::Stopped,
                     unit_timeout: end == systemd::ScopeEnd::Timeout,
@@ -352,9 +352,9 @@ impl Placement {
                 let stats = leaf.stats();
                 let _ = leaf.kill();
                 leaf.remove().await;
-                Outcome {
+                UnitEnd {
                     stats,
-                    ..Outcome::default()
+                    ..UnitEnd::default()
                 }
             }
         }

@@ -52,20 +52,20 @@ pub struct StartPlan {
 
 /// Why a call from a script is refused; becomes `ToolError(code, message)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
+pub struct CallRefusal {
     pub code: &'static str,
     pub message: String,
 }
 
-impl Refusal {
+impl CallRefusal {
     fn denied(message: String) -> Self {
-        Refusal {
+        CallRefusal {
             code: "denied",
             message,
         }
     }
     fn invalid(message: String) -> Self {
-        Refusal {
+        CallRefusal {
             code: "invalid_arguments",
             message,
         }
@@ -140,21 +140,21 @@ impl Policy {
 
     /// Decide one call from the script. On success returns the arguments to send to
     /// the engine: the script's, with the frozen ones merged in, schema-checked.
-    pub fn check_call(&self, tool: &str, args: &Value) -> Result<Value, Refusal> {
+    pub fn check_call(&self, tool: &str, args: &Value) -> Result<Value, CallRefusal> {
         let t = self.callable(tool)?;
         let Value::Object(given) = args else {
-            return Err(Refusal::invalid(format!(
+            return Err(CallRefusal::invalid(format!(
                 "{tool}: arguments must be a JSON object"
             )));
         };
         if let Some(k) = given.keys().find(|k| t.frozen.contains_key(*k)) {
-            return Err(Refusal::invalid(format!(
+            return Err(CallRefusal::invalid(format!(
                 "{tool}: argument `{k}` is fixed by the run and must not be passed"
             )));
         }
         let Some(schema) = &t.schema else {
             // Not reachable through `plan`, which refuses such a snapshot.
-            return Err(Refusal::invalid(format!(
+            return Err(CallRefusal::invalid(format!(
                 "{tool}: the tool has no input schema, so no arguments can be accepted"
             )));
         };
@@ -163,7 +163,7 @@ impl Policy {
         let merged = Value::Object(merged);
         match schema_problems(schema, &merged, &t.frozen) {
             None => Ok(merged),
-            Some(problems) => Err(Refusal::invalid(format!(
+            Some(problems) => Err(CallRefusal::invalid(format!(
                 "{tool}: {}",
                 t.explain(&problems)
             ))),
@@ -171,7 +171,7 @@ impl Policy {
     }
 
     /// The tool, if this script may call it at all (protocol §3's table).
-    fn callable(&self, tool: &str) -> Result<&Tool, Refusal> {
+    fn callable(&self, tool: &str) -> Result<&Tool, CallRefusal> {
         let Some(t) = self
             .tools
             .get(tool)
@@ -182,22 +182,22 @@ impl Policy {
                 Some(_) => "this run is read-only, so write tools are not provided",
                 None => "no tool of that name is provided to this run",
             };
-            return Err(Refusal::denied(format!(
+            return Err(CallRefusal::denied(format!(
                 "tool {tool} is not available: {why}"
             )));
         };
         match t.class {
             ToolClass::Read => Ok(t),
             ToolClass::Write if self.declared.contains(tool) => Ok(t),
-            ToolClass::Write => Err(Refusal::denied(format!(
+            ToolClass::Write => Err(CallRefusal::denied(format!(
                 "tool {tool} is a write tool that this script did not declare; \
                  add it to run_script's `tools` and run the script again"
             ))),
-            ToolClass::Destructive => Err(Refusal::denied(format!(
+            ToolClass::Destructive => Err(CallRefusal::denied(format!(
                 "tool {tool} is destructive and is never callable from a script; \
                  call it directly, where each call is confirmed"
             ))),
-            ToolClass::LongTask => Err(Refusal::denied(format!(
+            ToolClass::LongTask => Err(CallRefusal::denied(format!(
                 "tool {tool} runs as a long task and cannot be called from a script; call it directly"
             ))),
         }
@@ -779,9 +779,9 @@ impl Budget {
     pub fn new(max: u64) -> Budget {
         Budget { max, used: 0 }
     }
-    pub fn take(&mut self, tool: &str) -> Result<(), Refusal> {
+    pub fn take(&mut self, tool: &str) -> Result<(), CallRefusal> {
         if self.used >= self.max {
-            return Err(Refusal {
+            return Err(CallRefusal {
                 code: "limit",
                 message: format!(
                     "{tool}: call budget of {} calls for this script is used up; \
@@ -888,7 +888,7 @@ mod tests {
         );
     }
 
-    fn call(ro: bool, declared: &[&str], tool: &str, args: Value) -> Result<Value, Refusal> {
+    fn call(ro: bool, declared: &[&str], tool: &str, args: Value) -> Result<Value, CallRefusal> {
         let (p, _) = Policy::plan(&snapshot("auto", ro), &names(declared)).unwrap();
         p.check_call(tool, &args)
     }
@@ -949,7 +949,7 @@ mod tests {
     }
 
     /// Check `args` against a read tool with `schema` (and `frozen`).
-    fn check(schema: Value, frozen: Value, args: Value) -> Result<Value, Refusal> {
+    fn check(schema: Value, frozen: Value, args: Value) -> Result<Value, CallRefusal> {
         let s = parse_snapshot(json!({"workspace": "/w", "permission_mode": "auto",
             "tools": [{"name": "t", "class": "read", "input_schema": schema, "frozen": frozen}]}))
         .unwrap();

@@ -113,7 +113,7 @@ type Waiters = HashMap<u64, oneshot::Sender<Result<Value, RpcError>>>;
 /// writer task ends when every clone is dropped or `close` is called, after the
 /// lines already queued are written.
 #[derive(Clone)]
-pub struct Peer {
+pub struct Endpoint {
     shared: Arc<Shared>,
     queued: Arc<Queued>,
 }
@@ -168,12 +168,12 @@ impl<F: FnOnce(u64)> Drop for Waiting<'_, F> {
     }
 }
 
-impl Peer {
+impl Endpoint {
     /// A peer writing to `write`, and the writer task (it ends once every line
-    /// queued before the last `Peer` clone went away is written).
+    /// queued before the last `Endpoint` clone went away is written).
     pub fn new<W: AsyncWrite + Unpin + Send + 'static>(
         mut write: W,
-    ) -> (Peer, tokio::task::JoinHandle<()>) {
+    ) -> (Endpoint, tokio::task::JoinHandle<()>) {
         let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
         let queued = Arc::new(Queued::default());
         let q = queued.clone();
@@ -209,7 +209,7 @@ impl Peer {
             q.gone.store(true, Ordering::SeqCst);
             q.drained.notify_waiters();
         });
-        let peer = Peer {
+        let peer = Endpoint {
             shared: Arc::new(Shared {
                 tx: Mutex::new(Some(tx)),
                 pending: Mutex::new(Some(HashMap::new())),
@@ -513,7 +513,7 @@ pub async fn connect_unix(path: &std::path::Path) -> std::io::Result<tokio::net:
 
 /// One request being answered: its connection, and its turn once taken.
 struct Answering {
-    peer: Peer,
+    peer: Endpoint,
     max: usize,
     turn: tokio::sync::Mutex<Option<tokio::sync::OwnedMutexGuard<()>>>,
 }
@@ -568,7 +568,7 @@ mod tests {
     async fn requests_both_ways_and_bounded_lines() {
         let (a, b) = tokio::net::UnixStream::pair().unwrap();
         let (ar, aw) = a.into_split();
-        let (peer, _w) = Peer::new(aw);
+        let (peer, _w) = Endpoint::new(aw);
         let p2 = peer.clone();
         let served = tokio::spawn(async move {
             let bounds = Bounds {
@@ -633,7 +633,7 @@ mod tests {
         // answers go to a pipe of 8 KiB that is never read.
         let (req_r, mut req_w) = tokio::io::duplex(256);
         let (ans_w, _ans_r) = tokio::io::duplex(8 * 1024);
-        let (peer, _w) = Peer::new(ans_w);
+        let (peer, _w) = Endpoint::new(ans_w);
         let count = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
         let served = tokio::spawn({
             let (peer, count) = (peer.clone(), count.clone());
@@ -671,7 +671,7 @@ mod tests {
     #[tokio::test]
     async fn a_request_times_out_with_its_id() {
         let (a, _b) = tokio::net::UnixStream::pair().unwrap();
-        let (peer, _w) = Peer::new(a);
+        let (peer, _w) = Endpoint::new(a);
         let r = peer
             .request("x", &Value::Null, Some(Duration::from_millis(10)))
             .await;

@@ -294,7 +294,7 @@ pub enum Outcome {
     /// `tool_error`, or `engine` when the engine failed to answer properly).
     Result(CallResult),
     /// Refused before reaching the engine.
-    Error(CallError),
+    Error(ErrorReply),
 }
 
 /// ```json
@@ -313,7 +313,7 @@ pub struct CallResult {
 /// {"code": "denied", "message": "…"}
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CallError {
+pub struct ErrorReply {
     pub code: String,
     pub message: String,
 }

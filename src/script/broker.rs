@@ -8,9 +8,9 @@
 //! (a script that never reads them stalls only itself), the names quoted back, the
 //! bytes of each calls.jsonl line and its number of lines, and the tool counts.
 
-use crate::policy::{Budget, Policy, Refusal};
+use crate::policy::{Budget, CallRefusal, Policy};
 use crate::protocol::framing::{read_line, skip_line, Line};
-use crate::protocol::script::{CallError, CallLogFull, CallLogLine, CallResult, Outcome, Reply};
+use crate::protocol::script::{CallLogFull, CallLogLine, CallResult, ErrorReply, Outcome, Reply};
 use crate::protocol::{ToolCall, ToolResult};
 use crate::script::engine::{Abandoned, CallEnd, EngineLink, LinkError};
 use crate::time::{Clock, SystemClock};
@@ -154,8 +154,8 @@ impl Broker {
     }
 }
 
-fn refusal(r: Refusal) -> Outcome {
-    Outcome::Error(CallError {
+fn refusal(r: CallRefusal) -> Outcome {
+    Outcome::Error(ErrorReply {
         code: r.code.to_string(),
         message: clip(&r.message, MAX_MESSAGE_BYTES),
     })
@@ -475,15 +475,15 @@ impl Broker {
 
     /// Revocation, expiry (by `clock`), policy, budget: the merged arguments, or
     /// why the call is refused.
-    fn check(&self, clock: &dyn Clock, tool: &str, args: &Value) -> Result<Value, Refusal> {
+    fn check(&self, clock: &dyn Clock, tool: &str, args: &Value) -> Result<Value, CallRefusal> {
         if self.revoked.read().unwrap().contains(&self.run_key) {
-            return Err(Refusal {
+            return Err(CallRefusal {
                 code: "revoked",
                 message: format!("run {} was revoked; no further tool calls", self.run_id),
             });
         }
         if clock.now_unix() >= self.token_exp {
-            return Err(Refusal {
+            return Err(CallRefusal {
                 code: "revoked",
                 message: format!("the run token of run {} expired", self.run_id),
             });
@@ -638,7 +638,7 @@ fn result_outcome(r: ToolResult, code: Option<&'static str>) -> Outcome {
 fn bad_request_reply(b: BadRequest) -> Reply {
     Reply::One {
         id: b.id,
-        outcome: Outcome::Error(CallError {
+        outcome: Outcome::Error(ErrorReply {
             code: b.code.to_string(),
             message: b.message,
         }),
@@ -787,7 +787,7 @@ mod tests {
         );
         let many = Reply::Many {
             id: "a".into(),
-            results: vec![refusal(Refusal {
+            results: vec![refusal(CallRefusal {
                 code: "denied",
                 message: "no".into(),
             })],

@@ -3,7 +3,7 @@
 pub mod broker;
 pub(crate) mod engine;
 
-use crate::limits::{Backend, Outcome, Placement};
+use crate::limits::{Backend, Placement, UnitEnd};
 use crate::policy::Limits;
 use crate::protocol::Status;
 use crate::sandbox::abi::{
@@ -864,7 +864,7 @@ struct Collected {
     /// The sandbox init's report of its largest resident set.
     usage: Option<u64>,
     /// The unit's counters and state.
-    outcome: Outcome,
+    outcome: UnitEnd,
     out: Option<Captured>,
     err: Option<Captured>,
 }
@@ -876,7 +876,7 @@ async fn unit_facts(
     usage: OwnedFd,
     placement: Placement,
     keeper: Option<Keeper>,
-) -> (Option<u64>, Outcome) {
+) -> (Option<u64>, UnitEnd) {
     let usage = tokio::time::timeout(Duration::from_secs(5), read_usage(usage))
         .await
         .ok()

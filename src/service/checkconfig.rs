@@ -16,7 +16,7 @@ use std::process::ExitCode;
 
 /// What was found; `report` turns it into text and a verdict (pure, tested).
 #[derive(Debug, Clone)]
-pub struct Facts {
+pub struct Findings {
     pub path: PathBuf,
     /// The file did not exist at the default path: every default applies.
     pub defaults_only: bool,
@@ -35,7 +35,7 @@ pub struct Facts {
 }
 
 /// The report's text and whether the configuration passes.
-pub fn report(f: &Facts) -> (String, bool) {
+pub fn report(f: &Findings) -> (String, bool) {
     let mut out = String::new();
     let mut ok = true;
     let file = if f.defaults_only {
@@ -68,7 +68,7 @@ pub fn report(f: &Facts) -> (String, bool) {
 }
 
 /// The token key and the `[[auth.engine]]` entries; false when one is refused.
-fn credentials(out: &mut String, f: &Facts, cfg: &Config) -> bool {
+fn credentials(out: &mut String, f: &Findings, cfg: &Config) -> bool {
     let mut ok = true;
     match &f.key {
         Some(Ok(n)) => out.push_str(&format!(
@@ -96,7 +96,7 @@ fn credentials(out: &mut String, f: &Facts, cfg: &Config) -> bool {
 }
 
 /// The backend the daemon would pick, and its notes; false when none would do.
-fn backend(out: &mut String, f: &Facts, cfg: &Config) -> bool {
+fn backend(out: &mut String, f: &Findings, cfg: &Config) -> bool {
     let mut ok = true;
     let choice = match cfg.sandbox.backend {
         BackendChoice::Auto => "auto",
@@ -125,7 +125,7 @@ fn backend(out: &mut String, f: &Facts, cfg: &Config) -> bool {
 
 /// What the daemon would run with: sandbox, interpreter, users, directories,
 /// limits, enforcement, the drain.
-fn settings(out: &mut String, f: &Facts, cfg: &Config) {
+fn settings(out: &mut String, f: &Findings, cfg: &Config) {
     let bwrap = match &f.bwrap_version {
         Some(v) => format!("{} ({v})", cfg.sandbox.bwrap.display()),
         None => cfg.sandbox.bwrap.display().to_string(),
@@ -167,9 +167,9 @@ fn settings(out: &mut String, f: &Facts, cfg: &Config) {
 }
 
 /// Gather the facts for `path` (`explicit`: named with --config).
-pub fn gather(path: &Path, explicit: bool) -> Facts {
+pub fn gather(path: &Path, explicit: bool) -> Findings {
     let defaults_only = !explicit && !path.exists();
-    let mut f = Facts {
+    let mut f = Findings {
         path: path.to_path_buf(),
         defaults_only,
         config: Config::load(path, explicit).map_err(|e| e.to_string()),
@@ -289,8 +289,8 @@ pub fn main(config: Option<PathBuf>) -> ExitCode {
 mod tests {
     use super::*;
 
-    fn facts() -> Facts {
-        Facts {
+    fn facts() -> Findings {
+        Findings {
             path: "/etc/scriptgate/scriptgate.toml".into(),
             defaults_only: false,
             config: Ok(Config::default()),

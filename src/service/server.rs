@@ -31,7 +31,7 @@ const MAX_OUTSTANDING: usize = 1024;
 /// One engine connection, as the scripts it starts see it.
 pub struct Conn {
     id: u64,
-    peer: rpc::Peer,
+    peer: rpc::Endpoint,
 }
 
 fn link_error(e: CallError) -> LinkError {
@@ -942,7 +942,7 @@ async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, engine: Opti
         admin,
         engine,
     };
-    let (rpc_peer, writer) = rpc::Peer::new(write);
+    let (rpc_peer, writer) = rpc::Endpoint::new(write);
     let conn = Arc::new(Conn {
         id: NEXT_CONN.fetch_add(1, Ordering::Relaxed),
         peer: rpc_peer,
@@ -981,7 +981,7 @@ async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, engine: Opti
             }),
         }
     };
-    let handler = Arc::new(Engine {
+    let handler = Arc::new(Session {
         daemon: daemon.clone(),
         peer,
         admin_only: role == Role::AdminOnly,
@@ -994,8 +994,8 @@ async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, engine: Opti
     let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
 }
 
-/// The daemon side of one engine connection: serves the engine's requests.
-struct Engine {
+/// The daemon side of one engine connection (a session): serves its requests.
+struct Session {
     daemon: Arc<Daemon>,
     peer: Peer,
     /// In `auth.admin_groups` only: `daemon.info` and `admin.*`, nothing else.
@@ -1003,7 +1003,7 @@ struct Engine {
     conn: Arc<Conn>,
 }
 
-impl rpc::Handler for Engine {
+impl rpc::Handler for Session {
     fn request(
         self: Arc<Self>,
         method: String,
@@ -1013,7 +1013,7 @@ impl rpc::Handler for Engine {
     }
 }
 
-impl Engine {
+impl Session {
     /// The method is looked up first (-32601), then the admin check for admin
     /// methods, and only then are the params parsed (-32602).
     async fn dispatch(&self, method: &str, params: Value) -> Result<Value, RpcError> {
