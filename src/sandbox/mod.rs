@@ -2,6 +2,7 @@
 //! (unit-tested below); the spawn itself lives in `sys`, the privileged seam.
 
 pub mod abi;
+pub(crate) mod diagnose;
 pub(crate) mod init;
 pub(crate) mod preflight;
 pub(crate) mod seccomp;

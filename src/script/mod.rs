@@ -372,8 +372,8 @@ fn decide(
     let mut setup_failed = ending.setup_error.is_some();
     if never_ran && ending.cut.is_none() && ending.setup_error.is_none() && status == Status::Error
     {
-        let facts = crate::sandbox::preflight::HostFacts::read();
-        if let Some(why) = crate::sandbox::preflight::explain(&ending.stderr_tail, &facts) {
+        let facts = crate::sandbox::diagnose::HostFacts::read();
+        if let Some(why) = crate::sandbox::diagnose::explain(&ending.stderr_tail, &facts) {
             error = Some(why);
             setup_failed = true;
         }
@@ -764,7 +764,7 @@ async fn place_behind_gate(
             let e = backend.verify(script_id, pid as u32, limits);
             placed.notes = e.lines();
             if require_enforced_limits && !e.enforced() {
-                placed.error = Some(crate::sandbox::preflight::limits_refusal(&e.problems));
+                placed.error = Some(crate::sandbox::diagnose::limits_refusal(&e.problems));
                 return placed;
             }
             let mut w = std::fs::File::from(gate_w);
