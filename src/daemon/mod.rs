@@ -27,7 +27,6 @@ use crate::protocol::{
     Notification, Revoked, RpcError, ScriptRef, ScriptResult, ScriptState, ScriptStatus,
     StartParams, Started, Status,
 };
-use crate::sandbox::SandboxSpec;
 use crate::script::broker::{Broker, BrokerSpec, Live, RevokedRuns};
 use crate::script::engine::{EngineLink, LinkError};
 use crate::script::{Launch, Stop};
@@ -90,7 +89,8 @@ pub struct Daemon {
     /// What the start-up preflight found (see `preflight`).
     pub preflight: crate::sandbox::preflight::Preflight,
     spawner: Spawner,
-    runtime_dir: PathBuf,
+    /// What every script's launch takes from the daemon.
+    host: crate::script::Host,
     /// Running and finished scripts, `max_running` slots, pending approvals.
     registry: Arc<Registry<Running>>,
     /// Refused starts past a rate are counted, not recorded one by one.
@@ -238,6 +238,12 @@ impl Daemon {
         let _ = crate::sandbox::init::exe();
         let revoked: RevokedRuns =
             Arc::new(RwLock::new(store.revoked_runs()?.into_iter().collect()));
+        let host = crate::script::Host::new(
+            &cfg,
+            runtime_dir,
+            preflight.sandbox.disable_userns,
+            backend.backend.clone(),
+        );
         let d = Daemon {
             key,
             engines,
@@ -245,7 +251,7 @@ impl Daemon {
             backend,
             preflight,
             spawner,
-            runtime_dir,
+            host,
             registry: Registry::new(cfg.server.max_running),
             refusals: Mutex::new(RefusalLimiter::new(crate::daemon::ratelimit::STARTS)),
             revoked,
@@ -934,35 +940,20 @@ impl Daemon {
             max_line: self.cfg.server.max_message_bytes,
             trace: a.trace.clone(),
         });
-        let launch = Launch {
-            bwrap: self.cfg.sandbox.bwrap.clone(),
-            sandbox: SandboxSpec {
-                workspace: a.workspace.path.clone(),
-                read_only: a.claims.snapshot.read_only,
-                runtime_dir: self.runtime_dir.clone(),
-                python: self.cfg.scripts.python.clone(),
-                script: rec.art.path.join("script.py"),
-                tmp_size_bytes: self.cfg.sandbox.tmp_size_bytes,
-                disable_userns: self.sandbox_check().disable_userns,
-                init: crate::sandbox::init::exe(),
-                nofile_max: self.cfg.scripts.nofile_max,
-                // The runner makes the copies (see `script::with_exec_only`).
-                exec_only: None,
-            },
+        let run = crate::script::Run {
+            workspace: a.workspace.path.clone(),
             workspace_dir: a.workspace.dir,
+            read_only: a.claims.snapshot.read_only,
+            script: rec.art.path.join("script.py"),
             agent_dir: rec.art.agent,
             identity: (nix::unistd::Uid::effective().as_raw() != a.identity.uid)
                 .then_some(a.identity),
             limits: rec.limits,
-            backend: self.backend.backend.clone(),
             stdout_file: rec.stdout_file,
             stderr_file: rec.stderr_file,
             script_code: rec.script_code,
-            output_max_bytes: self.cfg.scripts.output_max_bytes,
-            return_max_chars: self.cfg.scripts.return_max_chars,
-            require_enforced_limits: self.cfg.sandbox.require_enforced_limits,
-            file_max_bytes: self.cfg.scripts.file_max_bytes,
         };
+        let launch = Launch::new(&self.host, run);
         (broker, launch)
     }
 

@@ -33,6 +33,101 @@ pub enum Stop {
     Interrupt,
 }
 
+/// What every script's launch takes from the daemon: its settings and what it
+/// found at start. Made once, by `Daemon::new`; each script adds its [`Run`].
+#[derive(Clone)]
+pub struct Host {
+    pub bwrap: PathBuf,
+    /// Where `agent_tools.py` is (mounted read-only in every sandbox).
+    pub runtime_dir: PathBuf,
+    pub python: PathBuf,
+    pub tmp_size_bytes: u64,
+    /// The preflight's answer: whether bwrap's `--disable-userns` works here.
+    pub disable_userns: bool,
+    pub nofile_max: u64,
+    pub backend: Backend,
+    pub output_max_bytes: u64,
+    pub return_max_chars: usize,
+    pub require_enforced_limits: bool,
+    pub file_max_bytes: u64,
+}
+
+impl Host {
+    pub fn new(
+        cfg: &crate::config::Config,
+        runtime_dir: PathBuf,
+        disable_userns: bool,
+        backend: Backend,
+    ) -> Host {
+        Host {
+            bwrap: cfg.sandbox.bwrap.clone(),
+            runtime_dir,
+            python: cfg.scripts.python.clone(),
+            tmp_size_bytes: cfg.sandbox.tmp_size_bytes,
+            disable_userns,
+            nofile_max: cfg.scripts.nofile_max,
+            backend,
+            output_max_bytes: cfg.scripts.output_max_bytes,
+            return_max_chars: cfg.scripts.return_max_chars,
+            require_enforced_limits: cfg.sandbox.require_enforced_limits,
+            file_max_bytes: cfg.scripts.file_max_bytes,
+        }
+    }
+}
+
+/// What one script brings to its launch: its workspace, record and limits.
+pub struct Run {
+    /// The workspace's path, and the directory the daemon opened there.
+    pub workspace: PathBuf,
+    pub workspace_dir: OwnedFd,
+    pub read_only: bool,
+    /// The record's `script.py` (its name only reaches the argv; see `SandboxSpec`).
+    pub script: PathBuf,
+    /// The workspace's `.agent`, opened by the daemon.
+    pub agent_dir: OwnedFd,
+    /// The identity to switch to; `None` when it is the daemon's own.
+    pub identity: Option<Identity>,
+    pub limits: Limits,
+    pub stdout_file: std::fs::File,
+    pub stderr_file: std::fs::File,
+    pub script_code: OwnedFd,
+}
+
+impl Launch {
+    /// The launch of `run` on `host`.
+    pub fn new(host: &Host, run: Run) -> Launch {
+        Launch {
+            bwrap: host.bwrap.clone(),
+            sandbox: SandboxSpec {
+                workspace: run.workspace,
+                read_only: run.read_only,
+                runtime_dir: host.runtime_dir.clone(),
+                python: host.python.clone(),
+                script: run.script,
+                tmp_size_bytes: host.tmp_size_bytes,
+                disable_userns: host.disable_userns,
+                init: crate::sandbox::init::exe(),
+                nofile_max: host.nofile_max,
+                // The runner makes the copies (see `with_exec_only`).
+                exec_only: None,
+            },
+            workspace_dir: run.workspace_dir,
+            agent_dir: run.agent_dir,
+            identity: run.identity,
+            limits: run.limits,
+            backend: host.backend.clone(),
+            stdout_file: run.stdout_file,
+            stderr_file: run.stderr_file,
+            output_max_bytes: host.output_max_bytes,
+            return_max_chars: host.return_max_chars,
+            require_enforced_limits: host.require_enforced_limits,
+            file_max_bytes: host.file_max_bytes,
+            script_code: run.script_code,
+        }
+    }
+}
+
+/// Everything the runner needs to start one script's sandbox: [`Launch::new`].
 pub struct Launch {
     pub bwrap: PathBuf,
     pub sandbox: SandboxSpec,
