@@ -9,7 +9,7 @@ use super::args::{Answer, RunCmd};
 use super::exit::Failure;
 use crate::cli::mcp::{self, ServerSpec};
 use crate::config::{BackendChoice, Config};
-use crate::daemon::{Access, Daemon, Peer};
+use crate::daemon::{Access, Daemon, PeerGroups};
 use crate::protocol::rpc::BoxFuture;
 use crate::protocol::rpc::{self, Bounds, CallError};
 use crate::protocol::snapshot::{PermissionMode, Snapshot, SnapshotLimits, ToolClass, ToolSpec};
@@ -750,13 +750,21 @@ async fn run_embedded(
     let (daemon, _) = Daemon::new(cfg, key)
         .await
         .map_err(|e| Failure::setup(format!("embedded daemon: {e}")))?;
-    let me = Peer {
-        uid: nix::unistd::getuid().as_raw(),
-        gid: nix::unistd::getgid().as_raw(),
-        pid: Some(std::process::id() as i32),
-        admin: false,
-        engine: None,
+    // The user at the terminal is the embedded daemon's one engine; who that
+    // is is decided where every peer's is.
+    let engine_groups = PeerGroups {
+        in_allowed: true,
+        in_admin: false,
+        gids: &[],
     };
+    let (_, me) = daemon
+        .identify(
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+            Some(std::process::id() as i32),
+            Some(engine_groups),
+        )
+        .map_err(|e| Failure::setup(format!("embedded daemon: {e}")))?;
     let link: Arc<dyn EngineLink> = Arc::new(Embedded(engine));
     let started = daemon
         .start(me, link, params)

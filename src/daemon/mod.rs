@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::daemon::ratelimit::{RefusalLimiter, Verdict};
 use crate::daemon::registry::{Registry, Slot};
 use crate::limits::{Backend, Picked};
-use crate::policy::auth::EngineId;
+use crate::policy::auth::{EngineId, Role};
 use crate::policy::runs::{RunKey, Scope};
 use crate::policy::{Limits, Policy, StartPlan};
 use crate::protocol::refusal::{Reason, Refused};
@@ -55,6 +55,17 @@ pub struct Peer {
     /// The `[[auth.engine]]` entry the peer is bound to (`Daemon::engines`);
     /// None: `auth.token_key_file` and `workspace.roots`.
     pub engine: Option<EngineId>,
+}
+
+/// A peer's groups as the gate looked them up (root needs none).
+#[derive(Debug, Clone, Copy)]
+pub struct PeerGroups<'a> {
+    /// In `auth.allowed_groups`: an engine.
+    pub in_allowed: bool,
+    /// In `auth.admin_groups`: an administrator.
+    pub in_admin: bool,
+    /// Every gid of the peer, for `[[auth.engine]]` entries.
+    pub gids: &'a [u32],
 }
 
 /// What the daemon keeps of a running script.
@@ -386,6 +397,88 @@ impl Daemon {
 
     pub fn sandbox_check(&self) -> &crate::sandbox::preflight::SandboxCheck {
         &self.preflight.sandbox
+    }
+
+    /// Who a connection's peer is, decided once, before it is served: its role
+    /// (root, its groups), its `[[auth.engine]]` entry, and so which key signs
+    /// its tokens, where its workspaces lie and whose runs it sees. Everything
+    /// later takes the [`Peer`] this returns. `groups` is None for root.
+    pub fn identify(
+        &self,
+        uid: u32,
+        gid: u32,
+        pid: Option<i32>,
+        groups: Option<PeerGroups<'_>>,
+    ) -> Result<(Role, Peer), Refused> {
+        let auth = &self.cfg.auth;
+        let role = crate::policy::auth::role(
+            uid == 0,
+            groups.is_some_and(|g| g.in_allowed),
+            groups.is_some_and(|g| g.in_admin),
+        );
+        let admin = match role {
+            Role::Refused => {
+                return Err(Refused::new(
+                    Reason::PeerNotAllowed,
+                    format!(
+                        "uid {uid} may not use scriptgated: not root and not in auth.allowed_groups {:?}",
+                        auth.allowed_groups
+                    ),
+                ))
+            }
+            Role::AdminOnly => true,
+            Role::Engine { admin } => admin,
+        };
+        let engine = match (role, groups) {
+            (Role::Engine { .. }, Some(g)) => self
+                .engines
+                .for_peer(uid, g.gids)
+                .map_err(|m| Refused::new(Reason::EngineAmbiguous, m))?,
+            _ => None,
+        };
+        let peer = Peer {
+            uid,
+            gid,
+            pid,
+            admin,
+            engine,
+        };
+        Ok((role, peer))
+    }
+
+    /// A peer identified and admitted: a non-root engine that uses
+    /// `workspace.roots` (no entry, or an entry without `workspace_roots`) gets
+    /// its per-uid directories `<root>/<uid>` now, so that it can make workspaces
+    /// in them before it starts anything. A daemon that is not root can only
+    /// make its own uid's.
+    pub fn connected(&self, role: Role, peer: Peer) {
+        if !matches!(role, Role::Engine { .. }) || peer.uid == 0 {
+            return;
+        }
+        let explicit = peer
+            .engine
+            .and_then(|i| self.engines.get(i))
+            .is_some_and(|e| !e.roots.is_empty());
+        let me = nix::unistd::Uid::effective().as_raw();
+        if explicit || (me != 0 && me != peer.uid) {
+            return;
+        }
+        for root in &self.cfg.workspace.roots {
+            if !root.is_dir() {
+                continue;
+            }
+            let owner = Identity {
+                uid: peer.uid,
+                gid: peer.gid,
+            };
+            if let Err(e) = crate::sys::ensure_engine_dir(root, owner) {
+                tracing::warn!(
+                    peer_uid = peer.uid,
+                    "cannot give uid {} its workspace directory: {e}",
+                    peer.uid
+                );
+            }
+        }
     }
 
     /// Whose run ids a peer's tokens name: its `[[auth.engine]]` entry's, or for

@@ -3,8 +3,7 @@
 //! `EngineLink` of the scripts it starts.
 
 use crate::daemon::ratelimit::{RefusalLimiter, Verdict, CONNECTIONS};
-use crate::daemon::{Access, Daemon, Peer};
-use crate::policy::auth::EngineId;
+use crate::daemon::{Access, Daemon, Peer, PeerGroups};
 use crate::policy::auth::Role;
 use crate::protocol::refusal::{Reason, Refused};
 use crate::protocol::rpc::BoxFuture;
@@ -734,34 +733,30 @@ impl Gate {
 
     /// Admit or refuse a peer whose groups are known (`None`: root).
     fn admit(self: &Arc<Self>, c: Caller, g: Option<&Groups>) {
-        let auth = &self.daemon.cfg.auth;
-        let role = crate::policy::auth::role(
-            c.uid == 0,
-            g.is_some_and(|g| g.in_allowed),
-            g.is_some_and(|g| g.in_admin),
-        );
-        if role == Role::Refused {
-            let e = peer_not_allowed(c.uid, &auth.allowed_groups);
-            return self.refuse(c, e, |c| {
-                format!(
-                    "connection refused: uid {} (pid {:?}) is not root nor in auth.allowed_groups or auth.admin_groups",
-                    c.uid, c.pid
-                )
-            });
-        }
-        let engine = match (role, g) {
-            (Role::Engine { .. }, Some(g)) => match self.daemon.engines.for_peer(c.uid, &g.gids) {
-                Ok(e) => e,
-                Err(message) => {
-                    let line = format!(
-                        "connection refused (uid {}, pid {:?}): {message}",
+        let groups = g.map(|g| PeerGroups {
+            in_allowed: g.in_allowed,
+            in_admin: g.in_admin,
+            gids: &g.gids,
+        });
+        let (role, peer) = match self.daemon.identify(c.uid, c.gid, c.pid, groups) {
+            Ok(who) => who,
+            Err(e) if e.reason() == Reason::PeerNotAllowed => {
+                return self.refuse(c, e, |c| {
+                    format!(
+                        "connection refused: uid {} (pid {:?}) is not root nor in auth.allowed_groups or auth.admin_groups",
                         c.uid, c.pid
-                    );
-                    let e = Refused::new(Reason::EngineAmbiguous, message);
-                    return self.refuse(c, e, |_| line);
-                }
-            },
-            _ => None,
+                    )
+                })
+            }
+            Err(e) => {
+                let line = format!(
+                    "connection refused (uid {}, pid {:?}): {}",
+                    c.uid,
+                    c.pid,
+                    e.message()
+                );
+                return self.refuse(c, e, |_| line);
+            }
         };
         let slot = match self.table.try_admit(role, c.uid) {
             Ok(s) => s,
@@ -790,7 +785,7 @@ impl Gate {
                     pid,
                     live,
                 };
-                connection(&gate, c, role, engine).await;
+                connection(&gate, c, role, peer).await;
             }
             drop(slot);
         });
@@ -916,32 +911,16 @@ const ENGINE_MAX_QUEUED_BYTES: usize = 1 << 20;
 
 /// One admitted connection: JSON-RPC both ways until it closes; then its
 /// scripts are told (they are cancelled).
-async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, engine: Option<EngineId>) {
+async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, peer: Peer) {
     let daemon = &gate.daemon;
     // Counted (for the idle exit) until this returns.
     let Caller {
         stream,
-        uid,
-        gid,
-        pid,
         live: _live,
+        ..
     } = c;
-    let admin = match role {
-        Role::Refused => return,
-        Role::AdminOnly => true,
-        Role::Engine { admin } => admin,
-    };
-    if matches!(role, Role::Engine { .. }) && uid != 0 {
-        engine_dirs(daemon, uid, gid, engine);
-    }
+    daemon.connected(role, peer);
     let (read, write) = stream.into_split();
-    let peer = Peer {
-        uid,
-        gid,
-        pid,
-        admin,
-        engine,
-    };
     let (rpc_peer, writer) = rpc::Endpoint::new(write);
     let conn = Arc::new(Conn {
         id: NEXT_CONN.fetch_add(1, Ordering::Relaxed),
@@ -1080,16 +1059,6 @@ fn refusal_log(reason: &'static str, line: impl FnOnce() -> String) {
     tracing::warn!(reason, "{}", line());
 }
 
-/// The peer is neither root nor in `auth.allowed_groups`.
-fn peer_not_allowed(uid: u32, allowed_groups: &[String]) -> Refused {
-    Refused::new(
-        Reason::PeerNotAllowed,
-        format!(
-            "uid {uid} may not use scriptgated: not root and not in auth.allowed_groups {allowed_groups:?}"
-        ),
-    )
-}
-
 /// An engine method from a peer that is only an administrator.
 fn admin_only_peer(uid: u32, allowed_groups: &[String]) -> Refused {
     Refused::new(
@@ -1098,32 +1067,6 @@ fn admin_only_peer(uid: u32, allowed_groups: &[String]) -> Refused {
             "uid {uid} is an administrator (auth.admin_groups) but not an engine: it may use daemon.info and admin.* only; scripts and tokens are for root and members of auth.allowed_groups {allowed_groups:?}"
         ),
     )
-}
-
-/// The per-uid directories `<root>/<uid>` of a non-root engine that uses
-/// `workspace.roots` (no entry, or an entry without `workspace_roots`), created on
-/// its first connection so that it can make workspaces in them before it starts
-/// anything. A daemon that is not root can only make its own uid's.
-fn engine_dirs(daemon: &Daemon, uid: u32, gid: u32, engine: Option<EngineId>) {
-    let explicit = engine
-        .and_then(|i| daemon.engines.get(i))
-        .is_some_and(|e| !e.roots.is_empty());
-    let me = nix::unistd::Uid::effective().as_raw();
-    if explicit || (me != 0 && me != uid) {
-        return;
-    }
-    for root in &daemon.cfg.workspace.roots {
-        if !root.is_dir() {
-            continue;
-        }
-        let owner = crate::sys::Identity { uid, gid };
-        if let Err(e) = crate::sys::ensure_engine_dir(root, owner) {
-            tracing::warn!(
-                peer_uid = uid,
-                "cannot give uid {uid} its workspace directory: {e}"
-            );
-        }
-    }
 }
 
 fn to_value<T: serde::Serialize>(v: T) -> Result<Value, RpcError> {
