@@ -38,18 +38,36 @@ pub fn priority(status: Status, infrastructure: bool) -> tracing::Level {
     }
 }
 
-/// The first line of an error, for the entry's message and `SCRIPTGATE_ERROR`
-/// (the whole text is in the audit row and the result).
-pub fn first_line(error: Option<&str>) -> &str {
-    error
-        .map(str::trim_start)
-        .and_then(|e| e.lines().next())
-        .unwrap_or("")
+/// The line that says what went wrong, for the entry's message and
+/// `SCRIPTGATE_ERROR` (the whole text is in the audit row and the result). For a
+/// Python failure that is the exception (`ZeroDivisionError: division by
+/// zero`), not the `Traceback (most recent call last):` that opens its tail:
+/// the first unindented line after the last traceback's frames (or, for a
+/// SyntaxError, after its `File` line). Anything else is said by its first line.
+pub fn headline(error: Option<&str>) -> &str {
+    const TRACEBACK: &str = "Traceback (most recent call last):";
+    let Some(e) = error.map(str::trim_start) else {
+        return "";
+    };
+    let lines: Vec<&str> = e.lines().collect();
+    // A SyntaxError has no traceback: its report starts at the `File "…"` line.
+    let report = lines.iter().rposition(|l| *l == TRACEBACK).or_else(|| {
+        lines
+            .first()
+            .filter(|l| l.starts_with("File \""))
+            .map(|_| 0)
+    });
+    let exception = report.and_then(|t| {
+        lines[t + 1..]
+            .iter()
+            .find(|l| !l.is_empty() && !l.starts_with([' ', '\t']))
+    });
+    exception.or(lines.first()).copied().unwrap_or("")
 }
 
 pub fn script_finished(f: &Finished) {
     let r = f.result;
-    let error = first_line(r.error.as_deref());
+    let error = headline(r.error.as_deref());
     let sep = if error.is_empty() { "" } else { ": " };
     macro_rules! entry {
         ($level:ident) => {
@@ -143,12 +161,30 @@ mod tests {
     }
 
     #[test]
-    fn first_line_of_an_error() {
-        assert_eq!(first_line(None), "");
+    fn the_headline_of_an_error_is_its_exception() {
+        assert_eq!(headline(None), "");
+        assert_eq!(headline(Some("exit code 3")), "exit code 3");
+        let zero = "Traceback (most recent call last):\n  File \"/run/script.py\", line 2, in <module>\n    print(1/0)\n          ~^~\nZeroDivisionError: division by zero\n";
+        assert_eq!(headline(Some(zero)), "ZeroDivisionError: division by zero");
+        // What the script printed to stderr first does not hide it.
+        let noisy = format!("warming up\n{zero}");
         assert_eq!(
-            first_line(Some("\nTraceback (most recent call last):\n  File x")),
+            headline(Some(&noisy)),
+            "ZeroDivisionError: division by zero"
+        );
+        // Chained: the last exception is the one that ended the script.
+        let chained = "Traceback (most recent call last):\n  File \"s.py\", line 2, in <module>\nKeyError: 'sn'\n\nDuring handling of the above exception, another exception occurred:\n\nTraceback (most recent call last):\n  File \"s.py\", line 4, in <module>\nagent_tools.ToolError: [denied] tool x is not callable\n";
+        assert_eq!(
+            headline(Some(chained)),
+            "agent_tools.ToolError: [denied] tool x is not callable"
+        );
+        // A SyntaxError's caret lines are indented too.
+        let syntax = "  File \"/run/script.py\", line 1\n    print(\n         ^\nSyntaxError: '(' was never closed\n";
+        assert_eq!(headline(Some(syntax)), "SyntaxError: '(' was never closed");
+        // A tail cut before the exception line says the traceback's first line.
+        assert_eq!(
+            headline(Some("Traceback (most recent call last):\n  File x")),
             "Traceback (most recent call last):"
         );
-        assert_eq!(first_line(Some("exit code 3")), "exit code 3");
     }
 }
