@@ -14,14 +14,7 @@ use std::time::{Duration, Instant};
 
 /// `scriptgate status` against the rig.
 fn status(rig: &Rig) -> String {
-    let o: Output = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .arg("status")
-        .arg("--socket")
-        .arg(&rig.socket)
-        .arg("--config")
-        .arg(&rig.config)
-        .output()
-        .unwrap();
+    let o: Output = rig.cli(["status"]);
     assert_eq!(
         o.status.code(),
         Some(0),

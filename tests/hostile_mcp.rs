@@ -5,8 +5,10 @@
 // The test rig forks and execs children (pre_exec, prctl, rusage): each block
 // says why it is sound.
 #![allow(unsafe_code)]
+mod common;
+use common::cli_command;
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 /// A minimal MCP server in Python: answers `initialize`, then `tools/list` as
 /// `MODE` says: `cursor` gives empty pages whose `nextCursor` never ends,
@@ -62,8 +64,7 @@ fn tools(mode: &str) -> Ran {
     let mut f = tempfile::NamedTempFile::new().unwrap();
     f.write_all(SERVER.as_bytes()).unwrap();
     let server = format!("evil=python3 {} {mode}", f.path().display());
-    let child = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .args(["tools", "--mcp", &server])
+    let child = cli_command(["tools", "--mcp", &server])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

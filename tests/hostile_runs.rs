@@ -674,12 +674,7 @@ fn age_records(rig: &Rig, days: u64) {
 }
 
 fn prune(rig: &Rig) -> String {
-    let o = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .arg("prune")
-        .arg("--config")
-        .arg(&rig.config)
-        .output()
-        .unwrap();
+    let o = rig.cli(["prune"]);
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
         o.status.success(),

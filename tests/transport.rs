@@ -2,6 +2,7 @@
 mod common;
 use common::*;
 use serde_json::{json, Value};
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
@@ -305,14 +306,18 @@ fn token_mint_cli_makes_tokens_the_daemon_accepts() {
     let rig = Rig::new();
     let snap_file = rig.dir.path().join("snap.json");
     std::fs::write(&snap_file, rig.snapshot("auto").to_string()).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .args(["token", "mint", "--key"])
-        .arg(&rig.key_file)
-        .args(["--run-id", "cli-run", "--snapshot"])
-        .arg(&snap_file)
-        .args(["--ttl", "60"])
-        .output()
-        .unwrap();
+    let out = rig.cli([
+        OsStr::new("token"),
+        "mint".as_ref(),
+        "--key".as_ref(),
+        rig.key_file.as_ref(),
+        "--run-id".as_ref(),
+        "cli-run".as_ref(),
+        "--snapshot".as_ref(),
+        snap_file.as_ref(),
+        "--ttl".as_ref(),
+        "60".as_ref(),
+    ]);
     assert!(
         out.status.success(),
         "{}",

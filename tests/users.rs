@@ -10,6 +10,7 @@
 mod common;
 use common::*;
 use serde_json::{json, Value};
+use std::ffi::OsStr;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -219,17 +220,15 @@ fn an_admin_only_peer_gets_admin_methods_and_a_clear_refusal_for_engine_methods(
 
 /// `scriptgate` as another uid, with no terminal.
 fn cli_as(uid: u32, gid: u32, args: &[&std::ffi::OsStr], env: &[(&str, &Path)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
-    c.args(args)
-        .stdin(Stdio::null())
-        .env_remove("SCRIPTGATE_SOCKET");
-    if uid != 0 {
-        c.uid(uid).gid(gid).env("HOME", "/nonexistent");
-    }
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().unwrap()
+    cli_with(args, |c| {
+        c.stdin(Stdio::null()).env_remove("SCRIPTGATE_SOCKET");
+        if uid != 0 {
+            c.uid(uid).gid(gid).env("HOME", "/nonexistent");
+        }
+        for (k, v) in env {
+            c.env(k, v);
+        }
+    })
 }
 
 fn time_server() -> String {
@@ -649,14 +648,15 @@ fn a_daemon_killed_under_scriptgate_run_is_exit_7() {
         "import time\nprint('started', flush=True)\ntime.sleep(120)\n",
     );
     let time = time_server();
-    let child = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .args(["run", "--mcp", &time, "--socket"])
-        .arg(&rig.socket)
-        .arg("--config")
-        .arg(&rig.config)
-        .arg("--workspace")
-        .arg(&rig.workspace)
-        .arg(&script)
+    let child = rig
+        .cli_command([
+            OsStr::new("run"),
+            "--mcp".as_ref(),
+            time.as_ref(),
+            "--workspace".as_ref(),
+            rig.workspace.as_ref(),
+            script.as_ref(),
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -686,16 +686,7 @@ fn cancel_of_a_finished_script_says_so_and_exits_13() {
     let e = rig.engine();
     let r = e.run(&rig.token(&rig.snapshot("auto")), "print(1)", &[]);
     let id = r["script_id"].as_str().unwrap();
-    let admin = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-            .args(args)
-            .arg("--socket")
-            .arg(&rig.socket)
-            .arg("--config")
-            .arg(&rig.config)
-            .output()
-            .unwrap()
-    };
+    let admin = |args: &[&str]| rig.cli(args);
     let o = admin(&["cancel", id]);
     assert_eq!(o.status.code(), Some(13));
     assert_eq!(

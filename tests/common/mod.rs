@@ -2,13 +2,16 @@
 //! dir and workspace, and a test engine that speaks the protocol over the socket.
 #![allow(dead_code)]
 
+pub mod boot;
+
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -185,6 +188,76 @@ impl Rig {
 
     pub fn details(&self, script_id: &str) -> PathBuf {
         self.workspace.join(".agent/scripts").join(script_id)
+    }
+}
+
+/// The `scriptgate` binary that cargo built for these tests.
+pub const CLI: &str = env!("CARGO_BIN_EXE_scriptgate");
+
+/// `scriptgate ARGS`, not yet run: for a test that spawns it (stdio of its own,
+/// a wait of its own) or adjusts it.
+pub fn cli_command<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> Command {
+    let mut c = Command::new(CLI);
+    c.args(args);
+    c
+}
+
+/// `scriptgate ARGS`, run to the end: its status, stdout and stderr (stdin is
+/// closed, as `Command::output` makes it). For the commands that need no daemon
+/// (completions, tools, describe, token) or are given their own flags.
+pub fn cli<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> Output {
+    cli_command(args).output().unwrap()
+}
+
+/// `cli` with `adjust` applied to the command first (a uid, the environment).
+pub fn cli_with<S: AsRef<OsStr>>(
+    args: impl IntoIterator<Item = S>,
+    adjust: impl FnOnce(&mut Command),
+) -> Output {
+    let mut c = cli_command(args);
+    adjust(&mut c);
+    c.output().unwrap()
+}
+
+impl Rig {
+    /// `scriptgate ARGS` against this rig, not yet run. The rig's flags go after
+    /// ARGS where the subcommand (ARGS' first word) takes them: `--socket` and
+    /// `--config` for the admin commands and `run` (a run through this rig's
+    /// daemon), `--config` for `metrics` and `prune`, none for the others.
+    pub fn cli_command<S: AsRef<OsStr>>(&self, args: impl IntoIterator<Item = S>) -> Command {
+        let args: Vec<S> = args.into_iter().collect();
+        let sub = args
+            .first()
+            .map(|a| a.as_ref().to_string_lossy().into_owned());
+        let (socket, config) = match sub.as_deref() {
+            Some("status" | "ps" | "show" | "cancel" | "audit" | "run") => (true, true),
+            Some("metrics" | "prune") => (false, true),
+            _ => (false, false),
+        };
+        let mut c = cli_command(args);
+        if socket {
+            c.arg("--socket").arg(&self.socket);
+        }
+        if config {
+            c.arg("--config").arg(&self.config);
+        }
+        c
+    }
+
+    /// `scriptgate ARGS` against this rig (see `cli_command`), run to the end.
+    pub fn cli<S: AsRef<OsStr>>(&self, args: impl IntoIterator<Item = S>) -> Output {
+        self.cli_command(args).output().unwrap()
+    }
+
+    /// `Rig::cli` with `adjust` applied to the command first (a uid, the environment).
+    pub fn cli_with<S: AsRef<OsStr>>(
+        &self,
+        args: impl IntoIterator<Item = S>,
+        adjust: impl FnOnce(&mut Command),
+    ) -> Output {
+        let mut c = self.cli_command(args);
+        adjust(&mut c);
+        c.output().unwrap()
     }
 }
 
