@@ -1,6 +1,6 @@
 //! The systemd boot rig: a real systemd booted as PID 1 of a private PID, mount,
-//! UTS and IPC namespace (tests/systemd/boot.sh), for tests/systemd.rs (the
-//! project's units, socket-activated) and tests/systemd_limits.rs (the daemon run
+//! UTS and IPC namespace (tests/systemd/boot.sh), for tests/it/systemd.rs (the
+//! project's units, socket-activated) and tests/it/systemd_limits.rs (the daemon run
 //! in it with `backend = "systemd"`). The rig shares the host's root file system,
 //! so what it needs lives in its directory under /var/lib, removed afterwards; its
 //! /run, /tmp and /var/tmp are private.

@@ -41,6 +41,119 @@ pub fn require_root(why: &str) {
     assert!(is_root(), "this test needs root: {why}");
 }
 
+/// Turns on the machine. The tests of tests/it run in one process, two at a time
+/// (libtest runs each test on a thread of its own, named after it). A test that
+/// must have the machine alone (a systemd booted in a PID namespace, a timing- or
+/// memory-bound measurement under attack) calls `alone()` first; every rig (and
+/// the other heavy set-ups) takes `shared()`. Either holds until the test's
+/// thread ends: it is kept in a thread-local, dropped with the thread, so a test
+/// cannot give its turn back early by dropping a value. Threads that are not a
+/// test's own (a test's helpers, unnamed) take no turn: their test holds it.
+mod turns {
+    use std::cell::RefCell;
+    use std::sync::{Condvar, Mutex};
+
+    #[derive(Default)]
+    struct State {
+        shared: usize,
+        alone: bool,
+        /// Tests waiting for `alone`: no test takes a new shared turn meanwhile,
+        /// so that one cannot be starved by the stream of ordinary tests.
+        waiting: usize,
+    }
+
+    static STATE: Mutex<State> = Mutex::new(State {
+        shared: 0,
+        alone: false,
+        waiting: 0,
+    });
+    static CHANGED: Condvar = Condvar::new();
+
+    #[derive(PartialEq)]
+    enum Turn {
+        Shared,
+        Alone,
+    }
+
+    struct Held(Turn);
+
+    impl Drop for Held {
+        fn drop(&mut self) {
+            let mut s = STATE.lock().unwrap_or_else(|p| p.into_inner());
+            match self.0 {
+                Turn::Shared => s.shared -= 1,
+                Turn::Alone => s.alone = false,
+            }
+            CHANGED.notify_all();
+        }
+    }
+
+    thread_local! {
+        static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+    }
+
+    fn is_a_tests_thread() -> bool {
+        std::thread::current().name().is_some_and(|n| n != "main")
+    }
+
+    fn wait_until(mut ready: impl FnMut(&mut State) -> bool) {
+        let mut s = STATE.lock().unwrap_or_else(|p| p.into_inner());
+        while !ready(&mut s) {
+            s = CHANGED.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    pub fn shared() {
+        if !is_a_tests_thread() || HELD.with(|h| h.borrow().is_some()) {
+            return;
+        }
+        wait_until(|s| {
+            let free = !s.alone && s.waiting == 0;
+            if free {
+                s.shared += 1;
+            }
+            free
+        });
+        HELD.with(|h| *h.borrow_mut() = Some(Held(Turn::Shared)));
+    }
+
+    pub fn alone() {
+        if !is_a_tests_thread() {
+            return;
+        }
+        let held = HELD.with(|h| h.borrow().as_ref().map(|t| t.0 == Turn::Alone));
+        match held {
+            Some(true) => return,
+            Some(false) => {
+                panic!("alone() must come before the test's rig (it took a shared turn)")
+            }
+            None => {}
+        }
+        STATE.lock().unwrap_or_else(|p| p.into_inner()).waiting += 1;
+        wait_until(|s| {
+            let free = !s.alone && s.shared == 0;
+            if free {
+                s.waiting -= 1;
+                s.alone = true;
+            }
+            free
+        });
+        HELD.with(|h| *h.borrow_mut() = Some(Held(Turn::Alone)));
+    }
+}
+
+/// This test has the machine alone, from now until it ends (see `turns`): no other
+/// test of this process runs beside it. First line of such a test.
+pub fn alone() {
+    turns::alone()
+}
+
+/// This test runs beside others but never beside an `alone()` one, from now
+/// until it ends (see `turns`). Every rig takes it.
+pub fn shared() {
+    turns::shared()
+}
+
 /// The sandbox backend every rig pins: `auto` would pick `cgroup` or `systemd`
 /// on some machines and `rlimit` on others, and the tests assert what they get.
 pub const RIG_BACKEND: &str = "rlimit";
@@ -87,6 +200,7 @@ impl Rig {
 
     /// `extra` is TOML appended to the generated config (its own sections).
     pub fn with_config(extra: &str) -> Rig {
+        shared();
         let dir = tempfile::Builder::new()
             .prefix("sg-test-")
             .tempdir()

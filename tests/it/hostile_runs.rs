@@ -8,8 +8,7 @@
 //!
 //! Engines of other uids are long-lived python3 clients started with that uid and
 //! gid (groups every Debian host has: `games`, `irc`), driven over stdin/stdout.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};

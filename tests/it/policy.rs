@@ -1,8 +1,7 @@
 //! §3 of the protocol seen from both sides: refused starts and refused calls, the
 //! approval flow, token and snapshot checks, argument checks. In every refusal the
 //! engine must never receive the call.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 #[test]

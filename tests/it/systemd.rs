@@ -5,9 +5,8 @@
 //! hardening figure. The rig shares the host's root file system, so everything it
 //! needs lives in /var/lib/scriptgate-rig-<pid>, removed afterwards; its /run, /tmp
 //! and /var/tmp are private, and the units that would touch host state are masked.
-mod common;
-use common::boot::{nsenter, Booted};
-use common::*;
+use crate::common::boot::{nsenter, Booted};
+use crate::common::*;
 use serde_json::{json, Value};
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
@@ -58,6 +57,8 @@ impl SystemdRig {
         if let Some(why) = skip_reason() {
             panic!("the systemd rig tests need root, unshare, nsenter and systemd: {why}");
         }
+        // A systemd in a PID namespace of its own, the host's /var: alone.
+        alone();
         let booted = Booted::boot("scriptgate-rig", "", |dir| {
             std::fs::create_dir_all(dir.join("bin")).unwrap();
             std::fs::create_dir_all(dir.join("units")).unwrap();

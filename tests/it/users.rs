@@ -7,8 +7,7 @@
 //! CLI itself) started with another uid and gid. The groups are ones every
 //! Debian host has (`games`, `irc`, `list`), matched by the peer's primary gid,
 //! and the uids have no user entry, so nothing is added to /etc.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::ffi::OsStr;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -131,7 +130,7 @@ fn daemon_fds(rig: &Rig) -> usize {
 }
 
 #[test]
-#[ignore = "needs root (peers of other uids): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (peers of other uids): cargo test --test it users:: -- --include-ignored"]
 fn a_peer_in_neither_group_is_refused_before_anything_is_read_and_floods_cost_nothing() {
     require_root("clients of other uids");
     let rig = rig_with_auth("", "");
@@ -183,7 +182,7 @@ for _ in range(3000):
 }
 
 #[test]
-#[ignore = "needs root (peers of other uids): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (peers of other uids): cargo test --test it users:: -- --include-ignored"]
 fn an_admin_only_peer_gets_admin_methods_and_a_clear_refusal_for_engine_methods() {
     require_root("clients of other uids");
     let rig = rig_with_auth("", "");
@@ -249,7 +248,7 @@ fn text(b: &[u8]) -> String {
 }
 
 #[test]
-#[ignore = "needs root (peers of other uids): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (peers of other uids): cargo test --test it users:: -- --include-ignored"]
 fn a_non_root_engine_runs_with_the_defaults_in_its_own_private_directory() {
     require_root("clients of other uids");
     let rig = rig_with_auth("", "");
@@ -376,7 +375,7 @@ fn a_non_root_engine_runs_with_the_defaults_in_its_own_private_directory() {
 }
 
 #[test]
-#[ignore = "needs root (peers of other uids): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (peers of other uids): cargo test --test it users:: -- --include-ignored"]
 fn engine_entries_bind_each_engine_to_its_own_key_and_workspaces() {
     require_root("clients of other uids");
     let d = tempfile::Builder::new()
@@ -495,7 +494,7 @@ fn daemon_with(dir: &Path, config: &str) -> (Option<i32>, String) {
 }
 
 #[test]
-#[ignore = "needs root (key files owned by root): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (key files owned by root): cargo test --test it users:: -- --include-ignored"]
 fn engine_entry_errors_are_clear() {
     require_root("key files owned by root");
     let d = tempfile::Builder::new()
@@ -552,7 +551,7 @@ fn engine_entry_errors_are_clear() {
 }
 
 #[test]
-#[ignore = "needs root (peers of other uids): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (peers of other uids): cargo test --test it users:: -- --include-ignored"]
 fn the_cli_never_falls_back_silently() {
     require_root("clients of other uids");
     let rig = rig_with_auth("", "");
@@ -639,7 +638,7 @@ fn the_cli_never_falls_back_silently() {
 }
 
 #[test]
-#[ignore = "needs root (kills its daemon): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (kills its daemon): cargo test --test it users:: -- --include-ignored"]
 fn a_daemon_killed_under_scriptgate_run_is_exit_7() {
     require_root("scripts of root run as nobody");
     let mut rig = Rig::new();
@@ -679,7 +678,7 @@ fn a_daemon_killed_under_scriptgate_run_is_exit_7() {
 }
 
 #[test]
-#[ignore = "needs root (scripts of root run as nobody): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (scripts of root run as nobody): cargo test --test it users:: -- --include-ignored"]
 fn cancel_of_a_finished_script_says_so_and_exits_13() {
     require_root("scripts of root run as nobody");
     let rig = Rig::new();

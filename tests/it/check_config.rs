@@ -1,7 +1,6 @@
 //! `scriptgated --check-config` and `scriptgate completions`, run as the packages
 //! run them: the real binaries, real files.
-mod common;
-use common::cli;
+use crate::common::cli;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};

@@ -1,22 +1,21 @@
 //! The systemd backend's limits, read back: a real systemd booted as PID 1 of a
 //! private PID namespace (tests/systemd/boot.sh, by the rig in
-//! tests/common/boot.rs that tests/systemd.rs boots too), the daemon run inside
+//! tests/common/boot.rs that tests/it/systemd.rs boots too), the daemon run inside
 //! it with `backend = "systemd"`. With the cgroup v1 memory controller mounted
 //! read-only (as the container had it, in the rig's own mount namespace
 //! only), systemd starts every scope all the same; the daemon must see that
 //! memory_max_bytes is not in force. With it writable, no false alarm.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// The shared boot rig (common::boot) with the daemon started in it.
-struct Booted(common::boot::Booted);
+struct Booted(crate::common::boot::Booted);
 
 impl std::ops::Deref for Booted {
-    type Target = common::boot::Booted;
-    fn deref(&self) -> &common::boot::Booted {
+    type Target = crate::common::boot::Booted;
+    fn deref(&self) -> &crate::common::boot::Booted {
         &self.0
     }
 }
@@ -26,7 +25,9 @@ impl Booted {
     /// daemon in it, listening on a socket in `dir` (the host sees it).
     fn boot(before: &str, extra_config: &str) -> Booted {
         require_root("boots systemd in a private PID namespace");
-        let booted = common::boot::Booted::boot("scriptgate-envrig", before, |dir| {
+        // A systemd in a PID namespace of its own, the host's /var: alone.
+        alone();
+        let booted = crate::common::boot::Booted::boot("scriptgate-envrig", before, |dir| {
             // The booted systemd has a private /tmp (and the checkout may be under it):
             // the daemon runs from a copy in the rig's directory.
             std::fs::copy(env!("CARGO_BIN_EXE_scriptgated"), dir.join("scriptgated")).unwrap();

@@ -4,8 +4,7 @@
 // The test rig forks and execs children (pre_exec, prctl, rusage): each block
 // says why it is sound.
 #![allow(unsafe_code)]
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 use std::ffi::OsStr;
 use std::os::unix::process::CommandExt;
@@ -36,6 +35,7 @@ struct Cli {
 
 impl Cli {
     fn new() -> Cli {
+        shared();
         let dir = tempfile::Builder::new()
             .prefix("sg-cli-")
             .tempdir()

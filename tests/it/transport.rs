@@ -1,6 +1,5 @@
 //! The socket, the framing, the peer check, bad input, and daemon life cycle.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -163,7 +162,7 @@ fn scripts_are_visible_to_their_connection_or_a_token_of_their_run() {
 
 #[test]
 fn results_survive_a_restart_and_sigterm_interrupts_running_scripts() {
-    // drain_s = 0: SIGTERM interrupts at once (the drain is tested in tests/systemd.rs).
+    // drain_s = 0: SIGTERM interrupts at once (the drain is tested in tests/it/systemd.rs).
     let mut rig = Rig::with_config("[server]\ndrain_s = 0\n");
     let token = rig.token(&rig.snapshot("auto"));
     let e = rig.engine();

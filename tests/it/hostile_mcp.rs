@@ -5,8 +5,7 @@
 // The test rig forks and execs children (pre_exec, prctl, rusage): each block
 // says why it is sound.
 #![allow(unsafe_code)]
-mod common;
-use common::cli_command;
+use crate::common::cli_command;
 use std::io::Write;
 use std::process::Stdio;
 
@@ -61,6 +60,7 @@ struct Ran {
 // The child is reaped by wait4 (for its rusage), which clippy cannot see.
 #[allow(clippy::zombie_processes)]
 fn tools(mode: &str) -> Ran {
+    crate::common::shared();
     let mut f = tempfile::NamedTempFile::new().unwrap();
     f.write_all(SERVER.as_bytes()).unwrap();
     let server = format!("evil=python3 {} {mode}", f.path().display());

@@ -1,6 +1,5 @@
 //! The audit store and the sysadmin CLI, end to end.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::process::Output;
 use std::time::Duration;

@@ -1,8 +1,7 @@
 //! The daemon's life as a sysadmin sees it (issue 13): counts that survive a kill,
 //! workspace retention, metrics. Real daemon, real socket, real SQLite file, real
 //! sandbox.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use std::ffi::OsStr;
 use std::time::Duration;
