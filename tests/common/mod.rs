@@ -2,13 +2,16 @@
 //! dir and workspace, and a test engine that speaks the protocol over the socket.
 #![allow(dead_code)]
 
+pub mod boot;
+
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -36,6 +39,119 @@ pub fn is_root() -> bool {
 /// without having checked anything.
 pub fn require_root(why: &str) {
     assert!(is_root(), "this test needs root: {why}");
+}
+
+/// Turns on the machine. The tests of tests/it run in one process, two at a time
+/// (libtest runs each test on a thread of its own, named after it). A test that
+/// must have the machine alone (a systemd booted in a PID namespace, a timing- or
+/// memory-bound measurement under attack) calls `alone()` first; every rig (and
+/// the other heavy set-ups) takes `shared()`. Either holds until the test's
+/// thread ends: it is kept in a thread-local, dropped with the thread, so a test
+/// cannot give its turn back early by dropping a value. Threads that are not a
+/// test's own (a test's helpers, unnamed) take no turn: their test holds it.
+mod turns {
+    use std::cell::RefCell;
+    use std::sync::{Condvar, Mutex};
+
+    #[derive(Default)]
+    struct State {
+        shared: usize,
+        alone: bool,
+        /// Tests waiting for `alone`: no test takes a new shared turn meanwhile,
+        /// so that one cannot be starved by the stream of ordinary tests.
+        waiting: usize,
+    }
+
+    static STATE: Mutex<State> = Mutex::new(State {
+        shared: 0,
+        alone: false,
+        waiting: 0,
+    });
+    static CHANGED: Condvar = Condvar::new();
+
+    #[derive(PartialEq)]
+    enum Turn {
+        Shared,
+        Alone,
+    }
+
+    struct Held(Turn);
+
+    impl Drop for Held {
+        fn drop(&mut self) {
+            let mut s = STATE.lock().unwrap_or_else(|p| p.into_inner());
+            match self.0 {
+                Turn::Shared => s.shared -= 1,
+                Turn::Alone => s.alone = false,
+            }
+            CHANGED.notify_all();
+        }
+    }
+
+    thread_local! {
+        static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+    }
+
+    fn is_a_tests_thread() -> bool {
+        std::thread::current().name().is_some_and(|n| n != "main")
+    }
+
+    fn wait_until(mut ready: impl FnMut(&mut State) -> bool) {
+        let mut s = STATE.lock().unwrap_or_else(|p| p.into_inner());
+        while !ready(&mut s) {
+            s = CHANGED.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    pub fn shared() {
+        if !is_a_tests_thread() || HELD.with(|h| h.borrow().is_some()) {
+            return;
+        }
+        wait_until(|s| {
+            let free = !s.alone && s.waiting == 0;
+            if free {
+                s.shared += 1;
+            }
+            free
+        });
+        HELD.with(|h| *h.borrow_mut() = Some(Held(Turn::Shared)));
+    }
+
+    pub fn alone() {
+        if !is_a_tests_thread() {
+            return;
+        }
+        let held = HELD.with(|h| h.borrow().as_ref().map(|t| t.0 == Turn::Alone));
+        match held {
+            Some(true) => return,
+            Some(false) => {
+                panic!("alone() must come before the test's rig (it took a shared turn)")
+            }
+            None => {}
+        }
+        STATE.lock().unwrap_or_else(|p| p.into_inner()).waiting += 1;
+        wait_until(|s| {
+            let free = !s.alone && s.shared == 0;
+            if free {
+                s.waiting -= 1;
+                s.alone = true;
+            }
+            free
+        });
+        HELD.with(|h| *h.borrow_mut() = Some(Held(Turn::Alone)));
+    }
+}
+
+/// This test has the machine alone, from now until it ends (see `turns`): no other
+/// test of this process runs beside it. First line of such a test.
+pub fn alone() {
+    turns::alone()
+}
+
+/// This test runs beside others but never beside an `alone()` one, from now
+/// until it ends (see `turns`). Every rig takes it.
+pub fn shared() {
+    turns::shared()
 }
 
 /// The sandbox backend every rig pins: `auto` would pick `cgroup` or `systemd`
@@ -84,6 +200,7 @@ impl Rig {
 
     /// `extra` is TOML appended to the generated config (its own sections).
     pub fn with_config(extra: &str) -> Rig {
+        shared();
         let dir = tempfile::Builder::new()
             .prefix("sg-test-")
             .tempdir()
@@ -185,6 +302,76 @@ impl Rig {
 
     pub fn details(&self, script_id: &str) -> PathBuf {
         self.workspace.join(".agent/scripts").join(script_id)
+    }
+}
+
+/// The `scriptgate` binary that cargo built for these tests.
+pub const CLI: &str = env!("CARGO_BIN_EXE_scriptgate");
+
+/// `scriptgate ARGS`, not yet run: for a test that spawns it (stdio of its own,
+/// a wait of its own) or adjusts it.
+pub fn cli_command<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> Command {
+    let mut c = Command::new(CLI);
+    c.args(args);
+    c
+}
+
+/// `scriptgate ARGS`, run to the end: its status, stdout and stderr (stdin is
+/// closed, as `Command::output` makes it). For the commands that need no daemon
+/// (completions, tools, describe, token) or are given their own flags.
+pub fn cli<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> Output {
+    cli_command(args).output().unwrap()
+}
+
+/// `cli` with `adjust` applied to the command first (a uid, the environment).
+pub fn cli_with<S: AsRef<OsStr>>(
+    args: impl IntoIterator<Item = S>,
+    adjust: impl FnOnce(&mut Command),
+) -> Output {
+    let mut c = cli_command(args);
+    adjust(&mut c);
+    c.output().unwrap()
+}
+
+impl Rig {
+    /// `scriptgate ARGS` against this rig, not yet run. The rig's flags go after
+    /// ARGS where the subcommand (ARGS' first word) takes them: `--socket` and
+    /// `--config` for the admin commands and `run` (a run through this rig's
+    /// daemon), `--config` for `metrics` and `prune`, none for the others.
+    pub fn cli_command<S: AsRef<OsStr>>(&self, args: impl IntoIterator<Item = S>) -> Command {
+        let args: Vec<S> = args.into_iter().collect();
+        let sub = args
+            .first()
+            .map(|a| a.as_ref().to_string_lossy().into_owned());
+        let (socket, config) = match sub.as_deref() {
+            Some("status" | "ps" | "show" | "cancel" | "audit" | "run") => (true, true),
+            Some("metrics" | "prune") => (false, true),
+            _ => (false, false),
+        };
+        let mut c = cli_command(args);
+        if socket {
+            c.arg("--socket").arg(&self.socket);
+        }
+        if config {
+            c.arg("--config").arg(&self.config);
+        }
+        c
+    }
+
+    /// `scriptgate ARGS` against this rig (see `cli_command`), run to the end.
+    pub fn cli<S: AsRef<OsStr>>(&self, args: impl IntoIterator<Item = S>) -> Output {
+        self.cli_command(args).output().unwrap()
+    }
+
+    /// `Rig::cli` with `adjust` applied to the command first (a uid, the environment).
+    pub fn cli_with<S: AsRef<OsStr>>(
+        &self,
+        args: impl IntoIterator<Item = S>,
+        adjust: impl FnOnce(&mut Command),
+    ) -> Output {
+        let mut c = self.cli_command(args);
+        adjust(&mut c);
+        c.output().unwrap()
     }
 }
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # PID 1 of the test rig: a real systemd in a private PID/mount/UTS/IPC namespace,
-# kept from host-global state. Started by tests/systemd/rig (see there).
+# kept from host-global state. Started by the rig in tests/common/boot.rs.
 # Private /run, /tmp and /var/tmp; the units that would touch the host (tmpfiles
 # cleaning /tmp, sysctls, modules, clock, udev, ...) are masked in the private /run.
 set -e

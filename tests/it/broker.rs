@@ -1,6 +1,5 @@
 //! Tool calls from real scripts, through the real daemon, to a test engine.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::time::Duration;

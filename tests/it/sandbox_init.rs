@@ -1,9 +1,8 @@
 //! The sandbox init (`scriptgated --sandbox-init`), run directly as PID 1 of a
 //! fresh PID namespace (`unshare`), outside bwrap: its exit statuses, its report on
 //! fd 7, the descriptors the program gets, and the end of leftovers. The sandbox
-//! tests (tests/sandbox.rs, tests/hostile_sandbox.rs) cover it inside bwrap.
-mod common;
-use common::*;
+//! tests (tests/it/sandbox.rs, tests/it/hostile_sandbox.rs) cover it inside bwrap.
+use crate::common::*;
 use std::process::Command;
 use std::time::{Duration, Instant};
 

@@ -9,8 +9,7 @@
 // The test rig forks and execs children (pre_exec, prctl, rusage): each block
 // says why it is sound.
 #![allow(unsafe_code)]
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -897,9 +896,21 @@ fn stray_children() -> Vec<String> {
 
 #[test]
 fn no_sandbox_process_outlives_the_outer_bwrap() {
+    // Alone: the subreaper flag is the whole test process's, and every other
+    // test's children would be this process's children too.
+    alone();
+    /// Clears the flag when the test ends, passed or not.
+    struct Subreaper;
+    impl Drop for Subreaper {
+        fn drop(&mut self) {
+            // SAFETY: prctl with integer arguments only.
+            unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) };
+        }
+    }
     // SAFETY: prctl with integer arguments only.
     let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     assert_eq!(rc, 0);
+    let _subreaper = Subreaper;
     let rig = Rig::new();
     let e = rig.engine();
     let token = rig.token(&rig.snapshot("auto"));

@@ -8,8 +8,7 @@
 //!
 //! Engines of other uids are long-lived python3 clients started with that uid and
 //! gid (groups every Debian host has: `games`, `irc`), driven over stdin/stdout.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -674,12 +673,7 @@ fn age_records(rig: &Rig, days: u64) {
 }
 
 fn prune(rig: &Rig) -> String {
-    let o = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .arg("prune")
-        .arg("--config")
-        .arg(&rig.config)
-        .output()
-        .unwrap();
+    let o = rig.cli(["prune"]);
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
         o.status.success(),

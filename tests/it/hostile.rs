@@ -4,9 +4,8 @@
 // The test rig forks and execs children (pre_exec, prctl, rusage): each block
 // says why it is sound.
 #![allow(unsafe_code)]
-mod common;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;

@@ -5,21 +5,26 @@
 //! hardening figure. The rig shares the host's root file system, so everything it
 //! needs lives in /var/lib/scriptgate-rig-<pid>, removed afterwards; its /run, /tmp
 //! and /var/tmp are private, and the units that would touch host state are masked.
-mod common;
-use common::*;
+use crate::common::boot::{nsenter, Booted};
+use crate::common::*;
 use serde_json::{json, Value};
+use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 const FINISHED: &str = "346f6012b1654d13bd185a7cfc0553cb";
 const REFUSED: &str = "e1b3fc3a8d8142699a4d42cc4f6acfcb";
 
-struct SystemdRig {
-    dir: PathBuf,
-    unshare: Child,
-    pid1: i32,
+/// The shared boot rig (common::boot) with the project's units installed.
+struct SystemdRig(Booted);
+
+impl std::ops::Deref for SystemdRig {
+    type Target = Booted;
+    fn deref(&self) -> &Booted {
+        &self.0
+    }
 }
 
 fn skip_reason() -> Option<String> {
@@ -43,28 +48,6 @@ fn skip_reason() -> Option<String> {
     None
 }
 
-fn children_of(pid: i32) -> Vec<i32> {
-    let mut out = vec![];
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-            continue;
-        };
-        if stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().nth(1))
-            .and_then(|x| x.parse::<i32>().ok())
-            == Some(pid)
-        {
-            out.push(p);
-        }
-    }
-    out
-}
-
 impl SystemdRig {
     /// Boot a systemd, install the project's units with drop-ins pointing at the
     /// freshly built binary and at this rig's directory. The tests that boot one
@@ -74,133 +57,32 @@ impl SystemdRig {
         if let Some(why) = skip_reason() {
             panic!("the systemd rig tests need root, unshare, nsenter and systemd: {why}");
         }
-        let dir = PathBuf::from(format!(
-            "/var/lib/scriptgate-rig-{}-{}",
-            std::process::id(),
-            rand_suffix()
-        ));
-        std::fs::create_dir_all(dir.join("bin")).unwrap();
-        std::fs::create_dir_all(dir.join("units")).unwrap();
-        std::fs::create_dir_all(dir.join("roots/ws")).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        chown_to_script_uid(&dir.join("roots/ws"));
-        for b in [
-            env!("CARGO_BIN_EXE_scriptgated"),
-            env!("CARGO_BIN_EXE_scriptgate"),
-        ] {
-            std::fs::copy(b, dir.join("bin").join(Path::new(b).file_name().unwrap())).unwrap();
-        }
-        let src = Path::new(env!("CARGO_MANIFEST_DIR"));
-        for u in [
-            "scriptgate.socket",
-            "scriptgate.service",
-            "scriptgate.slice",
-        ] {
-            std::fs::copy(src.join("systemd").join(u), dir.join("units").join(u)).unwrap();
-        }
-        std::fs::copy(src.join("tests/systemd/boot.sh"), dir.join("boot.sh")).unwrap();
-        std::fs::write(dir.join("token.key"), KEY).unwrap();
-        std::fs::set_permissions(
-            dir.join("token.key"),
-            std::fs::Permissions::from_mode(0o600),
-        )
-        .unwrap();
-        let d = dir.display();
-        std::fs::write(
-            dir.join("scriptgate.toml"),
-            format!("[auth]\ntoken_key_file = \"{d}/token.key\"\n[workspace]\nroots = [\"{d}/roots\"]\n[state]\ndir = \"{d}/state\"\n{extra_config}"),
-        )
-        .unwrap();
-        let unshare = Command::new("setsid")
-            .args([
-                "unshare",
-                "--pid",
-                "--fork",
-                "--mount",
-                "--uts",
-                "--ipc",
-                "--mount-proc",
-                "--propagation",
-                "private",
-            ])
-            .arg(dir.join("boot.sh"))
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.join("boot.log")).unwrap())
-            .stderr(Stdio::from(
-                std::fs::File::create(dir.join("boot.err")).unwrap(),
-            ))
-            .spawn()
+        // A systemd in a PID namespace of its own, the host's /var: alone.
+        alone();
+        let booted = Booted::boot("scriptgate-rig", "", |dir| {
+            std::fs::create_dir_all(dir.join("bin")).unwrap();
+            std::fs::create_dir_all(dir.join("units")).unwrap();
+            for b in [env!("CARGO_BIN_EXE_scriptgated"), CLI] {
+                std::fs::copy(b, dir.join("bin").join(Path::new(b).file_name().unwrap())).unwrap();
+            }
+            let src = Path::new(env!("CARGO_MANIFEST_DIR"));
+            for u in [
+                "scriptgate.socket",
+                "scriptgate.service",
+                "scriptgate.slice",
+            ] {
+                std::fs::copy(src.join("systemd").join(u), dir.join("units").join(u)).unwrap();
+            }
+            let d = dir.display();
+            std::fs::write(
+                dir.join("scriptgate.toml"),
+                format!("[auth]\ntoken_key_file = \"{d}/token.key\"\n[workspace]\nroots = [\"{d}/roots\"]\n[state]\ndir = \"{d}/state\"\n{extra_config}"),
+            )
             .unwrap();
-        let t0 = Instant::now();
-        let pid1 = loop {
-            // setsid forks when it is a group leader: look one level deeper if need be.
-            let mut frontier = vec![unshare.id() as i32];
-            let mut found = None;
-            for _ in 0..3 {
-                let next: Vec<i32> = frontier.iter().flat_map(|p| children_of(*p)).collect();
-                if let Some(p) = next.iter().find(|p| {
-                    std::fs::read_to_string(format!("/proc/{p}/comm"))
-                        .is_ok_and(|c| c.trim() == "systemd")
-                }) {
-                    found = Some(*p);
-                    break;
-                }
-                frontier = next;
-            }
-            if let Some(p) = found {
-                break p;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "systemd did not start: {}",
-                std::fs::read_to_string(dir.join("boot.err")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let rig = SystemdRig { dir, unshare, pid1 };
-        let t0 = Instant::now();
-        loop {
-            let s = rig.sh("systemctl is-system-running");
-            let state = String::from_utf8_lossy(&s.stdout).trim().to_string();
-            if state == "running" || state == "degraded" {
-                break;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "the rig's systemd did not come up: {state}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        });
+        let rig = SystemdRig(booted);
         rig.install();
         rig
-    }
-
-    fn sh(&self, cmd: &str) -> Output {
-        Command::new("nsenter")
-            .args([
-                "-t",
-                &self.pid1.to_string(),
-                "-m",
-                "-p",
-                "-u",
-                "-i",
-                "sh",
-                "-c",
-                cmd,
-            ])
-            .output()
-            .unwrap()
-    }
-
-    fn sh_ok(&self, cmd: &str) -> String {
-        let o = self.sh(cmd);
-        assert!(
-            o.status.success(),
-            "{cmd}: {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
     /// The project's units, unchanged, plus drop-ins: the binary under test, this
@@ -245,31 +127,6 @@ impl SystemdRig {
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
     }
-}
-
-impl Drop for SystemdRig {
-    fn drop(&mut self) {
-        // Killing PID 1 of the namespace makes the kernel end every process in it.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.pid1),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        let _ = self.unshare.kill();
-        let _ = self.unshare.wait();
-        let t0 = Instant::now();
-        while Path::new(&format!("/proc/{}", self.pid1)).exists()
-            && t0.elapsed() < Duration::from_secs(10)
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn rand_suffix() -> u32 {
-    let mut b = [0u8; 4];
-    getrandom::getrandom(&mut b).unwrap();
-    u32::from_le_bytes(b)
 }
 
 #[test]
@@ -347,13 +204,12 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
         );
         let status_text = rig.sh_ok("systemctl show -p StatusText --value scriptgate.service");
         assert!(status_text.contains("1 script running"), "{status_text}");
-        let admin_ps = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-            .arg("ps")
-            .arg("--json")
-            .arg("--socket")
-            .arg(rig.socket())
-            .output()
-            .unwrap();
+        let admin_ps = cli([
+            OsStr::new("ps"),
+            "--json".as_ref(),
+            "--socket".as_ref(),
+            rig.socket().as_ref(),
+        ]);
         let ps: Value = serde_json::from_slice(&admin_ps.stdout).unwrap();
         assert_eq!(ps["scripts"][0]["unit"], unit.as_str());
         let r = e.wait(&id);
@@ -645,9 +501,7 @@ fn restart_drains_running_scripts() {
     let restart = {
         let pid1 = rig.pid1;
         std::thread::spawn(move || {
-            Command::new("nsenter")
-                .args(["-t", &pid1.to_string(), "-m", "-p", "-u", "-i"])
-                .args(["systemctl", "restart", "scriptgate.service"])
+            nsenter(pid1, &["systemctl", "restart", "scriptgate.service"])
                 .output()
                 .unwrap()
         })

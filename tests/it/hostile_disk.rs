@@ -3,9 +3,8 @@
 //! case, the state directory too) on a small tmpfs of its own, which a guard
 //! unmounts; the script fills it, and the tests assert what the daemon recorded,
 //! what the next start gets, and that the daemon recovers once space returns.
-mod common;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -7,9 +7,9 @@
 //! CLI itself) started with another uid and gid. The groups are ones every
 //! Debian host has (`games`, `irc`, `list`), matched by the peer's primary gid,
 //! and the uids have no user entry, so nothing is added to /etc.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
+use std::ffi::OsStr;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -130,7 +130,7 @@ fn daemon_fds(rig: &Rig) -> usize {
 }
 
 #[test]
-#[ignore = "needs root (peers of other uids): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (peers of other uids): cargo test --test it users:: -- --include-ignored"]
 fn a_peer_in_neither_group_is_refused_before_anything_is_read_and_floods_cost_nothing() {
     require_root("clients of other uids");
     let rig = rig_with_auth("", "");
@@ -182,7 +182,7 @@ for _ in range(3000):
 }
 
 #[test]
-#[ignore = "needs root (peers of other uids): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (peers of other uids): cargo test --test it users:: -- --include-ignored"]
 fn an_admin_only_peer_gets_admin_methods_and_a_clear_refusal_for_engine_methods() {
     require_root("clients of other uids");
     let rig = rig_with_auth("", "");
@@ -219,17 +219,15 @@ fn an_admin_only_peer_gets_admin_methods_and_a_clear_refusal_for_engine_methods(
 
 /// `scriptgate` as another uid, with no terminal.
 fn cli_as(uid: u32, gid: u32, args: &[&std::ffi::OsStr], env: &[(&str, &Path)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
-    c.args(args)
-        .stdin(Stdio::null())
-        .env_remove("SCRIPTGATE_SOCKET");
-    if uid != 0 {
-        c.uid(uid).gid(gid).env("HOME", "/nonexistent");
-    }
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().unwrap()
+    cli_with(args, |c| {
+        c.stdin(Stdio::null()).env_remove("SCRIPTGATE_SOCKET");
+        if uid != 0 {
+            c.uid(uid).gid(gid).env("HOME", "/nonexistent");
+        }
+        for (k, v) in env {
+            c.env(k, v);
+        }
+    })
 }
 
 fn time_server() -> String {
@@ -250,7 +248,7 @@ fn text(b: &[u8]) -> String {
 }
 
 #[test]
-#[ignore = "needs root (peers of other uids): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (peers of other uids): cargo test --test it users:: -- --include-ignored"]
 fn a_non_root_engine_runs_with_the_defaults_in_its_own_private_directory() {
     require_root("clients of other uids");
     let rig = rig_with_auth("", "");
@@ -377,7 +375,7 @@ fn a_non_root_engine_runs_with_the_defaults_in_its_own_private_directory() {
 }
 
 #[test]
-#[ignore = "needs root (peers of other uids): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (peers of other uids): cargo test --test it users:: -- --include-ignored"]
 fn engine_entries_bind_each_engine_to_its_own_key_and_workspaces() {
     require_root("clients of other uids");
     let d = tempfile::Builder::new()
@@ -496,7 +494,7 @@ fn daemon_with(dir: &Path, config: &str) -> (Option<i32>, String) {
 }
 
 #[test]
-#[ignore = "needs root (key files owned by root): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (key files owned by root): cargo test --test it users:: -- --include-ignored"]
 fn engine_entry_errors_are_clear() {
     require_root("key files owned by root");
     let d = tempfile::Builder::new()
@@ -553,7 +551,7 @@ fn engine_entry_errors_are_clear() {
 }
 
 #[test]
-#[ignore = "needs root (peers of other uids): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (peers of other uids): cargo test --test it users:: -- --include-ignored"]
 fn the_cli_never_falls_back_silently() {
     require_root("clients of other uids");
     let rig = rig_with_auth("", "");
@@ -640,7 +638,7 @@ fn the_cli_never_falls_back_silently() {
 }
 
 #[test]
-#[ignore = "needs root (kills its daemon): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (kills its daemon): cargo test --test it users:: -- --include-ignored"]
 fn a_daemon_killed_under_scriptgate_run_is_exit_7() {
     require_root("scripts of root run as nobody");
     let mut rig = Rig::new();
@@ -649,14 +647,15 @@ fn a_daemon_killed_under_scriptgate_run_is_exit_7() {
         "import time\nprint('started', flush=True)\ntime.sleep(120)\n",
     );
     let time = time_server();
-    let child = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .args(["run", "--mcp", &time, "--socket"])
-        .arg(&rig.socket)
-        .arg("--config")
-        .arg(&rig.config)
-        .arg("--workspace")
-        .arg(&rig.workspace)
-        .arg(&script)
+    let child = rig
+        .cli_command([
+            OsStr::new("run"),
+            "--mcp".as_ref(),
+            time.as_ref(),
+            "--workspace".as_ref(),
+            rig.workspace.as_ref(),
+            script.as_ref(),
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -679,23 +678,14 @@ fn a_daemon_killed_under_scriptgate_run_is_exit_7() {
 }
 
 #[test]
-#[ignore = "needs root (scripts of root run as nobody): cargo test --test users -- --include-ignored"]
+#[ignore = "needs root (scripts of root run as nobody): cargo test --test it users:: -- --include-ignored"]
 fn cancel_of_a_finished_script_says_so_and_exits_13() {
     require_root("scripts of root run as nobody");
     let rig = Rig::new();
     let e = rig.engine();
     let r = e.run(&rig.token(&rig.snapshot("auto")), "print(1)", &[]);
     let id = r["script_id"].as_str().unwrap();
-    let admin = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-            .args(args)
-            .arg("--socket")
-            .arg(&rig.socket)
-            .arg("--config")
-            .arg(&rig.config)
-            .output()
-            .unwrap()
-    };
+    let admin = |args: &[&str]| rig.cli(args);
     let o = admin(&["cancel", id]);
     assert_eq!(o.status.code(), Some(13));
     assert_eq!(

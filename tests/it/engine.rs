@@ -2,9 +2,8 @@
 //! two shapes, approval answers in one, JSON-RPC 2.0 on every message, a
 //! workspace the script can write, and progress that starts at once and ends at
 //! the final state. Through the real daemon, socket, bwrap and Python.
-mod common;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,8 +1,7 @@
 //! §3 of the protocol seen from both sides: refused starts and refused calls, the
 //! approval flow, token and snapshot checks, argument checks. In every refusal the
 //! engine must never receive the call.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 #[test]
@@ -476,7 +475,9 @@ fn revoking_a_run_cancels_its_scripts_and_refuses_new_ones() {
 fn a_token_that_expires_mid_script_refuses_further_calls() {
     let rig = Rig::new();
     let e = rig.engine();
-    let token = rig.token_for("run-1", &rig.snapshot("auto"), 2);
+    // 5 s: the first call must come before `exp` (whole seconds, so as little
+    // as 4 s after minting) even on a loaded machine; 2 s was flaky there.
+    let token = rig.token_for("run-1", &rig.snapshot("auto"), 5);
     // The script waits for the event itself, the clock passing the token's `exp`
     // (whole seconds), instead of sleeping for a guessed while.
     use base64::Engine as _;

@@ -3,14 +3,13 @@
 //! one engine that hogs connections must cost nothing that the engines need.
 //!
 //! Other uids are real python3 processes started with another uid and gid, as
-//! in tests/users.rs: engines are in `games` (gid 60), administrators in `list`
+//! in tests/it/users.rs: engines are in `games` (gid 60), administrators in `list`
 //! (gid 38), matched by the peer's primary gid; the uids have no user entry.
 //! The connect/close attackers run at nice 19: the point is what the *daemon*
 //! spends on them, not how much of the two CPUs four busy loops take from the
 //! measuring engine.
-mod common;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -19,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
-/// What an attack may add to the daemon's peak resident set (as tests/hostile.rs).
+/// What an attack may add to the daemon's peak resident set (as tests/it/hostile.rs).
 const ATTACK_RSS_BOUND: u64 = 64 * MIB;
 const GAMES: u32 = 60;
 const LIST: u32 = 38;
@@ -29,13 +28,6 @@ const STRANGER: u32 = 40100;
 const OTHER_ENGINE: u32 = 40101;
 /// An admin-only uid (primary gid `list`).
 const ADMIN: u32 = 40102;
-
-/// These tests measure the daemon under load (latency, throughput, peak RSS):
-/// they run one at a time, not beside each other.
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    ONE.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A rig whose engines are root and `games`, administrators `list`.
 fn rig(extra: &str) -> Rig {
@@ -208,7 +200,8 @@ fn signal_all(pids: &[u32], sig: nix::sys::signal::Signal) {
 #[test]
 #[ignore = "needs root (peers of other uids)"]
 fn strangers_looping_on_connect_do_not_lock_the_engines_out() {
-    let _one_at_a_time = one_at_a_time();
+    // It measures the daemon under load (latency, throughput, peak RSS): alone.
+    alone();
     let rig = rig("");
     let engine = rig.engine();
     let log_before = log_lines(&rig);
@@ -297,7 +290,8 @@ fn strangers_looping_on_connect_do_not_lock_the_engines_out() {
 #[test]
 #[ignore = "needs root (peers of other uids)"]
 fn an_engine_holding_its_share_of_connections_locks_no_other_engine_out() {
-    let _one_at_a_time = one_at_a_time();
+    // It measures the daemon under load (latency, throughput, peak RSS): alone.
+    alone();
     let rig = rig("");
     // Root opens 300 connections and keeps those served.
     let mut held = vec![];
@@ -359,7 +353,8 @@ sys.stdin.read()
 #[test]
 #[ignore = "needs root (peers of other uids)"]
 fn an_admin_only_member_cannot_hold_the_engines_connections() {
-    let _one_at_a_time = one_at_a_time();
+    // It measures the daemon under load (latency, throughput, peak RSS): alone.
+    alone();
     let rig = rig("");
     let mut admin = python_as(ADMIN, LIST, false, ADMIN_HOLD, &rig, &["300"]);
     let line = first_line(&mut admin);
@@ -417,7 +412,8 @@ sys.stdin.read()
 #[test]
 #[ignore = "needs root (peers of other uids)"]
 fn unread_admin_answers_are_bounded_in_memory() {
-    let _one_at_a_time = one_at_a_time();
+    // It measures the daemon under load (latency, throughput, peak RSS): alone.
+    alone();
     // Room for all 240 connections: the bound on unread answers alone must hold.
     let rig = rig("[server]\nmax_admin_connections = 240\nmax_connections_per_uid = 240\n");
     let before = warm_peak(&rig);
@@ -486,7 +482,8 @@ sys.stdin.read()
 #[test]
 #[ignore = "needs root (peers of other uids)"]
 fn admin_partial_lines_leave_the_engines_their_budget() {
-    let _one_at_a_time = one_at_a_time();
+    // It measures the daemon under load (latency, throughput, peak RSS): alone.
+    alone();
     let rig = rig(
         "[server]\nmax_message_bytes = 8388608\nmax_buffered_bytes = 8388608\nline_timeout_s = 20\n",
     );
@@ -531,7 +528,8 @@ print("%.3f" % (time.time() - t))
 #[test]
 #[ignore = "needs root (a daemon of its own)"]
 fn many_waits_of_one_script_that_are_never_read_are_bounded_in_memory() {
-    let _one_at_a_time = one_at_a_time();
+    // It measures the daemon under load (latency, throughput, peak RSS): alone.
+    alone();
     let rig = rig("");
     let before = warm_peak(&rig);
     let e = rig.engine();

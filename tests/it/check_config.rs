@@ -1,5 +1,6 @@
 //! `scriptgated --check-config` and `scriptgate completions`, run as the packages
 //! run them: the real binaries, real files.
+use crate::common::cli;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -104,20 +105,14 @@ fn completions_are_printed_for_each_shell() {
         ("zsh", "#compdef scriptgate"),
         ("fish", "complete -c scriptgate"),
     ] {
-        let o = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-            .args(["completions", shell])
-            .output()
-            .unwrap();
+        let o = cli(["completions", shell]);
         assert!(o.status.success(), "{shell}: {}", text(&o));
         assert!(
             String::from_utf8_lossy(&o.stdout).contains(marker),
             "{shell}"
         );
     }
-    let o = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .args(["completions", "tcsh"])
-        .output()
-        .unwrap();
+    let o = cli(["completions", "tcsh"]);
     assert_eq!(o.status.code(), Some(2));
 }
 

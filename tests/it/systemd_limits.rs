@@ -1,23 +1,23 @@
 //! The systemd backend's limits, read back: a real systemd booted as PID 1 of a
-//! private PID namespace (tests/systemd/boot.sh, as tests/systemd.rs boots it),
-//! the daemon run inside it with `backend = "systemd"`. With the cgroup v1 memory
-//! controller mounted read-only (as the issue's container had it, in the rig's
-//! own mount namespace only), systemd starts every scope all the same; the daemon
-//! must see that memory_max_bytes is not in force. With it writable, no false
-//! alarm.
-mod common;
-use common::*;
+//! private PID namespace (tests/systemd/boot.sh, by the rig in
+//! tests/common/boot.rs that tests/it/systemd.rs boots too), the daemon run inside
+//! it with `backend = "systemd"`. With the cgroup v1 memory controller mounted
+//! read-only (as the issue's container had it, in the rig's own mount namespace
+//! only), systemd starts every scope all the same; the daemon must see that
+//! memory_max_bytes is not in force. With it writable, no false alarm.
+use crate::common::*;
 use serde_json::{json, Value};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-struct Booted {
-    dir: PathBuf,
-    unshare: Child,
-    pid1: i32,
-    daemon: Option<Child>,
+/// The shared boot rig (common::boot) with the daemon started in it.
+struct Booted(crate::common::boot::Booted);
+
+impl std::ops::Deref for Booted {
+    type Target = crate::common::boot::Booted;
+    fn deref(&self) -> &crate::common::boot::Booted {
+        &self.0
+    }
 }
 
 impl Booted {
@@ -25,90 +25,24 @@ impl Booted {
     /// daemon in it, listening on a socket in `dir` (the host sees it).
     fn boot(before: &str, extra_config: &str) -> Booted {
         require_root("boots systemd in a private PID namespace");
-        let mut b = [0u8; 4];
-        getrandom::getrandom(&mut b).unwrap();
-        let dir = PathBuf::from(format!(
-            "/var/lib/scriptgate-envrig-{}-{}",
-            std::process::id(),
-            u32::from_le_bytes(b)
-        ));
-        std::fs::create_dir_all(dir.join("roots/ws")).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        chown_to_script_uid(&dir.join("roots/ws"));
-        let src = Path::new(env!("CARGO_MANIFEST_DIR"));
-        std::fs::copy(src.join("tests/systemd/boot.sh"), dir.join("boot.sh")).unwrap();
-        // The booted systemd has a private /tmp (and the checkout may be under it):
-        // the daemon runs from a copy in the rig's directory.
-        std::fs::copy(env!("CARGO_BIN_EXE_scriptgated"), dir.join("scriptgated")).unwrap();
-        std::fs::write(
-            dir.join("start.sh"),
-            format!(
-                "#!/bin/sh\nset -e\n{before}\nexec {}/boot.sh\n",
-                dir.display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(dir.join("start.sh"), std::fs::Permissions::from_mode(0o755))
+        // A systemd in a PID namespace of its own, the host's /var: alone.
+        alone();
+        let booted = crate::common::boot::Booted::boot("scriptgate-envrig", before, |dir| {
+            // The booted systemd has a private /tmp (and the checkout may be under it):
+            // the daemon runs from a copy in the rig's directory.
+            std::fs::copy(env!("CARGO_BIN_EXE_scriptgated"), dir.join("scriptgated")).unwrap();
+            let d = dir.display();
+            std::fs::write(
+                dir.join("scriptgate.toml"),
+                format!(
+                    "[auth]\ntoken_key_file = \"{d}/token.key\"\n[workspace]\nroots = [\"{d}/roots\"]\n\
+                     [state]\ndir = \"{d}/state\"\n[scripts]\nmemory_max_bytes = 209715200\n\
+                     [sandbox]\nbackend = \"systemd\"\n{extra_config}"
+                ),
+            )
             .unwrap();
-        std::fs::write(dir.join("token.key"), KEY).unwrap();
-        std::fs::set_permissions(
-            dir.join("token.key"),
-            std::fs::Permissions::from_mode(0o600),
-        )
-        .unwrap();
-        let d = dir.display();
-        std::fs::write(
-            dir.join("scriptgate.toml"),
-            format!(
-                "[auth]\ntoken_key_file = \"{d}/token.key\"\n[workspace]\nroots = [\"{d}/roots\"]\n\
-                 [state]\ndir = \"{d}/state\"\n[scripts]\nmemory_max_bytes = 209715200\n\
-                 [sandbox]\nbackend = \"systemd\"\n{extra_config}"
-            ),
-        )
-        .unwrap();
-        let unshare = Command::new("setsid")
-            .args(["unshare", "--pid", "--fork", "--mount", "--uts", "--ipc"])
-            .args(["--mount-proc", "--propagation", "private"])
-            .arg(dir.join("start.sh"))
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.join("boot.log")).unwrap())
-            .stderr(std::fs::File::create(dir.join("boot.err")).unwrap())
-            .spawn()
-            .unwrap();
-        let t0 = Instant::now();
-        let pid1 = loop {
-            if let Some(p) = systemd_below(unshare.id() as i32) {
-                break p;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "systemd did not start: {}",
-                std::fs::read_to_string(dir.join("boot.err")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let mut rig = Booted {
-            dir,
-            unshare,
-            pid1,
-            daemon: None,
-        };
-        let t0 = Instant::now();
-        loop {
-            let o = rig
-                .nsenter(&["systemctl", "is-system-running"])
-                .output()
-                .unwrap();
-            let state = String::from_utf8_lossy(&o.stdout).trim().to_string();
-            if state == "running" || state == "degraded" {
-                break;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "no systemd: {state}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        });
+        let mut rig = Booted(booted);
         let log = std::fs::File::create(rig.dir.join("daemon.log")).unwrap();
         let sock = rig.dir.join("sock");
         let cfg = rig.dir.join("scriptgate.toml");
@@ -123,7 +57,7 @@ impl Booted {
             .stderr(log)
             .spawn()
             .unwrap();
-        rig.daemon = Some(daemon);
+        rig.0.daemon = Some(daemon);
         let t0 = Instant::now();
         while std::os::unix::net::UnixStream::connect(&sock).is_err() {
             assert!(
@@ -134,13 +68,6 @@ impl Booted {
             std::thread::sleep(Duration::from_millis(50));
         }
         rig
-    }
-
-    fn nsenter(&self, argv: &[&str]) -> Command {
-        let mut c = Command::new("nsenter");
-        c.args(["-t", &self.pid1.to_string(), "-m", "-p", "-u", "-i"])
-            .args(argv);
-        c
     }
 
     fn log(&self) -> String {
@@ -155,59 +82,6 @@ impl Booted {
         let snap = fleet_snapshot(&self.dir.join("roots/ws"), "auto");
         scriptgate::protocol::token::mint(KEY, "rig-run", Some("rig"), &snap, 600).unwrap()
     }
-}
-
-impl Drop for Booted {
-    fn drop(&mut self) {
-        // PID 1 of the namespace: the kernel ends every process in it, the daemon too.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.pid1),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        if let Some(mut d) = self.daemon.take() {
-            let _ = d.wait();
-        }
-        let _ = self.unshare.kill();
-        let _ = self.unshare.wait();
-        let t0 = Instant::now();
-        while Path::new(&format!("/proc/{}", self.pid1)).exists()
-            && t0.elapsed() < Duration::from_secs(10)
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// The `systemd` process below `pid` (setsid may fork once more).
-fn systemd_below(pid: i32) -> Option<i32> {
-    let mut frontier = vec![pid];
-    for _ in 0..3 {
-        let mut next = vec![];
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-                continue;
-            };
-            let ppid = stat
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().nth(1))
-                .and_then(|x| x.parse::<i32>().ok());
-            if ppid.is_some_and(|pp| frontier.contains(&pp)) {
-                next.push(p);
-            }
-        }
-        if let Some(p) = next.iter().find(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "systemd")
-        }) {
-            return Some(*p);
-        }
-        frontier = next;
-    }
-    None
 }
 
 /// The start-up line, from the rig's journal (the daemon logs there when it has

@@ -5,7 +5,7 @@
 //! contract for engine authors; this keeps it from drifting from the code.
 use serde_json::Value;
 
-const PAGE: &str = include_str!("../man/scriptgate-protocol.7");
+const PAGE: &str = include_str!("../../man/scriptgate-protocol.7");
 
 /// The page's no-fill blocks, roff escapes undone (`\e` is a backslash).
 fn blocks() -> Vec<String> {

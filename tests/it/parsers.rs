@@ -39,6 +39,8 @@ use std::sync::OnceLock;
 const CASES: u32 = 100_000;
 
 fn config() -> ProptestConfig {
+    // A minute of both CPUs: never beside a test that has the machine alone.
+    crate::common::shared();
     ProptestConfig {
         cases: CASES,
         // Nothing is written into the tree; a failure prints its minimal input.

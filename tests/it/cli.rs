@@ -4,8 +4,7 @@
 // The test rig forks and execs children (pre_exec, prctl, rusage): each block
 // says why it is sound.
 #![allow(unsafe_code)]
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 use std::ffi::OsStr;
 use std::os::unix::process::CommandExt;
@@ -36,6 +35,7 @@ struct Cli {
 
 impl Cli {
     fn new() -> Cli {
+        shared();
         let dir = tempfile::Builder::new()
             .prefix("sg-cli-")
             .tempdir()
@@ -80,9 +80,8 @@ impl Cli {
     /// `scriptgate run <servers> ARGS <script>`, with no controlling terminal
     /// (setsid) and stdin closed.
     fn command(&self, code: &str, args: &[&OsStr]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
-        c.arg("run")
-            .args(self.servers())
+        let mut c = cli_command(["run"]);
+        c.args(self.servers())
             .args(args)
             .arg(self.script(code))
             .stdin(Stdio::null());
@@ -124,12 +123,10 @@ fn stderr(o: &Output) -> String {
 #[test]
 fn tools_have_the_class_their_annotations_give() {
     let c = Cli::new();
-    let out = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .arg("tools")
-        .args(c.servers())
-        .arg("--json")
-        .output()
-        .unwrap();
+    let out = cli(["tools".into()]
+        .into_iter()
+        .chain(c.servers())
+        .chain(["--json".into()]));
     assert!(out.status.success(), "{}", stderr(&out));
     let tools: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     let class = |n: &str| {
@@ -150,12 +147,10 @@ fn tools_have_the_class_their_annotations_give() {
     assert_eq!(class("everything__toggle-simulated-logging"), "write");
     assert_eq!(class("everything__simulate-research-query"), "long_task");
     // --class overrides; the table form shows class and signature.
-    let out = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .arg("tools")
-        .args(c.servers())
-        .args(["--class", "fs__create_directory=destructive"])
-        .output()
-        .unwrap();
+    let out = cli(["tools".into()]
+        .into_iter()
+        .chain(c.servers())
+        .chain(["--class".into(), "fs__create_directory=destructive".into()]));
     let table = stdout(&out);
     assert!(table.starts_with("NAME"), "{table}");
     let line = table
@@ -377,7 +372,7 @@ fn approval_prompt_on_a_terminal() {
     for (answer, code, made) in [("y", 0, true), ("n", 8, false)] {
         let dir = c.data.join(format!("tty-{answer}"));
         let script = c.script(&format!("import agent_tools as t\nt.call('fs__create_directory', {{'path': {:?}}})\nprint('done')\n", dir.display().to_string()));
-        let mut argv = vec![env!("CARGO_BIN_EXE_scriptgate").to_string(), "run".into()];
+        let mut argv = vec![CLI.to_string(), "run".into()];
         argv.extend(c.servers());
         argv.extend([
             "--workspace".into(),
@@ -462,10 +457,8 @@ fn exit_statuses_are_distinct() {
         c.run("print(1)", &["--tools", "fs__nope"]).status.code(),
         Some(9)
     );
-    let mut bad = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
-    bad.args(["run", "--mcp", "x=/nonexistent/server", "--workspace"])
-        .arg(&c.workspace)
-        .arg(c.script("print(1)"));
+    let mut bad = cli_command(["run", "--mcp", "x=/nonexistent/server", "--workspace"]);
+    bad.arg(&c.workspace).arg(c.script("print(1)"));
     let o = bad.output().unwrap();
     assert_eq!(o.status.code(), Some(10), "{}", stderr(&o));
     assert!(
@@ -473,21 +466,14 @@ fn exit_statuses_are_distinct() {
         "{}",
         stderr(&o)
     );
-    let o = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .args(["run", "--bogus"])
-        .output()
-        .unwrap();
+    let o = cli(["run", "--bogus"]);
     assert_eq!(o.status.code(), Some(2));
 }
 
 #[test]
 fn describe_gives_the_run_script_description() {
     let c = Cli::new();
-    let o = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .arg("describe")
-        .args(c.servers())
-        .output()
-        .unwrap();
+    let o = cli(["describe".into()].into_iter().chain(c.servers()));
     assert!(o.status.success(), "{}", stderr(&o));
     let d = stdout(&o);
     assert!(
@@ -701,9 +687,8 @@ fn a_script_cut_short_cancels_its_mcp_call_at_the_server() {
         ("socket", &socket[..]),
     ] {
         let seen = c.dir.path().join(format!("seen-{how}"));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_scriptgate"));
-        cmd.arg("run")
-            .arg("--mcp")
+        let mut cmd = cli_command(["run"]);
+        cmd.arg("--mcp")
             .arg(format!(
                 "slow=python3 {} {}",
                 server.display(),

@@ -1,7 +1,7 @@
 //! The socket, the framing, the peer check, bad input, and daemon life cycle.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
@@ -162,7 +162,7 @@ fn scripts_are_visible_to_their_connection_or_a_token_of_their_run() {
 
 #[test]
 fn results_survive_a_restart_and_sigterm_interrupts_running_scripts() {
-    // drain_s = 0: SIGTERM interrupts at once (the drain is tested in tests/systemd.rs).
+    // drain_s = 0: SIGTERM interrupts at once (the drain is tested in tests/it/systemd.rs).
     let mut rig = Rig::with_config("[server]\ndrain_s = 0\n");
     let token = rig.token(&rig.snapshot("auto"));
     let e = rig.engine();
@@ -305,14 +305,18 @@ fn token_mint_cli_makes_tokens_the_daemon_accepts() {
     let rig = Rig::new();
     let snap_file = rig.dir.path().join("snap.json");
     std::fs::write(&snap_file, rig.snapshot("auto").to_string()).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .args(["token", "mint", "--key"])
-        .arg(&rig.key_file)
-        .args(["--run-id", "cli-run", "--snapshot"])
-        .arg(&snap_file)
-        .args(["--ttl", "60"])
-        .output()
-        .unwrap();
+    let out = rig.cli([
+        OsStr::new("token"),
+        "mint".as_ref(),
+        "--key".as_ref(),
+        rig.key_file.as_ref(),
+        "--run-id".as_ref(),
+        "cli-run".as_ref(),
+        "--snapshot".as_ref(),
+        snap_file.as_ref(),
+        "--ttl".as_ref(),
+        "60".as_ref(),
+    ]);
     assert!(
         out.status.success(),
         "{}",

@@ -1,6 +1,5 @@
 //! The sandbox from the inside: a real bwrap, a real Python, the real daemon.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::os::unix::fs::MetadataExt;
 use std::time::Duration;

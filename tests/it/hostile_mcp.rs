@@ -5,8 +5,9 @@
 // The test rig forks and execs children (pre_exec, prctl, rusage): each block
 // says why it is sound.
 #![allow(unsafe_code)]
+use crate::common::cli_command;
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 /// A minimal MCP server in Python: answers `initialize`, then `tools/list` as
 /// `MODE` says: `cursor` gives empty pages whose `nextCursor` never ends,
@@ -59,11 +60,11 @@ struct Ran {
 // The child is reaped by wait4 (for its rusage), which clippy cannot see.
 #[allow(clippy::zombie_processes)]
 fn tools(mode: &str) -> Ran {
+    crate::common::shared();
     let mut f = tempfile::NamedTempFile::new().unwrap();
     f.write_all(SERVER.as_bytes()).unwrap();
     let server = format!("evil=python3 {} {mode}", f.path().display());
-    let child = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .args(["tools", "--mcp", &server])
+    let child = cli_command(["tools", "--mcp", &server])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

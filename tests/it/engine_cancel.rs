@@ -2,9 +2,8 @@
 //! (`tool.cancelled`), `script.cancel` answers once the processes are dead, the
 //! engine's trace runs through the sandbox, and `run.describe` gives the model
 //! a ready-made tool. Through the real daemon, socket, bwrap and Python.
-mod common;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};

@@ -1,8 +1,7 @@
 //! The audit store and the sysadmin CLI, end to end.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 fn db(rig: &Rig) -> rusqlite::Connection {
@@ -10,7 +9,7 @@ fn db(rig: &Rig) -> rusqlite::Connection {
 }
 
 fn row(rig: &Rig, id: &str) -> Value {
-    let o = admin(rig, &["show", id, "--json"]);
+    let o = rig.cli(["show", id, "--json"]);
     assert_eq!(
         o.status.code(),
         Some(0),
@@ -18,17 +17,6 @@ fn row(rig: &Rig, id: &str) -> Value {
         String::from_utf8_lossy(&o.stderr)
     );
     serde_json::from_slice(&o.stdout).unwrap()
-}
-
-fn admin(rig: &Rig, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .args(args)
-        .arg("--socket")
-        .arg(&rig.socket)
-        .arg("--config")
-        .arg(&rig.config)
-        .output()
-        .unwrap()
 }
 
 fn out(o: &Output) -> String {
@@ -140,7 +128,7 @@ fn refused_starts_are_recorded_with_reason_run_and_peer() {
         "print(1)",
         &["fleet__wipe_device"],
     );
-    let o = admin(&rig, &["audit", "--refusals", "--json"]);
+    let o = rig.cli(["audit", "--refusals", "--json"]);
     assert_eq!(
         o.status.code(),
         Some(0),
@@ -179,7 +167,7 @@ fn refused_starts_are_recorded_with_reason_run_and_peer() {
         find("run-y")["peer_uid"].as_u64().unwrap() as u32,
         nix::unistd::getuid().as_raw()
     );
-    let table = out(&admin(&rig, &["audit", "--refusals"]));
+    let table = out(&rig.cli(["audit", "--refusals"]));
     assert!(
         table.starts_with("AT ") && table.contains("denied"),
         "{table}"
@@ -333,7 +321,7 @@ fn admin_cli_tables_and_json() {
     });
 
     // status
-    let o = admin(&rig, &["status"]);
+    let o = rig.cli(["status"]);
     assert_eq!(o.status.code(), Some(0));
     let t = out(&o);
     assert!(
@@ -355,7 +343,7 @@ fn admin_cli_tables_and_json() {
         }),
         "{t}"
     );
-    let j: Value = serde_json::from_slice(&admin(&rig, &["status", "--json"]).stdout).unwrap();
+    let j: Value = serde_json::from_slice(&rig.cli(["status", "--json"]).stdout).unwrap();
     assert_eq!(
         (
             j["daemon"]["protocol"].as_u64(),
@@ -365,7 +353,7 @@ fn admin_cli_tables_and_json() {
     );
 
     // ps
-    let t = out(&admin(&rig, &["ps"]));
+    let t = out(&rig.cli(["ps"]));
     let mut lines = t.lines();
     assert_eq!(
         lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
@@ -376,12 +364,12 @@ fn admin_cli_tables_and_json() {
         l.starts_with(&running) && l.contains("run-1") && l.contains("1/4 first"),
         "{t}"
     );
-    let j: Value = serde_json::from_slice(&admin(&rig, &["ps", "--json"]).stdout).unwrap();
+    let j: Value = serde_json::from_slice(&rig.cli(["ps", "--json"]).stdout).unwrap();
     assert_eq!(j["scripts"][0]["script_id"], running.as_str());
     assert_eq!(j["scripts"][0]["calls"], 1);
 
     // show
-    let t = out(&admin(&rig, &["show", done_id]));
+    let t = out(&rig.cli(["show", done_id]));
     assert!(
         t.contains("status ")
             && t.contains("--- script ---\nprint('done')\n--- result text ---\nrun_script ok:"),
@@ -389,31 +377,31 @@ fn admin_cli_tables_and_json() {
     );
 
     // audit: filters, table and JSON
-    let t = out(&admin(&rig, &["audit"]));
+    let t = out(&rig.cli(["audit"]));
     assert!(
         t.starts_with("STARTED") && t.contains(done_id) && t.contains(&running),
         "{t}"
     );
     let j: Vec<Value> =
-        serde_json::from_slice(&admin(&rig, &["audit", "--status", "ok", "--json"]).stdout)
-            .unwrap();
+        serde_json::from_slice(&rig.cli(["audit", "--status", "ok", "--json"]).stdout).unwrap();
     assert_eq!(j.len(), 1);
     assert_eq!(j[0]["script_id"], done_id);
     let j: Vec<Value> =
-        serde_json::from_slice(&admin(&rig, &["audit", "--run", "nope", "--json"]).stdout).unwrap();
+        serde_json::from_slice(&rig.cli(["audit", "--run", "nope", "--json"]).stdout).unwrap();
     assert!(j.is_empty());
     let j: Vec<Value> = serde_json::from_slice(
-        &admin(&rig, &["audit", "--since", "1h", "--limit", "1", "--json"]).stdout,
+        &rig.cli(["audit", "--since", "1h", "--limit", "1", "--json"])
+            .stdout,
     )
     .unwrap();
     assert_eq!(j.len(), 1);
     assert_eq!(
-        admin(&rig, &["audit", "--since", "whenever"]).status.code(),
+        rig.cli(["audit", "--since", "whenever"]).status.code(),
         Some(2)
     );
 
     // cancel, and the errors
-    let o = admin(&rig, &["cancel", &running]);
+    let o = rig.cli(["cancel", &running]);
     assert_eq!(
         (o.status.code(), out(&o)),
         (Some(0), format!("{running}: cancelled\n"))
@@ -425,7 +413,7 @@ fn admin_cli_tables_and_json() {
             nix::unistd::getuid()
         )
     );
-    let o = admin(&rig, &["cancel", "0000000000000000"]);
+    let o = rig.cli(["cancel", "0000000000000000"]);
     assert_eq!(
         o.status.code(),
         Some(13),
@@ -433,20 +421,20 @@ fn admin_cli_tables_and_json() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert_eq!(
-        admin(&rig, &["show", "0000000000000000"]).status.code(),
+        rig.cli(["show", "0000000000000000"]).status.code(),
         Some(13)
     );
 
     // With the daemon down: status says so; the audit store still answers.
     rig.stop(nix::sys::signal::Signal::SIGTERM);
-    let o = admin(&rig, &["status"]);
+    let o = rig.cli(["status"]);
     assert_eq!(o.status.code(), Some(11));
     assert!(
         String::from_utf8_lossy(&o.stderr).starts_with("scriptgate status: daemon not running: "),
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let j: Vec<Value> = serde_json::from_slice(&admin(&rig, &["audit", "--json"]).stdout).unwrap();
+    let j: Vec<Value> = serde_json::from_slice(&rig.cli(["audit", "--json"]).stdout).unwrap();
     assert_eq!(j.len(), 2);
 }
 
@@ -457,16 +445,9 @@ fn non_admins_are_refused() {
     let rig = Rig::new();
     use std::os::unix::process::CommandExt;
     let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-            .args(args)
-            .arg("--socket")
-            .arg(&rig.socket)
-            .arg("--config")
-            .arg(&rig.config)
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .output()
-            .unwrap()
+        rig.cli_with(args, |c| {
+            c.uid(NOBODY).gid(NOBODY);
+        })
     };
     for cmd in [
         &["audit"][..],

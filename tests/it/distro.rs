@@ -3,8 +3,7 @@
 //! cannot write. The real daemon, the real bwrap where the failure can be made
 //! safely (a user namespace or mount namespace of the test's own), and a stand-in
 //! bwrap with the real one's words and exit code where it cannot (AppArmor).
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -14,14 +13,7 @@ use std::time::{Duration, Instant};
 
 /// `scriptgate status` against the rig.
 fn status(rig: &Rig) -> String {
-    let o: Output = Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .arg("status")
-        .arg("--socket")
-        .arg(&rig.socket)
-        .arg("--config")
-        .arg(&rig.config)
-        .output()
-        .unwrap();
+    let o: Output = rig.cli(["status"]);
     assert_eq!(
         o.status.code(),
         Some(0),

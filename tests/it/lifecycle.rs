@@ -1,9 +1,9 @@
 //! The daemon's life as a sysadmin sees it (issue 13): counts that survive a kill,
 //! workspace retention, metrics. Real daemon, real socket, real SQLite file, real
 //! sandbox.
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::json;
+use std::ffi::OsStr;
 use std::time::Duration;
 
 /// The audit row's counts are kept current while the script runs: a kill -9 of
@@ -102,13 +102,7 @@ fn parse_metrics(text: &str) -> std::collections::BTreeMap<String, f64> {
 }
 
 fn metrics(rig: &Rig, extra: &[&str]) -> String {
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .arg("metrics")
-        .arg("--config")
-        .arg(&rig.config)
-        .args(extra)
-        .output()
-        .unwrap();
+    let o = rig.cli(["metrics"].iter().chain(extra));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8(o.stdout).unwrap()
 }
@@ -240,13 +234,7 @@ fn age_workspace(ws: &std::path::Path, days: u64) {
 }
 
 fn prune(rig: &Rig, extra: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .arg("prune")
-        .arg("--config")
-        .arg(&rig.config)
-        .args(extra)
-        .output()
-        .unwrap()
+    rig.cli(["prune"].iter().chain(extra))
 }
 
 /// `scriptgate run` through the daemon makes a fresh workspace marked as
@@ -269,17 +257,13 @@ fn prune_removes_only_old_workspaces_scriptgate_created() {
     let script = rig.dir.path().join("s.py");
     std::fs::write(&script, "print('hi')\n").unwrap();
     let cli_run = || {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-            .arg("run")
-            .arg("--socket")
-            .arg(&rig.socket)
-            .arg("--config")
-            .arg(&rig.config)
-            .arg("--mcp")
-            .arg(format!("time={}", time.display()))
-            .arg(&script)
-            .output()
-            .unwrap();
+        let mcp = format!("time={}", time.display());
+        let o = rig.cli([
+            OsStr::new("run"),
+            "--mcp".as_ref(),
+            mcp.as_ref(),
+            script.as_ref(),
+        ]);
         let err = String::from_utf8_lossy(&o.stderr).into_owned();
         assert_eq!(o.status.code(), Some(0), "{err}");
         let ws = err
@@ -382,11 +366,7 @@ fn metrics_before_the_first_script_are_zero() {
     let cfg = dir.path().join("scriptgate.toml");
     let state = dir.path().join("state");
     std::fs::write(&cfg, format!("[state]\ndir = {state:?}\n")).unwrap();
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_scriptgate"))
-        .args(["metrics", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let o = cli([OsStr::new("metrics"), "--config".as_ref(), cfg.as_ref()]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(
