@@ -298,6 +298,33 @@ pub enum StoreError {
     TooNew { path: PathBuf, found: i64 },
     #[error("audit store writer thread is gone")]
     Gone,
+    #[error("audit store {path}: its write-ahead log {path}-wal holds rows this user cannot read (it may not open {path}-shm); run this as root, or after scriptgated stopped cleanly")]
+    WalUnreadable { path: PathBuf },
+    #[error("{path} exists; a backup is never written over a file: remove it or name another")]
+    Exists { path: PathBuf },
+    #[error("backup {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What `wal_checkpoint(TRUNCATE)` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WalCheckpoint {
+    /// A reader held the log: it was not (all) folded in.
+    pub busy: bool,
+    /// Frames in the log, and those folded into the database file.
+    pub frames: i64,
+    pub folded: i64,
+}
+
+/// What a backup copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backup {
+    pub scripts: i64,
+    pub refusals: i64,
+    pub bytes: u64,
 }
 
 impl StoreError {
@@ -656,6 +683,24 @@ impl Store {
         .await
     }
 
+    /// Fold the write-ahead log into the database file and empty it
+    /// (`wal_checkpoint(TRUNCATE)`), so that after a clean stop `scriptgate.db`
+    /// alone is the whole store: a copy of it is a backup, and a reader who
+    /// cannot open `-shm` reads every row. A reader holding a snapshot makes it
+    /// partial (`busy`).
+    pub async fn checkpoint_wal(&self) -> Result<WalCheckpoint, StoreError> {
+        self.write("checkpoint the write-ahead log", |c| {
+            c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                Ok(WalCheckpoint {
+                    busy: r.get::<_, i64>(0)? != 0,
+                    frames: r.get(1)?,
+                    folded: r.get(2)?,
+                })
+            })
+        })
+        .await
+    }
+
     pub async fn refusal(&self, r: RefusalRow) -> Result<(), StoreError> {
         let reason = r.reason.clone().unwrap_or_else(|| "other".into());
         self.refusal_counted(r, vec![(reason, 1)]).await
@@ -825,7 +870,15 @@ const ROW_COLUMNS: &str = "script_id, run_id, runner, peer_uid, peer_pid, run_ui
     details_dir, memory_peak_bytes, cpu_usec, result, scope";
 
 /// Read-only access for the CLI, also while the daemon is down.
-pub struct Reader(Connection, &'static str);
+pub struct Reader {
+    c: Connection,
+    /// `trace_id`, or `NULL AS trace_id` for a store of before v5.
+    trace_column: &'static str,
+    path: PathBuf,
+    /// Opened `immutable=1` (this user may not open `-shm`): the log's rows
+    /// are not seen.
+    immutable: bool,
+}
 
 impl Reader {
     pub fn open(path: &Path) -> Result<Reader, StoreError> {
@@ -852,14 +905,15 @@ impl Reader {
         let c = Connection::open_with_flags(path, flags).map_err(sql("open read-only"))?;
         // A WAL store read by a user who cannot create its -shm file (the daemon is
         // down and the directory is not theirs): read the file as it stands.
-        let c = match c.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+        let (c, immutable) = match c.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
             r.get::<_, i64>(0)
         }) {
-            Ok(_) => c,
-            Err(_) => {
+            Ok(_) => (c, false),
+            Err(_) => (
                 Connection::open_with_flags(format!("file:{}?immutable=1", path.display()), flags)
-                    .map_err(sql("open immutable"))?
-            }
+                    .map_err(sql("open immutable"))?,
+                true,
+            ),
         };
         // A store of before v5 (the daemon not restarted since the upgrade) has
         // no trace ids: they read as null.
@@ -868,11 +922,96 @@ impl Reader {
         } else {
             "NULL AS trace_id"
         };
-        Ok(Reader(c, columns))
+        Ok(Reader {
+            c,
+            trace_column: columns,
+            path: path.to_path_buf(),
+            immutable,
+        })
+    }
+
+    /// Copy the store to `dest` with SQLite's online backup API: a consistent
+    /// copy while the daemon writes, as one self-contained file (a rollback
+    /// journal, not a log beside it), created 0600 and never over a file that
+    /// exists. The copy is checked (`quick_check`) before it is reported.
+    pub fn backup(&self, dest: &Path) -> Result<Backup, StoreError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let wal = PathBuf::from(format!("{}-wal", self.path.display()));
+        if self.immutable && std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0) {
+            return Err(StoreError::WalUnreadable {
+                path: self.path.clone(),
+            });
+        }
+        let io = |source| StoreError::Io {
+            path: dest.to_path_buf(),
+            source,
+        };
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dest)
+        {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(StoreError::Exists {
+                    path: dest.to_path_buf(),
+                })
+            }
+            Err(e) => return Err(io(e)),
+        }
+        let sql = |op| {
+            move |source| StoreError::Sql {
+                path: dest.to_path_buf(),
+                op,
+                source,
+            }
+        };
+        let copied = (|| {
+            let mut dst = Connection::open(dest).map_err(sql("open the copy"))?;
+            rusqlite::backup::Backup::new(&self.c, &mut dst)
+                .and_then(|b| b.run_to_completion(256, std::time::Duration::ZERO, None))
+                .map_err(sql("copy"))?;
+            let mode: String = dst
+                .query_row("PRAGMA journal_mode = DELETE", [], |r| r.get(0))
+                .map_err(sql("leave WAL"))?;
+            let check: String = dst
+                .query_row("PRAGMA quick_check", [], |r| r.get(0))
+                .map_err(sql("quick_check"))?;
+            if check != "ok" || mode != "delete" {
+                return Err(StoreError::Sql {
+                    path: dest.to_path_buf(),
+                    op: "check the copy",
+                    source: rusqlite::Error::InvalidQuery,
+                });
+            }
+            let count = |t: &str| {
+                dst.query_row(&format!("SELECT count(*) FROM {t}"), [], |r| r.get(0))
+                    .map_err(sql("count"))
+            };
+            Ok(Backup {
+                scripts: count("scripts")?,
+                refusals: count("refusals")?,
+                bytes: 0,
+            })
+        })();
+        match copied {
+            Ok(b) => Ok(Backup {
+                bytes: std::fs::metadata(dest).map_err(io)?.len(),
+                ..b
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_file(dest);
+                Err(e)
+            }
+        }
     }
 
     pub fn scripts(&self, q: &Query) -> rusqlite::Result<Vec<Value>> {
-        let mut sql = format!("SELECT {ROW_COLUMNS}, {} FROM scripts WHERE 1=1", self.1);
+        let mut sql = format!(
+            "SELECT {ROW_COLUMNS}, {} FROM scripts WHERE 1=1",
+            self.trace_column
+        );
         let mut args: Vec<rusqlite::types::Value> = vec![];
         if let Some(s) = q.since_ms {
             sql.push_str(" AND started_at >= ?");
@@ -888,17 +1027,17 @@ impl Reader {
         }
         sql.push_str(" ORDER BY started_at DESC, script_id LIMIT ?");
         args.push((q.limit.max(1) as i64).into());
-        let mut s = self.0.prepare(&sql)?;
+        let mut s = self.c.prepare(&sql)?;
         let rows = s.query_map(rusqlite::params_from_iter(args), row_json)?;
         rows.collect()
     }
 
     pub fn script(&self, id: &str) -> rusqlite::Result<Option<Value>> {
-        self.0
+        self.c
             .query_row(
                 &format!(
                     "SELECT {ROW_COLUMNS}, {} FROM scripts WHERE script_id = ?1",
-                    self.1
+                    self.trace_column
                 ),
                 [id],
                 row_json,
@@ -909,7 +1048,7 @@ impl Reader {
     /// Every counter of the `metrics` table: `(name, label, value)`.
     pub fn metrics(&self) -> rusqlite::Result<Vec<(String, String, f64)>> {
         let mut s = self
-            .0
+            .c
             .prepare("SELECT name, label, value FROM metrics ORDER BY name, label")?;
         let rows = s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
         rows.collect()
@@ -917,13 +1056,13 @@ impl Reader {
 
     /// The workspaces retention may remove (recorded by the daemon).
     pub fn vouched_workspaces(&self) -> rusqlite::Result<Vec<Vouched>> {
-        vouched_rows(&self.0)
+        vouched_rows(&self.c)
     }
 
     /// The workspaces of rows that say `running`.
     pub fn running_workspaces(&self) -> rusqlite::Result<Vec<String>> {
         let mut s = self
-            .0
+            .c
             .prepare("SELECT DISTINCT workspace FROM scripts WHERE status = 'running'")?;
         let rows = s.query_map([], |r| r.get(0))?;
         rows.collect()
@@ -931,7 +1070,7 @@ impl Reader {
 
     /// Scripts whose row says `running`.
     pub fn running(&self) -> rusqlite::Result<u64> {
-        self.0.query_row(
+        self.c.query_row(
             "SELECT count(*) FROM scripts WHERE status = 'running'",
             [],
             |r| r.get::<_, i64>(0).map(|n| n as u64),
@@ -939,7 +1078,7 @@ impl Reader {
     }
 
     pub fn refusals(&self, q: &Query) -> rusqlite::Result<Vec<Value>> {
-        let mut s = self.0.prepare(
+        let mut s = self.c.prepare(
             "SELECT at, run_id, runner, peer_uid, peer_pid, code, reason, message FROM refusals
              WHERE at >= ?1 AND (?2 IS NULL OR run_id = ?2) ORDER BY at DESC LIMIT ?3",
         )?;

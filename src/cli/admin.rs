@@ -386,6 +386,21 @@ fn rows_out(
     table(headers, &rows.iter().map(row).collect::<Vec<_>>())
 }
 
+/// `scriptgate audit backup FILE`.
+pub fn backup(ctx: &Ctx, file: &Path) -> Result<String, Failure> {
+    let b = ctx
+        .reader()?
+        .backup(file)
+        .map_err(|e| Failure::setup(e.to_string()))?;
+    Ok(format!(
+        "backed up the audit store to {}: {} scripts, {} refusals, {} bytes\n",
+        file.display(),
+        b.scripts,
+        b.refusals,
+        b.bytes
+    ))
+}
+
 pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<String, Failure> {
     let reader = ctx.reader()?;
     let store = |e: rusqlite::Error| Failure::setup(e.to_string());

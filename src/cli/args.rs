@@ -123,7 +123,10 @@ pub struct AdminArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct AuditCmd {
+    #[command(subcommand)]
+    pub action: Option<AuditAction>,
     /// Only scripts started since: a duration (30m, 2h, 7d) or a date (2026-11-30, 2026-11-30T07:00:00Z).
     #[arg(long, value_parser = crate::time::since_arg)]
     pub since: Option<i64>,
@@ -140,6 +143,20 @@ pub struct AuditCmd {
     pub refusals: bool,
     #[command(flatten)]
     pub a: AdminArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AuditAction {
+    /// Copy the audit store to FILE: consistent while the daemon runs (SQLite's
+    /// online backup), one self-contained file, 0600, never over a file that
+    /// exists. To restore, see scriptgated(8), BACKUP.
+    Backup {
+        /// Where the copy goes (a new file).
+        file: PathBuf,
+        /// The daemon's configuration (state.dir, auth.admin_groups).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
 }
 
 const ADMIN_AFTER_HELP: &str = "\

@@ -79,6 +79,10 @@ fn run_cmd(c: RunCmd) -> ExitCode {
 }
 
 fn audit_cmd(c: AuditCmd) -> ExitCode {
+    if let Some(crate::cli::args::AuditAction::Backup { file, config }) = &c.action {
+        let r = admin::Ctx::load(None, config.clone()).and_then(|ctx| admin::backup(&ctx, file));
+        return done("audit backup", r);
+    }
     let q = crate::audit::Query {
         since_ms: c.since,
         run_id: c.run.clone(),

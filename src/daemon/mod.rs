@@ -591,6 +591,21 @@ impl Daemon {
             .await;
     }
 
+    /// At a clean stop or idle exit, after the last row: fold the audit store's
+    /// write-ahead log into `scriptgate.db` and empty it.
+    pub async fn checkpoint_store(&self) {
+        match self.store.checkpoint_wal().await {
+            Ok(c) if c.busy => tracing::warn!(
+                "the audit store's write-ahead log could not all be folded in at stop ({} of {} frames; a reader held it): \
+                 scriptgate.db-wal stays beside scriptgate.db, so copy both, or back up with `scriptgate audit backup FILE`",
+                c.folded,
+                c.frames
+            ),
+            Ok(c) => tracing::debug!(frames = c.frames, "audit store checkpointed"),
+            Err(e) => tracing::warn!("cannot checkpoint the audit store at stop: {e}"),
+        }
+    }
+
     /// Write the summary of refusals that were only counted, if there are any.
     pub async fn flush_refusals(&self) {
         let Some(s) = self.refusals.lock().unwrap().take() else {

@@ -191,6 +191,8 @@ async fn run(
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     daemon.interrupt_all(Duration::from_secs(10)).await;
     daemon.flush_refusals().await;
+    // The log folded into scriptgate.db: a copy of the file alone is a backup.
+    daemon.checkpoint_store().await;
     drop(housekeeping);
     if let Some(p) = listen.filter(|_| bound) {
         let _ = std::fs::remove_file(p);

@@ -260,6 +260,21 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
         );
         assert_eq!(bad["status"], "error", "{bad}");
         let failed = bad["script_id"].as_str().unwrap().to_string();
+        // An exception: the entry says the exception, the result keeps the tail.
+        let raised = e.run(
+            &token,
+            "import sys\nprint('warming up', file=sys.stderr)\nprint(1/0)\n",
+            &[],
+        );
+        assert_eq!(raised["status"], "error", "{raised}");
+        assert!(
+            raised["error"]
+                .as_str()
+                .unwrap()
+                .contains("Traceback (most recent call last):"),
+            "{raised}"
+        );
+        let raised = raised["script_id"].as_str().unwrap().to_string();
         let lost_engine = Engine::connect(&rig.socket());
         let lost = lost_engine
             .start(
@@ -302,6 +317,18 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
         assert!(
             m.contains(": error (0 calls") && m.ends_with(" ms): bad input: SN9"),
             "{m}"
+        );
+        let j = entry(&raised);
+        assert_eq!(
+            j["SCRIPTGATE_ERROR"], "ZeroDivisionError: division by zero",
+            "the exception, not the Traceback line: {j}"
+        );
+        assert!(
+            j["MESSAGE"]
+                .as_str()
+                .unwrap()
+                .ends_with(" ms): ZeroDivisionError: division by zero"),
+            "{j}"
         );
         let j = entry(&lost);
         assert_eq!(
