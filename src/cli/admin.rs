@@ -161,20 +161,73 @@ fn pretty<T: Serialize + ?Sized>(v: &T) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default() + "\n"
 }
 
-pub fn status(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
+/// What `scriptgate status` says of the daemon, in the manner of
+/// `systemctl is-system-running`: its word and exit status, and what makes it so
+/// (each cause once, named by the row that says it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct State {
+    pub word: &'static str,
+    pub code: u8,
+    pub why: Vec<&'static str>,
+}
+
+/// Pure: the state of a daemon that reports `info`.
+pub fn state_of(info: &DaemonInfo) -> State {
+    let sandbox = info.sandbox.as_ref().map(|s| s.state.as_str());
+    if sandbox == Some("unavailable") {
+        return State {
+            word: "unavailable",
+            code: exit::UNAVAILABLE,
+            why: vec!["no script can run: the sandbox cannot be made (see sandbox)"],
+        };
+    }
+    let mut why = vec![];
+    if sandbox.is_some_and(|s| s != "ok") {
+        why.push("the sandbox was not checked at start (see sandbox)");
+    }
+    if info.limits_enforced == Some(false) {
+        why.push("limits are not in force (see backend)");
+    }
+    if info.backend == "rlimit" {
+        why.push("the scripts of one uid share their limits (backend rlimit)");
+    } else if !info.backend_notes.is_empty() && info.limits_enforced != Some(false) {
+        why.push("the backend is not as configured (see backend)");
+    }
+    match why.is_empty() {
+        true => State {
+            word: "ok",
+            code: exit::OK,
+            why,
+        },
+        false => State {
+            word: "degraded",
+            code: exit::DEGRADED,
+            why,
+        },
+    }
+}
+
+/// `scriptgate status`: the text, and the exit status of the daemon's state.
+pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
     let raw = ctx.call(Method::DaemonInfo, &NoParams {})?;
+    let info: DaemonInfo = typed(Method::DaemonInfo, raw.clone())?;
+    let state = state_of(&info);
     if json_out {
         #[derive(Serialize)]
         struct Out<'a> {
             socket: &'a Path,
+            state: &'a str,
+            why: &'a [&'a str],
             daemon: &'a Value,
         }
-        return Ok(pretty(&Out {
+        let out = pretty(&Out {
             socket: &ctx.socket,
+            state: state.word,
+            why: &state.why,
             daemon: &raw,
-        }));
+        });
+        return Ok((out, state.code));
     }
-    let info: DaemonInfo = typed(Method::DaemonInfo, raw)?;
     let l = &info.limits;
     let backend = if info.backend_notes.is_empty() {
         info.backend.clone()
@@ -186,21 +239,25 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
         Some(false) => format!("{backend}; LIMITS NOT ENFORCED"),
         _ => backend,
     };
+    // The diagnosis says "sandbox unavailable: …" itself: it is the row's value.
     let sandbox = match &info.sandbox {
         None => "not reported by this daemon".to_string(),
         Some(s) => match (&s.problem, &s.detail) {
-            (Some(p), Some(d)) => {
-                format!("{} ({p}; bwrap said: {})", s.state, d.replace('\n', " / "))
-            }
-            (Some(p), None) => format!("{} ({p})", s.state),
+            (Some(p), Some(d)) => format!("{p} (bwrap said: {})", d.replace('\n', " / ")),
+            (Some(p), None) => p.clone(),
             _ => format!(
                 "{} (nested user namespaces refused by: {})",
                 s.state, s.nested_userns
             ),
         },
     };
+    let state_row = match state.why.as_slice() {
+        [] => state.word.to_string(),
+        why => format!("{}: {}", state.word, why.join("; ")),
+    };
     let rows = vec![
         vec!["daemon".into(), format!("running at {}", ctx.socket.display())],
+        vec!["state".into(), state_row],
         vec!["version".into(), format!("{} (protocol {})", info.version, info.protocol)],
         vec!["backend".into(), backend],
         vec!["sandbox".into(), sandbox],
@@ -218,7 +275,7 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
             ),
         ],
     ];
-    Ok(pairs(&rows))
+    Ok((pairs(&rows), state.code))
 }
 
 pub fn ps(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
@@ -459,4 +516,52 @@ pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<Stri
             ]
         },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(backend: &str, enforced: Option<bool>, notes: &[&str], sandbox: &str) -> DaemonInfo {
+        serde_json::from_value(serde_json::json!({
+            "version": "0", "protocol": 1, "backend": backend, "backend_notes": notes,
+            "limits_per_script": backend != "rlimit", "limits_enforced": enforced, "running": 0,
+            "limits": {"max_calls": 1, "max_concurrency": 1, "timeout_s": 1, "memory_max_bytes": 1,
+                       "tasks_max": 1, "output_max_bytes": 1, "return_max_chars": 1,
+                       "approval_timeout_s": 1, "max_running": 1},
+            "sandbox": {"state": sandbox, "nested_userns": "disable-userns",
+                        "problem": null, "detail": null}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_state_is_ok_degraded_or_unavailable_with_each_cause_once() {
+        let s = state_of(&info("systemd", Some(true), &[], "ok"));
+        assert_eq!((s.word, s.code, s.why.len()), ("ok", exit::OK, 0));
+        let s = state_of(&info(
+            "systemd",
+            Some(false),
+            &["memory_max_bytes = 1 is not in force"],
+            "ok",
+        ));
+        assert_eq!((s.word, s.code), ("degraded", exit::DEGRADED));
+        assert_eq!(s.why, ["limits are not in force (see backend)"]);
+        let s = state_of(&info("rlimit", None, &["scripts of one uid share"], "ok"));
+        assert_eq!(
+            (s.word, s.why.as_slice()),
+            (
+                "degraded",
+                ["the scripts of one uid share their limits (backend rlimit)"].as_slice()
+            )
+        );
+        let s = state_of(&info("systemd", Some(true), &[], "unchecked"));
+        assert_eq!((s.word, s.code), ("degraded", exit::DEGRADED));
+        // No script can run: that alone is said, whatever else holds.
+        let s = state_of(&info("rlimit", Some(false), &[], "unavailable"));
+        assert_eq!(
+            (s.word, s.code, s.why.len()),
+            ("unavailable", exit::UNAVAILABLE, 1)
+        );
+    }
 }

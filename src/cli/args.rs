@@ -56,7 +56,8 @@ pub enum Cmd {
     /// Run tokens (the reference for engine authors).
     #[command(subcommand)]
     Token(TokenCmd),
-    /// The daemon: version, backend, limits, running scripts.
+    /// The daemon: its state, version, backend, sandbox, limits, running scripts.
+    #[command(after_help = STATUS_AFTER_HELP)]
     Status(AdminArgs),
     /// Running scripts (admin).
     Ps(AdminArgs),
@@ -158,6 +159,13 @@ pub enum AuditAction {
         config: Option<PathBuf>,
     },
 }
+
+const STATUS_AFTER_HELP: &str = "\
+Exit status, as the state row says (like systemctl is-system-running): 0 ok;
+14 degraded (scripts run, but their limits are not in force, or the scripts of one
+uid share them: backend rlimit); 15 unavailable (no script can run: the sandbox
+cannot be made). Else as the other admin commands: 10 set-up failed, 11 the daemon
+does not answer, 12 permission denied.";
 
 const ADMIN_AFTER_HELP: &str = "\
 For root and members of auth.admin_groups. Exit status: 0 ok; 2 usage; 10 set-up

@@ -21,6 +21,11 @@ pub const DAEMON_DOWN: u8 = 11;
 pub const NOT_PERMITTED: u8 = 12;
 /// Admin commands: no such script.
 pub const NOT_FOUND: u8 = 13;
+/// `scriptgate status`: scripts run, but not as configured (limits not in
+/// force, or shared by the scripts of one uid).
+pub const DEGRADED: u8 = 14;
+/// `scriptgate status`: no script can run (the sandbox cannot be made).
+pub const UNAVAILABLE: u8 = 15;
 
 /// The exit status of `scriptgate run` for a script that ended this way.
 pub fn for_status(status: Status) -> u8 {

@@ -192,7 +192,17 @@ pub fn main() -> ExitCode {
                 c.config.as_deref(),
             )),
         ),
-        Cmd::Status(a) => admin_cmd("status", &a, |ctx| admin::status(ctx, a.json)),
+        Cmd::Status(a) => {
+            let r = admin::Ctx::load(a.socket.clone(), a.config.clone())
+                .and_then(|ctx| admin::status(&ctx, a.json));
+            match r {
+                Ok((out, code)) => {
+                    print!("{out}");
+                    ExitCode::from(code)
+                }
+                Err(f) => done("status", Err(f)),
+            }
+        }
         Cmd::Ps(a) => admin_cmd("ps", &a, |ctx| admin::ps(ctx, a.json)),
         Cmd::Show { id, a } => admin_cmd("show", &a, |ctx| admin::show(ctx, &id, a.json)),
         Cmd::Cancel { id, a } => admin_cmd("cancel", &a, |ctx| admin::cancel(ctx, &id, a.json)),

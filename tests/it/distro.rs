@@ -11,12 +11,13 @@ use std::os::unix::net::UnixStream;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// `scriptgate status` against the rig.
-fn status(rig: &Rig) -> String {
+/// `scriptgate status` against the rig, which must exit `code` (14: degraded,
+/// 15: unavailable).
+fn status(rig: &Rig, code: i32) -> String {
     let o: Output = rig.cli(["status"]);
     assert_eq!(
         o.status.code(),
-        Some(0),
+        Some(code),
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
@@ -110,9 +111,17 @@ fn assert_diagnosed(rig: &Rig, diagnosis: &str, raw: &str) {
     assert_eq!(i["sandbox"]["state"], "unavailable", "{i}");
     assert_eq!(i["sandbox"]["problem"], diagnosis, "{i}");
     assert_eq!(i["sandbox"]["detail"], raw, "{i}");
-    let st = status(rig);
+    let st = status(rig, 15);
     assert!(
-        st.contains(&format!("unavailable ({diagnosis}; bwrap said: {raw})")),
+        st.contains(&format!("{diagnosis} (bwrap said: {raw})")),
+        "{st}"
+    );
+    assert_eq!(st.matches(diagnosis).count(), 1, "said once: {st}");
+    assert!(
+        st.lines().any(|l| l.starts_with("state")
+            && l.ends_with(
+                "unavailable: no script can run: the sandbox cannot be made (see sandbox)"
+            )),
         "{st}"
     );
     let r = rig
@@ -374,8 +383,13 @@ fn limits_not_in_force_are_loud_and_refused_when_required() {
         notes.iter().any(|n| n.starts_with("tasks_max = ")),
         "{notes:?}"
     );
-    let st = status(&rig);
+    let st = status(&rig, 14);
     assert!(st.contains("LIMITS NOT ENFORCED"), "{st}");
+    assert!(
+        st.lines().any(|l| l.starts_with("state")
+            && l.ends_with("degraded: limits are not in force (see backend)")),
+        "{st}"
+    );
     // Not required: the script runs, and its result says what was not in force.
     let r = rig
         .engine()

@@ -221,7 +221,9 @@ if [ "$apparmor4" = yes ]; then
   check "the daemon runs confined (scriptgated, enforce)" test "$label" = "scriptgated (enforce)"
 fi
 status=$(scriptgate status 2>&1)
+status_rc=$?
 echo "$status" | sed 's/^/  /'
+check "status: state ok, exit 0" bash -c 'test "$1" = 0 && grep -qE "^state +ok$" <<<"$2"' _ "$status_rc" "$status"
 check "status: backend systemd, sandbox ok" grep -qE '^backend +systemd' <<<"$status"
 check "status: sandbox ok" grep -qE '^sandbox +ok' <<<"$status"
 check "journal: limits in force" sh -c "journalctl -u scriptgate.service -o cat --no-pager | grep -q 'limits in force'"
@@ -410,7 +412,9 @@ if [ "$apparmor4" = yes ]; then
   apparmor_parser -R /etc/apparmor.d/scriptgated >/dev/null 2>&1
   systemctl restart scriptgate.service
   status=$(scriptgate status 2>&1)
+  status_rc=$?
   echo "$status" | grep -E '^sandbox' | sed 's/^/  /'
+  check "status: unavailable, exit 15" bash -c 'test "$1" = 15 && grep -qE "^state +unavailable: no script can run" <<<"$2"' _ "$status_rc" "$status"
   check "diagnosis names AppArmor" grep -q 'sandbox unavailable: AppArmor denies the sandbox its user namespace' <<<"$status"
   check "diagnosis names the fix" grep -q 'apparmor_parser -r /etc/apparmor.d/scriptgated' <<<"$status"
   run sim_refused "$ex/fleet_summary.py"
