@@ -171,15 +171,22 @@ pub struct State {
     pub why: Vec<&'static str>,
 }
 
-/// Pure: the state of a daemon that reports `info`.
-pub fn state_of(info: &DaemonInfo) -> State {
+/// Pure: the state of a daemon that reports `info`, whose limits must be in
+/// force when `limits_required` (`sandbox.require_enforced_limits`).
+pub fn state_of(info: &DaemonInfo, limits_required: bool) -> State {
     let sandbox = info.sandbox.as_ref().map(|s| s.state.as_str());
+    let unavailable = |why| State {
+        word: "unavailable",
+        code: exit::UNAVAILABLE,
+        why: vec![why],
+    };
     if sandbox == Some("unavailable") {
-        return State {
-            word: "unavailable",
-            code: exit::UNAVAILABLE,
-            why: vec!["no script can run: the sandbox cannot be made (see sandbox)"],
-        };
+        return unavailable("no script can run: the sandbox cannot be made (see sandbox)");
+    }
+    if limits_required && info.limits_enforced == Some(false) {
+        return unavailable(
+            "no script can run: the limits sandbox.require_enforced_limits requires are not in force (see backend)",
+        );
     }
     let mut why = vec![];
     if sandbox.is_some_and(|s| s != "ok") {
@@ -211,7 +218,7 @@ pub fn state_of(info: &DaemonInfo) -> State {
 pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
     let raw = ctx.call(Method::DaemonInfo, &NoParams {})?;
     let info: DaemonInfo = typed(Method::DaemonInfo, raw.clone())?;
-    let state = state_of(&info);
+    let state = state_of(&info, ctx.config.sandbox.require_enforced_limits);
     if json_out {
         #[derive(Serialize)]
         struct Out<'a> {
@@ -537,17 +544,23 @@ mod tests {
 
     #[test]
     fn the_state_is_ok_degraded_or_unavailable_with_each_cause_once() {
-        let s = state_of(&info("systemd", Some(true), &[], "ok"));
+        let s = state_of(&info("systemd", Some(true), &[], "ok"), false);
         assert_eq!((s.word, s.code, s.why.len()), ("ok", exit::OK, 0));
-        let s = state_of(&info(
-            "systemd",
-            Some(false),
-            &["memory_max_bytes = 1 is not in force"],
-            "ok",
-        ));
+        let s = state_of(
+            &info(
+                "systemd",
+                Some(false),
+                &["memory_max_bytes = 1 is not in force"],
+                "ok",
+            ),
+            false,
+        );
         assert_eq!((s.word, s.code), ("degraded", exit::DEGRADED));
         assert_eq!(s.why, ["limits are not in force (see backend)"]);
-        let s = state_of(&info("rlimit", None, &["scripts of one uid share"], "ok"));
+        let s = state_of(
+            &info("rlimit", None, &["scripts of one uid share"], "ok"),
+            false,
+        );
         assert_eq!(
             (s.word, s.why.as_slice()),
             (
@@ -555,10 +568,10 @@ mod tests {
                 ["the scripts of one uid share their limits (backend rlimit)"].as_slice()
             )
         );
-        let s = state_of(&info("systemd", Some(true), &[], "unchecked"));
+        let s = state_of(&info("systemd", Some(true), &[], "unchecked"), false);
         assert_eq!((s.word, s.code), ("degraded", exit::DEGRADED));
         // No script can run: that alone is said, whatever else holds.
-        let s = state_of(&info("rlimit", Some(false), &[], "unavailable"));
+        let s = state_of(&info("rlimit", Some(false), &[], "unavailable"), false);
         assert_eq!(
             (s.word, s.code, s.why.len()),
             ("unavailable", exit::UNAVAILABLE, 1)

@@ -361,6 +361,13 @@ impl Preflight {
     }
 
     /// Whether the start-up line must be a warning.
+    /// No script can run: the sandbox cannot be made, or the limits that
+    /// `sandbox.require_enforced_limits` requires are not in force.
+    pub fn blocks_scripts(&self, require_enforced_limits: bool) -> bool {
+        self.sandbox.info.state == "unavailable"
+            || (require_enforced_limits && !self.limits.enforced())
+    }
+
     pub fn loud(&self) -> bool {
         !self.limits.enforced() || self.sandbox.info.state != "ok" || !self.limits.notes.is_empty()
     }

@@ -131,9 +131,22 @@ fn cannot_start(activated: &[OwnedFd], e: &dyn std::fmt::Display) -> ExitCode {
     fail(e)
 }
 
+/// Why the daemon cannot start or cannot go on, on standard error: under systemd
+/// that is the journal, and each line is marked priority err (`<3>`), so that
+/// `journalctl -u scriptgate -p err` shows it beside systemd's "Failed to start".
 fn fail(e: &dyn std::fmt::Display) -> ExitCode {
-    eprintln!("scriptgated: {e}");
+    let prefix = if crate::sys::stderr_is_journal() {
+        "<3>"
+    } else {
+        ""
+    };
+    eprint!("{}", err_lines(prefix, &format!("scriptgated: {e}")));
     ExitCode::from(1)
+}
+
+/// `text`, each of its lines with `prefix`.
+fn err_lines(prefix: &str, text: &str) -> String {
+    text.lines().map(|l| format!("{prefix}{l}\n")).collect()
 }
 
 /// The daemon's life, in order: state (which completes what a killed daemon left
@@ -227,7 +240,17 @@ fn announce_ready(daemon: &Daemon) {
     let backend = daemon.backend.kind.as_str();
     // The preflight: limits read back from a unit, and the sandbox probed.
     let preflight = daemon.preflight.summary();
-    if daemon.backend.limits_per_script() && !daemon.preflight.loud() {
+    if daemon
+        .preflight
+        .blocks_scripts(daemon.cfg.sandbox.require_enforced_limits)
+    {
+        // No script can run: at err, where `journalctl -p err` looks.
+        tracing::error!(
+            version = crate::daemon::VERSION,
+            backend,
+            "scriptgated ready (backend {backend}; {notes}; {preflight}); no script can run until this is fixed"
+        );
+    } else if daemon.backend.limits_per_script() && !daemon.preflight.loud() {
         tracing::info!(
             version = crate::daemon::VERSION,
             backend,

@@ -873,6 +873,19 @@ pub fn activated_sockets() -> io::Result<Vec<OwnedFd>> {
         .collect())
 }
 
+/// Whether standard error is systemd's journal stream: `JOURNAL_STREAM`, which
+/// systemd sets to that stream's `dev:ino`, names the file at fd 2. Its lines
+/// may then carry a `<N>` priority prefix (sd-daemon(3)).
+pub fn stderr_is_journal() -> bool {
+    let Some((dev, ino)) = std::env::var("JOURNAL_STREAM").ok().and_then(|v| {
+        let (d, i) = v.split_once(':')?;
+        Some((d.parse::<u64>().ok()?, i.parse::<u64>().ok()?))
+    }) else {
+        return false;
+    };
+    nix::sys::stat::fstat(std::io::stderr()).is_ok_and(|st| st.st_dev == dev && st.st_ino == ino)
+}
+
 /// The watchdog interval systemd asks for (WATCHDOG_USEC for this pid), unsetting
 /// the variables so no child inherits them. Like `activated_sockets`, only with a
 /// single thread; with more it leaves the environment alone and answers None.

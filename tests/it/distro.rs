@@ -100,8 +100,8 @@ fn ready_line(rig: &Rig) -> String {
 fn assert_diagnosed(rig: &Rig, diagnosis: &str, raw: &str) {
     let line = ready_line(rig);
     assert!(
-        line.contains(" WARN "),
-        "a failing sandbox is a warning: {line}"
+        line.contains(" ERROR ") && line.contains("); no script can run until this is fixed"),
+        "a sandbox that cannot be made is an error: {line}"
     );
     assert!(
         line.contains(&format!("{diagnosis} (bwrap said: {raw})")),
@@ -422,6 +422,17 @@ fn limits_not_in_force_are_loud_and_refused_when_required() {
     );
     std::fs::write(&rig.config, text).unwrap();
     start(&mut rig);
+    let line = ready_line(&rig);
+    assert!(
+        line.contains(" ERROR "),
+        "no script can run: an error: {line}"
+    );
+    let st = status(&rig, 15);
+    assert!(
+        st.lines().any(|l| l.starts_with("state")
+            && l.contains("unavailable: no script can run: the limits sandbox.require_enforced_limits requires")),
+        "{st}"
+    );
     let e = rig
         .engine()
         .start(&rig.token(&rig.snapshot("auto")), "print('never')", &[])

@@ -614,6 +614,22 @@ fn a_fixed_config_recovers_with_systemctl_restart() {
     std::fs::write(&config, format!("{good}\n[bogus]\n")).unwrap();
     let o = rig.sh("systemctl restart scriptgate.service");
     assert!(!o.status.success(), "a broken config does not start");
+    // Why, at err: `journalctl -u scriptgate -p err` (scriptgated(8)) shows it.
+    let mut why: Vec<Value> = vec![];
+    eventually("the config error at err", Duration::from_secs(10), || {
+        let errs = rig.sh_ok("journalctl -u scriptgate.service -p err -o json --no-pager");
+        why = errs
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|j| {
+                j["MESSAGE"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("unknown field `bogus`"))
+            })
+            .collect();
+        !why.is_empty()
+    });
+    assert!(why.iter().all(|j| j["PRIORITY"] == "3"), "{why:?}");
     // Engines keep knocking on the socket, faster than the old start limit (5 in
     // 10 s) allowed: each is told why, and the socket stays up.
     for _ in 0..8 {
