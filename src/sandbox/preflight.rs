@@ -304,6 +304,27 @@ pub struct Preflight {
 impl Preflight {
     /// Probe the sandbox and the limits as the uid a root engine's scripts run as
     /// (`sandbox.run_as`), or as the daemon's own uid when it is not root.
+    /// The sandbox alone, probed as the daemon would at start (as the
+    /// `sandbox.run_as` uid): `scriptgated --check`.
+    pub async fn sandbox_only(spawner: &Spawner, cfg: &crate::config::Config) -> SandboxCheck {
+        let (uid, gid) = (
+            nix::unistd::Uid::effective().as_raw(),
+            nix::unistd::Gid::effective().as_raw(),
+        );
+        match crate::sys::resolve_run_as(uid, gid, &cfg.sandbox.run_as) {
+            Ok(id) => {
+                let identity = (id.uid != uid).then_some(id);
+                check_sandbox(spawner, &cfg.sandbox.bwrap, &cfg.scripts.python, identity).await
+            }
+            Err(e) => SandboxCheck::new(
+                "unchecked",
+                true,
+                Some(format!("the preflight cannot take the script uid: {e}")),
+                None,
+            ),
+        }
+    }
+
     pub async fn run(
         spawner: &Spawner,
         cfg: &crate::config::Config,

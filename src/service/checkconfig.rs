@@ -271,18 +271,59 @@ fn predict_backend(choice: BackendChoice, host: &Host) -> Result<(Kind, Vec<Stri
 }
 
 /// `scriptgated --check-config`: the report on stdout, errors included; 0 or 1.
-pub fn main(config: Option<PathBuf>) -> ExitCode {
+/// `--check-config` (`host` false) and `--check` (`host` true: the sandbox
+/// too, probed as the daemon probes it at start).
+pub fn main(config: Option<PathBuf>, host: bool) -> ExitCode {
     let (path, explicit) = match config {
         Some(p) => (p, true),
         None => (PathBuf::from(DEFAULT_PATH), false),
     };
-    let (text, ok) = report(&gather(&path, explicit));
+    let found = gather(&path, explicit);
+    let (text, mut ok) = report(&found);
     print!("{text}");
+    if let (true, true, Ok(cfg)) = (host, ok, &found.config) {
+        let (text, runs) = host_report(&probe_sandbox(cfg));
+        print!("{text}");
+        ok = runs;
+    }
     if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     }
+}
+
+/// The sandbox, probed with the real bwrap as the `sandbox.run_as` uid.
+fn probe_sandbox(cfg: &Config) -> crate::sandbox::preflight::SandboxCheck {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let spawner = crate::sys::Spawner::start();
+    rt.block_on(crate::sandbox::preflight::Preflight::sandbox_only(
+        &spawner, cfg,
+    ))
+}
+
+/// What `--check` adds: the sandbox, whether scripts can run, and what it cannot
+/// see (pure).
+pub fn host_report(s: &crate::sandbox::preflight::SandboxCheck) -> (String, bool) {
+    let runs = s.info.state != "unavailable";
+    let verdict = if runs {
+        "scriptgated: the host can make the sandbox"
+    } else {
+        "scriptgated: no script can run on this host until the sandbox is fixed"
+    };
+    let text = format!(
+        "preflight      {}\n\
+         note           probed from this process, not from scriptgate.service: the unit's own options \
+         (ProtectHostname=, RestrictNamespaces=, its AppArmor profile) are not seen here; \
+         `scriptgate status` (daemon.info) shows the sandbox as the running unit makes it, \
+         and `systemd-run --wait --pipe -p ProtectHostname=yes scriptgated --check` tries one option as a unit\n\
+         {verdict}\n",
+        s.summary()
+    );
+    (text, runs)
 }
 
 #[cfg(test)]

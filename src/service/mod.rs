@@ -33,6 +33,11 @@ pub struct Args {
     /// with (backend included), and exit 0 (ok) or 1; nothing is started.
     #[arg(long, conflicts_with = "listen")]
     pub check_config: bool,
+    /// As --check-config, and the host too: the sandbox is made with the real
+    /// bwrap as the sandbox.run_as uid, as the daemon does at start; exit 1 when
+    /// no script could run.
+    #[arg(long, conflicts_with_all = ["listen", "check_config"])]
+    pub check: bool,
 }
 
 pub fn init_logging() {
@@ -70,8 +75,8 @@ pub fn main() -> ExitCode {
     //    reach the sandboxes: close-on-exec, before anything is spawned.
     let cloexec = crate::sys::cloexec_inherited_fds();
     let args = Args::parse();
-    if args.check_config {
-        return crate::service::checkconfig::main(args.config);
+    if args.check_config || args.check {
+        return crate::service::checkconfig::main(args.config, args.check);
     }
     // 1. Before any thread exists: take (and unset) LISTEN_FDS / WATCHDOG_USEC.
     let activated = match crate::sys::activated_sockets() {

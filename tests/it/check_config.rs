@@ -148,3 +148,63 @@ fn engine_entries_are_checked_as_the_daemon_checks_them() {
     assert!(t.contains("no-such-engine-user"), "{t}");
     assert!(t.ends_with("configuration test failed\n"), "{t}");
 }
+
+/// `--check` is `--check-config` and the host: the sandbox made with the real
+/// bwrap as the `sandbox.run_as` uid, as the daemon makes it at start. On
+/// Debian 13 `--check-config` said "the configuration is ok" while every
+/// script failed; `--check` says no script can run, and why.
+#[test]
+fn check_probes_the_sandbox_and_says_when_no_script_can_run() {
+    let host_check = |config: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_scriptgated"))
+            .arg("--check")
+            .arg("--config")
+            .arg(config)
+            .output()
+            .unwrap()
+    };
+    let (_dir, cfg) = setup("");
+    let o = host_check(&cfg);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("scriptgated: the configuration is ok\n"), "{t}");
+    assert!(t.contains("\npreflight      sandbox ok ("), "{t}");
+    assert!(t.contains("are not seen here"), "what it cannot see: {t}");
+    assert!(
+        t.ends_with("scriptgated: the host can make the sandbox\n"),
+        "{t}"
+    );
+    // A bwrap that fails as Ubuntu's AppArmor makes it fail (tests/it/distro.rs).
+    let (dir, _) = setup("");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let fake = dir.path().join("bwrap-ubuntu");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\n\
+         [ \"$1\" = --version ] && { echo 'bubblewrap 0.9.0'; exit 0; }\n\
+         { printf '{\\n    \"child-pid\": %d\\n}\\n' $$ >&5; } 2>/dev/null\n\
+         echo 'bwrap: loopback: Failed RTM_NEWADDR: Operation not permitted' >&2\n\
+         exit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (_dir2, cfg) = setup(&format!("[sandbox]\nbwrap = {fake:?}\n"));
+    let o = host_check(&cfg);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("scriptgated: the configuration is ok\n"), "{t}");
+    assert!(
+        t.contains(
+            "\npreflight      sandbox unavailable: AppArmor denies the sandbox its user namespace"
+        ),
+        "{t}"
+    );
+    assert!(
+        t.ends_with("scriptgated: no script can run on this host until the sandbox is fixed\n"),
+        "{t}"
+    );
+    // --check-config alone checks the file, not the host.
+    let o = check(&cfg);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!text(&o).contains("preflight"), "{}", text(&o));
+}

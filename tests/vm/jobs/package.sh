@@ -193,6 +193,7 @@ echo "$out" | grep -iE 'scriptgate|socket' | sed 's/^/  postinst: /'
 check "scriptgate.socket enabled" systemctl is-enabled scriptgate.socket
 check "scriptgate.socket listening after postinst" systemctl is-active scriptgate.socket
 check "scriptgated --check-config" scriptgated --check-config
+check "scriptgated --check: the host can make the sandbox" scriptgated --check
 mkdir -p /etc/scriptgate/keys
 install -m 0640 -o root -g tester /dev/null /etc/scriptgate/keys/tester.key
 head -c 32 /dev/urandom >/etc/scriptgate/keys/tester.key
@@ -417,6 +418,9 @@ if [ "$apparmor4" = yes ]; then
   check "status: unavailable, exit 15" bash -c 'test "$1" = 15 && grep -qE "^state +unavailable: no script can run" <<<"$2"' _ "$status_rc" "$status"
   check "diagnosis names AppArmor" grep -q 'sandbox unavailable: AppArmor denies the sandbox its user namespace' <<<"$status"
   check "diagnosis names the fix" grep -q 'apparmor_parser -r /etc/apparmor.d/scriptgated' <<<"$status"
+  out=$(scriptgated --check 2>&1)
+  crc=$?
+  check "scriptgated --check: no script can run, exit 1, AppArmor named" bash -c 'test "$1" = 1 && grep -q "sandbox unavailable: AppArmor denies" <<<"$2" && grep -q "no script can run on this host" <<<"$2"' _ "$crc" "$out"
   run sim_refused "$ex/fleet_summary.py"
   check "a script fails with the diagnosis" grep -q 'AppArmor denies the sandbox' "$work/sim_refused.json"
   # The fix the diagnosis names.
