@@ -270,6 +270,7 @@ impl Daemon {
             stopping: Default::default(),
             cfg,
         };
+        d.engine_dirs_at_start();
         let d = Arc::new(d);
         // Counted refusals are written as a summary at least every 10 s.
         let weak = Arc::downgrade(&d);
@@ -452,30 +453,66 @@ impl Daemon {
     /// in them before it starts anything. A daemon that is not root can only
     /// make its own uid's.
     pub fn connected(&self, role: Role, peer: Peer) {
-        if !matches!(role, Role::Engine { .. }) || peer.uid == 0 {
+        if !matches!(role, Role::Engine { .. }) {
             return;
         }
         let explicit = peer
             .engine
             .and_then(|i| self.engines.get(i))
             .is_some_and(|e| !e.roots.is_empty());
+        if !explicit {
+            self.give_engine_dirs(peer.uid, peer.gid);
+        }
+    }
+
+    /// At start, the per-uid directories of every `[[auth.engine]]` entry that
+    /// uses `workspace.roots`: its user's, or each listed member's of its group,
+    /// so that an engine of such an entry finds `<root>/<uid>` even before it
+    /// connects (for a daemon that is already running; socket activation starts
+    /// one on the first connection, which makes them too).
+    fn engine_dirs_at_start(&self) {
+        use crate::policy::auth::Match;
+        use nix::unistd::{Gid, Group, Uid, User};
+        for e in self.engines.iter().filter(|e| e.roots.is_empty()) {
+            let who: Vec<(u32, u32)> = match e.matches {
+                Match::Uid(uid) => User::from_uid(Uid::from_raw(uid))
+                    .ok()
+                    .flatten()
+                    .map(|u| (uid, u.gid.as_raw()))
+                    .into_iter()
+                    .collect(),
+                Match::Gid(gid) => Group::from_gid(Gid::from_raw(gid))
+                    .ok()
+                    .flatten()
+                    .map(|g| g.mem)
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(|name| User::from_name(name).ok().flatten())
+                    .map(|u| (u.uid.as_raw(), gid))
+                    .collect(),
+            };
+            for (uid, gid) in who {
+                self.give_engine_dirs(uid, gid);
+            }
+        }
+    }
+
+    /// `<root>/<uid>` (0700, the engine's) under each workspace root that
+    /// exists, for a non-root engine. A daemon that is not root can only make
+    /// its own uid's.
+    fn give_engine_dirs(&self, uid: u32, gid: u32) {
         let me = nix::unistd::Uid::effective().as_raw();
-        if explicit || (me != 0 && me != peer.uid) {
+        if uid == 0 || (me != 0 && me != uid) {
             return;
         }
         for root in &self.cfg.workspace.roots {
             if !root.is_dir() {
                 continue;
             }
-            let owner = Identity {
-                uid: peer.uid,
-                gid: peer.gid,
-            };
-            if let Err(e) = crate::sys::ensure_engine_dir(root, owner) {
+            if let Err(e) = crate::sys::ensure_engine_dir(root, Identity { uid, gid }) {
                 tracing::warn!(
-                    peer_uid = peer.uid,
-                    "cannot give uid {} its workspace directory: {e}",
-                    peer.uid
+                    peer_uid = uid,
+                    "cannot give uid {uid} its workspace directory: {e}"
                 );
             }
         }

@@ -171,6 +171,11 @@ impl Engines {
     }
 
     /// No `[[auth.engine]]` entry: every engine uses `auth.token_key_file`.
+    /// Every entry, in the config's order.
+    pub fn iter(&self) -> impl Iterator<Item = &Engine> {
+        self.list.iter()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
     }

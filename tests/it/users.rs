@@ -717,3 +717,31 @@ fn cancel_of_a_finished_script_says_so_and_exits_13() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout), format!("{sid}: cancelled\n"));
 }
+
+/// A `[[auth.engine]]` user that uses `workspace.roots` finds `<root>/<uid>`
+/// when the daemon has started, before it first connects: examples/engine.py
+/// prepares its workspace there first, and failed with PermissionError when
+/// the directory was made only on the first connection.
+#[test]
+#[ignore = "needs root (directories of other uids): cargo test --test it users:: -- --include-ignored"]
+fn engine_entries_get_their_per_uid_directories_when_the_daemon_starts() {
+    require_root("directories of other uids");
+    let d = tempfile::Builder::new()
+        .prefix("sg-users-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let (uid, gid) = (nobody.uid.as_raw(), nobody.gid.as_raw());
+    let k = d.path().join("nobody.key");
+    write_key(&k, b"engine-n-engine-n-engine-n-engine-n!", gid);
+    let rig = rig_with_auth(
+        &format!("[[auth.engine]]\nuser = \"nobody\"\ntoken_key_file = {k:?}\n"),
+        "",
+    );
+    // No connection as nobody: the daemon made it at start.
+    assert_eq!(
+        mode_owner(&rig.root.join(uid.to_string())),
+        (0o700, uid, gid)
+    );
+}
