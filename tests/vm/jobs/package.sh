@@ -190,6 +190,8 @@ else
   bad "apt install ./scriptgate.deb" "$out"
 fi
 echo "$out" | grep -iE 'scriptgate|socket' | sed 's/^/  postinst: /'
+check "install: no 'disabled or a static unit' line" bash -c '! grep -q "disabled or a static unit" <<<"$1"' _ "$out"
+check "install: says the socket listens and the daemon starts on the first connection" grep -q "scriptgate.socket is enabled and listening on /run/scriptgate/scriptgate.sock; scriptgated starts on the first connection" <<<"$out"
 check "scriptgate.socket enabled" systemctl is-enabled scriptgate.socket
 check "scriptgate.socket listening after postinst" systemctl is-active scriptgate.socket
 check "scriptgated --check-config" scriptgated --check-config
