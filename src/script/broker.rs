@@ -25,9 +25,9 @@ use tokio::sync::Semaphore;
 
 // The fd-3/4 messages and their parsing live in `protocol::script`; these names
 // stay here for the callers (and tests) that know them as the broker's.
-pub use crate::protocol::framing::clip;
-pub use crate::protocol::script::{parse_request, BadRequest, Request, MAX_BATCH, MAX_NAME_BYTES};
-pub use crate::protocol::Progress;
+use crate::protocol::framing::clip;
+use crate::protocol::script::{parse_request, BadRequest, Request};
+use crate::protocol::Progress;
 
 /// Bytes of a refusal message sent back to the script.
 pub const MAX_MESSAGE_BYTES: usize = 1024;

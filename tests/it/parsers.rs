@@ -1,7 +1,7 @@
 //! Property-based tests of the three parsers that take hostile input:
 //!
 //! * the engine line, `protocol::parse_line` (one JSON-RPC 2.0 message per line);
-//! * the script's fd-3 line, `broker::parse_request` (the sandboxed script writes it);
+//! * the script's fd-3 line, `protocol::script::parse_request` (the sandboxed script writes it);
 //! * the run token, `token::verify` (JWT, HS256 only).
 //!
 //! Every property runs `CASES` (100,000) generated inputs. Each input is checked
@@ -25,11 +25,9 @@ use base64::Engine as _;
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::select;
+use scriptgate::protocol::script::{parse_request, BadRequest, Request, MAX_BATCH, MAX_NAME_BYTES};
 use scriptgate::protocol::token::{self, RunClaims};
 use scriptgate::protocol::{self, code, parse_line, Incoming, RpcError};
-use scriptgate::script::broker::{
-    self, parse_request, BadRequest, Request, MAX_BATCH, MAX_NAME_BYTES,
-};
 use serde_json::{json, Map, Value};
 use std::sync::OnceLock;
 
@@ -1379,10 +1377,10 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------
-// 2. The fd-3 line: broker::parse_request
+// 2. The fd-3 line: protocol::script::parse_request
 // ---------------------------------------------------------------------------
 
-/// `broker::clip`'s contract: the longest prefix of at most `max` bytes that
+/// `framing::clip`'s contract: the longest prefix of at most `max` bytes that
 /// ends on a char boundary, marked with "…" when anything was cut.
 fn clip_model(s: &str, max: usize) -> String {
     if s.len() <= max {
@@ -1438,7 +1436,7 @@ fn fd3_model(read: Option<&Value>) -> Result<Request, (Value, &'static str)> {
             }),
             _ => Err((id, "invalid_arguments")),
         },
-        Some("progress") => Ok(Request::Progress(broker::Progress {
+        Some("progress") => Ok(Request::Progress(protocol::Progress {
             done: int("done"),
             total: int("total"),
             message: string("message", 500),
