@@ -10,7 +10,7 @@
 //! [`Claims::check_fresh`] (expiry; `run.revoke` skips it) →
 //! [`Claims::parse_snapshot`]. [`verify`] does all of them.
 //!
-//! The snapshot's types live in [`crate::protocol::snapshot`]; they are re-exported here.
+//! The snapshot's types live in [`crate::protocol::snapshot`].
 
 use crate::protocol::snapshot::{parse_snapshot, Snapshot};
 
