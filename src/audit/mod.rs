@@ -862,6 +862,10 @@ pub struct Query {
     pub since_ms: Option<i64>,
     pub run_id: Option<String>,
     pub status: Option<String>,
+    /// Scripts started by this engine uid, or run as it (`--uid`, `--user`).
+    pub uid: Option<u32>,
+    /// Scripts started by the engine of this uid (`--engine`); refusals of it.
+    pub engine_uid: Option<u32>,
     pub limit: usize,
 }
 
@@ -1025,6 +1029,15 @@ impl Reader {
             sql.push_str(" AND status = ?");
             args.push(st.clone().into());
         }
+        if let Some(u) = q.uid {
+            sql.push_str(" AND (peer_uid = ? OR run_uid = ?)");
+            args.push(i64::from(u).into());
+            args.push(i64::from(u).into());
+        }
+        if let Some(u) = q.engine_uid {
+            sql.push_str(" AND peer_uid = ?");
+            args.push(i64::from(u).into());
+        }
         sql.push_str(" ORDER BY started_at DESC, script_id LIMIT ?");
         args.push((q.limit.max(1) as i64).into());
         let mut s = self.c.prepare(&sql)?;
@@ -1080,9 +1093,11 @@ impl Reader {
     pub fn refusals(&self, q: &Query) -> rusqlite::Result<Vec<Value>> {
         let mut s = self.c.prepare(
             "SELECT at, run_id, runner, peer_uid, peer_pid, code, reason, message FROM refusals
-             WHERE at >= ?1 AND (?2 IS NULL OR run_id = ?2) ORDER BY at DESC LIMIT ?3",
+             WHERE at >= ?1 AND (?2 IS NULL OR run_id = ?2) AND (?4 IS NULL OR peer_uid = ?4)
+             ORDER BY at DESC LIMIT ?3",
         )?;
-        let rows = s.query_map(rusqlite::params![q.since_ms.unwrap_or(0), q.run_id, q.limit.max(1) as i64], |r| {
+        let peer = q.engine_uid.or(q.uid).map(i64::from);
+        let rows = s.query_map(rusqlite::params![q.since_ms.unwrap_or(0), q.run_id, q.limit.max(1) as i64, peer], |r| {
             Ok(serde_json::json!({
                 "at": r.get::<_, i64>(0)?, "run_id": r.get::<_, Option<String>>(1)?, "runner": r.get::<_, Option<String>>(2)?,
                 "peer_uid": r.get::<_, Option<i64>>(3)?, "peer_pid": r.get::<_, Option<i64>>(4)?, "code": r.get::<_, i64>(5)?,

@@ -302,7 +302,7 @@ pub fn ps(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
             vec![
                 x.status.script_id.clone(),
                 x.run_id.clone(),
-                x.uid.to_string(),
+                uid_name(&Value::from(x.uid)),
                 human_ms(x.age_ms),
                 x.status.calls.to_string(),
                 x.status.failures.to_string(),
@@ -414,6 +414,7 @@ pub fn show(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, Failure> {
         let shown = match k {
             "started_at" | "ended_at" if v.is_i64() => rfc3339(v.as_i64().unwrap_or(0)),
             "tools" | "tool_counts" => v.to_string(),
+            "peer_uid" | "run_uid" => uid_name(v),
             _ => s(v),
         };
         rows.push(vec![k.to_string(), shown]);
@@ -465,6 +466,33 @@ pub fn backup(ctx: &Ctx, file: &Path) -> Result<String, Failure> {
     ))
 }
 
+/// A user named by name or uid.
+pub fn uid_of(user: &str) -> Result<u32, Failure> {
+    if let Ok(n) = user.parse() {
+        return Ok(n);
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(u)) => Ok(u.uid.as_raw()),
+        _ => Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "no user {user:?} on this host (getent passwd {user}); give the uid as a number"
+            ),
+        )),
+    }
+}
+
+/// A uid as people read it: `1000 (tester)`, or the number alone.
+fn uid_name(v: &Value) -> String {
+    let Some(uid) = v.as_u64().and_then(|u| u32::try_from(u).ok()) else {
+        return s(v);
+    };
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => format!("{uid} ({})", u.name),
+        _ => uid.to_string(),
+    }
+}
+
 pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<String, Failure> {
     let reader = ctx.reader()?;
     let store = |e: rusqlite::Error| Failure::setup(e.to_string());
@@ -478,7 +506,7 @@ pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<Stri
                 vec![
                     rfc3339(r["at"].as_i64().unwrap_or(0)),
                     s(&r["run_id"]),
-                    s(&r["peer_uid"]),
+                    uid_name(&r["peer_uid"]),
                     s(&r["code"]),
                     s(&r["reason"]),
                     s(&r["message"]),
@@ -494,6 +522,7 @@ pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<Stri
             "STARTED",
             "SCRIPT",
             "RUN",
+            "ENGINE",
             "UID",
             "STATUS",
             "CALLS",
@@ -506,7 +535,8 @@ pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<Stri
                 rfc3339(r["started_at"].as_i64().unwrap_or(0)),
                 s(&r["script_id"]),
                 s(&r["run_id"]),
-                s(&r["run_uid"]),
+                uid_name(&r["peer_uid"]),
+                uid_name(&r["run_uid"]),
                 s(&r["status"]),
                 s(&r["calls"]),
                 s(&r["failures"]),

@@ -137,6 +137,16 @@ pub struct AuditCmd {
     /// Only this status.
     #[arg(long, value_enum)]
     pub status: Option<Status>,
+    /// Only scripts an engine of this uid started, or that ran as it.
+    #[arg(long, value_name = "UID", conflicts_with = "user")]
+    pub uid: Option<u32>,
+    /// As --uid, by the user's name.
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// Only scripts the engine of this user (a name or a uid) started, and its
+    /// refused starts.
+    #[arg(long, value_name = "USER")]
+    pub engine: Option<String>,
     #[arg(long, default_value_t = 50)]
     pub limit: usize,
     /// Refused starts instead of scripts.

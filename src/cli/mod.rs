@@ -83,13 +83,20 @@ fn audit_cmd(c: AuditCmd) -> ExitCode {
         let r = admin::Ctx::load(None, config.clone()).and_then(|ctx| admin::backup(&ctx, file));
         return done("audit backup", r);
     }
-    let q = crate::audit::Query {
-        since_ms: c.since,
-        run_id: c.run.clone(),
-        status: c.status.map(|s| s.as_str().to_string()),
-        limit: c.limit,
-    };
     admin_cmd("audit", &c.a, |ctx| {
+        let uid = match (&c.uid, &c.user) {
+            (Some(u), _) => Some(*u),
+            (None, Some(name)) => Some(admin::uid_of(name)?),
+            (None, None) => None,
+        };
+        let q = crate::audit::Query {
+            since_ms: c.since,
+            run_id: c.run.clone(),
+            status: c.status.map(|s| s.as_str().to_string()),
+            uid,
+            engine_uid: c.engine.as_deref().map(admin::uid_of).transpose()?,
+            limit: c.limit,
+        };
         admin::audit(ctx, q, c.refusals, c.a.json)
     })
 }

@@ -321,9 +321,16 @@ fn admin_cli_tables_and_json() {
     });
 
     // status
+    // The rig's backend is rlimit: scripts run, their limits shared per uid.
     let o = rig.cli(["status"]);
-    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(o.status.code(), Some(14), "degraded");
     let t = out(&o);
+    assert!(
+        t.contains(
+            "state    degraded: the scripts of one uid share their limits (backend rlimit)\n"
+        ),
+        "{t}"
+    );
     assert!(
         t.contains("daemon   running at")
             && t.contains(&format!("backend  {RIG_BACKEND}"))
@@ -548,4 +555,67 @@ fn the_store_backs_up_online_and_by_a_copy_after_a_clean_stop() {
     let alone = rig.dir.path().join("copied-alone.db");
     std::fs::copy(rig.state.join("scriptgate.db"), &alone).unwrap();
     assert_eq!(scripts_in(&alone), ids);
+}
+
+/// `scriptgate audit --uid/--user/--engine`: which engine started what, and as
+/// whom it ran, with user names beside the uids (the store keeps uids).
+#[test]
+fn audit_by_uid_user_and_engine_with_names_beside_uids() {
+    let rig = Rig::new();
+    let e = rig.engine();
+    let token = rig.token(&rig.snapshot("auto"));
+    let id = e.run(&token, "print('x')", &[])["script_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let me = nix::unistd::getuid().as_raw();
+    let name = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .unwrap()
+        .unwrap()
+        .name;
+    let ids = |args: &[&str]| -> Vec<String> {
+        let mut a = vec!["audit", "--json"];
+        a.extend_from_slice(args);
+        let o = rig.cli(a);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let rows: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+        rows.iter()
+            .map(|r| r["script_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let me_s = me.to_string();
+    assert_eq!(
+        ids(&["--uid", &me_s]),
+        vec![id.clone()],
+        "started by this uid"
+    );
+    assert_eq!(ids(&["--user", &name]), vec![id.clone()], "by name");
+    assert_eq!(ids(&["--engine", &name]), vec![id.clone()]);
+    assert_eq!(ids(&["--engine", &me_s]), vec![id.clone()]);
+    assert!(ids(&["--uid", "4242"]).is_empty(), "nobody's else");
+    assert!(ids(&["--engine", "4242"]).is_empty());
+    // The table puts the name beside the uid.
+    let t = out(&rig.cli(["audit"]));
+    assert!(t.lines().next().unwrap().contains(" ENGINE "), "{t}");
+    assert!(t.contains(&format!("{me} ({name})")), "{t}");
+    let shown = out(&rig.cli(["show", id.as_str()]));
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.starts_with("peer_uid") && l.ends_with(&format!("{me} ({name})"))),
+        "{shown}"
+    );
+    // A user that does not exist is a usage error that names it.
+    let o = rig.cli(["audit", "--user", "no-such-user-sg"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no user \"no-such-user-sg\" on this host"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
