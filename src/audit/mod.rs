@@ -973,9 +973,33 @@ impl Reader {
         };
         let copied = (|| {
             let mut dst = Connection::open(dest).map_err(sql("open the copy"))?;
-            rusqlite::backup::Backup::new(&self.c, &mut dst)
-                .and_then(|b| b.run_to_completion(256, std::time::Duration::ZERO, None))
-                .map_err(sql("copy"))?;
+            // All pages in one step, from one read snapshot: a step of a few
+            // pages restarts whenever the daemon writes (every 2 s while
+            // scripts run), so on a large store it might never end. A WAL
+            // reader's snapshot does not hold the writer up. Busy or locked (a
+            // checkpoint with TRUNCATE in its way): tried again, a bounded
+            // number of times.
+            let b = rusqlite::backup::Backup::new(&self.c, &mut dst).map_err(sql("copy"))?;
+            let mut tries = 0;
+            loop {
+                use rusqlite::backup::StepResult;
+                match b.step(-1).map_err(sql("copy"))? {
+                    StepResult::Done => break,
+                    StepResult::More => {}
+                    StepResult::Busy | StepResult::Locked if tries < 100 => {
+                        tries += 1;
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                    _ => {
+                        return Err(StoreError::Sql {
+                            path: dest.to_path_buf(),
+                            op: "copy (the store stayed busy for 5 s)",
+                            source: rusqlite::Error::InvalidQuery,
+                        })
+                    }
+                }
+            }
+            drop(b);
             let mode: String = dst
                 .query_row("PRAGMA journal_mode = DELETE", [], |r| r.get(0))
                 .map_err(sql("leave WAL"))?;

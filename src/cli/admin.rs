@@ -217,9 +217,16 @@ pub fn state_of(info: &DaemonInfo, limits_required: bool) -> State {
 /// `scriptgate status`: the text, and the exit status of the daemon's state.
 pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
     let raw = ctx.call(Method::DaemonInfo, &NoParams {})?;
-    let info: DaemonInfo = typed(Method::DaemonInfo, raw.clone())?;
-    let state = state_of(&info, ctx.config.sandbox.require_enforced_limits);
+    let required = ctx.config.sandbox.require_enforced_limits;
     if json_out {
+        // The daemon's answer as it came, even one this CLI cannot type.
+        let state = serde_json::from_value::<DaemonInfo>(raw.clone())
+            .map(|i| state_of(&i, required))
+            .unwrap_or(State {
+                word: "unknown",
+                code: exit::OK,
+                why: vec!["this daemon's daemon.info is not one this scriptgate reads"],
+            });
         #[derive(Serialize)]
         struct Out<'a> {
             socket: &'a Path,
@@ -235,6 +242,8 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
         });
         return Ok((out, state.code));
     }
+    let info: DaemonInfo = typed(Method::DaemonInfo, raw)?;
+    let state = state_of(&info, required);
     let l = &info.limits;
     let backend = if info.backend_notes.is_empty() {
         info.backend.clone()

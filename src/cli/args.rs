@@ -172,9 +172,10 @@ pub enum AuditAction {
 
 const STATUS_AFTER_HELP: &str = "\
 Exit status, as the state row says (like systemctl is-system-running): 0 ok;
-14 degraded (scripts run, but their limits are not in force, or the scripts of one
-uid share them: backend rlimit); 15 unavailable (no script can run: the sandbox
-cannot be made). Else as the other admin commands: 10 set-up failed, 11 the daemon
+14 degraded (scripts run, but their limits are not in force, the scripts of one uid
+share them (backend rlimit), the sandbox was not checked, or the backend is not as
+configured); 15 unavailable (no script can run: the sandbox cannot be made, or
+sandbox.require_enforced_limits is on and the limits are not in force). Else as the other admin commands: 10 set-up failed, 11 the daemon
 does not answer, 12 permission denied.";
 
 const ADMIN_AFTER_HELP: &str = "\

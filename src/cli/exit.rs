@@ -24,7 +24,8 @@ pub const NOT_FOUND: u8 = 13;
 /// `scriptgate status`: scripts run, but not as configured (limits not in
 /// force, or shared by the scripts of one uid).
 pub const DEGRADED: u8 = 14;
-/// `scriptgate status`: no script can run (the sandbox cannot be made).
+/// `scriptgate status`: no script can run (the sandbox cannot be made, or
+/// limits that `sandbox.require_enforced_limits` requires are not in force).
 pub const UNAVAILABLE: u8 = 15;
 
 /// The exit status of `scriptgate run` for a script that ended this way.

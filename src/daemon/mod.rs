@@ -650,10 +650,15 @@ impl Daemon {
         };
         let message = s.message(now_ms());
         crate::audit::journal::refusals_counted(s.count, &message);
-        let by_reason = s
-            .by_reason
-            .iter()
-            .map(|(r, n)| (r.as_str().to_string(), *n))
+        // Named as a refusal recorded alone is (`Store::refusal`): its wire
+        // reason, or "other".
+        let mut by_reason = std::collections::BTreeMap::<&str, u64>::new();
+        for (r, n) in &s.by_reason {
+            *by_reason.entry(r.wire().unwrap_or("other")).or_default() += n;
+        }
+        let by_reason = by_reason
+            .into_iter()
+            .map(|(r, n)| (r.to_string(), n))
             .collect();
         let _ = self
             .store

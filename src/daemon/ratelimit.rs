@@ -116,6 +116,15 @@ impl<K: Ord + Copy> RefusalLimiter<K> {
     pub fn take(&mut self) -> Option<Suppressed<K>> {
         self.pending.take()
     }
+
+    /// As `take`, once the first of them is at least `age_ms` old: a summary
+    /// at most that often.
+    pub fn take_after(&mut self, now_ms: i64, age_ms: i64) -> Option<Suppressed<K>> {
+        match &self.pending {
+            Some(s) if now_ms - s.since_ms >= age_ms => self.pending.take(),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -179,5 +188,13 @@ mod tests {
             Verdict::Record,
             "a minute refills it"
         );
+        // Past the burst, one line each 3 s; their summary at most once a minute.
+        let mut l = RefusalLimiter::new(CONNECTIONS);
+        for _ in 0..40 {
+            l.admit(0, "x");
+        }
+        assert_eq!(l.take_after(30_000, 60_000), None, "not yet a minute");
+        assert_eq!(l.take_after(60_000, 60_000).map(|s| s.count), Some(20));
+        assert_eq!(l.take_after(120_000, 60_000), None, "taken");
     }
 }

@@ -170,12 +170,12 @@ impl Engines {
         Ok(Engines { list })
     }
 
-    /// No `[[auth.engine]]` entry: every engine uses `auth.token_key_file`.
     /// Every entry, in the config's order.
     pub fn iter(&self) -> impl Iterator<Item = &Engine> {
         self.list.iter()
     }
 
+    /// No `[[auth.engine]]` entry: every engine uses `auth.token_key_file`.
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
     }

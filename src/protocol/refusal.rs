@@ -238,10 +238,15 @@ mod tests {
         let man = include_str!("../../man/scriptgate-protocol.7");
         for r in Reason::NAMED {
             let w = r.wire().unwrap();
-            // Named in bold (`.B`, `.BR`, `.RB`), as the man page names a value.
+            // Named in bold (`.B`, `.BR`, `.RB`), as the man page names a
+            // value, as a whole word (`timeout` is not `approval_timeout_s`).
+            let word = |l: &str| {
+                l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .any(|t| t == w)
+            };
             assert!(
                 man.lines()
-                    .any(|l| (l.starts_with(".B") || l.starts_with(".RB")) && l.contains(w)),
+                    .any(|l| (l.starts_with(".B") || l.starts_with(".RB")) && word(l)),
                 "scriptgate-protocol(7) does not name {w}"
             );
         }

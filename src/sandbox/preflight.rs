@@ -381,7 +381,6 @@ impl Preflight {
         format!("{limits}; {}", self.sandbox.summary())
     }
 
-    /// Whether the start-up line must be a warning.
     /// No script can run: the sandbox cannot be made, or the limits that
     /// `sandbox.require_enforced_limits` requires are not in force.
     pub fn blocks_scripts(&self, require_enforced_limits: bool) -> bool {
@@ -389,6 +388,7 @@ impl Preflight {
             || (require_enforced_limits && !self.limits.enforced())
     }
 
+    /// Whether the start-up line must be a warning.
     pub fn loud(&self) -> bool {
         !self.limits.enforced() || self.sandbox.info.state != "ok" || !self.limits.notes.is_empty()
     }

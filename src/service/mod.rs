@@ -209,9 +209,11 @@ async fn run(
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     daemon.interrupt_all(Duration::from_secs(10)).await;
     daemon.flush_refusals().await;
-    // The log folded into scriptgate.db: a copy of the file alone is a backup.
-    daemon.checkpoint_store().await;
     drop(housekeeping);
+    // Last: the log folded into scriptgate.db, so that a copy of the file alone
+    // is a backup (a start refused on a connection still open writes after it,
+    // and stays in the log; scriptgated(8) BACKUP).
+    daemon.checkpoint_store().await;
     if let Some(p) = listen.filter(|_| bound) {
         let _ = std::fs::remove_file(p);
     }

@@ -1052,7 +1052,8 @@ fn refusal_log(reason: &'static str, line: impl FnOnce() -> String) {
     if limiter.admit(now, reason) == Verdict::Count {
         return;
     }
-    if let Some(s) = limiter.take() {
+    // The counts, at most once a minute, with a refusal that is logged.
+    if let Some(s) = limiter.take_after(now, 60_000) {
         tracing::warn!("{}", s.message(now));
     }
     drop(limiter);

@@ -311,6 +311,8 @@ pub const CLI: &str = env!("CARGO_BIN_EXE_scriptgate");
 /// `scriptgate ARGS`, not yet run: for a test that spawns it (stdio of its own,
 /// a wait of its own) or adjusts it.
 pub fn cli_command<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> Command {
+    // A child of the test process: never beside an `alone()` test.
+    shared();
     let mut c = Command::new(CLI);
     c.args(args);
     c

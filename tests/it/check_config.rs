@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn check(config: &Path) -> Output {
+    crate::common::shared();
     Command::new(env!("CARGO_BIN_EXE_scriptgated"))
         .arg("--check-config")
         .arg("--config")
@@ -156,6 +157,7 @@ fn engine_entries_are_checked_as_the_daemon_checks_them() {
 #[test]
 fn check_probes_the_sandbox_and_says_when_no_script_can_run() {
     let host_check = |config: &Path| {
+        crate::common::shared();
         Command::new(env!("CARGO_BIN_EXE_scriptgated"))
             .arg("--check")
             .arg("--config")

@@ -11,6 +11,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_scriptgated");
 /// Run `BIN --sandbox-init 7 program...` as PID 1 of a new PID namespace, with fd
 /// 7 a file; (exit status, stderr, report).
 fn init(program: &[&str]) -> (i32, String, String) {
+    crate::common::shared();
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("report");
     // fd 9 is a stray descriptor the init inherits (not close-on-exec).
@@ -45,6 +46,7 @@ fn rss_kib(report: &str) -> u64 {
 
 #[test]
 fn outside_a_pid_namespace_it_refuses_to_run() {
+    crate::common::shared();
     let marker = std::env::temp_dir().join(format!("sg-init-refused-{}", std::process::id()));
     let out = Command::new(BIN)
         .args(["--sandbox-init", "2", "/bin/touch"])

@@ -665,6 +665,7 @@ fn a_fixed_config_recovers_with_systemctl_restart() {
 /// scratch root (nothing on the host changes).
 #[test]
 fn sysusers_and_catalog_are_valid_for_systemd() {
+    shared();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd");
     let root = tempfile::tempdir().unwrap();
     let etc = root.path().join("etc");

@@ -269,6 +269,7 @@ fn bad_config_or_key_stops_the_daemon_before_any_socket_exists() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let run = |text: &str| {
+        crate::common::shared();
         std::fs::write(&cfg, text).unwrap();
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_scriptgated"))
             .arg("--listen")

@@ -480,6 +480,7 @@ fn engine_entries_bind_each_engine_to_its_own_key_and_workspaces() {
 
 /// scriptgated with this config text: its exit status and stderr.
 fn daemon_with(dir: &Path, config: &str) -> (Option<i32>, String) {
+    crate::common::shared();
     let cfg = dir.join("bad.toml");
     std::fs::write(&cfg, config).unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_scriptgated"))
