@@ -586,6 +586,9 @@ print(json.dumps({"opened": n, "error": err, "limit": resource.getrlimit(resourc
 /// RLIMIT_NPROC (which other tests' scripts share) small.
 #[test]
 fn a_script_survives_its_own_refused_thread() {
+    // Alone: its threads count against nobody's RLIMIT_NPROC, which the other
+    // tests' scripts share.
+    alone();
     let rig = Rig::new();
     let e = rig.engine();
     let mut snap = rig.snapshot("auto");

@@ -252,6 +252,9 @@ fn engine_disconnect_cancels_its_scripts() {
 
 #[test]
 fn memory_and_task_limits_hold_in_the_rlimit_backend() {
+    // Alone: it takes ~128 of nobody's tasks, which every other test's scripts
+    // share under RLIMIT_NPROC (in one test binary, they run beside it).
+    alone();
     let rig = Rig::new();
     let mut snap = rig.snapshot("auto");
     // RLIMIT_NPROC counts every task of the uid, and the other tests of this file
