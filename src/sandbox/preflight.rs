@@ -301,27 +301,29 @@ pub struct Preflight {
     pub limits: Enforcement,
 }
 
+/// The identity the probes run as: `sandbox.run_as` as the daemon resolves it
+/// for root's scripts (None: this process's own), or why it cannot be taken.
+fn script_identity(cfg: &crate::config::Config) -> Result<Option<Identity>, String> {
+    let (uid, gid) = (
+        nix::unistd::Uid::effective().as_raw(),
+        nix::unistd::Gid::effective().as_raw(),
+    );
+    crate::sys::resolve_run_as(uid, gid, &cfg.sandbox.run_as)
+        .map(|id| (id.uid != uid).then_some(id))
+        .map_err(|e| format!("the preflight cannot take the script uid: {e}"))
+}
+
 impl Preflight {
     /// Probe the sandbox and the limits as the uid a root engine's scripts run as
     /// (`sandbox.run_as`), or as the daemon's own uid when it is not root.
     /// The sandbox alone, probed as the daemon would at start (as the
     /// `sandbox.run_as` uid): `scriptgated --check`.
     pub async fn sandbox_only(spawner: &Spawner, cfg: &crate::config::Config) -> SandboxCheck {
-        let (uid, gid) = (
-            nix::unistd::Uid::effective().as_raw(),
-            nix::unistd::Gid::effective().as_raw(),
-        );
-        match crate::sys::resolve_run_as(uid, gid, &cfg.sandbox.run_as) {
-            Ok(id) => {
-                let identity = (id.uid != uid).then_some(id);
+        match script_identity(cfg) {
+            Ok(identity) => {
                 check_sandbox(spawner, &cfg.sandbox.bwrap, &cfg.scripts.python, identity).await
             }
-            Err(e) => SandboxCheck::new(
-                "unchecked",
-                true,
-                Some(format!("the preflight cannot take the script uid: {e}")),
-                None,
-            ),
+            Err(why) => SandboxCheck::new("unchecked", true, Some(why), None),
         }
     }
 
@@ -330,14 +332,9 @@ impl Preflight {
         cfg: &crate::config::Config,
         backend: &Backend,
     ) -> Preflight {
-        let (uid, gid) = (
-            nix::unistd::Uid::effective().as_raw(),
-            nix::unistd::Gid::effective().as_raw(),
-        );
-        let identity = match crate::sys::resolve_run_as(uid, gid, &cfg.sandbox.run_as) {
-            Ok(id) => (id.uid != uid).then_some(id),
-            Err(e) => {
-                let why = format!("the preflight cannot take the script uid: {e}");
+        let identity = match script_identity(cfg) {
+            Ok(identity) => identity,
+            Err(why) => {
                 return Preflight {
                     sandbox: SandboxCheck::new("unchecked", true, Some(why.clone()), None),
                     limits: Enforcement {
