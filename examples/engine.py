@@ -4,12 +4,12 @@
 approves its declared write, prints the result text; exits 1 unless the script ended ok.
 usage: engine.py [SOCKET [KEY_FILE [WORKSPACE_ROOT]]], else SCRIPTGATE_SOCKET, SCRIPTGATE_KEY_FILE,
 SCRIPTGATE_WORKSPACE_ROOT (defaults: /run/scriptgate/scriptgate.sock, /etc/scriptgate/token.key,
-/var/lib/scriptgate/workspaces). The workspace root must be one of the daemon's workspace.roots."""
+/var/lib/scriptgate/workspaces, and its <uid>/ for a non-root engine). It must be in the daemon's workspace.roots."""
 import asyncio, os, sys, uuid
 from scriptgate_client import Client, Snapshot, Tool, load_key, mint_token, prepare_workspace
 arg = lambda i, env, default: sys.argv[i] if len(sys.argv) > i else os.environ.get(env, default)
 SOCK, KEY = arg(1, "SCRIPTGATE_SOCKET", "/run/scriptgate/scriptgate.sock"), arg(2, "SCRIPTGATE_KEY_FILE", "/etc/scriptgate/token.key")
-ROOT = arg(3, "SCRIPTGATE_WORKSPACE_ROOT", "/var/lib/scriptgate/workspaces")
+ROOT = arg(3, "SCRIPTGATE_WORKSPACE_ROOT", "/var/lib/scriptgate/workspaces" + (f"/{os.getuid()}" if os.getuid() else ""))
 FLEET = {f"SN{i}": {"sn": f"SN{i}", "online": i % 4 != 0} for i in range(12)}
 SN = {"type": "object", "properties": {"sn": {"type": "string"}}, "required": ["sn"]}
 CODE = """import agent_tools

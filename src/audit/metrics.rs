@@ -62,8 +62,8 @@ pub fn write_atomically(path: &Path, text: &str, mode: u32) -> std::io::Result<(
 pub struct Source {
     /// `(name, label, value)` rows of the audit store's `metrics` table.
     pub counters: Vec<(String, String, f64)>,
-    /// Rows still `running`.
-    pub running: u64,
+    /// Rows still `running`, and their calls and failures so far.
+    pub running: crate::audit::RunningCounts,
     /// `daemon.json`, if the daemon has ever been ready.
     pub daemon: Option<Value>,
 }
@@ -160,21 +160,24 @@ fn scripts_and_calls(o: &mut String, s: &Source) {
         "scriptgate_scripts_running",
         "gauge",
         "Scripts running now (audit rows still running).",
-        s.running,
+        s.running.scripts,
     );
+    // A script's counts move from its running row to the counters in the one
+    // transaction that finishes it, and its row's counts only grow: the sums
+    // never go down.
     single(
         o,
         "scriptgate_tool_calls_total",
         "counter",
-        "Tool calls of finished scripts.",
-        num(s.get("calls", "")),
+        "Tool calls (of running scripts: as of their last checkpoint, every 2 s).",
+        num(s.get("calls", "") + s.running.calls as f64),
     );
     single(
         o,
         "scriptgate_tool_call_failures_total",
         "counter",
-        "Tool calls of finished scripts that failed.",
-        num(s.get("failures", "")),
+        "Tool calls that failed (of running scripts: as of their last checkpoint).",
+        num(s.get("failures", "") + s.running.failures as f64),
     );
     by_label(
         o,
@@ -249,7 +252,7 @@ impl Source {
     pub fn fresh(state_dir: &Path) -> Source {
         Source {
             counters: vec![],
-            running: 0,
+            running: Default::default(),
             daemon: std::fs::read_to_string(daemon_file(state_dir))
                 .ok()
                 .and_then(|t| serde_json::from_str(&t).ok()),
@@ -267,7 +270,7 @@ pub enum CollectError {
 
 pub fn collect(reader: &crate::audit::Reader, state_dir: &Path) -> Result<Source, CollectError> {
     let counters = reader.metrics()?;
-    let running = reader.running()?;
+    let running = reader.running_counts()?;
     let daemon = std::fs::read_to_string(daemon_file(state_dir))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
@@ -296,8 +299,13 @@ mod tests {
             counters: vec![
                 ("finished".into(), "ok".into(), 2.0),
                 ("refusals".into(), "we\"ird\n".into(), 1.0),
+                ("calls".into(), "".into(), 10.0),
             ],
-            running: 1,
+            running: crate::audit::RunningCounts {
+                scripts: 1,
+                calls: 4,
+                failures: 2,
+            },
             daemon: None,
         };
         let t = render(&s);
@@ -314,6 +322,9 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("scriptgate_scripts_running 1\n"), "{t}");
+        // Finished scripts' calls and the running ones' so far.
+        assert!(t.contains("scriptgate_tool_calls_total 14\n"), "{t}");
+        assert!(t.contains("scriptgate_tool_call_failures_total 2\n"), "{t}");
         assert!(!t.contains("scriptgate_daemon_info"), "{t}");
         for line in t.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("scriptgate_"), "{line}");
@@ -337,7 +348,11 @@ mod tests {
                 ("duration_sum".into(), "".into(), 12.5),
                 ("duration_count".into(), "".into(), 6.0),
             ],
-            running: 1,
+            running: crate::audit::RunningCounts {
+                scripts: 1,
+                calls: 0,
+                failures: 0,
+            },
             daemon: Some(serde_json::json!({
                 "version": "0.1.0", "backend": "systemd", "limits_per_script": true,
                 "limits_enforced": true, "sandbox": {"state": "ok"},

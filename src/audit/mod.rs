@@ -1107,10 +1107,23 @@ impl Reader {
 
     /// Scripts whose row says `running`.
     pub fn running(&self) -> rusqlite::Result<u64> {
+        Ok(self.running_counts()?.scripts)
+    }
+
+    /// Rows that say `running`, and the calls and failures they hold (kept
+    /// current by the daemon's checkpoint, `checkpoint::TICK`).
+    pub fn running_counts(&self) -> rusqlite::Result<RunningCounts> {
         self.c.query_row(
-            "SELECT count(*) FROM scripts WHERE status = 'running'",
+            "SELECT count(*), coalesce(sum(calls), 0), coalesce(sum(failures), 0) FROM scripts WHERE status = 'running'",
             [],
-            |r| r.get::<_, i64>(0).map(|n| n as u64),
+            |r| {
+                let n = |i| r.get::<_, i64>(i).map(|n| n.max(0) as u64);
+                Ok(RunningCounts {
+                    scripts: n(0)?,
+                    calls: n(1)?,
+                    failures: n(2)?,
+                })
+            },
         )
     }
 
@@ -1173,6 +1186,14 @@ pub struct Recovered {
 }
 
 /// The UPDATE that completes a script's row, and its counters.
+/// What the rows of running scripts hold.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RunningCounts {
+    pub scripts: u64,
+    pub calls: u64,
+    pub failures: u64,
+}
+
 fn finish_row(c: &mut Connection, r: &ScriptResult, tool_counts: &Value) -> rusqlite::Result<()> {
     let tx = c.transaction()?;
     let n = tx.execute(

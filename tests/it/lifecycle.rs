@@ -4,7 +4,7 @@
 use crate::common::*;
 use serde_json::json;
 use std::ffi::OsStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The audit row's counts are kept current while the script runs: a kill -9 of
 /// the daemon leaves the real counts, the same as calls.jsonl holds, not 0.
@@ -213,6 +213,38 @@ fn metrics_count_what_happened_and_survive_a_restart() {
     assert_eq!(m["scriptgate_scripts_finished_total{status=\"ok\"}"], 1.0);
     assert_eq!(m["scriptgate_scripts_running"], 0.0);
     assert_eq!(m["scriptgate_script_duration_seconds_count"], 4.0);
+}
+
+/// A running script's calls count in the totals before it ends (as of the
+/// daemon's 2 s checkpoint of its row), and are not counted again when it does.
+#[test]
+#[ignore = "needs root: the daemon runs scripts as nobody (cargo test -- --include-ignored, as root)"]
+fn metrics_count_running_scripts_calls_once() {
+    require_root("scripts run as nobody");
+    let rig = Rig::new();
+    let e = rig.engine();
+    let token = rig.token(&rig.snapshot("auto"));
+    let code = "import agent_tools, time\nfor _ in range(3):\n    agent_tools.call('fleet__list_devices', {})\ntry:\n    agent_tools.call('fleet__fail', {})\nexcept Exception:\n    pass\ntime.sleep(600)\n";
+    let id = e.start(&token, code, &[]).unwrap();
+    // The checkpoint is the event waited for; the deadline only bounds a failure.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let m = loop {
+        let m = parse_metrics(&metrics(&rig, &[]));
+        if m["scriptgate_tool_calls_total"] == 4.0 || Instant::now() > deadline {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(m["scriptgate_scripts_running"], 1.0);
+    assert_eq!(m["scriptgate_tool_calls_total"], 4.0, "{m:?}");
+    assert_eq!(m["scriptgate_tool_call_failures_total"], 1.0, "{m:?}");
+    e.request("script.cancel", json!({"script_id": id}))
+        .unwrap();
+    assert_eq!(e.wait(&id)["status"], "cancelled");
+    let m = parse_metrics(&metrics(&rig, &[]));
+    assert_eq!(m["scriptgate_scripts_running"], 0.0);
+    assert_eq!(m["scriptgate_tool_calls_total"], 4.0, "not counted twice");
+    assert_eq!(m["scriptgate_tool_call_failures_total"], 1.0);
 }
 
 /// Set a directory's modification time `days` ago.

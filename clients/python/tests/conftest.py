@@ -8,6 +8,7 @@ workspace root. The daemon binary is $SCRIPTGATED or <repo>/target/debug/scriptg
 from __future__ import annotations
 
 import grp
+import json
 import os
 import shutil
 import socket
@@ -27,7 +28,7 @@ KEY = b"python-client-test-key-0123456789abcdef"
 
 
 class Daemon:
-    def __init__(self, binary: Path) -> None:
+    def __init__(self, binary: Path, allowed_groups: tuple = ()) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="sg-py-"))
         os.chmod(self.dir, 0o755)
         self.root = self.dir / "roots"
@@ -41,7 +42,9 @@ class Daemon:
         self.log = self.dir / "daemon.log"
         self.config = self.dir / "scriptgate.toml"
         # Root is always served; anyone else through their primary group.
-        groups = "" if os.geteuid() == 0 else f'allowed_groups = ["{grp.getgrgid(os.getegid()).gr_name}"]\n'
+        if os.geteuid() != 0:
+            allowed_groups = (grp.getgrgid(os.getegid()).gr_name,)
+        groups = f"allowed_groups = {json.dumps(list(allowed_groups))}\n" if allowed_groups else ""
         self.config.write_text(
             f'[auth]\ntoken_key_file = "{self.key_file}"\n{groups}'
             f'[workspace]\nroots = ["{self.root}"]\n'
@@ -83,12 +86,16 @@ class Daemon:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def daemon() -> Iterator[Daemon]:
+def daemon_binary() -> Path:
     binary = Path(os.environ.get("SCRIPTGATED") or REPO / "target" / "debug" / "scriptgated")
     if not binary.exists():
         pytest.fail(f"no daemon binary at {binary}: run `cargo build` or set SCRIPTGATED")
-    d = Daemon(binary)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def daemon() -> Iterator[Daemon]:
+    d = Daemon(daemon_binary())
     try:
         yield d
     finally:

@@ -6,11 +6,12 @@ import assert from "node:assert/strict";
 import { createHmac } from "node:crypto";
 import { createServer } from "node:net";
 import { once } from "node:events";
-import { mkdtempSync, readFileSync, rmSync, statSync, symlinkSync, mkdirSync, lstatSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, symlinkSync, mkdirSync, lstatSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { spawn, execFileSync } from "node:child_process";
 import * as sg from "../dist/index.js";
+import { startDaemon } from "./rig.mjs";
 import {
   ConnectionClosedError,
   ScriptgateClient,
@@ -684,6 +685,43 @@ test("prepareWorkspace: mode 0700 (parents 0755), owned by the script's uid, a s
     assert.throws(() => sg.prepareWorkspace(join(dir, "file")), (e) => e.code === "ENOTDIR");
   } finally {
     rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+// A non-root engine before it ever connected: the daemon makes <root>/<uid> on
+// connect, and prepareWorkspace asks it to (in a node run as nobody).
+test("prepareWorkspace as a non-root engine before connecting: the daemon makes <root>/<uid>", { timeout: 60_000, skip: process.getuid() !== 0 && "needs root: runs the engine as nobody" }, async () => {
+  const nobody = sg.lookupUser("nobody");
+  const group = execFileSync("id", ["-gn", "nobody"], { encoding: "utf8" }).trim();
+  const prepare = (path, socket) =>
+    execFileSync(process.execPath, ["--input-type=module", "-e", `
+      import { prepareWorkspace } from ${JSON.stringify(new URL("../dist/index.js", import.meta.url).href)};
+      try { process.stdout.write(prepareWorkspace(process.argv[1], { socket: process.argv[2] })); }
+      catch (e) { process.stdout.write(e.code + ": " + e.message); process.exitCode = 3; }`, path, socket],
+      { uid: nobody.uid, gid: nobody.gid, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+  const d = await startDaemon("", { allowedGroups: [group] });
+  try {
+    const mine = join(d.root, String(nobody.uid));
+    assert.equal(existsSync(mine), false, "the daemon has not seen this uid yet");
+    const ws = join(mine, "run-1", "ws");
+    assert.equal(prepare(ws, d.socket), ws);
+    assert.deepEqual([statSync(mine).mode & 0o777, statSync(mine).uid], [0o700, nobody.uid], "made by the daemon");
+    assert.deepEqual([statSync(ws).mode & 0o777, statSync(ws).uid, statSync(ws).gid], [0o700, nobody.uid, nobody.gid]);
+  } finally {
+    await d.stop();
+  }
+  // A daemon that serves root alone: the error names its refusal.
+  const only = await startDaemon();
+  try {
+    let out = "";
+    try {
+      prepare(join(only.root, String(nobody.uid), "ws"), only.socket);
+    } catch (e) {
+      out = e.stdout;
+    }
+    assert.match(out, /^EACCES: cannot create .* it said: uid \d+ may not use scriptgated/, out);
+  } finally {
+    await only.stop();
   }
 });
 

@@ -26,8 +26,11 @@ function canConnect(path) {
   });
 }
 
-/** Start a daemon; `extra` is TOML appended to the config. */
-export async function startDaemon(extra = "") {
+/**
+ * Start a daemon; `extra` is TOML appended to the config, `allowedGroups` the groups
+ * besides root it serves (default: none as root, else our own primary group).
+ */
+export async function startDaemon(extra = "", { allowedGroups } = {}) {
   if (!existsSync(DAEMON)) {
     throw new Error(`no daemon at ${DAEMON}: run \`cargo build\` in the repository or set SCRIPTGATED`);
   }
@@ -41,7 +44,8 @@ export async function startDaemon(extra = "") {
   const config = join(dir, "scriptgate.toml");
   const q = JSON.stringify;
   // Not root: our own primary group is the one allowed to connect.
-  const groups = process.getuid() === 0 ? "" : `allowed_groups = [${q(execFileSync("id", ["-gn"], { encoding: "utf8" }).trim())}]\n`;
+  const served = allowedGroups ?? (process.getuid() === 0 ? [] : [execFileSync("id", ["-gn"], { encoding: "utf8" }).trim()]);
+  const groups = served.length ? `allowed_groups = ${q(served)}\n` : "";
   writeFileSync(config, `[auth]\ntoken_key_file = ${q(keyFile)}\n${groups}[workspace]\nroots = [${q(root)}]\n[state]\ndir = ${q(state)}\n${extra}`);
   const socket = join(dir, "sock");
   const logFile = join(dir, "daemon.log");

@@ -4,12 +4,20 @@ scriptgated runs a script as the engine's own uid, or as ``sandbox.run_as``
 when the engine is root: ``scriptgate-script`` in the packages (a user of their
 own), ``nobody`` in scriptgated's built-in default. The workspace must be writable by
 that uid, and every directory above it searchable (``x``) by it.
+
+A non-root engine's workspaces live in ``<root>/<uid>``, which the daemon makes
+(0700, the engine's) at start for each ``[[auth.engine]]`` user, and on any
+engine's first connection. Under socket activation no daemon runs before that
+connection, so ``prepare_workspace`` asks the daemon (``daemon.info``, which
+starts it) when it may not create a parent, and tries once more.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import socket as _socket
 from pathlib import Path
 from typing import Optional, Tuple, Union
 
@@ -17,6 +25,12 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 PACKAGED_RUN_AS = "scriptgate-script"
+
+# The daemon's answer to daemon.info is one line, far below this.
+_MAX_ANSWER = 1 << 20
+# Socket activation starts the daemon for the connection: its start-up checks
+# (the sandbox preflight) take a few seconds on a slow host.
+_ANSWER_TIMEOUT_S = 30.0
 
 
 def default_run_as() -> str:
@@ -46,6 +60,7 @@ def prepare_workspace(
     uid: Optional[int] = None,
     gid: Optional[int] = None,
     mode: int = 0o700,
+    socket: Optional[PathLike] = None,
 ) -> Path:
     """Create ``path`` (and missing parents, mode 0755) and give it to the uid
     scripts run as, with ``mode``. Returns the absolute path.
@@ -53,13 +68,33 @@ def prepare_workspace(
     An existing directory is re-owned and re-moded; a symlink or non-directory
     at ``path`` is refused (``OSError``: ELOOP or ENOTDIR). Directories above
     it must be searchable by that uid; this is not checked.
+
+    Not root and not allowed to create a parent (``<root>/<uid>`` before the
+    daemon made it): connects to the daemon at ``socket`` (default
+    ``$SCRIPTGATE_SOCKET``, then ``/run/scriptgate/scriptgate.sock``), which makes
+    that directory on connect, and tries again. ``PermissionError`` names the
+    daemon's answer when that did not help.
     """
     p = Path(os.path.abspath(os.fspath(path)))
     if uid is None or gid is None:
         su, sg = script_identity(run_as)
         uid = su if uid is None else uid
         gid = sg if gid is None else gid
-    p.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    try:
+        p.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    except PermissionError as e:
+        if os.geteuid() == 0:
+            raise
+        said = _ask_daemon(socket)
+        try:
+            p.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        except PermissionError:
+            raise PermissionError(
+                e.errno,
+                f"cannot create {p.parent} (the daemon makes <root>/<uid> for engines "
+                f"it serves; it said: {said})",
+                e.filename,
+            ) from None
     try:
         os.mkdir(p, 0o700)
     except FileExistsError:
@@ -72,3 +107,37 @@ def prepare_workspace(
     finally:
         os.close(fd)
     return p
+
+
+def _ask_daemon(path: Optional[PathLike]) -> str:
+    """One ``daemon.info`` round trip: the daemon gives a connecting engine its
+    ``<root>/<uid>`` before it reads the request. Returns what it said, for an
+    error message; never raises."""
+    from .client import DEFAULT_SOCKET
+
+    where = os.fspath(path or os.environ.get("SCRIPTGATE_SOCKET") or DEFAULT_SOCKET)
+    try:
+        with _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM) as s:
+            s.settimeout(_ANSWER_TIMEOUT_S)
+            s.connect(where)
+            try:
+                s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.info"}\n')
+            except BrokenPipeError:
+                # A peer it does not serve gets the refusal on accept, and a
+                # close: the refusal is still there to read.
+                pass
+            got = b""
+            while b"\n" not in got and len(got) < _MAX_ANSWER:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+    except OSError as e:
+        return f"no answer at {where}: {e}"
+    try:
+        answer = json.loads(got.split(b"\n", 1)[0])
+    except ValueError:
+        return f"no answer at {where}"
+    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+        return str(answer["error"].get("message"))
+    return "ok"
