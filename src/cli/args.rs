@@ -53,6 +53,8 @@ pub enum Cmd {
     Tools(ToolsCmd),
     /// Print the run_script tool description a model would be given.
     Describe(DescribeCmd),
+    /// Serve code mode to an MCP client: an MCP server (stdio) whose run_script tool runs scripts against these MCP servers.
+    Mcp(McpCmd),
     /// Run tokens (the reference for engine authors).
     #[command(subcommand)]
     Token(TokenCmd),
@@ -239,6 +241,33 @@ pub struct RunCmd {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Seconds an MCP server may take for one call before it counts as failed (engine).
+    #[arg(long, default_value_t = 120)]
+    pub call_timeout: u64,
+}
+
+/// `scriptgate mcp`'s arguments.
+#[derive(Args, Debug)]
+pub struct McpCmd {
+    #[command(flatten)]
+    pub servers: ServersArgs,
+    /// Declared write tools: approval (ask the user once per script, through MCP
+    /// elicitation; denied when the client cannot be asked) or auto (allowed).
+    #[arg(long, value_enum, default_value = "approval")]
+    pub mode: PermissionMode,
+    /// Also offer the upstream tools directly (NAME__tool), so that this server can
+    /// replace the upstream ones in the client's config.
+    #[arg(long)]
+    pub passthrough: bool,
+    /// Use the daemon at this socket.
+    #[arg(long, conflicts_with = "embedded")]
+    pub socket: Option<PathBuf>,
+    /// Run scripts in an embedded daemon in this process even if a system daemon answers.
+    #[arg(long)]
+    pub embedded: bool,
+    /// Configuration file (limits, python, sandbox; the key when using a socket).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Seconds an MCP server may take for one call before it counts as failed.
     #[arg(long, default_value_t = 120)]
     pub call_timeout: u64,
 }

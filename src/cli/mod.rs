@@ -6,6 +6,7 @@ pub mod args;
 pub mod completions;
 pub mod exit;
 pub mod mcp;
+pub mod mcp_server;
 pub mod run;
 pub mod table;
 pub mod target;
@@ -199,6 +200,10 @@ pub fn main() -> ExitCode {
                 c.config.as_deref(),
             )),
         ),
+        Cmd::Mcp(c) => match runtime().block_on(mcp_server::serve(c)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(f) => done("mcp", Err(f)),
+        },
         Cmd::Status(a) => {
             let r = admin::Ctx::load(a.socket.clone(), a.config.clone())
                 .and_then(|ctx| admin::status(&ctx, a.json));

@@ -115,12 +115,20 @@ impl Tools {
     }
 }
 
-/// The engine side of a run: tool calls, approval, progress display.
+/// How a run asks for its one approval and shows its progress: the terminal
+/// (`scriptgate run`) or an MCP client (`scriptgate mcp`).
+pub trait RunUi: Send + Sync {
+    /// The approval for the declared write tools; `true` allows them once.
+    fn approve(self: Arc<Self>, p: ApprovalRequest) -> BoxFuture<'static, bool>;
+    /// A `script.progress` notification.
+    fn progress(&self, p: &ScriptStatus);
+}
+
+/// The engine side of a run: tool calls (the MCP servers), approval and progress
+/// (its `RunUi`).
 pub struct CliEngine {
-    pub tools: Tools,
-    answer: Answer,
-    progress_tty: bool,
-    progress_shown: Mutex<bool>,
+    pub tools: Arc<Tools>,
+    pub ui: Arc<dyn RunUi>,
 }
 
 impl CliEngine {
@@ -130,7 +138,40 @@ impl CliEngine {
             .await
     }
 
-    fn approve(&self, p: &ApprovalRequest) -> bool {
+    async fn approve_async(&self, p: ApprovalRequest) -> Result<bool, LinkError> {
+        Ok(self.ui.clone().approve(p).await)
+    }
+
+    fn show_progress(&self, p: &ScriptStatus) {
+        self.ui.progress(p)
+    }
+}
+
+/// `scriptgate run`'s UI: it asks on the terminal (or answers as `--yes`/`--no`
+/// say) and draws progress on stderr.
+struct Terminal {
+    answer: Answer,
+    progress_tty: bool,
+    progress_shown: Mutex<bool>,
+}
+
+impl RunUi for Terminal {
+    fn approve(self: Arc<Self>, p: ApprovalRequest) -> BoxFuture<'static, bool> {
+        // Asking on the terminal must not stall the runtime.
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || self.ask(&p))
+                .await
+                .unwrap_or(false)
+        })
+    }
+
+    fn progress(&self, p: &ScriptStatus) {
+        self.show(p)
+    }
+}
+
+impl Terminal {
+    fn ask(&self, p: &ApprovalRequest) -> bool {
         let tools: Vec<String> = p
             .tools
             .iter()
@@ -176,15 +217,7 @@ impl CliEngine {
         yes
     }
 
-    /// `approve` on a blocking thread: asking on the terminal must not stall the runtime.
-    async fn approve_async(self: &Arc<Self>, p: ApprovalRequest) -> Result<bool, LinkError> {
-        let e = self.clone();
-        tokio::task::spawn_blocking(move || e.approve(&p))
-            .await
-            .map_err(|_| LinkError::Disconnected)
-    }
-
-    fn show_progress(&self, p: &ScriptStatus) {
+    fn show(&self, p: &ScriptStatus) {
         let (calls, failures) = (p.calls, p.failures);
         let (done, total, msg) = match &p.progress {
             Some(pr) => (pr.done, pr.total, pr.message.clone()),
@@ -224,7 +257,7 @@ impl CliEngine {
 }
 
 /// The embedded daemon's view of the CLI engine.
-struct Embedded(Arc<CliEngine>);
+pub(super) struct Embedded(pub(super) Arc<CliEngine>);
 
 impl EngineLink for Embedded {
     fn id(&self) -> u64 {
@@ -349,7 +382,7 @@ fn is_root() -> bool {
 
 /// The config the embedded daemon uses: the system file if readable (for limits,
 /// python, sandbox), with state and workspace roots of its own.
-fn embedded_config(path: Option<&Path>) -> Result<Config, Failure> {
+pub(super) fn embedded_config(path: Option<&Path>) -> Result<Config, Failure> {
     let mut cfg = match path {
         Some(p) => Config::load(p, true).map_err(|e| Failure::setup(e.to_string()))?,
         None => Config::load(Path::new(crate::config::DEFAULT_PATH), false).unwrap_or_default(),
@@ -368,7 +401,7 @@ fn embedded_config(path: Option<&Path>) -> Result<Config, Failure> {
 }
 
 /// The uid a script of this user runs as, and its name.
-fn script_identity(cfg: &Config) -> Result<crate::sys::Identity, Failure> {
+pub(super) fn script_identity(cfg: &Config) -> Result<crate::sys::Identity, Failure> {
     let me = nix::unistd::getuid().as_raw();
     let gid = nix::unistd::getgid().as_raw();
     crate::sys::resolve_run_as(me, gid, &cfg.sandbox.run_as)
@@ -376,7 +409,7 @@ fn script_identity(cfg: &Config) -> Result<crate::sys::Identity, Failure> {
 }
 
 /// Where fresh workspaces go with the embedded daemon.
-fn embedded_workspaces() -> PathBuf {
+pub(super) fn embedded_workspaces() -> PathBuf {
     if is_root() {
         PathBuf::from("/var/lib/scriptgate/workspaces")
     } else {
@@ -415,7 +448,7 @@ fn prepare_workspace(
 }
 
 /// A new directory `run-<time>-<random>` under `base`, owned by the script's uid.
-fn fresh_workspace(base: &Path, id: &crate::sys::Identity) -> Result<PathBuf, Failure> {
+pub(super) fn fresh_workspace(base: &Path, id: &crate::sys::Identity) -> Result<PathBuf, Failure> {
     let cannot = |e: std::io::Error| {
         Failure::setup(format!(
             "cannot create a workspace under {}: {e}; pass --workspace DIR (under the daemon's workspace.roots), or --embedded",
@@ -518,13 +551,13 @@ fn read_script(p: &Path) -> Result<String, Failure> {
 
 /// The system daemon (or the one at `--socket`), connected and past its peer
 /// check; the engine is bound once its MCP servers run.
-struct Connected {
-    path: PathBuf,
-    system: bool,
+pub(super) struct Connected {
+    pub(super) path: PathBuf,
+    pub(super) system: bool,
     peer: rpc::Endpoint,
     engine: Arc<std::sync::OnceLock<Arc<CliEngine>>>,
     reader: tokio::task::JoinHandle<()>,
-    info: crate::protocol::DaemonInfo,
+    pub(super) info: crate::protocol::DaemonInfo,
 }
 
 impl Drop for Connected {
@@ -536,7 +569,7 @@ impl Drop for Connected {
 /// Connect and ask `daemon.info`: a refusal (the peer check), a dead socket or
 /// a daemon that does not answer fail here, before anything is started, with
 /// what to do. The answer also means the daemon has made this uid's directory.
-async fn connect(path: &Path, system: bool, cfg: &Config) -> Result<Connected, Failure> {
+pub(super) async fn connect(path: &Path, system: bool, cfg: &Config) -> Result<Connected, Failure> {
     let whose = if system {
         format!("the system daemon at {}", path.display())
     } else {
@@ -593,12 +626,10 @@ async fn connect(path: &Path, system: bool, cfg: &Config) -> Result<Connected, F
 
 /// The config the client reads for a daemon over a socket (its key, roots and
 /// limits): `--config`, or the system file.
-fn socket_config(o: &RunCmd) -> Result<Config, Failure> {
+pub(super) fn socket_config(config: Option<&Path>) -> Result<Config, Failure> {
     Config::load(
-        o.config
-            .as_deref()
-            .unwrap_or(Path::new(crate::config::DEFAULT_PATH)),
-        o.config.is_some(),
+        config.unwrap_or(Path::new(crate::config::DEFAULT_PATH)),
+        config.is_some(),
     )
     .map_err(|e| Failure::setup(e.to_string()))
 }
@@ -623,7 +654,7 @@ fn my_entry(cfg: &Config) -> Result<Option<crate::config::EngineAuth>, Failure> 
 /// first workspace root; another user's in its engine entry's first
 /// `workspace_roots`, or in its per-uid directory `<root>/<uid>`, which the
 /// daemon made when this client connected.
-fn socket_fresh_base(cfg: &Config, path: &Path) -> Result<PathBuf, Failure> {
+pub(super) fn socket_fresh_base(cfg: &Config, path: &Path) -> Result<PathBuf, Failure> {
     let uid = nix::unistd::getuid().as_raw();
     let roots = if is_root() {
         cfg.workspace.roots.clone()
@@ -650,7 +681,7 @@ pub async fn run(o: RunCmd) -> Result<ScriptResult, Failure> {
     let (cfg, conn) = match &target {
         Target::Embedded(_) => (embedded_config(o.config.as_deref())?, None),
         Target::Socket { path, system } => {
-            let cfg = socket_config(&o)?;
+            let cfg = socket_config(o.config.as_deref())?;
             let conn = connect(path, *system, &cfg).await?;
             (cfg, Some(conn))
         }
@@ -686,11 +717,14 @@ pub async fn run(o: RunCmd) -> Result<ScriptResult, Failure> {
         Duration::from_secs(o.call_timeout),
     )
     .await?;
-    let engine = Arc::new(CliEngine {
-        tools,
+    let terminal = Arc::new(Terminal {
         answer: o.answer(),
         progress_tty: std::io::stderr().is_terminal(),
         progress_shown: Mutex::new(false),
+    });
+    let engine = Arc::new(CliEngine {
+        tools: Arc::new(tools),
+        ui: terminal.clone(),
     });
     let snap = snapshot(&engine.tools, &ws, &o);
     let params = StartParams {
@@ -704,11 +738,12 @@ pub async fn run(o: RunCmd) -> Result<ScriptResult, Failure> {
         traceparent: None,
         tracestate: None,
     };
+    let never = std::future::pending();
     let result = match conn {
         None => run_embedded(cfg, snap, params, &o, engine.clone()).await,
-        Some(c) => run_socket(c, &cfg, snap, params, engine.clone()).await,
+        Some(c) => run_socket(c, &cfg, snap, params, engine.clone(), never).await,
     };
-    engine.clear_progress();
+    terminal.clear_progress();
     engine.tools.shutdown().await;
     result
 }
@@ -729,7 +764,7 @@ fn mint(key: &[u8], snap: &Snapshot) -> Result<String, Failure> {
 async fn run_embedded(
     mut cfg: Config,
     snap: Snapshot,
-    mut params: StartParams,
+    params: StartParams,
     o: &RunCmd,
     engine: Arc<CliEngine>,
 ) -> Result<ScriptResult, Failure> {
@@ -744,36 +779,76 @@ async fn run_embedded(
     if let Some(m) = o.max_calls {
         cfg.scripts.max_calls = m;
     }
-    let mut key = vec![0u8; 32];
-    getrandom::getrandom(&mut key).map_err(|e| Failure::setup(format!("random key: {e}")))?;
-    params.token = mint(&key, &snap)?;
-    let (daemon, _) = Daemon::new(cfg, key)
+    EmbeddedDaemon::start(cfg)
+        .await?
+        .run(snap, params, engine, std::future::pending())
         .await
-        .map_err(|e| Failure::setup(format!("embedded daemon: {e}")))?;
-    // The user at the terminal is the embedded daemon's one engine; who that
-    // is is decided where every peer's is.
-    let engine_groups = PeerGroups {
-        in_allowed: true,
-        in_admin: false,
-        gids: &[],
-    };
-    let (_, me) = daemon
-        .identify(
-            nix::unistd::getuid().as_raw(),
-            nix::unistd::getgid().as_raw(),
-            Some(std::process::id() as i32),
-            Some(engine_groups),
-        )
-        .map_err(|e| Failure::setup(format!("embedded daemon: {e}")))?;
-    let link: Arc<dyn EngineLink> = Arc::new(Embedded(engine));
-    let started = daemon
-        .start(me, link, params)
-        .await
-        .map_err(|e| Failure::refused(&e))?;
-    daemon
-        .wait(Access::Conn(1, None, me.uid), script_ref(started.script_id))
-        .await
-        .map_err(|e| Failure::setup(e.message))
+}
+
+/// A daemon in this process: it signs its own tokens with a fresh key, and this
+/// process is its one engine (`scriptgate run --embedded`, `scriptgate mcp`).
+pub(super) struct EmbeddedDaemon {
+    daemon: Arc<Daemon>,
+    me: crate::daemon::Peer,
+    key: Vec<u8>,
+}
+
+impl EmbeddedDaemon {
+    pub(super) async fn start(cfg: Config) -> Result<EmbeddedDaemon, Failure> {
+        let mut key = vec![0u8; 32];
+        getrandom::getrandom(&mut key).map_err(|e| Failure::setup(format!("random key: {e}")))?;
+        let (daemon, _) = Daemon::new(cfg, key.clone())
+            .await
+            .map_err(|e| Failure::setup(format!("embedded daemon: {e}")))?;
+        // The user at the terminal is the embedded daemon's one engine; who that
+        // is is decided where every peer's is.
+        let engine_groups = PeerGroups {
+            in_allowed: true,
+            in_admin: false,
+            gids: &[],
+        };
+        let (_, me) = daemon
+            .identify(
+                nix::unistd::getuid().as_raw(),
+                nix::unistd::getgid().as_raw(),
+                Some(std::process::id() as i32),
+                Some(engine_groups),
+            )
+            .map_err(|e| Failure::setup(format!("embedded daemon: {e}")))?;
+        Ok(EmbeddedDaemon { daemon, me, key })
+    }
+
+    /// Start one script and wait for its result; `cancelled` resolving cancels it
+    /// (the result is then `cancelled`).
+    pub(super) async fn run(
+        &self,
+        snap: Snapshot,
+        mut params: StartParams,
+        engine: Arc<CliEngine>,
+        cancelled: impl std::future::Future<Output = ()>,
+    ) -> Result<ScriptResult, Failure> {
+        params.token = mint(&self.key, &snap)?;
+        let link: Arc<dyn EngineLink> = Arc::new(Embedded(engine));
+        let started = self
+            .daemon
+            .start(self.me, link, params)
+            .await
+            .map_err(|e| Failure::refused(&e))?;
+        let who = Access::Conn(1, None, self.me.uid);
+        let script = script_ref(started.script_id);
+        let wait = self.daemon.wait(who, script.clone());
+        let result = tokio::select! {
+            r = wait => r,
+            () = cancelled => {
+                let _ = self
+                    .daemon
+                    .cancel(who, script.clone(), "cancelled by the MCP client")
+                    .await;
+                self.daemon.wait(who, script).await
+            }
+        };
+        result.map_err(|e| Failure::setup(e.message))
+    }
 }
 
 fn script_ref(script_id: String) -> ScriptRef {
@@ -787,12 +862,13 @@ fn script_ref(script_id: String) -> ScriptRef {
 /// Act as an engine over the daemon's socket: start the script, serve its tool
 /// calls and approval while waiting for its result. A daemon that goes away
 /// after the start leaves the script's end unknown: that is `interrupted` (7).
-async fn run_socket(
+pub(super) async fn run_socket(
     c: Connected,
     cfg: &Config,
     snap: Snapshot,
     mut params: StartParams,
     engine: Arc<CliEngine>,
+    cancelled: impl std::future::Future<Output = ()>,
 ) -> Result<ScriptResult, Failure> {
     // Root is never bound to an entry (the daemon checks its tokens against
     // auth.token_key_file).
@@ -831,20 +907,29 @@ async fn run_socket(
             ),
         )
     };
-    let r = c
+    let script = script_ref(started.script_id);
+    let wait = c
         .peer
-        .request(
-            crate::protocol::Method::ScriptWait.name(),
-            &script_ref(started.script_id),
-            None,
-        )
-        .await
-        .map_err(|e| match e {
-            CallError::Answered(e) => Failure::setup(e.message),
-            CallError::Closed(e) => lost(e.message),
-            CallError::Disconnected => lost("the connection closed".into()),
-            CallError::Timeout { .. } => lost("no answer".into()),
-        })?;
+        .request(crate::protocol::Method::ScriptWait.name(), &script, None);
+    let r = tokio::select! {
+        r = wait => r,
+        () = cancelled => {
+            // The wait below then answers with the cancelled result.
+            let _ = c
+                .peer
+                .request(crate::protocol::Method::ScriptCancel.name(), &script, None)
+                .await;
+            c.peer
+                .request(crate::protocol::Method::ScriptWait.name(), &script, None)
+                .await
+        }
+    };
+    let r = r.map_err(|e| match e {
+        CallError::Answered(e) => Failure::setup(e.message),
+        CallError::Closed(e) => lost(e.message),
+        CallError::Disconnected => lost("the connection closed".into()),
+        CallError::Timeout { .. } => lost("no answer".into()),
+    })?;
     serde_json::from_value(r).map_err(|e| Failure::setup(format!("result: {e}")))
 }
 
@@ -904,15 +989,25 @@ pub async fn describe(
 ) -> Result<String, Failure> {
     let cfg = embedded_config(config)?;
     let tools = Tools::start(mcp, vec![], class, Duration::from_secs(60)).await?;
+    tools.shutdown().await;
+    describe_text(&cfg, &tools.specs, mode, read_only)
+}
+
+/// The `describe` text (scriptgate-protocol(7) §7) for these tools, under `cfg`'s limits.
+pub(super) fn describe_text(
+    cfg: &Config,
+    specs: &[ToolSpec],
+    mode: PermissionMode,
+    read_only: bool,
+) -> Result<String, Failure> {
     let snap = Snapshot {
         workspace: "/".into(),
         read_only,
         permission_mode: mode,
         session_allowed: vec![],
-        tools: tools.specs.clone(),
+        tools: specs.to_vec(),
         limits: SnapshotLimits::default(),
     };
-    tools.shutdown().await;
     // Checked as the daemon checks a token's snapshot.
     let snap = serde_json::to_value(&snap)
         .map_err(|e| e.to_string())

@@ -1,0 +1,521 @@
+//! `scriptgate mcp`: code mode for any MCP client. An MCP server over stdio (the
+//! official Rust SDK, `rmcp`) whose tool `run_script` runs one Python script
+//! against the upstream MCP servers given with `--mcp`, as `scriptgate run` does:
+//! through the system daemon when one is installed, else in an embedded daemon.
+//! The one approval for declared write tools goes to the user through MCP
+//! elicitation; `agent_tools.progress` and the call counts become
+//! `notifications/progress`; `notifications/cancelled` cancels the script.
+
+use super::args::McpCmd;
+use super::exit::Failure;
+use super::run::{CliEngine, EmbeddedDaemon, RunUi, Tools};
+use crate::config::Config;
+use crate::protocol::rpc::BoxFuture;
+use crate::protocol::snapshot::{PermissionMode, Snapshot, SnapshotLimits};
+use crate::protocol::{ApprovalRequest, ScriptResult, ScriptStatus, StartParams, Status};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ElicitRequestParams,
+    ElicitationAction, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ProgressToken, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{Peer, RequestContext, RoleServer};
+use rmcp::{ErrorData as McpError, ServerHandler, ServiceExt};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The one tool.
+const RUN_SCRIPT: &str = "run_script";
+/// At most one progress notification a second per script.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// Where scripts run, chosen once at start.
+enum Where {
+    Embedded(EmbeddedDaemon),
+    Socket {
+        path: PathBuf,
+        system: bool,
+        cfg: Box<Config>,
+    },
+}
+
+struct CodeMode {
+    tools: Arc<Tools>,
+    runs_in: Arc<Where>,
+    /// Fresh workspaces go here.
+    base: PathBuf,
+    /// The uid scripts run as (the workspace's owner).
+    identity: crate::sys::Identity,
+    mode: PermissionMode,
+    passthrough: bool,
+    /// `run_script`'s description: the `describe` text of the upstream tools.
+    describe: String,
+}
+
+pub async fn serve(o: McpCmd) -> Result<(), Failure> {
+    use super::target::{choose, Facts, Target};
+    let target = choose(o.embedded, o.socket.as_deref(), &Facts::gather());
+    let (runs_in, cfg, base) = match &target {
+        Target::Embedded(why) => {
+            let mut cfg = super::run::embedded_config(o.config.as_deref())?;
+            let base = super::run::embedded_workspaces();
+            std::fs::create_dir_all(&base)
+                .map_err(|e| Failure::setup(format!("cannot create {}: {e}", base.display())))?;
+            cfg.workspace.roots = vec![base.clone()];
+            eprintln!(
+                "scriptgate mcp: mode: embedded daemon in this process ({why}); records in {}",
+                cfg.state.dir.display()
+            );
+            (
+                Where::Embedded(EmbeddedDaemon::start(cfg.clone()).await?),
+                cfg,
+                base,
+            )
+        }
+        Target::Socket { path, system } => {
+            let cfg = super::run::socket_config(o.config.as_deref())?;
+            // Connected once now: a refusal or a dead daemon is said at start.
+            let c = super::run::connect(path, *system, &cfg).await?;
+            eprintln!(
+                "scriptgate mcp: mode: {} at {} (scriptgated {}, {} backend)",
+                if c.system { "system daemon" } else { "daemon" },
+                c.path.display(),
+                c.info.version,
+                c.info.backend
+            );
+            let base = super::run::socket_fresh_base(&cfg, path)?;
+            drop(c);
+            let w = Where::Socket {
+                path: path.clone(),
+                system: *system,
+                cfg: Box::new(cfg.clone()),
+            };
+            (w, cfg, base)
+        }
+    };
+    let identity = super::run::script_identity(&cfg)?;
+    let tools = Tools::start(
+        &o.servers.mcp,
+        vec![base.display().to_string()],
+        &o.servers.class,
+        Duration::from_secs(o.call_timeout),
+    )
+    .await?;
+    let describe = super::run::describe_text(&cfg, &tools.specs, o.mode, false);
+    let describe = match describe {
+        Ok(d) => d,
+        Err(e) => {
+            tools.shutdown().await;
+            return Err(e);
+        }
+    };
+    let tools = Arc::new(tools);
+    let server = CodeMode {
+        tools: tools.clone(),
+        runs_in: Arc::new(runs_in),
+        base,
+        identity,
+        mode: o.mode,
+        passthrough: o.passthrough,
+        describe,
+    };
+    let served = async {
+        let running = server
+            .serve(rmcp::transport::stdio())
+            .await
+            .map_err(|e| Failure::setup(format!("MCP client: {e}")))?;
+        running
+            .waiting()
+            .await
+            .map_err(|e| Failure::setup(format!("MCP server: {e}")))
+    };
+    let r = served.await;
+    tools.shutdown().await;
+    r.map(|_| ())
+}
+
+fn run_script_tool(describe: &str) -> Tool {
+    serde_json::from_value(json!({
+        "name": RUN_SCRIPT,
+        "description": describe,
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "description": "The Python script. It calls the tools through agent_tools; only what it prints comes back."},
+                "tools": {"type": "array", "items": {"type": "string"}, "description": "The write tools the script will call (NAME__tool); asked for once."},
+                "description": {"type": "string", "description": "What the script is for, in one line (shown in the approval and audited)."}
+            },
+            "required": ["code", "description"],
+            "additionalProperties": false
+        },
+        "outputSchema": {
+            "type": "object",
+            "properties": {
+                "status": {"type": "string", "description": "ok, error, timeout, oom, cancelled, interrupted, or refused (the script never started)"},
+                "script_id": {"type": "string"},
+                "calls": {"type": "integer"},
+                "failures": {"type": "integer"},
+                "duration_ms": {"type": "integer"},
+                "exit_code": {"type": ["integer", "null"]},
+                "details_dir": {"type": "string"},
+                "output_truncated": {"type": "boolean"}
+            },
+            "required": ["status"]
+        },
+        "annotations": {"title": "Run a Python script over the tools", "readOnlyHint": false, "destructiveHint": false, "openWorldHint": true}
+    }))
+    .expect("the run_script tool is well-formed")
+}
+
+/// The upstream tools offered directly (`--passthrough`): those a script may call.
+fn passthrough_tools(tools: &Tools) -> Vec<Tool> {
+    use crate::protocol::snapshot::ToolClass;
+    tools
+        .specs
+        .iter()
+        .filter(|t| t.script_callable())
+        .filter_map(|t| {
+            serde_json::from_value(json!({
+                "name": t.name,
+                "description": t.description.clone().unwrap_or_default(),
+                "inputSchema": t.input_schema.clone().unwrap_or_else(|| json!({"type": "object"})),
+                "annotations": {"readOnlyHint": t.class == ToolClass::Read},
+            }))
+            .ok()
+        })
+        .collect()
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunArgs {
+    code: String,
+    #[serde(default)]
+    tools: Vec<String>,
+    #[serde(default)]
+    description: String,
+}
+
+impl ServerHandler for CodeMode {
+    fn get_info(&self) -> ServerConfig {
+        let caps = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .build();
+        let me = serde_json::from_value(json!({
+            "name": "scriptgate",
+            "version": env!("CARGO_PKG_VERSION"),
+        }))
+        .expect("the server info is well-formed");
+        ServerConfig::new(caps).with_server_info(me).with_instructions(
+            "run_script runs one Python script that calls the tools below in loops; only what it prints comes back.",
+        )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let mut tools = vec![run_script_tool(&self.describe)];
+        if self.passthrough {
+            tools.extend(passthrough_tools(&self.tools));
+        }
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let args = Value::Object(request.arguments.unwrap_or_default());
+        if request.name == RUN_SCRIPT {
+            let args: RunArgs = serde_json::from_value(args)
+                .map_err(|e| McpError::invalid_params(format!("run_script: {e}"), None))?;
+            return Ok(self.run_script(args, context).await.into());
+        }
+        let callable = self.passthrough
+            && self
+                .tools
+                .specs
+                .iter()
+                .any(|t| t.name == request.name && t.script_callable());
+        if !callable {
+            return Err(McpError::invalid_params(
+                format!("no tool {:?}", request.name),
+                None,
+            ));
+        }
+        let r = self.tools.call(&request.name, args).await;
+        Ok(match r {
+            Ok(r) => tool_result(r.text, r.structured, r.is_error),
+            Err(e) => tool_result(e.to_string(), None, true),
+        }
+        .into())
+    }
+}
+
+fn tool_result(text: String, structured: Option<Value>, is_error: bool) -> CallToolResult {
+    let mut v = json!({
+        "content": [{"type": "text", "text": text}],
+        "isError": is_error,
+    });
+    if let Some(s) = structured {
+        v["structuredContent"] = s;
+    }
+    serde_json::from_value(v).expect("a text result is well-formed")
+}
+
+impl CodeMode {
+    async fn run_script(
+        &self,
+        args: RunArgs,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let ui = Arc::new(McpUi::new(
+            context.peer.clone(),
+            context.meta.get_progress_token(),
+            self.mode,
+        ));
+        let pacer = tokio::spawn(ui.clone().pace());
+        let r = self.start_and_wait(args, ui.clone(), &context).await;
+        pacer.abort();
+        let _ = pacer.await;
+        if let Ok(res) = &r {
+            ui.finish(res).await;
+        }
+        let hint = ui.why_not_asked();
+        match r {
+            Ok(res) => {
+                let structured = json!({
+                    "status": res.status.as_str(),
+                    "script_id": res.script_id,
+                    "calls": res.calls,
+                    "failures": res.failures,
+                    "duration_ms": res.duration_ms,
+                    "exit_code": res.exit_code,
+                    "details_dir": res.details_dir,
+                    "output_truncated": res.output_truncated,
+                });
+                let text = match hint {
+                    Some(h) => format!("{}\n{h}\n", res.text.trim_end()),
+                    None => res.text,
+                };
+                tool_result(text, Some(structured), res.status != Status::Ok)
+            }
+            Err(f) => {
+                let text = match hint {
+                    Some(h) => format!("{}\n{h}", f.message),
+                    None => f.message,
+                };
+                tool_result(text, Some(json!({"status": "refused"})), true)
+            }
+        }
+    }
+
+    async fn start_and_wait(
+        &self,
+        args: RunArgs,
+        ui: Arc<McpUi>,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<ScriptResult, Failure> {
+        let ws = super::run::fresh_workspace(&self.base, &self.identity)?;
+        let snap = Snapshot {
+            workspace: ws,
+            read_only: false,
+            permission_mode: self.mode,
+            session_allowed: vec![],
+            tools: self.tools.specs.clone(),
+            limits: SnapshotLimits::default(),
+        };
+        let params = StartParams {
+            token: String::new(),
+            code: args.code,
+            tools: args.tools,
+            description: if args.description.is_empty() {
+                "scriptgate mcp run_script".into()
+            } else {
+                args.description
+            },
+            traceparent: None,
+            tracestate: None,
+        };
+        let engine = Arc::new(CliEngine {
+            tools: self.tools.clone(),
+            ui,
+        });
+        let ct = context.ct.clone();
+        let cancelled = async move { ct.cancelled().await };
+        match &*self.runs_in {
+            Where::Embedded(d) => d.run(snap, params, engine, cancelled).await,
+            Where::Socket { path, system, cfg } => {
+                let c = super::run::connect(path, *system, cfg).await?;
+                super::run::run_socket(c, cfg, snap, params, engine, cancelled).await
+            }
+        }
+    }
+}
+
+/// One `run_script` call's side of the MCP client: its approval through
+/// elicitation and its progress on the call's `progressToken`.
+struct McpUi {
+    peer: Peer<RoleServer>,
+    token: Option<ProgressToken>,
+    mode: PermissionMode,
+    state: Mutex<Progress>,
+    wake: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Progress {
+    /// The newest `script.progress` not yet sent.
+    latest: Option<ScriptStatus>,
+    /// The last value sent: MCP progress only grows.
+    value: f64,
+    /// An approval was needed and the client could not be asked.
+    not_asked: bool,
+}
+
+impl McpUi {
+    fn new(peer: Peer<RoleServer>, token: Option<ProgressToken>, mode: PermissionMode) -> McpUi {
+        McpUi {
+            peer,
+            token,
+            mode,
+            state: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn can_elicit(&self) -> bool {
+        self.peer
+            .supported_elicitation_modes()
+            .contains(&rmcp::service::ElicitationMode::Form)
+    }
+
+    /// Why the user was not asked, for the result text.
+    fn why_not_asked(&self) -> Option<String> {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        (s.not_asked && self.mode == PermissionMode::Approval).then(|| {
+            "scriptgate: the declared write tools need the user's approval, and this MCP client cannot be asked (it does not declare the elicitation capability): they were denied. To allow declared write tools without asking, start scriptgate mcp with --mode auto.".to_string()
+        })
+    }
+
+    /// Sends the newest progress at most once a second.
+    async fn pace(self: Arc<Self>) {
+        loop {
+            self.wake.notified().await;
+            let latest = self
+                .state
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .latest
+                .take();
+            if let Some(p) = latest {
+                let (done, total, msg) = match &p.progress {
+                    Some(pr) if pr.total > 0 => {
+                        (pr.done as f64, Some(pr.total as f64), pr.message.clone())
+                    }
+                    Some(pr) => (p.calls as f64, None, pr.message.clone()),
+                    None => (p.calls as f64, None, String::new()),
+                };
+                let message = format!(
+                    "{}{} calls, {} failed",
+                    if msg.is_empty() {
+                        String::new()
+                    } else {
+                        format!("{msg} (")
+                    },
+                    p.calls,
+                    p.failures
+                ) + if msg.is_empty() { "" } else { ")" };
+                self.send(done, total, message).await;
+            }
+            tokio::time::sleep(PROGRESS_EVERY).await;
+        }
+    }
+
+    /// The final state, before the result.
+    async fn finish(&self, r: &ScriptResult) {
+        let message = format!(
+            "{}: {} calls, {} failed",
+            r.status.as_str(),
+            r.calls,
+            r.failures
+        );
+        let value = self.state.lock().unwrap_or_else(|p| p.into_inner()).value;
+        self.send(value.max(r.calls as f64), None, message).await;
+    }
+
+    async fn send(&self, value: f64, total: Option<f64>, message: String) {
+        let Some(token) = &self.token else {
+            return;
+        };
+        let value = {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            s.value = s.value.max(value);
+            s.value
+        };
+        let mut p = json!({"progressToken": token, "progress": value, "message": message});
+        if let Some(t) = total {
+            p["total"] = json!(t.max(value));
+        }
+        if let Ok(p) = serde_json::from_value::<ProgressNotificationParam>(p) {
+            let _ = self.peer.notify_progress(p).await;
+        }
+    }
+}
+
+impl RunUi for McpUi {
+    fn approve(self: Arc<Self>, p: ApprovalRequest) -> BoxFuture<'static, bool> {
+        Box::pin(async move {
+            if !self.can_elicit() {
+                self.state
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .not_asked = true;
+                return false;
+            }
+            let tools: Vec<String> = p
+                .tools
+                .iter()
+                .map(|t| format!("{} ({})", t.name, t.class))
+                .collect();
+            let message = format!(
+                "A script asks to use write tools, once: {}.\nWhat it is for: {}\n--- script ---\n{}\n--------------",
+                tools.join(", "),
+                p.description,
+                p.code.trim_end()
+            );
+            let params: ElicitRequestParams = match serde_json::from_value(json!({
+                "mode": "form",
+                "message": message,
+                "requestedSchema": {
+                    "type": "object",
+                    "properties": {"allow": {"type": "boolean", "title": "Allow these write tools for this script", "default": false}},
+                    "required": ["allow"]
+                }
+            })) {
+                Ok(p) => p,
+                Err(_) => return false,
+            };
+            match self.peer.create_elicitation(params).await {
+                Ok(r) => {
+                    r.action == ElicitationAction::Accept
+                        && r.content.as_ref().and_then(|c| c.get("allow")) == Some(&json!(true))
+                }
+                Err(e) => {
+                    eprintln!("scriptgate mcp: the approval could not be asked: {e}; denied");
+                    false
+                }
+            }
+        })
+    }
+
+    fn progress(&self, p: &ScriptStatus) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).latest = Some(p.clone());
+        self.wake.notify_one();
+    }
+}
