@@ -1,0 +1,209 @@
+"""`scriptgate mcp` driven by the official MCP Python SDK's client over stdio: the
+run_script tool and its description, 200 calls through call_many with progress,
+the summary text and structuredContent, one declared write approved through
+elicitation and the next denied, a client that cannot be asked, --mode auto,
+--passthrough, and a cancelled call that cancels its script. The upstream server
+is examples/fleet/fleet_server.py (Python, stdio)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator, List, Optional
+
+import pytest
+
+mcp = pytest.importorskip("mcp", reason="the mcp SDK (Python 3.10+) is not installed in the test venv")
+from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
+import mcp.types as types  # noqa: E402
+
+from conftest import REPO, Daemon  # noqa: E402
+
+SCRIPTGATE = Path(os.environ.get("SCRIPTGATE") or REPO / "target" / "debug" / "scriptgate")
+FLEET = f"fleet=python3 {REPO / 'examples' / 'fleet' / 'fleet_server.py'}"
+REBOOT = "import agent_tools\nprint(agent_tools.call('fleet__reboot_device', {'sn': 'SN0001'}))\n"
+
+pytestmark = pytest.mark.skipif(not SCRIPTGATE.exists(), reason=f"no {SCRIPTGATE}: run cargo build")
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+@asynccontextmanager
+async def session(*extra: str, elicitation: Any = None) -> AsyncIterator[ClientSession]:
+    where = [] if "--socket" in extra else ["--embedded"]
+    params = StdioServerParameters(command=str(SCRIPTGATE), args=["mcp", *where, "--mcp", FLEET, *extra])
+    async with stdio_client(params) as (r, w):
+        async with ClientSession(r, w, elicitation_callback=elicitation) as s:
+            await s.initialize()
+            yield s
+
+
+def text_of(res: types.CallToolResult) -> str:
+    return "".join(c.text for c in res.content if isinstance(c, types.TextContent))
+
+
+def test_run_script_makes_200_calls_with_progress_and_returns_the_summary() -> None:
+    async def go() -> None:
+        async with session() as s:
+            listed = (await s.list_tools()).tools
+            assert [t.name for t in listed] == ["run_script"]
+            tool = listed[0]
+            # The describe text, with the never-callable tools named.
+            assert "import agent_tools" in tool.description
+            assert "fleet__get_device_status" in tool.description and "fleet__wipe_device" in tool.description
+            assert tool.input_schema["required"] == ["code", "description"]
+            assert tool.output_schema["required"] == ["status"]
+            seen: List[tuple] = []
+
+            async def progress(value: float, total: Optional[float], message: Optional[str]) -> None:
+                seen.append((value, total, message))
+
+            code = (
+                "import agent_tools\n"
+                "agent_tools.progress(0, 200, 'checking')\n"
+                "got = agent_tools.call_many('fleet__get_device_status', [{'sn': f'SN{i:04d}'} for i in range(200)])\n"
+                "print(sum(1 for d in got if d['online']), 'online of', len(got))\n"
+            )
+            res = await s.call_tool("run_script", {"code": code, "description": "count online devices"},
+                                    progress_callback=progress)
+            text = text_of(res)
+            assert res.is_error is False, text
+            first = text.splitlines()[0]
+            assert first.startswith("run_script ok: 200 calls, 0 failed, "), text
+            assert "details in .agent/scripts/" in first
+            assert "online of 200" in text
+            sc = res.structured_content
+            assert (sc["status"], sc["calls"], sc["failures"], sc["exit_code"]) == ("ok", 200, 0, 0), sc
+            # At least the final state, which came before the result; values only grow.
+            assert seen, "no progress"
+            assert seen[-1][2] == "ok: 200 calls, 0 failed", seen
+            assert [v for v, _, _ in seen] == sorted(v for v, _, _ in seen), seen
+
+    run(go())
+
+
+def test_a_failing_script_is_an_error_result_with_its_error_tail() -> None:
+    async def go() -> None:
+        async with session() as s:
+            res = await s.call_tool("run_script", {"code": "print('before')\n1/0\n", "description": "fails"})
+            text = text_of(res)
+            assert res.is_error is True
+            assert text.startswith("run_script error: 0 calls"), text
+            assert "before" in text and "ZeroDivisionError: division by zero" in text, text
+            assert res.structured_content["status"] == "error"
+
+    run(go())
+
+
+def test_one_declared_write_is_approved_through_elicitation_and_the_next_denied() -> None:
+    asked: List[types.ElicitRequestParams] = []
+
+    async def elicit(_ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params)
+        if len(asked) == 1:
+            return types.ElicitResult(action="accept", content={"allow": True})
+        return types.ElicitResult(action="decline")
+
+    async def go() -> None:
+        async with session(elicitation=elicit) as s:
+            args = {"code": REBOOT, "tools": ["fleet__reboot_device"], "description": "reboot SN0001"}
+            ok = await s.call_tool("run_script", args)
+            assert ok.is_error is False, text_of(ok)
+            assert ok.structured_content["calls"] == 1
+            assert "SN0001" in text_of(ok)
+            denied = await s.call_tool("run_script", args)
+            assert denied.is_error is True
+            assert denied.structured_content["status"] == "refused", denied.structured_content
+            assert "denied" in text_of(denied).lower(), text_of(denied)
+
+    run(go())
+    assert len(asked) == 2
+    # The user sees the tools, what the script is for, and the script itself.
+    message = asked[0].message
+    assert "fleet__reboot_device (write)" in message and "reboot SN0001" in message, message
+    assert "agent_tools.call('fleet__reboot_device'" in message, message
+    assert asked[0].requested_schema["properties"]["allow"]["type"] == "boolean"
+
+
+def test_a_client_that_cannot_be_asked_is_denied_and_told_how_to_allow_writes() -> None:
+    async def go() -> None:
+        async with session() as s:
+            res = await s.call_tool("run_script", {"code": REBOOT, "tools": ["fleet__reboot_device"],
+                                                   "description": "reboot SN0001"})
+            assert res.is_error is True
+            assert "cannot be asked" in text_of(res) and "--mode auto" in text_of(res), text_of(res)
+
+    run(go())
+
+
+def test_mode_auto_allows_declared_writes_without_asking() -> None:
+    async def never(_ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        raise AssertionError(f"asked: {params.message}")
+
+    async def go() -> None:
+        async with session("--mode", "auto", elicitation=never) as s:
+            res = await s.call_tool("run_script", {"code": REBOOT, "tools": ["fleet__reboot_device"],
+                                                   "description": "reboot SN0001"})
+            assert res.is_error is False, text_of(res)
+
+    run(go())
+
+
+def test_passthrough_offers_the_callable_upstream_tools_directly() -> None:
+    async def go() -> None:
+        async with session("--passthrough") as s:
+            names = [t.name for t in (await s.list_tools()).tools]
+            assert names[0] == "run_script"
+            assert {"fleet__list_devices", "fleet__get_device_status", "fleet__reboot_device"} <= set(names), names
+            assert "fleet__wipe_device" not in names, "destructive tools are never offered"
+            res = await s.call_tool("fleet__get_device_status", {"sn": "SN0002"})
+            assert res.is_error is False
+            assert res.structured_content["sn"] == "SN0002"
+            with pytest.raises(Exception, match="no tool"):
+                await s.call_tool("fleet__wipe_device", {"sn": "SN0002"})
+
+    run(go())
+
+
+def test_a_cancelled_call_cancels_its_script(daemon: Daemon) -> None:
+    """Through a daemon over its socket: the audit row says cancelled."""
+    started = asyncio.Event
+
+    async def go() -> str:
+        up = started()
+
+        async def progress(_v: float, _t: Optional[float], message: Optional[str]) -> None:
+            up.set()
+
+        async with session("--socket", str(daemon.socket), "--config", str(daemon.config)) as s:
+            code = "import agent_tools, time\nagent_tools.progress(1, 2, 'waiting')\ntime.sleep(600)\n"
+            call = asyncio.ensure_future(
+                s.call_tool("run_script", {"code": code, "description": "wait forever"}, progress_callback=progress))
+            await asyncio.wait_for(up.wait(), 60)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            # The script's row: cancelled, once the sandbox is gone.
+            for _ in range(300):
+                rows = audit(daemon)
+                mine = [r for r in rows if r.get("description") == "wait forever"]
+                if mine and mine[0]["status"] != "running":
+                    return mine[0]["status"]
+                await asyncio.sleep(0.1)
+            return "still running"
+
+    assert run(go()) == "cancelled"
+
+
+def audit(daemon: Daemon) -> List[dict]:
+    out = subprocess.run([str(SCRIPTGATE), "audit", "--json", "--config", str(daemon.config), "--socket",
+                          str(daemon.socket)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    return got if isinstance(got, list) else got.get("scripts", [])

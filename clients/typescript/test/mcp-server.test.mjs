@@ -1,0 +1,123 @@
+// `scriptgate mcp` driven by the official MCP TypeScript SDK's Client over stdio, with
+// server-everything (TypeScript) as the upstream server: the run_script tool, 200 calls
+// through call_many with progress and the summary text, a declared write approved through
+// elicitation and the next denied, and an aborted call that cancels its script while an
+// upstream call is in flight.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { MCP_MODULES, missing, sdk } from "./mcp-rig.mjs";
+
+const SCRIPTGATE = process.env.SCRIPTGATE || fileURLToPath(new URL("../../../target/debug/scriptgate", import.meta.url));
+const EVERYTHING = `${MCP_MODULES}@modelcontextprotocol/server-everything/dist/index.js`;
+const skip = missing ?? (!existsSync(SCRIPTGATE) && `no ${SCRIPTGATE}: run cargo build`);
+const T = { timeout: 120_000, skip };
+const types = skip ? null : await import(new URL("@modelcontextprotocol/sdk/dist/esm/types.js", `file://${MCP_MODULES}`).href);
+
+/** A connected SDK Client of `scriptgate mcp --embedded` over server-everything. */
+async function codeMode({ elicit, extra = [] } = {}) {
+  const client = new sdk.Client({ name: "scriptgate-mcp-test", version: "1.0.0" }, { capabilities: elicit ? { elicitation: {} } : {} });
+  if (elicit) client.setRequestHandler(types.ElicitRequestSchema, (req) => elicit(req.params));
+  await client.connect(
+    new sdk.StdioClientTransport({ command: SCRIPTGATE, args: ["mcp", "--embedded", "--mcp", `everything=${process.execPath} ${EVERYTHING} stdio`, ...extra], stderr: "ignore" }),
+  );
+  return client;
+}
+
+const textOf = (r) => r.content.filter((c) => c.type === "text").map((c) => c.text).join("");
+
+test("run_script: 200 calls through call_many, progress, the summary text and structuredContent", T, async () => {
+  const client = await codeMode();
+  try {
+    const { tools } = await client.listTools();
+    assert.deepEqual(tools.map((t) => t.name), ["run_script"]);
+    assert.match(tools[0].description, /everything__get-sum/);
+    const seen = [];
+    const code = [
+      "import agent_tools",
+      "sums = agent_tools.call_many('everything__get-sum', [{'a': i, 'b': 1} for i in range(200)])",
+      "print(len(sums), 'sums')",
+    ].join("\n");
+    const r = await client.callTool({ name: "run_script", arguments: { code, description: "200 sums" } }, undefined, {
+      onprogress: (p) => seen.push(p),
+      timeout: 100_000,
+    });
+    assert.equal(r.isError, false, textOf(r));
+    assert.match(textOf(r), /^run_script ok: 200 calls, 0 failed, /);
+    assert.match(textOf(r), /200 sums/);
+    assert.equal(r.structuredContent.status, "ok");
+    assert.equal(r.structuredContent.calls, 200);
+    assert.ok(seen.length >= 1, "progress");
+    assert.equal(seen.at(-1).message, "ok: 200 calls, 0 failed");
+  } finally {
+    await client.close();
+  }
+});
+
+test("elicitation: one declared write approved, the next denied; the user sees the script", T, async () => {
+  const asked = [];
+  const client = await codeMode({
+    elicit: (params) => {
+      asked.push(params);
+      return asked.length === 1 ? { action: "accept", content: { allow: true } } : { action: "decline" };
+    },
+  });
+  try {
+    const args = {
+      code: "import agent_tools\nprint(agent_tools.call('everything__toggle-simulated-logging', {}))",
+      tools: ["everything__toggle-simulated-logging"],
+      description: "toggle logging",
+    };
+    const ok = await client.callTool({ name: "run_script", arguments: args });
+    assert.equal(ok.isError, false, textOf(ok));
+    assert.equal(ok.structuredContent.calls, 1);
+    const denied = await client.callTool({ name: "run_script", arguments: args });
+    assert.equal(denied.isError, true);
+    assert.equal(denied.structuredContent.status, "refused");
+    assert.match(textOf(denied), /denied/i);
+    assert.equal(asked.length, 2);
+    assert.match(asked[0].message, /everything__toggle-simulated-logging \(write\)/);
+    assert.match(asked[0].message, /toggle logging/);
+  } finally {
+    await client.close();
+  }
+});
+
+test("an aborted call cancels its script, with an upstream call in flight", T, async () => {
+  const client = await codeMode();
+  try {
+    const code = [
+      "import agent_tools",
+      "agent_tools.progress(1, 2, 'calling')",
+      "agent_tools.call('everything__trigger-long-running-operation', {'duration': 600, 'steps': 2})",
+    ].join("\n");
+    const abort = new AbortController();
+    const description = `cancel-${process.pid}-${Date.now()}`;
+    const call = client.callTool({ name: "run_script", arguments: { code, description } }, undefined, {
+      signal: abort.signal,
+      onprogress: () => abort.abort(),
+      timeout: 100_000,
+    });
+    await assert.rejects(call, /abort/i);
+    // The session goes on: the next script runs.
+    const next = await client.callTool({ name: "run_script", arguments: { code: "print('after')", description: "after" } });
+    assert.match(textOf(next), /^run_script ok: 0 calls/);
+    // The cancelled script's record (the embedded daemon's store): cancelled.
+    const state = process.getuid() === 0 ? "/var/lib/scriptgate/cli" : `${process.env.HOME}/.local/state/scriptgate`;
+    const dir = mkdtempSync(join(tmpdir(), "sg-mcp-"));
+    writeFileSync(join(dir, "c.toml"), `[state]\ndir = ${JSON.stringify(state)}\n`);
+    const rows = JSON.parse(
+      execFileSync(SCRIPTGATE, ["audit", "--json", "--config", join(dir, "c.toml"), "--socket", join(dir, "none")], { encoding: "utf8" }),
+    );
+    rmSync(dir, { recursive: true, force: true });
+    const mine = (Array.isArray(rows) ? rows : rows.scripts).filter((r) => r.description === description);
+    assert.equal(mine.length, 1, JSON.stringify(rows).slice(0, 500));
+    assert.equal(mine[0].status, "cancelled");
+  } finally {
+    await client.close();
+  }
+});
