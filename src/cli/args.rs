@@ -270,6 +270,10 @@ pub struct McpCmd {
     /// Seconds an MCP server may take for one call before it counts as failed.
     #[arg(long, default_value_t = 120)]
     pub call_timeout: u64,
+    /// Speak MCP's Streamable HTTP at http://ADDR/mcp instead of stdio; loopback
+    /// addresses only (127.0.0.1:PORT, [::1]:PORT; port 0 picks one, printed on stderr).
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<std::net::SocketAddr>,
 }
 
 #[derive(Args, Debug)]

@@ -40,6 +40,7 @@ enum Where {
     },
 }
 
+#[derive(Clone)]
 struct CodeMode {
     tools: Arc<Tools>,
     runs_in: Arc<Where>,
@@ -120,19 +121,77 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
         passthrough: o.passthrough,
         describe,
     };
-    let served = async {
-        let running = server
-            .serve(rmcp::transport::stdio())
-            .await
-            .map_err(|e| Failure::setup(format!("MCP client: {e}")))?;
-        running
-            .waiting()
-            .await
-            .map_err(|e| Failure::setup(format!("MCP server: {e}")))
+    let r = match o.http {
+        None => serve_stdio(server).await,
+        Some(addr) => serve_http(server, addr).await,
     };
-    let r = served.await;
     tools.shutdown().await;
-    r.map(|_| ())
+    r
+}
+
+async fn serve_stdio(server: CodeMode) -> Result<(), Failure> {
+    let running = server
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| Failure::setup(format!("MCP client: {e}")))?;
+    running
+        .waiting()
+        .await
+        .map_err(|e| Failure::setup(format!("MCP server: {e}")))?;
+    Ok(())
+}
+
+/// MCP's Streamable HTTP at `http://ADDR/mcp`, on loopback only. The `Host`
+/// header must name a loopback host and a browser's `Origin` must be this
+/// server's own (DNS rebinding, which the MCP spec asks servers to stop); a client
+/// that sends no `Origin` (not a browser) is served.
+async fn serve_http(server: CodeMode, addr: std::net::SocketAddr) -> Result<(), Failure> {
+    use rmcp::transport::streamable_http_server::{
+        session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
+    };
+    if !addr.ip().is_loopback() {
+        return Err(Failure::usage(format!(
+            "--http {addr}: loopback addresses only (127.0.0.1:PORT or [::1]:PORT)"
+        )));
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Failure::setup(format!("--http {addr}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Failure::setup(format!("--http {addr}: {e}")))?;
+    let port = bound.port();
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_origins([
+            format!("http://localhost:{port}"),
+            format!("http://127.0.0.1:{port}"),
+            format!("http://[::1]:{port}"),
+        ])
+        .enforce_origin_validation();
+    let service = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    eprintln!("scriptgate mcp: Streamable HTTP at http://{bound}/mcp");
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("scriptgate mcp: accept: {e}");
+                continue;
+            }
+        };
+        let service = service.clone();
+        tokio::spawn(async move {
+            // Every path is the MCP endpoint; /mcp is the one documented.
+            let svc = hyper_util::service::TowerToHyperService::new(service);
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await;
+        });
+    }
 }
 
 fn run_script_tool(describe: &str) -> Tool {

@@ -5,7 +5,7 @@
 // upstream call is in flight.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -26,6 +26,27 @@ async function codeMode({ elicit, extra = [] } = {}) {
     new sdk.StdioClientTransport({ command: SCRIPTGATE, args: ["mcp", "--embedded", "--mcp", `everything=${process.execPath} ${EVERYTHING} stdio`, ...extra], stderr: "ignore" }),
   );
   return client;
+}
+
+/** `scriptgate mcp --http 127.0.0.1:0`, and an SDK Client over Streamable HTTP. */
+async function codeModeHttp({ elicit } = {}) {
+  const child = spawn(SCRIPTGATE, ["mcp", "--embedded", "--http", "127.0.0.1:0", "--mcp", `everything=${process.execPath} ${EVERYTHING} stdio`], {
+    stdio: ["ignore", "ignore", "pipe"],
+  });
+  let err = "";
+  const url = await new Promise((resolve, reject) => {
+    child.stderr.on("data", (d) => {
+      err += d;
+      const m = /Streamable HTTP at (http:\/\/\S+)/.exec(err);
+      if (m) resolve(m[1]);
+    });
+    child.on("exit", (code) => reject(new Error(`scriptgate mcp exited ${code}: ${err}`)));
+  });
+  const { StreamableHTTPClientTransport } = await import(new URL("@modelcontextprotocol/sdk/dist/esm/client/streamableHttp.js", `file://${MCP_MODULES}`).href);
+  const client = new sdk.Client({ name: "scriptgate-mcp-http-test", version: "1.0.0" }, { capabilities: elicit ? { elicitation: {} } : {} });
+  if (elicit) client.setRequestHandler(types.ElicitRequestSchema, (req) => elicit(req.params));
+  await client.connect(new StreamableHTTPClientTransport(new URL(url)));
+  return { client, url, stop: async () => { await client.close(); child.kill("SIGTERM"); } };
 }
 
 const textOf = (r) => r.content.filter((c) => c.type === "text").map((c) => c.text).join("");
@@ -119,5 +140,48 @@ test("an aborted call cancels its script, with an upstream call in flight", T, a
     assert.equal(mine[0].status, "cancelled");
   } finally {
     await client.close();
+  }
+});
+
+test("--http: Streamable HTTP with the SDK's client: 200 calls with progress, an approval, a cancel; a foreign Origin is refused", T, async () => {
+  const asked = [];
+  const { client, url, stop } = await codeModeHttp({
+    elicit: (params) => {
+      asked.push(params);
+      return { action: "accept", content: { allow: true } };
+    },
+  });
+  try {
+    assert.deepEqual((await client.listTools()).tools.map((t) => t.name), ["run_script"]);
+    const seen = [];
+    const code = "import agent_tools\nsums = agent_tools.call_many('everything__get-sum', [{'a': i, 'b': 1} for i in range(200)])\nprint(len(sums))";
+    const r = await client.callTool({ name: "run_script", arguments: { code, description: "200 sums over http" } }, undefined, {
+      onprogress: (p) => seen.push(p),
+      timeout: 100_000,
+    });
+    assert.equal(r.isError, false, textOf(r));
+    assert.equal(r.structuredContent.calls, 200);
+    assert.equal(seen.at(-1).message, "ok: 200 calls, 0 failed");
+    const w = await client.callTool({
+      name: "run_script",
+      arguments: { code: "import agent_tools\nagent_tools.call('everything__toggle-simulated-logging', {})", tools: ["everything__toggle-simulated-logging"], description: "toggle" },
+    });
+    assert.equal(w.isError, false, textOf(w));
+    assert.equal(asked.length, 1);
+    const abort = new AbortController();
+    const slow = client.callTool(
+      { name: "run_script", arguments: { code: "import agent_tools, time\nagent_tools.progress(1, 2, 'waiting')\ntime.sleep(600)", description: "wait" } },
+      undefined,
+      { signal: abort.signal, onprogress: () => abort.abort(), timeout: 100_000 },
+    );
+    await assert.rejects(slow, /abort/i);
+    // A browser page elsewhere (DNS rebinding) is refused; a client without Origin is served.
+    const init = { jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "x", version: "1" } } };
+    const post = (headers) =>
+      fetch(url, { method: "POST", headers: { "content-type": "application/json", accept: "application/json, text/event-stream", ...headers }, body: JSON.stringify(init) });
+    assert.equal((await post({ origin: "http://evil.example" })).status, 403);
+    assert.equal((await post({})).status, 200);
+  } finally {
+    await stop();
   }
 });
