@@ -207,3 +207,64 @@ def audit(daemon: Daemon) -> List[dict]:
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     return got if isinstance(got, list) else got.get("scripts", [])
+
+
+# An upstream MCP server whose one read tool never answers: it writes the id of each
+# tools/call, and each notifications/cancelled, to the file named by its argument.
+SLOW_SERVER = r'''
+import json, sys
+out = open(sys.argv[1], "a", buffering=1)
+for line in sys.stdin:
+    msg = json.loads(line)
+    m = msg.get("method")
+    if m == "notifications/cancelled":
+        out.write("cancelled %s\n" % msg["params"]["requestId"])
+    if "id" not in msg:
+        continue
+    if m == "tools/call":
+        out.write("call %s\n" % msg["id"])
+        continue
+    res = {}
+    if m == "initialize":
+        res = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+               "serverInfo": {"name": "slow", "version": "1"}}
+    elif m == "tools/list":
+        res = {"tools": [{"name": "slow", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": res}) + "\n")
+    sys.stdout.flush()
+'''
+
+
+def test_a_cancelled_call_cancels_the_upstream_call_in_flight(tmp_path: Path) -> None:
+    server, seen = tmp_path / "slow.py", tmp_path / "seen"
+    server.write_text(SLOW_SERVER)
+    seen.touch()
+
+    async def lines(prefix: str) -> List[str]:
+        for _ in range(300):
+            got = [line for line in seen.read_text().splitlines() if line.startswith(prefix)]
+            if got:
+                return got
+            await asyncio.sleep(0.05)
+        return []
+
+    async def go() -> None:
+        params = StdioServerParameters(command=str(SCRIPTGATE), args=[
+            "mcp", "--embedded", "--mcp", f"slow=python3 {server} {seen}"])
+        async with stdio_client(params) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                code = "import agent_tools\nagent_tools.call('slow__slow', {})\n"
+                call = asyncio.ensure_future(s.call_tool("run_script", {"code": code, "description": "slow"}))
+                calls = await lines("call ")
+                assert calls, "the upstream call never came"
+                call.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+                cancelled = await lines("cancelled ")
+                assert cancelled == ["cancelled " + calls[0].split()[1]], seen.read_text()
+                # The session goes on.
+                after = await s.call_tool("run_script", {"code": "print('after')", "description": "after"})
+                assert "after" in text_of(after)
+
+    run(go())
