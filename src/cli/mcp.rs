@@ -199,9 +199,11 @@ struct Root {
     name: String,
 }
 
-/// What scriptgate serves of a server's requests: `ping` and `roots/list`.
+/// What scriptgate serves of a server's requests (`ping` and `roots/list`) and
+/// notifications (`notifications/tools/list_changed`).
 struct Client {
     roots: Vec<String>,
+    tools_changed: Arc<tokio::sync::Notify>,
 }
 
 impl rpc::Handler for Client {
@@ -233,7 +235,13 @@ impl rpc::Handler for Client {
             answer.map_err(|e| RpcError::internal(e.to_string())),
         ))
     }
-    // Notifications (logging, progress, list changes) are not used.
+    /// A changed tool list wakes whoever watches `Server::tools_changed`; other
+    /// notifications (logging, progress) are not used.
+    fn notification(&self, method: &str, _params: Value) {
+        if method == "notifications/tools/list_changed" {
+            self.tools_changed.notify_one();
+        }
+    }
 }
 
 /// One running MCP server.
@@ -244,6 +252,8 @@ pub struct Server {
     pgid: Option<i32>,
     stderr_tail: Arc<Mutex<Vec<u8>>>,
     pub call_timeout: Duration,
+    /// Woken when the server says its tool list changed.
+    pub tools_changed: Arc<tokio::sync::Notify>,
 }
 
 /// Keep the last 4 KiB of what the server writes on stderr (for error messages).
@@ -294,10 +304,15 @@ impl Server {
         let stdout = child.stdout.take().expect("piped");
         let stderr_tail = keep_stderr_tail(child.stderr.take().expect("piped"));
         let (peer, _writer) = rpc::Endpoint::new(stdin);
+        let tools_changed = Arc::new(tokio::sync::Notify::new());
         {
             // Reads until the server's stdout closes (it exited or crashed); what
             // is still waiting then fails.
-            let (peer, handler) = (peer.clone(), Arc::new(Client { roots }));
+            let handler = Arc::new(Client {
+                roots,
+                tools_changed: tools_changed.clone(),
+            });
+            let peer = peer.clone();
             tokio::spawn(async move {
                 peer.serve(stdout, &Bounds::client(MAX_LINE_BYTES), handler)
                     .await
@@ -310,6 +325,7 @@ impl Server {
             pgid,
             stderr_tail,
             call_timeout,
+            tools_changed,
         };
         let init = Initialize {
             protocol_version: PROTOCOL_VERSION,

@@ -50,8 +50,13 @@ struct CodeMode {
     identity: crate::sys::Identity,
     mode: PermissionMode,
     passthrough: bool,
-    /// `run_script`'s description: the `describe` text of the upstream tools.
-    describe: String,
+    /// `run_script`'s description: the `describe` text of the upstream tools,
+    /// made again when an upstream server's tool list changes.
+    describe: Arc<std::sync::RwLock<String>>,
+    /// The connected clients, told when the tools change. Closed ones are
+    /// dropped whenever one connects, so it holds at most the open sessions and
+    /// one closed one.
+    clients: Arc<Mutex<Vec<Peer<RoleServer>>>>,
 }
 
 pub async fn serve(o: McpCmd) -> Result<(), Failure> {
@@ -103,7 +108,7 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
         Duration::from_secs(o.call_timeout),
     )
     .await?;
-    let describe = super::run::describe_text(&cfg, &tools.specs, o.mode, false);
+    let describe = super::run::describe_text(&cfg, &tools.specs(), o.mode, false);
     let describe = match describe {
         Ok(d) => d,
         Err(e) => {
@@ -119,14 +124,50 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
         identity,
         mode: o.mode,
         passthrough: o.passthrough,
-        describe,
+        describe: Arc::new(std::sync::RwLock::new(describe)),
+        clients: Arc::default(),
     };
+    for upstream in tools.servers() {
+        tokio::spawn(follow_tool_list(
+            upstream.tools_changed.clone(),
+            server.clone(),
+            cfg.clone(),
+        ));
+    }
     let r = match o.http {
         None => serve_stdio(server).await,
         Some(addr) => serve_http(server, addr).await,
     };
     tools.shutdown().await;
     r
+}
+
+/// Each `notifications/tools/list_changed` of an upstream server: list the tools
+/// again, make the description again, and tell the clients with the same
+/// notification. Ends with the process.
+async fn follow_tool_list(changed: Arc<tokio::sync::Notify>, server: CodeMode, cfg: Config) {
+    loop {
+        changed.notified().await;
+        if let Err(e) = server.tools.refresh().await {
+            eprintln!(
+                "scriptgate mcp: the tool list changed and could not be read again: {}",
+                e.message
+            );
+            continue;
+        }
+        match super::run::describe_text(&cfg, &server.tools.specs(), server.mode, false) {
+            Ok(d) => *server.describe.write().unwrap_or_else(|p| p.into_inner()) = d,
+            Err(e) => eprintln!("scriptgate mcp: the new tool list: {}", e.message),
+        }
+        let clients = server
+            .clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for c in clients {
+            let _ = c.notify_tool_list_changed().await;
+        }
+    }
 }
 
 async fn serve_stdio(server: CodeMode) -> Result<(), Failure> {
@@ -231,7 +272,7 @@ fn run_script_tool(describe: &str) -> Tool {
 fn passthrough_tools(tools: &Tools) -> Vec<Tool> {
     use crate::protocol::snapshot::ToolClass;
     tools
-        .specs
+        .specs()
         .iter()
         .filter(|t| t.script_callable())
         .filter_map(|t| {
@@ -272,12 +313,23 @@ impl ServerHandler for CodeMode {
         )
     }
 
+    async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        clients.retain(|c| !c.is_transport_closed());
+        clients.push(context.peer);
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let mut tools = vec![run_script_tool(&self.describe)];
+        let describe = self
+            .describe
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut tools = vec![run_script_tool(&describe)];
         if self.passthrough {
             tools.extend(passthrough_tools(&self.tools));
         }
@@ -298,7 +350,7 @@ impl ServerHandler for CodeMode {
         let callable = self.passthrough
             && self
                 .tools
-                .specs
+                .specs()
                 .iter()
                 .any(|t| t.name == request.name && t.script_callable());
         if !callable {
@@ -386,7 +438,7 @@ impl CodeMode {
             read_only: false,
             permission_mode: self.mode,
             session_allowed: vec![],
-            tools: self.tools.specs.clone(),
+            tools: self.tools.specs(),
             limits: SnapshotLimits::default(),
         };
         let params = StartParams {

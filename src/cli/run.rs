@@ -28,8 +28,15 @@ use std::time::Duration;
 /// The tools of the started MCP servers.
 pub struct Tools {
     servers: Vec<Arc<mcp::Server>>,
+    overrides: Vec<(String, ToolClass)>,
+    catalog: std::sync::RwLock<Catalog>,
+}
+
+/// What the servers' tool lists say: each tool's spec, and where to call it.
+#[derive(Default)]
+struct Catalog {
     route: HashMap<String, (Arc<mcp::Server>, String)>,
-    pub specs: Vec<ToolSpec>,
+    specs: Vec<ToolSpec>,
 }
 
 impl Tools {
@@ -46,8 +53,8 @@ impl Tools {
         }
         let mut t = Tools {
             servers: vec![],
-            route: HashMap::new(),
-            specs: vec![],
+            overrides: overrides.to_vec(),
+            catalog: Default::default(),
         };
         for spec in specs {
             if t.servers.iter().any(|s| s.name == spec.name) {
@@ -57,42 +64,20 @@ impl Tools {
                     spec.name
                 )));
             }
-            let server = match mcp::Server::start(spec, roots.clone(), call_timeout).await {
-                Ok(s) => Arc::new(s),
+            match mcp::Server::start(spec, roots.clone(), call_timeout).await {
+                Ok(s) => t.servers.push(Arc::new(s)),
                 Err(e) => {
                     t.shutdown().await;
                     return Err(Failure::setup(e.to_string()));
                 }
-            };
-            t.servers.push(server.clone());
-            let listed = match server.list_tools().await {
-                Ok(l) => l,
-                Err(e) => {
-                    t.shutdown().await;
-                    return Err(Failure::setup(e.to_string()));
-                }
-            };
-            for tool in listed {
-                let Some(name) = tool.get("name").and_then(Value::as_str) else {
-                    continue;
-                };
-                let full = format!("{}__{name}", spec.name);
-                let class = overrides
-                    .iter()
-                    .find(|(n, _)| *n == full)
-                    .map(|(_, c)| *c)
-                    .unwrap_or_else(|| mcp::class_of(&tool));
-                t.route
-                    .insert(full.clone(), (server.clone(), name.to_string()));
-                let (tool_spec, warning) = mcp::tool_spec(full, &tool, class);
-                if let Some(w) = warning {
-                    eprintln!("scriptgate: warning: {w}");
-                }
-                t.specs.push(tool_spec);
             }
         }
+        if let Err(e) = t.refresh().await {
+            t.shutdown().await;
+            return Err(e);
+        }
         for (n, _) in overrides {
-            if !t.route.contains_key(n) {
+            if !t.catalog().route.contains_key(n) {
                 t.shutdown().await;
                 return Err(Failure::usage(format!("--class {n}: no such tool")));
             }
@@ -100,12 +85,61 @@ impl Tools {
         Ok(t)
     }
 
+    fn catalog(&self) -> std::sync::RwLockReadGuard<'_, Catalog> {
+        self.catalog.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// List every server's tools again (at start, and when a server says its list
+    /// changed).
+    pub async fn refresh(&self) -> Result<(), Failure> {
+        let mut c = Catalog::default();
+        for server in &self.servers {
+            let listed = server
+                .list_tools()
+                .await
+                .map_err(|e| Failure::setup(e.to_string()))?;
+            for tool in listed {
+                let Some(name) = tool.get("name").and_then(Value::as_str) else {
+                    continue;
+                };
+                let full = format!("{}__{name}", server.name);
+                let class = self
+                    .overrides
+                    .iter()
+                    .find(|(n, _)| *n == full)
+                    .map(|(_, c)| *c)
+                    .unwrap_or_else(|| mcp::class_of(&tool));
+                c.route
+                    .insert(full.clone(), (server.clone(), name.to_string()));
+                let (tool_spec, warning) = mcp::tool_spec(full, &tool, class);
+                if let Some(w) = warning {
+                    eprintln!("scriptgate: warning: {w}");
+                }
+                c.specs.push(tool_spec);
+            }
+        }
+        *self.catalog.write().unwrap_or_else(|p| p.into_inner()) = c;
+        Ok(())
+    }
+
+    /// Every tool, as a snapshot lists it.
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.catalog().specs.clone()
+    }
+
+    /// The servers, to watch their tool lists (`mcp::Server::tools_changed`).
+    pub fn servers(&self) -> &[Arc<mcp::Server>] {
+        &self.servers
+    }
+
     pub async fn call(&self, full: &str, args: Value) -> Result<ToolResult, LinkError> {
         let (server, name) = self
+            .catalog()
             .route
             .get(full)
+            .cloned()
             .ok_or_else(|| LinkError::Answered(format!("no tool {full}")))?;
-        server.call(name, args).await
+        server.call(&name, args).await
     }
 
     pub async fn shutdown(&self) {
@@ -531,7 +565,7 @@ fn snapshot(tools: &Tools, ws: &Path, o: &RunCmd) -> Snapshot {
         read_only: o.read_only,
         permission_mode: o.mode,
         session_allowed: vec![],
-        tools: tools.specs.clone(),
+        tools: tools.specs(),
         limits: SnapshotLimits {
             timeout_s: o.timeout,
             max_calls: o.max_calls,
@@ -949,9 +983,9 @@ pub async fn list_tools(
     json_out: bool,
 ) -> Result<String, Failure> {
     let tools = Tools::start(mcp, vec![], class, Duration::from_secs(60)).await?;
+    let specs = tools.specs();
     let out = if json_out {
-        let v: Vec<ToolLine> = tools
-            .specs
+        let v: Vec<ToolLine> = specs
             .iter()
             .map(|t| ToolLine {
                 name: &t.name,
@@ -962,8 +996,7 @@ pub async fn list_tools(
             .collect();
         serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
     } else {
-        let rows: Vec<Vec<String>> = tools
-            .specs
+        let rows: Vec<Vec<String>> = specs
             .iter()
             .map(|t| {
                 vec![
@@ -990,7 +1023,7 @@ pub async fn describe(
     let cfg = embedded_config(config)?;
     let tools = Tools::start(mcp, vec![], class, Duration::from_secs(60)).await?;
     tools.shutdown().await;
-    describe_text(&cfg, &tools.specs, mode, read_only)
+    describe_text(&cfg, &tools.specs(), mode, read_only)
 }
 
 /// The `describe` text (scriptgate-protocol(7) §7) for these tools, under `cfg`'s limits.

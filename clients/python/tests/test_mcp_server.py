@@ -268,3 +268,65 @@ def test_a_cancelled_call_cancels_the_upstream_call_in_flight(tmp_path: Path) ->
                 assert "after" in text_of(after)
 
     run(go())
+
+
+# An upstream whose tool `grow` adds a tool `extra` and says its list changed.
+GROWING_SERVER = r'''
+import json, sys
+tools = [{"name": "grow", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    msg = json.loads(line)
+    m = msg.get("method")
+    if "id" not in msg:
+        continue
+    res = {}
+    if m == "initialize":
+        res = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {"listChanged": True}},
+               "serverInfo": {"name": "growing", "version": "1"}}
+    elif m == "tools/list":
+        res = {"tools": tools}
+    elif m == "tools/call":
+        tools.append({"name": "extra", "description": "added later", "inputSchema": {"type": "object"},
+                      "annotations": {"readOnlyHint": True}})
+        res = {"content": [{"type": "text", "text": "grown"}]}
+        send({"jsonrpc": "2.0", "id": msg["id"], "result": res})
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        continue
+    send({"jsonrpc": "2.0", "id": msg["id"], "result": res})
+'''
+
+
+def test_an_upstream_tool_list_change_refreshes_run_script_and_tells_the_client(tmp_path: Path) -> None:
+    server = tmp_path / "growing.py"
+    server.write_text(GROWING_SERVER)
+    changed = asyncio.Event
+
+    async def go() -> None:
+        told = changed()
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                told.set()
+
+        params = StdioServerParameters(command=str(SCRIPTGATE), args=["mcp", "--embedded", "--passthrough",
+                                                                      "--mcp", f"up=python3 {server}"])
+        async with stdio_client(params) as (r, w):
+            async with ClientSession(r, w, message_handler=on_message) as s:
+                await s.initialize()
+                before = (await s.list_tools()).tools
+                assert "up__extra" not in before[0].description
+                res = await s.call_tool("run_script", {"code": "import agent_tools\nagent_tools.call('up__grow', {})\n",
+                                                       "description": "grow"})
+                assert res.is_error is False, text_of(res)
+                await asyncio.wait_for(told.wait(), 30)
+                after = (await s.list_tools()).tools
+                assert "up__extra" in after[0].description, after[0].description
+                assert "up__extra" in [t.name for t in after], "passthrough lists it too"
+                # And scripts may call it.
+                res = await s.call_tool("run_script", {"code": "import agent_tools\nagent_tools.call('up__extra', {})\n",
+                                                       "description": "extra"})
+                assert res.is_error is False, text_of(res)
+
+    run(go())
