@@ -345,6 +345,13 @@ impl Broker {
         match req {
             Request::Progress(p) => self.progress(p),
             Request::Uncaught { code } => *self.live.uncaught.lock().unwrap() = Some(code),
+            Request::Tools { id } => {
+                ch.tasks.spawn(async move {
+                    let tools = crate::policy::describe::script_tools(this.policy.callable_specs());
+                    tx.send(Reply::Tools { id, tools }.line()).await;
+                    drop(permit);
+                });
+            }
             Request::Call { id, tool, args } => {
                 ch.tasks.spawn(async move {
                     let outcome = this.call(&*clock, &tool, &args).await;
