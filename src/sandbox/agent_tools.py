@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import threading
+import types
 import typing
 
 __all__ = ["call", "call_many", "call_raw", "progress", "ToolError", "tools"]
@@ -423,35 +424,41 @@ class Tool:
         return f"<tool {self.name}: {self.__qualname__}{self.__signature__}>"
 
 
-_PATH = " path"  # where a namespace keeps its own path: no attribute spelling holds a space
+class _Namespace(types.ModuleType):
+    """tools, or one server's tools: an attribute per entry. A module, so that
+    help() lists its tools with their signatures; every attribute a module has
+    of its own is a dunder, which no entry's spelling is."""
 
+    def __init__(self, name, doc):
+        super().__init__(name, doc)
+        self.__all__ = []
 
-class _Namespace:
-    """tools, or one server's tools: an attribute per entry (see dir())."""
-
-    def __init__(self, path):
-        vars(self)[_PATH] = path
+    def _add(self, name, entry):
+        if name not in vars(self):
+            vars(self)[name] = entry
+            self.__all__.append(name)
+        return vars(self)[name]
 
     def __dir__(self):
-        return sorted(k for k in vars(self) if k != _PATH)
+        return sorted(self.__all__)
 
     def __getattr__(self, name):
-        raise AttributeError(f"{vars(self)[_PATH]} has no {name!r}; it has: {', '.join(dir(self)) or 'nothing'}"
+        raise AttributeError(f"{self.__name__} has no {name!r}; it has: {', '.join(dir(self)) or 'nothing'}"
                              " (agent_tools.call('server__tool', args) calls any tool by its full name)")
 
     def __repr__(self):
-        return f"<{vars(self)[_PATH]}: {', '.join(dir(self))}>"
+        return f"<{self.__name__}: {', '.join(dir(self))}>"
 
 
 def _build(listing):
-    """The namespaces of the daemon's list; entries live in their __dict__ only,
-    so a tool may have any name a namespace's methods have."""
-    root = _Namespace("tools")
+    # _add is called on the class: an entry may be spelled `_add` itself.
+    root = _Namespace("tools", "The tools this script can call; help() on one gives its arguments.")
     for spec in listing:
         ns = root
         for part in spec["path"][:-1]:
-            ns = vars(ns).setdefault(part, _Namespace(f"{vars(ns)[_PATH]}.{part}"))
-        vars(ns)[spec["path"][-1]] = Tool(spec)
+            sub = _Namespace(f"{ns.__name__}.{part}", f"The tools of server {part}; help() on one gives its arguments.")
+            ns = _Namespace._add(ns, part, sub)
+        _Namespace._add(ns, spec["path"][-1], Tool(spec))
     return root
 
 

@@ -629,12 +629,26 @@ def test_dir_repr_and_a_missing_name():
 
 
 def test_names_a_namespace_uses_itself_are_tools_like_any_other():
-    listing = [spec("x___entry", ["x", "_entry"]), spec("x__many", ["x", "many"]), spec("dir", ["dir"])]
-    b = typed("print(json.dumps([tools.x._entry(), tools.x.many(), tools.dir(), dir(tools.x)]))\n", listing)
-    for n, name in ((2, "x___entry"), (3, "x__many"), (4, "dir")):
+    listing = [spec("x___add", ["x", "_add"]), spec("x___add_2", ["x", "_add_2"]), spec("x__many", ["x", "many"]),
+               spec("dir", ["dir"])]
+    b = typed("print(json.dumps([tools.x._add(), tools.x._add_2(), tools.x.many(), tools.dir(), dir(tools.x)]))\n",
+              listing)
+    for n, name in ((2, "x___add"), (3, "x___add_2"), (4, "x__many"), (5, "dir")):
         assert b.next() == {"op": "call", "tool": name, "args": {}, "id": n}
         b.reply({"id": n, **ok(name)})
-    assert b.result() == ["x___entry", "x__many", "dir", ["_entry", "many"]]
+    assert b.result() == ["x___add", "x___add_2", "x__many", "dir", ["_add", "_add_2", "many"]]
+
+
+def test_help_on_a_namespace_lists_its_tools_and_servers():
+    b = typed("help(tools.fleet)\nhelp(tools)\n")
+    rc, out, err = b.finish()
+    assert rc == 0, err
+    assert "Help on module tools.fleet" in out, out
+    assert "The tools of server fleet; help() on one gives its arguments." in out, out
+    assert "FUNCTIONS\n    get_device_status(*, sn: str, verbose: bool = False)\n" in out, out
+    assert "    query(*, q: str = None, **more)\n" in out, out
+    assert "SUBMODULES\n    fleet\n    my_srv\n" in out, out
+    assert "FUNCTIONS\n    ping()\n        ping: no description given." in out, out
 
 
 def test_a_daemon_that_refuses_the_tools_request_raises_tool_error():
