@@ -289,14 +289,6 @@ pub enum Reply {
     /// {"id": 2, "results": [{"result": {…}}, {"error": {"code": "invalid_arguments", "message": "…"}}]}
     /// ```
     Many { id: Value, results: Vec<Outcome> },
-    /// The answer to `tools`: each tool the script can call, with its typed
-    /// path, class, description and keyword arguments.
-    ///
-    /// ```json
-    /// {"id": 3, "tools": [{"name": "fleet__get_device_status", "path": ["fleet", "get_device_status"], "class": "read",
-    ///   "description": "…", "params": [{"key": "sn", "name": "sn", "required": true, "schema": {"type": "string"}}], "more": false}]}
-    /// ```
-    Tools { id: Value, tools: Value },
 }
 
 impl Reply {
@@ -304,6 +296,19 @@ impl Reply {
     pub fn line(&self) -> String {
         serde_json::to_string(self).unwrap_or_default() + "\n"
     }
+}
+
+/// The answer to `tools`, newline included: each tool the script can call,
+/// with its typed path, class, description and keyword arguments
+/// (`policy::describe::script_tools`), given already serialized (`tools`, a
+/// JSON array made once per script).
+///
+/// ```json
+/// {"id": 3, "tools": [{"name": "fleet__get_device_status", "path": ["fleet", "get_device_status"], "class": "read",
+///   "description": "…", "params": [{"key": "sn", "name": "sn", "required": true, "schema": {"type": "string"}}], "more": false}]}
+/// ```
+pub fn tools_reply_line(id: &Value, tools: &str) -> String {
+    format!("{{\"id\":{id},\"tools\":{tools}}}\n")
 }
 
 /// How one call went, as the script sees it.
@@ -394,11 +399,13 @@ mod tests {
             parse_request(br#"{"id": 3, "op": "tools"}"#),
             Ok(Request::Tools { id: 3.into() })
         );
-        let r = Reply::Tools {
-            id: 3.into(),
-            tools: serde_json::json!([{"name": "a__b"}]),
-        };
-        assert_eq!(r.line(), "{\"id\":3,\"tools\":[{\"name\":\"a__b\"}]}\n");
+        let line = tools_reply_line(&"x\"y".into(), r#"[{"name":"a__b"}]"#);
+        assert_eq!(
+            line,
+            "{\"id\":\"x\\\"y\",\"tools\":[{\"name\":\"a__b\"}]}\n"
+        );
+        let back: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back["tools"][0]["name"], "a__b");
     }
 
     #[test]
