@@ -86,6 +86,226 @@ pub fn signature(tool: &ToolSpec) -> String {
     format!("{}({})", tool.name, req.join(", "))
 }
 
+/// Python's keywords: a name part spelled as one gets a `_` after it.
+const PY_KEYWORDS: [&str; 35] = [
+    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
+    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import",
+    "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while",
+    "with", "yield",
+];
+
+/// The Python spelling of one part of a name (a server, a tool, an argument):
+/// every character other than an ASCII letter, digit or `_` becomes `_`; a
+/// leading digit gets a `_` before it; a Python keyword or a dunder (`__x__`)
+/// gets a `_` after it. A part that is already a plain identifier stays as it is.
+pub fn py_name(part: &str) -> String {
+    let mut s: String = part
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+        s.insert(0, '_');
+    }
+    if PY_KEYWORDS.contains(&s.as_str())
+        || (s.len() > 4 && s.starts_with("__") && s.ends_with("__"))
+    {
+        s.push('_');
+    }
+    s
+}
+
+/// Distinct spellings for distinct `parts` (each with a rank that orders equal
+/// names: a server's namespace before a tool), in input order. A part that is
+/// its own spelling is served first; then the others, by name; a spelling
+/// already taken gets `_2`, `_3`, … (the first that is free).
+fn spell_all(parts: &[(&str, u8)]) -> Vec<String> {
+    let mut order: Vec<usize> = (0..parts.len()).collect();
+    order.sort_by_key(|&i| (py_name(parts[i].0) != parts[i].0, parts[i].0, parts[i].1));
+    let mut taken = std::collections::HashSet::new();
+    let mut out = vec![String::new(); parts.len()];
+    for i in order {
+        let base = py_name(parts[i].0);
+        let mut name = base.clone();
+        let mut n = 1;
+        while !taken.insert(name.clone()) {
+            n += 1;
+            name = format!("{base}_{n}");
+        }
+        out[i] = name;
+    }
+    out
+}
+
+/// A tool's server and its own name: split at the first `__` when both sides
+/// are non-empty; otherwise no server.
+fn split_name(name: &str) -> (Option<&str>, &str) {
+    match name.split_once("__") {
+        Some((server, tool)) if !server.is_empty() && !tool.is_empty() => (Some(server), tool),
+        _ => (None, name),
+    }
+}
+
+/// Where each tool a script can call (enabled `read` and `write` tools, in a
+/// read-only run too, so that the spellings do not depend on it) sits under
+/// `agent_tools.tools`: `["fleet", "get_device_status"]` for
+/// `fleet__get_device_status`, `["ping"]` for a tool without a server. Servers
+/// and tools without one share `tools`' attributes; each server's tools its own.
+pub fn typed_paths(tools: &[ToolSpec]) -> std::collections::HashMap<String, Vec<String>> {
+    let names: Vec<&str> = tools
+        .iter()
+        .filter(|t| t.script_callable())
+        .map(|t| t.name.as_str())
+        .collect();
+    let mut top: Vec<(&str, u8)> = Vec::new();
+    let mut servers: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for n in &names {
+        match split_name(n) {
+            (Some(server), tool) => {
+                if !servers.contains_key(server) {
+                    top.push((server, 0));
+                }
+                servers.entry(server).or_default().push(tool);
+            }
+            (None, tool) => top.push((tool, 1)),
+        }
+    }
+    let top_names = spell_all(&top);
+    let spelt = |part: &str, rank: u8| {
+        let i = top.iter().position(|&p| p == (part, rank)).unwrap_or(0);
+        top_names[i].clone()
+    };
+    let mut paths = std::collections::HashMap::new();
+    for (server, tools) in &servers {
+        let parts: Vec<(&str, u8)> = tools.iter().map(|t| (*t, 1)).collect();
+        for (tool, name) in tools.iter().zip(spell_all(&parts)) {
+            paths.insert(format!("{server}__{tool}"), vec![spelt(server, 0), name]);
+        }
+    }
+    for n in names {
+        if let (None, tool) = split_name(n) {
+            paths.insert(n.to_string(), vec![spelt(tool, 1)]);
+        }
+    }
+    paths
+}
+
+/// One keyword argument of a tool's typed function.
+struct Param<'a> {
+    key: &'a str,
+    name: String,
+    schema: &'a Value,
+    required: bool,
+}
+
+/// A tool's keyword arguments: its schema's top-level properties, frozen ones
+/// left out, required ones first, each spelled by `py_name` (distinct).
+fn params(tool: &ToolSpec) -> Vec<Param<'_>> {
+    let schema = tool.input_schema.as_ref();
+    let required: Vec<&str> = schema
+        .and_then(|s| s.get("required"))
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut props: Vec<(&str, &Value)> = schema
+        .and_then(|s| s.get("properties"))
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| !tool.frozen.contains_key(*k))
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    props.sort_by_key(|(k, _)| !required.contains(k));
+    let parts: Vec<(&str, u8)> = props.iter().map(|(k, _)| (*k, 0)).collect();
+    props
+        .into_iter()
+        .zip(spell_all(&parts))
+        .map(|((key, schema), name)| Param {
+            key,
+            name,
+            schema,
+            required: required.contains(&key),
+        })
+        .collect()
+}
+
+/// Does the schema take keys beyond its `properties` at the top level (or say
+/// what it takes in a way the typed API does not read)? Then the typed function
+/// passes other keywords on, and the daemon's check is the only one.
+fn takes_more(schema: Option<&Value>) -> bool {
+    let Some(Value::Object(m)) = schema else {
+        return schema.is_some();
+    };
+    let open = |k: &str| m.get(k).is_some_and(|v| v != &Value::Bool(false));
+    open("additionalProperties")
+        || open("unevaluatedProperties")
+        || [
+            "patternProperties",
+            "allOf",
+            "anyOf",
+            "oneOf",
+            "$ref",
+            "$dynamicRef",
+            "if",
+            "dependentSchemas",
+        ]
+        .iter()
+        .any(|k| m.contains_key(*k))
+}
+
+/// `tools.fleet.get_device_status(sn: str, n: int = 5)`: the typed function's
+/// signature (Python spellings; required arguments first; frozen ones left out).
+pub fn typed_signature(tool: &ToolSpec, path: &[String]) -> String {
+    let mut args: Vec<String> = params(tool)
+        .iter()
+        .map(|p| {
+            let t = py_type(p.schema);
+            if p.required {
+                format!("{}: {t}", p.name)
+            } else {
+                let d = p
+                    .schema
+                    .get("default")
+                    .map(py_default)
+                    .unwrap_or_else(|| "None".into());
+                format!("{}: {t} = {d}", p.name)
+            }
+        })
+        .collect();
+    if takes_more(tool.input_schema.as_ref()) {
+        args.push("**more".into());
+    }
+    format!("tools.{}({})", path.join("."), args.join(", "))
+}
+
+/// What the script's `tools` is built from (the fd-3 `tools` request): each
+/// tool a script can call, with its typed path, class, description, keyword
+/// arguments (`key` as the tool takes it, `name` as Python spells it, its
+/// schema) and whether it takes more keys than those.
+pub fn script_tools(tools: &[ToolSpec]) -> Value {
+    let paths = typed_paths(tools);
+    let tools: Vec<Value> = tools
+        .iter()
+        .filter(|t| t.script_callable())
+        .map(|t| {
+            let params: Vec<Value> = params(t)
+                .into_iter()
+                .map(|p| {
+                    serde_json::json!({"key": p.key, "name": p.name, "required": p.required, "schema": p.schema})
+                })
+                .collect();
+            serde_json::json!({
+                "name": t.name,
+                "path": paths.get(&t.name),
+                "class": t.class.as_str(),
+                "description": t.description,
+                "params": params,
+                "more": takes_more(t.input_schema.as_ref()),
+            })
+        })
+        .collect();
+    Value::Array(tools)
+}
+
 /// The most characters of a tool's description that `describe` gives.
 pub const DESCRIPTION_MAX_CHARS: usize = 500;
 
@@ -140,14 +360,22 @@ pub fn describe(snap: &Snapshot, limits: &Limits, return_max_chars: usize) -> St
         "run_script: run one Python 3 script that calls this run's tools, in loops if need be. \
 Only what the script prints comes back to you, so use it when a task needs many tool calls \
 (tens to thousands) and print a short summary, not raw data.\n\n\
-Inside the script:\n    \
+Inside the script, each tool is a function of its arguments, by keyword (its signature below):\n    \
+    from agent_tools import tools, ToolError\n    \
+    tools.srv.get_item(id=7)                # structured result (dict) if the tool gives one, else its text; raises ToolError\n    \
+    tools.srv.get_item.many([{\"id\": 7}, {\"id\": 8}], return_errors=False)  # one call per args dict, run in parallel, results in input order\n    \
+    tools.srv.get_item.raw(id=7)            # {\"text\", \"structured\", \"is_error\"}; a tool's own error comes back as is_error, refusals and engine failures raise ToolError\n    \
+    help(tools.srv.get_item)                # its description and arguments; dir(tools), dir(tools.srv) list them\n\
+An unknown or missing argument raises ToolError invalid_arguments before anything is sent. \
+Tool srv__get_item is tools.srv.get_item (one without a server__ prefix is on tools itself); \
+names that are not Python identifiers are spelled as the signatures below show.\n\
+The same calls by the tool's full name, args a dict:\n    \
     import agent_tools\n    \
-    agent_tools.call(tool, args)            # structured result (dict) if the tool gives one, else its text; raises agent_tools.ToolError\n    \
-    agent_tools.call_many(tool, args_list, return_errors=False)  # one call per args dict, run in parallel, results in input order\n    \
-    agent_tools.call_raw(tool, args)        # {\"text\", \"structured\", \"is_error\"}; a tool's own error comes back as is_error, refusals and engine failures raise ToolError\n    \
+    agent_tools.call(tool, args)            # e.g. agent_tools.call(\"srv__get_item\", {\"id\": 7})\n    \
+    agent_tools.call_many(tool, args_list, return_errors=False)\n    \
+    agent_tools.call_raw(tool, args)\n    \
     agent_tools.progress(done, total, message=\"\")  # report progress\n    \
-    agent_tools.ToolError                   # .tool, .code (denied, invalid_arguments, limit, tool_error, revoked, engine), .message\n\
-args is a dict of the tool's arguments, e.g. agent_tools.call(\"srv__get_item\", {\"id\": 7}).\n\n",
+    agent_tools.ToolError                   # .tool, .code (denied, invalid_arguments, limit, tool_error, revoked, engine), .message\n\n",
     );
     d.push_str(&format!(
         "Limits: at most {} tool calls per script ({} at a time), {} s, {} MiB of memory; the first {} characters of output come back, all of it is kept in the workspace. \
@@ -166,11 +394,14 @@ No network. The working directory is the workspace, {}; files the script writes 
             d.push('\n');
         }
     };
+    let paths = typed_paths(&snap.tools);
     let list = |d: &mut String, tools: &[&ToolSpec]| {
         for t in tools {
-            d.push_str("    ");
-            d.push_str(&signature(t));
-            d.push('\n');
+            let sig = match paths.get(&t.name) {
+                Some(path) => typed_signature(t, path),
+                None => signature(t),
+            };
+            d.push_str(&format!("    {sig}  # {}\n", t.name));
             about(d, t);
         }
     };
@@ -247,15 +478,21 @@ mod tests {
         let d = describe(&snap(false), &l, 20000);
         assert!(d.contains("agent_tools.call_many(tool, args_list, return_errors=False)"));
         assert!(d.contains("at most 2000 tool calls per script (4 at a time), 1800 s, 1024 MiB"));
-        assert!(d.contains("Tools the script can call directly:\n    fs__read_file(path: str"));
+        assert!(d.contains("Tools the script can call directly:\n    tools.fs.read_file(path: str"));
+        assert!(
+            d.find("tools.srv.get_item(id=7)") < d.find("agent_tools.call(tool, args)"),
+            "the typed API first"
+        );
         assert!(
             d.contains("name them in run_script's `tools` argument (the user approves them once")
         );
-        assert!(d.contains("    fs__mkdir(path: str = None"));
+        assert!(d.contains(
+            "    tools.fs.mkdir(path: str = None, tags: list[str] = None)  # fs__mkdir\n"
+        ));
         assert!(d.contains("    fs__write_file (destructive, confirmed one call at a time)\n        Overwrite a file.\n    x__research (runs as a long task)"));
         assert!(!d.contains("x__off"));
         assert!(
-            d.contains("mode: Literal['a', 'b'] = 'a')\n        Read a file. Give its path below the workspace.\n"),
+            d.contains("mode: Literal['a', 'b'] = 'a')  # fs__read_file\n        Read a file. Give its path below the workspace.\n"),
             "a description on one line under its signature"
         );
         assert!(
@@ -291,6 +528,114 @@ mod tests {
         let mut params = args.as_object().unwrap().clone();
         params.insert("token".into(), "t".into());
         serde_json::from_value::<crate::protocol::StartParams>(params.into()).unwrap();
+    }
+
+    fn tool(name: &str) -> Value {
+        json!({"name": name, "class": "read", "input_schema": {"type": "object"}})
+    }
+
+    fn paths(tools: Vec<Value>) -> Vec<(String, String)> {
+        let s =
+            parse_snapshot(json!({"workspace": "/w", "permission_mode": "auto", "tools": tools}))
+                .unwrap();
+        let p = typed_paths(&s.tools);
+        let mut v: Vec<(String, String)> = p.into_iter().map(|(k, v)| (k, v.join("."))).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn python_spellings_of_name_parts() {
+        for (given, spelt) in [
+            ("get_device_status", "get_device_status"),
+            ("get-device.status", "get_device_status"),
+            ("2fa", "_2fa"),
+            ("class", "class_"),
+            ("None", "None_"),
+            ("match", "match"),
+            ("__init__", "__init___"),
+            ("_private", "_private"),
+            ("über", "_ber"),
+            ("-", "_"),
+        ] {
+            assert_eq!(py_name(given), spelt, "{given}");
+        }
+    }
+
+    #[test]
+    fn typed_paths_split_servers_and_resolve_collisions() {
+        let p = paths(vec![
+            tool("fleet__get_device_status"),
+            tool("fleet__get-device-status"),
+            tool("fleet__get_device_status_2"),
+            tool("my-srv__list"),
+            tool("my_srv__list"),
+            tool("ping"),
+            tool("fleet"),
+            tool("__odd"),
+            tool("srv__"),
+            tool("a____b"),
+            tool("3d__class"),
+            json!({"name": "fleet__wipe", "class": "destructive"}),
+            json!({"name": "fleet__off", "class": "read", "enabled": false, "input_schema": {}}),
+        ]);
+        let want: Vec<(String, String)> = [
+            ("3d__class", "_3d.class_"),
+            ("__odd", "__odd"),
+            ("a____b", "a.__b"),
+            // A spelling that is the name itself comes first; the others by name.
+            ("fleet", "fleet_2"),
+            ("fleet__get-device-status", "fleet.get_device_status_3"),
+            ("fleet__get_device_status", "fleet.get_device_status"),
+            ("fleet__get_device_status_2", "fleet.get_device_status_2"),
+            ("my-srv__list", "my_srv_2.list"),
+            ("my_srv__list", "my_srv.list"),
+            ("ping", "ping"),
+            ("srv__", "srv__"),
+        ]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        assert_eq!(p, want, "destructive and disabled tools have no typed path");
+    }
+
+    #[test]
+    fn typed_signatures_and_what_the_script_is_given() {
+        let s = parse_snapshot(json!({"workspace": "/w", "permission_mode": "auto", "tools": [
+            {"name": "x__f", "class": "write", "description": "F.", "frozen": {"tenant": "t"},
+             "input_schema": {"type": "object", "required": ["max-n", "id"], "properties": {
+                "id": {"type": "integer"}, "max-n": {"type": ["integer", "null"]}, "class": {"type": "boolean", "default": false},
+                "max_n": {"type": "string"}, "tenant": {"type": "string"}}}},
+            {"name": "x__free", "class": "read", "input_schema": {"type": "object", "additionalProperties": true, "properties": {"q": {"type": "string"}}}},
+            {"name": "x__closed", "class": "read", "input_schema": {"type": "object", "additionalProperties": false}}
+        ]})).unwrap();
+        let p = typed_paths(&s.tools);
+        assert_eq!(
+            typed_signature(&s.tools[0], &p["x__f"]),
+            "tools.x.f(id: int, max_n_2: int | None, class_: bool = False, max_n: str = None)"
+        );
+        assert_eq!(
+            typed_signature(&s.tools[1], &p["x__free"]),
+            "tools.x.free(q: str = None, **more)"
+        );
+        assert_eq!(
+            typed_signature(&s.tools[2], &p["x__closed"]),
+            "tools.x.closed()"
+        );
+        let listing = script_tools(&s.tools);
+        assert_eq!(
+            listing[0],
+            json!({"name": "x__f", "path": ["x", "f"], "class": "write", "description": "F.", "more": false, "params": [
+                {"key": "id", "name": "id", "required": true, "schema": {"type": "integer"}},
+                {"key": "max-n", "name": "max_n_2", "required": true, "schema": {"type": ["integer", "null"]}},
+                {"key": "class", "name": "class_", "required": false, "schema": {"type": "boolean", "default": false}},
+                {"key": "max_n", "name": "max_n", "required": false, "schema": {"type": "string"}}]}),
+            "frozen arguments are not the script's"
+        );
+        assert_eq!(
+            (listing[1]["more"].clone(), listing[2]["more"].clone()),
+            (json!(true), json!(false))
+        );
     }
 
     /// The description is what the model reads: any change to it is reviewed as a

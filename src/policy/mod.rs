@@ -89,6 +89,9 @@ pub struct Policy {
     tools: HashMap<String, Tool>,
     declared: BTreeSet<String>,
     read_only: bool,
+    /// The snapshot's tools a script can call, for its typed API
+    /// (the listing the script's `tools` request is answered with).
+    callable_specs: Vec<ToolSpec>,
 }
 
 fn tools_error(tool: &str, reason: Reason, message: String) -> Refused {
@@ -128,9 +131,21 @@ impl Policy {
                 tools,
                 declared: names,
                 read_only: snap.read_only,
+                callable_specs: snap
+                    .tools
+                    .iter()
+                    .filter(|t| t.script_callable())
+                    .cloned()
+                    .collect(),
             },
             plan,
         ))
+    }
+
+    /// The snapshot's tools a script can call (enabled `read` and `write`
+    /// tools, as the snapshot gives them), for the script's typed API.
+    pub fn callable_specs(&self) -> &[ToolSpec] {
+        &self.callable_specs
     }
 
     /// Is `tool` a tool of the snapshot (enabled or not)?

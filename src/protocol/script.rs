@@ -68,6 +68,12 @@ pub enum WireRequest {
         #[serde(default)]
         code: Value,
     },
+    /// The tools the script can call, for `agent_tools.tools` (the typed API).
+    ///
+    /// ```json
+    /// {"id": 3, "op": "tools"}
+    /// ```
+    Tools {},
 }
 
 fn empty_object() -> Value {
@@ -101,6 +107,7 @@ impl WireRequest {
                 message: take("message"),
             },
             "uncaught" => WireRequest::Uncaught { code: take("code") },
+            "tools" => WireRequest::Tools {},
             _ => return None,
         })
     }
@@ -123,6 +130,10 @@ pub enum Request {
     /// The script is ending on an uncaught `ToolError` with this code.
     Uncaught {
         code: String,
+    },
+    /// The tools the script can call (`policy::describe::script_tools`).
+    Tools {
+        id: Value,
     },
 }
 
@@ -253,6 +264,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, BadRequest> {
         WireRequest::Uncaught { code } => Ok(Request::Uncaught {
             code: text(&code, MAX_CODE_BYTES),
         }),
+        WireRequest::Tools {} => Ok(Request::Tools { id }),
     }
 }
 
@@ -284,6 +296,19 @@ impl Reply {
     pub fn line(&self) -> String {
         serde_json::to_string(self).unwrap_or_default() + "\n"
     }
+}
+
+/// The answer to `tools`, newline included: each tool the script can call,
+/// with its typed path, class, description and keyword arguments
+/// (`policy::describe::script_tools`), given already serialized (`tools`, a
+/// JSON array made once per script).
+///
+/// ```json
+/// {"id": 3, "tools": [{"name": "fleet__get_device_status", "path": ["fleet", "get_device_status"], "class": "read",
+///   "description": "…", "params": [{"key": "sn", "name": "sn", "required": true, "schema": {"type": "string"}}], "more": false}]}
+/// ```
+pub fn tools_reply_line(id: &Value, tools: &str) -> String {
+    format!("{{\"id\":{id},\"tools\":{tools}}}\n")
 }
 
 /// How one call went, as the script sees it.
@@ -366,6 +391,21 @@ mod tests {
         assert_eq!(request_id(br#"{"id": "x", "op": "call"}"#), "x");
         assert_eq!(request_id(br#"{"id": {"deep": 1}}"#), Value::Null);
         assert_eq!(request_id(b"not json"), Value::Null);
+    }
+
+    #[test]
+    fn the_tools_request_is_answered_with_the_list() {
+        assert_eq!(
+            parse_request(br#"{"id": 3, "op": "tools"}"#),
+            Ok(Request::Tools { id: 3.into() })
+        );
+        let line = tools_reply_line(&"x\"y".into(), r#"[{"name":"a__b"}]"#);
+        assert_eq!(
+            line,
+            "{\"id\":\"x\\\"y\",\"tools\":[{\"name\":\"a__b\"}]}\n"
+        );
+        let back: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back["tools"][0]["name"], "a__b");
     }
 
     #[test]

@@ -4,19 +4,31 @@ The module talks to scriptgated over fd 3 (requests) and fd 4 (replies), one
 JSON object per line. It is thread-safe: any number of threads may call at once;
 the daemon keeps at most `max_concurrency` calls of this script in flight.
 
+    tools.fleet.get_device_status(sn="SN1")          -> call("fleet__get_device_status", {"sn": "SN1"})
+    tools.fleet.get_device_status.many([{"sn": s}, ...], return_errors=False) -> call_many(...)
+    tools.fleet.get_device_status.raw(sn="SN1")      -> call_raw(...)
     call(tool, args)                       -> structured result (dict) or text; raises ToolError
     call_many(tool, args_list, return_errors=False) -> list, in input order
     call_raw(tool, args)                   -> {"text", "structured", "is_error"}
     progress(done, total, message="")      -> None
     ToolError                              -> .tool, .code, .message
+
+`tools` is built on first use from the daemon's list of the tools this script
+can call (the fd-3 `tools` request): one attribute per server, then one function
+per tool, whose keyword arguments, types and docstring come from the tool's
+input schema and description. The daemon spells the names (a tool without a
+`server__` prefix sits on `tools` itself; see scriptgate-protocol(7)).
 """
 
+import inspect
 import json
 import os
 import sys
 import threading
+import types
+import typing
 
-__all__ = ["call", "call_many", "call_raw", "progress", "ToolError"]
+__all__ = ["call", "call_many", "call_raw", "progress", "ToolError", "tools"]
 
 BATCH = 50
 
@@ -275,6 +287,199 @@ def call_many(tool, args_list, return_errors=False):
 def progress(done, total, message=""):
     """Report progress to the engine (the first at once, then at most once a second, and the last before the end)."""
     _channel().send({"op": "progress", "done": int(done), "total": int(total), "message": str(message)[:500]})
+
+
+# -- the typed API: tools.SERVER.TOOL(**args) ----------------------------------
+
+_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool,
+          "array": list, "object": dict, "null": type(None)}
+
+
+def _union(alts):
+    out = alts[0]
+    for a in alts[1:]:
+        try:
+            out = out | a
+        except TypeError:  # Python < 3.10
+            out = typing.Union[out, a]
+    return out
+
+
+def _annotation(schema):
+    """The Python type of a JSON schema (as run.describe prints it)."""
+    if not isinstance(schema, dict):
+        return typing.Any
+    values = schema.get("enum")
+    if isinstance(values, list) and values:
+        plain = tuple(v for v in values if v is None or isinstance(v, (str, int, float, bool)))
+        return typing.Literal[plain] if len(plain) == len(values) else typing.Any
+    kind = schema.get("type")
+    if kind == "array" and isinstance(schema.get("items"), dict):
+        return list[_annotation(schema["items"])]
+    if isinstance(kind, str):
+        return _TYPES.get(kind, typing.Any)
+    if isinstance(kind, list) and kind:
+        return _union([_TYPES.get(k, typing.Any) for k in kind])
+    alts = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(alts, list) and alts:
+        return _union([_annotation(a) for a in alts])
+    return typing.Any
+
+
+class Tool:
+    """One tool as a function of its keyword arguments: tool(**args) is
+    call(name, args), tool.many(args_list) is call_many(name, args_list) and
+    tool.raw(**args) is call_raw(name, args), once the arguments are checked
+    against the tool's keyword arguments (unknown or missing ones raise
+    ToolError invalid_arguments, and nothing is sent)."""
+
+    def __init__(self, spec):
+        self.name = spec["name"]
+        self._params = spec["params"]
+        self._more = spec["more"]
+        self._keys = {p["name"]: p["key"] for p in self._params}
+        self._keys.update({p["key"]: p["key"] for p in self._params})
+        self.__name__ = spec["path"][-1]
+        self.__qualname__ = "tools." + ".".join(spec["path"])
+        params = [inspect.Parameter(
+            p["name"], inspect.Parameter.KEYWORD_ONLY,
+            default=inspect.Parameter.empty if p["required"] else p["schema"].get("default"),
+            annotation=_annotation(p["schema"])) for p in self._params]
+        if self._more:
+            params.append(inspect.Parameter("more", inspect.Parameter.VAR_KEYWORD))
+        self.__signature__ = inspect.Signature(params)
+        self.__doc__ = self._docstring(spec)
+
+    def _docstring(self, spec):
+        lines = [f"{self.name}: {(spec.get('description') or '').strip() or 'no description given.'}", ""]
+        lines.append("Arguments:" if self._params or self._more else "Arguments: none.")
+        for p in self._params:
+            about = [inspect.formatannotation(_annotation(p["schema"]))]
+            about.append("required" if p["required"] else "optional")
+            if "default" in p["schema"]:
+                about.append(f"default {p['schema']['default']!r}")
+            if p["key"] != p["name"]:
+                about.append(f"sent as {p['key']!r}")
+            desc = p["schema"].get("description")
+            lines.append(f"    {p['name']} ({', '.join(about)})" + (f": {desc}" if desc else ""))
+        if self._more:
+            lines.append("    **more: other keys the tool's schema takes, passed on as given.")
+        if spec.get("class") == "write":
+            lines += ["", f"A write tool: callable only if run_script's `tools` names {self.name}."]
+        lines += ["", f"{self.__qualname__}.many(args_list, return_errors=False) calls it once per args dict;",
+                  f"{self.__qualname__}.raw(**args) gives {{\"text\", \"structured\", \"is_error\"}};",
+                  f"agent_tools.call({self.name!r}, args) is the same call by name."]
+        return "\n".join(lines)
+
+    def _args(self, args, kwargs):
+        """The call's arguments as the tool takes them, or ToolError invalid_arguments."""
+        def refuse(why):
+            return ToolError(self.name, "invalid_arguments", f"{why}; {self.__qualname__}{self.__signature__}")
+        if args:
+            raise refuse(f"{self.__qualname__} takes keyword arguments only, not {len(args)} positional")
+        out = {}
+        unknown = [k for k in kwargs if k not in self._keys and not self._more]
+        if unknown:
+            raise refuse(f"unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}")
+        for k, v in kwargs.items():
+            key = self._keys.get(k, k)
+            if key in out:
+                raise refuse(f"argument {key!r} given twice")
+            out[key] = v
+        missing = [p["name"] for p in self._params if p["required"] and p["key"] not in out]
+        if missing:
+            raise refuse(f"missing required argument{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+        return out
+
+    def __call__(self, *args, **kwargs):
+        return call(self.name, self._args(args, kwargs))
+
+    def raw(self, *args, **kwargs):
+        """call_raw: {"text", "structured", "is_error"}."""
+        return call_raw(self.name, self._args(args, kwargs))
+
+    def many(self, args_list, return_errors=False):
+        """call_many: one call per args dict, results in input order. Every item
+        is checked first; with return_errors=True a bad item is a ToolError in
+        the list (the others are called), otherwise it is raised before any call."""
+        checked = []
+        for a in args_list:
+            if not isinstance(a, dict):
+                raise TypeError(f"{self.__qualname__}.many: each item must be a dict of arguments")
+            try:
+                checked.append(self._args((), a))
+            except ToolError as e:
+                if not return_errors:
+                    raise
+                checked.append(e)
+        got = iter(call_many(self.name, [a for a in checked if not isinstance(a, ToolError)], return_errors))
+        return [a if isinstance(a, ToolError) else next(got) for a in checked]
+
+    def __get__(self, obj, owner=None):
+        # A descriptor without __set__: help() and pydoc take a tool for a
+        # routine, and show its signature and docstring.
+        return self
+
+    def __repr__(self):
+        return f"<tool {self.name}: {self.__qualname__}{self.__signature__}>"
+
+
+class _Namespace(types.ModuleType):
+    """tools, or one server's tools: an attribute per entry. A module, so that
+    help() lists its tools with their signatures; every attribute a module has
+    of its own is a dunder, which no entry's spelling is."""
+
+    def __init__(self, name, doc):
+        super().__init__(name, doc)
+        self.__all__ = []
+
+    def _add(self, name, entry):
+        if name not in vars(self):
+            vars(self)[name] = entry
+            self.__all__.append(name)
+        return vars(self)[name]
+
+    def __dir__(self):
+        return sorted(self.__all__)
+
+    def __getattr__(self, name):
+        raise AttributeError(f"{self.__name__} has no {name!r}; it has: {', '.join(dir(self)) or 'nothing'}"
+                             " (agent_tools.call('server__tool', args) calls any tool by its full name)")
+
+    def __repr__(self):
+        return f"<{self.__name__}: {', '.join(dir(self))}>"
+
+
+def _build(listing):
+    # _add is called on the class: an entry may be spelled `_add` itself.
+    root = _Namespace("tools", "The tools this script can call; help() on one gives its arguments.")
+    for spec in listing:
+        ns = root
+        for part in spec["path"][:-1]:
+            sub = _Namespace(f"{ns.__name__}.{part}", f"The tools of server {part}; help() on one gives its arguments.")
+            ns = _Namespace._add(ns, part, sub)
+        _Namespace._add(ns, spec["path"][-1], Tool(spec))
+    return root
+
+
+_tools = None
+_tools_lock = threading.Lock()
+
+
+def __getattr__(name):
+    # `tools` is asked of the daemon once, when a script first uses it.
+    global _tools
+    if name != "tools":
+        raise AttributeError(f"module 'agent_tools' has no attribute {name!r}")
+    with _tools_lock:
+        if _tools is None:
+            reply = _channel().request({"op": "tools"})
+            if reply is None:
+                raise _lost("tools")
+            if "error" in reply:
+                raise _to_error("tools", reply["error"])
+            _tools = _build(reply["tools"])
+    return _tools
 
 
 _prev_hook = sys.excepthook

@@ -125,6 +125,8 @@ pub struct Broker {
     /// abandoned with this reason (`end`).
     end: CallEnd,
     ended: tokio::sync::Notify,
+    /// The answer to the script's `tools` request, made on the first.
+    tools_json: std::sync::OnceLock<String>,
 }
 
 impl Broker {
@@ -150,6 +152,7 @@ impl Broker {
             trace: s.trace,
             end: CallEnd::default(),
             ended: tokio::sync::Notify::new(),
+            tools_json: std::sync::OnceLock::new(),
         }
     }
 }
@@ -327,6 +330,18 @@ impl Broker {
                 if ch.buf.capacity() > 64 * 1024 {
                     ch.buf = Vec::new();
                 }
+                if let Request::Tools { id } = &req {
+                    // Written here, not from a task: a script that asks again
+                    // and again gets one answer at a time, as fast as it reads
+                    // them (the list is made once), and nothing else is read
+                    // from fd 3 meanwhile.
+                    let tools = self.tools_json.get_or_init(|| {
+                        crate::policy::describe::script_tools(self.policy.callable_specs())
+                            .to_string()
+                    });
+                    let line = crate::protocol::script::tools_reply_line(id, tools);
+                    return ch.replies.send(line).await;
+                }
                 self.start(req, permit, ch, clock);
                 true
             }
@@ -345,6 +360,8 @@ impl Broker {
         match req {
             Request::Progress(p) => self.progress(p),
             Request::Uncaught { code } => *self.live.uncaught.lock().unwrap() = Some(code),
+            // Answered in serve_one.
+            Request::Tools { .. } => {}
             Request::Call { id, tool, args } => {
                 ch.tasks.spawn(async move {
                     let outcome = this.call(&*clock, &tool, &args).await;

@@ -485,11 +485,14 @@ fn describe_gives_the_run_script_description() {
         "{d}"
     );
     assert!(
-        d.contains("    time__get_current_time(timezone: str)\n"),
+        d.contains("    tools.time.get_current_time(timezone: str)  # time__get_current_time\n"),
         "{d}"
     );
     assert!(d.contains("Write tools: the script may call these only if you name them in run_script's `tools` argument"), "{d}");
-    assert!(d.contains("    fs__create_directory(path: str)\n"), "{d}");
+    assert!(
+        d.contains("    tools.fs.create_directory(path: str)  # fs__create_directory\n"),
+        "{d}"
+    );
     assert!(
         d.contains("    fs__write_file (destructive, confirmed one call at a time)"),
         "{d}"

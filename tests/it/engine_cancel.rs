@@ -322,7 +322,7 @@ fn run_describe_gives_the_descriptions_and_a_ready_made_tool() {
         .unwrap();
     let text = d["text"].as_str().unwrap();
     assert!(
-        text.contains("fleet__get_device_status(sn: str)\n        Status of one device: online or not, and its firmware.\n"),
+        text.contains("tools.fleet.get_device_status(sn: str)  # fleet__get_device_status\n        Status of one device: online or not, and its firmware.\n"),
         "{text}"
     );
     assert_eq!(d["tool"]["name"], "run_script");

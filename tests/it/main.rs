@@ -32,4 +32,5 @@ mod sandbox_init;
 mod systemd;
 mod systemd_limits;
 mod transport;
+mod typed_api;
 mod users;

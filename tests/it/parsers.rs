@@ -568,9 +568,10 @@ impl Gen {
     /// An fd-3 request's fields, each present or not, of the right type or not.
     fn fd3_fields(&mut self) -> Fd3Fields {
         let op = match self.below(11) {
-            0..=7 => {
-                Some(json!(self.pick(&["call", "call_many", "progress", "uncaught"])).to_string())
-            }
+            0..=7 => Some(
+                json!(self.pick(&["call", "call_many", "progress", "uncaught", "tools"]))
+                    .to_string(),
+            ),
             8 => Some(json!(self.pick(&["Call", "call ", "", "exec"])).to_string()),
             9 => Some(self.value(2).to_string()),
             _ => None,
@@ -1444,6 +1445,7 @@ fn fd3_model(read: Option<&Value>) -> Result<Request, (Value, &'static str)> {
         Some("uncaught") => Ok(Request::Uncaught {
             code: string("code", 32),
         }),
+        Some("tools") => Ok(Request::Tools { id }),
         _ => Err((id, "invalid_request")),
     }
 }
@@ -1490,6 +1492,7 @@ fn check_fd3_read(line: &[u8]) -> (Result<Request, BadRequest>, Option<Value>) {
         }
         Ok(Request::Progress(p)) => assert!(p.message.len() <= 500 + MARK),
         Ok(Request::Uncaught { code }) => assert!(code.len() <= 32 + MARK),
+        Ok(Request::Tools { .. }) => {}
         Err(b) => assert!(["invalid_request", "invalid_arguments"].contains(&b.code)),
     }
     (got, read)
@@ -1610,7 +1613,7 @@ proptest! {
     #[test]
     fn fd3_hostile_values(
         depth in nesting(),
-        op in select(vec!["call", "call_many", "progress", "uncaught"]),
+        op in select(vec!["call", "call_many", "progress", "uncaught", "tools"]),
         key in select(vec!["id", "tool", "args", "args_list", "done", "total", "message", "code"]),
         value in hostile_json(),
     ) {

@@ -346,11 +346,11 @@ fn run_describe_gives_the_model_facing_description() {
         "{text}"
     );
     assert!(
-        text.contains("    fleet__get_device_status(sn: str)\n"),
+        text.contains("    tools.fleet.get_device_status(sn: str)  # fleet__get_device_status\n"),
         "{text}"
     );
     assert!(
-        text.contains("    fleet__reboot_device(sn: str = None)\n"),
+        text.contains("    tools.fleet.reboot_device(sn: str = None)  # fleet__reboot_device\n"),
         "frozen tenant left out: {text}"
     );
     assert!(

@@ -381,7 +381,284 @@ def test_other_uncaught_errors_send_nothing():
 def test_the_module_exports_what_the_man_page_names():
     b = Broker("import json, sys\nsys.path.insert(0, %r)\nimport agent_tools\nprint(json.dumps(agent_tools.__all__))\n" % SANDBOX,
                channel=False)
-    assert b.result() == ["call", "call_many", "call_raw", "progress", "ToolError"]
+    assert b.result() == ["call", "call_many", "call_raw", "progress", "ToolError", "tools"]
+
+
+# -- the typed API: tools.SERVER.TOOL ------------------------------------------
+#
+# The daemon answers {"op": "tools"} with the tools this script can call, their
+# typed paths and keyword arguments already spelled (src/policy/describe.rs,
+# script_tools; its Rust tests hold the spelling rules, and tests/it/typed_api.rs
+# runs this module against the real daemon's list). These listings are in its
+# format.
+
+
+def param(key, schema, required=False, name=None):
+    return {"key": key, "name": name or key, "required": required, "schema": schema}
+
+
+def spec(name, path, params=(), description=None, cls="read", more=False):
+    return {"name": name, "path": path, "class": cls, "description": description,
+            "params": list(params), "more": more}
+
+
+STATUS = spec("fleet__get_device_status", ["fleet", "get_device_status"],
+              [param("sn", {"type": "string", "description": "Serial number."}, required=True),
+               param("verbose", {"type": "boolean", "default": False})],
+              description="Status of one device: online or not, and its firmware.")
+LISTING = [
+    STATUS,
+    spec("fleet__reboot_device", ["fleet", "reboot_device"], [param("sn", {"type": "string"})], cls="write"),
+    spec("my-srv__get.item", ["my_srv", "get_item"],
+         [param("class", {"type": "integer"}, required=True, name="class_"),
+          param("max-n", {"type": "integer"}, name="max_n")]),
+    spec("ping", ["ping"]),
+    spec("fleet__query", ["fleet", "query"], [param("q", {"type": "string"})], more=True),
+]
+
+
+def typed(body, listing=LISTING):
+    """A Broker whose script's first request is `tools`, answered with `listing`."""
+    b = Broker(script("from agent_tools import tools\n" + body))
+    r = b.next()
+    assert r == {"op": "tools", "id": 1}
+    b.reply({"id": 1, "tools": listing})
+    return b
+
+
+def test_tools_is_asked_for_once_on_first_use_and_never_by_import_alone():
+    b = Broker(script(
+        "a = t.call('fleet__x')\n"
+        "from agent_tools import tools\n"
+        "x = dir(tools)\n"
+        "y = dir(t.tools)\n"
+        "print(json.dumps([a, x, y]))\n"
+    ))
+    assert b.next() == {"op": "call", "tool": "fleet__x", "args": {}, "id": 1}
+    b.reply({"id": 1, **ok("x")})
+    assert b.next() == {"op": "tools", "id": 2}
+    b.reply({"id": 2, "tools": LISTING})
+    assert b.result() == ["x", ["fleet", "my_srv", "ping"], ["fleet", "my_srv", "ping"]]
+
+
+def test_a_typed_call_is_the_same_request_and_result_as_call():
+    b = typed(
+        "a = tools.fleet.get_device_status(sn='SN1')\n"
+        "b = t.call('fleet__get_device_status', {'sn': 'SN1'})\n"
+        "c = tools.fleet.get_device_status(sn='SN2', verbose=True)\n"
+        "d = tools.ping()\n"
+        "e = attempt(tools.fleet.reboot_device, sn='SN1')\n"
+        "print(json.dumps([a, b, c, d, e]))\n"
+    )
+    assert b.next() == {"op": "call", "tool": "fleet__get_device_status", "args": {"sn": "SN1"}, "id": 2}
+    b.reply({"id": 2, **ok("on", {"online": True})})
+    assert b.next() == {"op": "call", "tool": "fleet__get_device_status", "args": {"sn": "SN1"}, "id": 3}
+    b.reply({"id": 3, **ok("on", {"online": True})})
+    # Omitted optional arguments are not sent: the tool applies its defaults.
+    assert b.next()["args"] == {"sn": "SN2", "verbose": True}
+    b.reply({"id": 4, **ok("off")})
+    assert b.next() == {"op": "call", "tool": "ping", "args": {}, "id": 5}
+    b.reply({"id": 5, **ok("pong")})
+    # The daemon's refusals come back as from call().
+    assert b.next()["tool"] == "fleet__reboot_device"
+    b.reply({"id": 6, "error": {"code": "denied", "message": "not declared"}})
+    assert b.result() == [{"online": True}, {"online": True}, "off", "pong",
+                          {"ToolError": ["fleet__reboot_device", "denied", "not declared",
+                                         "fleet__reboot_device: denied: not declared"]}]
+
+
+def test_many_and_raw_are_call_many_and_call_raw():
+    b = typed(
+        "a = tools.fleet.get_device_status.many([{'sn': s} for s in ('A', 'B')])\n"
+        "b = t.call_many('fleet__get_device_status', [{'sn': s} for s in ('A', 'B')])\n"
+        "c = tools.fleet.get_device_status.raw(sn='A')\n"
+        "d = t.call_raw('fleet__get_device_status', {'sn': 'A'})\n"
+        "e = [show(x) for x in tools.fleet.get_device_status.many([{'sn': 'A'}, {'sn': 'B'}], return_errors=True)]\n"
+        "print(json.dumps([a, b, c, d, e]))\n"
+    )
+    for n in (2, 3):
+        assert b.next() == {"op": "call_many", "tool": "fleet__get_device_status",
+                            "args_list": [{"sn": "A"}, {"sn": "B"}], "id": n}
+        b.reply({"id": n, "results": [ok(structured="A"), ok(structured="B")]})
+    for n in (4, 5):
+        assert b.next() == {"op": "call", "tool": "fleet__get_device_status", "args": {"sn": "A"}, "id": n}
+        b.reply({"id": n, **ok("down", is_error=True, code="tool_error")})
+    r = b.next()
+    b.reply({"id": r["id"], "results": [ok(structured="A"), ok("down", is_error=True)]})
+    raw = {"text": "down", "structured": None, "is_error": True}
+    assert b.result() == [["A", "B"], ["A", "B"], raw, raw,
+                          ["A", {"ToolError": ["fleet__get_device_status", "tool_error", "down",
+                                               "fleet__get_device_status: tool_error: down"]}]]
+
+
+def test_bad_arguments_raise_invalid_arguments_and_send_nothing():
+    sig = "tools.fleet.get_device_status(*, sn: str, verbose: bool = False)"
+    b = typed(
+        "out = [attempt(tools.fleet.get_device_status, sn='A', serial='A'),\n"
+        "       attempt(tools.fleet.get_device_status, verbose=True),\n"
+        "       attempt(tools.fleet.get_device_status, 'A'),\n"
+        "       attempt(tools.fleet.get_device_status.raw, sn='A', x=1, y=2),\n"
+        "       attempt(tools.fleet.get_device_status.many, [{'sn': 'A'}, {'sn': 'B', 'bad': 1}]),\n"
+        "       attempt(tools.my_srv.get_item, class_=1, **{'class': 2})]\n"
+        "kept = tools.fleet.get_device_status.many([{}, {'sn': 'B'}], return_errors=True)\n"
+        "print(json.dumps(out + [[show(x) for x in kept]]))\n"
+    )
+    # The only request: the good item of the last call_many.
+    r = b.next()
+    assert r == {"op": "call_many", "tool": "fleet__get_device_status", "args_list": [{"sn": "B"}], "id": 2}
+    b.reply({"id": 2, "results": [ok(structured="B")]})
+
+    def refused(why, tool="fleet__get_device_status", signature=sig):
+        msg = f"{why}; {signature}"
+        return {"ToolError": [tool, "invalid_arguments", msg, f"{tool}: invalid_arguments: {msg}"]}
+
+    assert b.result() == [
+        refused("unknown argument 'serial'"),
+        refused("missing required argument 'sn'"),
+        refused("tools.fleet.get_device_status takes keyword arguments only, not 1 positional"),
+        refused("unknown arguments 'x', 'y'"),
+        refused("unknown argument 'bad'"),
+        refused("argument 'class' given twice", "my-srv__get.item",
+                "tools.my_srv.get_item(*, class_: int, max_n: int = None)"),
+        [refused("missing required argument 'sn'"), "B"],
+    ]
+
+
+def test_a_schema_that_takes_more_keys_passes_them_on():
+    b = typed("print(json.dumps(tools.fleet.query(q='x', since='1h', **{'a-b': 1})))\n")
+    assert b.next()["args"] == {"q": "x", "since": "1h", "a-b": 1}
+    b.reply({"id": 2, **ok("rows")})
+    assert b.result() == "rows"
+
+
+def test_spelled_names_send_the_tools_own_names():
+    b = typed(
+        "a = tools.my_srv.get_item(class_=1, max_n=2)\n"
+        "b = tools.my_srv.get_item(**{'class': 1, 'max-n': 2})\n"
+        "c = t.call('my-srv__get.item', {'class': 1})\n"
+        "print(json.dumps([a, b, c, tools.my_srv.get_item.__name__, tools.my_srv.get_item.name]))\n"
+    )
+    for n, args in ((2, {"class": 1, "max-n": 2}), (3, {"class": 1, "max-n": 2}), (4, {"class": 1})):
+        assert b.next() == {"op": "call", "tool": "my-srv__get.item", "args": args, "id": n}
+        b.reply({"id": n, **ok(str(n))})
+    assert b.result() == ["2", "3", "4", "get_item", "my-srv__get.item"]
+
+
+TYPES = [
+    ({"type": "string"}, "str"),
+    ({"type": "integer"}, "int"),
+    ({"type": "number"}, "float"),
+    ({"type": "boolean"}, "bool"),
+    ({"type": "object"}, "dict"),
+    ({"type": "array"}, "list"),
+    ({"type": "array", "items": {"type": "integer"}}, "list[int]"),
+    ({"type": ["string", "null"]}, "str | None"),
+    ({"anyOf": [{"type": "integer"}, {"type": "null"}]}, "int | None"),
+    ({"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}, "str | list[str]"),
+    ({"enum": ["a", "b", 3]}, "Literal['a', 'b', 3]"),
+    ({"enum": [{"x": 1}]}, "Any"),
+    ({"type": "sideways"}, "Any"),
+    ({}, "Any"),
+]
+
+
+def test_each_schema_type_becomes_an_annotation():
+    listing = [spec("x__t", ["x", "t"], [param(f"a{i}", s) for i, (s, _) in enumerate(TYPES)])]
+    b = typed(
+        "import inspect\n"
+        "ps = inspect.signature(tools.x.t).parameters.values()\n"
+        "print(json.dumps([inspect.formatannotation(p.annotation) for p in ps]))\n",
+        listing,
+    )
+    assert b.result() == [want for _, want in TYPES]
+
+
+def test_real_types_required_defaults_and_keyword_only():
+    b = typed(
+        "import inspect, typing\n"
+        "sig = inspect.signature(tools.fleet.get_device_status)\n"
+        "sn, verbose = sig.parameters['sn'], sig.parameters['verbose']\n"
+        "print(json.dumps([str(sig), sn.annotation is str, sn.default is inspect.Parameter.empty,\n"
+        "                  verbose.annotation is bool, verbose.default, sn.kind == inspect.Parameter.KEYWORD_ONLY,\n"
+        "                  str(inspect.signature(tools.my_srv.get_item)), str(inspect.signature(tools.fleet.query))]))\n"
+    )
+    assert b.result() == [
+        "(*, sn: str, verbose: bool = False)", True, True, True, False, True,
+        "(*, class_: int, max_n: int = None)", "(*, q: str = None, **more)",
+    ]
+
+
+def test_help_shows_the_signature_description_and_each_argument():
+    b = typed("help(tools.fleet.get_device_status)\nhelp(tools.my_srv.get_item)\nhelp(tools.fleet.reboot_device)\n")
+    rc, out, err = b.finish()
+    assert rc == 0, err
+    assert (
+        "get_device_status(*, sn: str, verbose: bool = False)\n"
+        "    fleet__get_device_status: Status of one device: online or not, and its firmware.\n"
+        "    \n"
+        "    Arguments:\n"
+        "        sn (str, required): Serial number.\n"
+        "        verbose (bool, optional, default False)\n"
+    ) in out, out
+    assert "tools.fleet.get_device_status.many(args_list, return_errors=False)" in out, out
+    assert "agent_tools.call('fleet__get_device_status', args) is the same call by name." in out, out
+    assert "    my-srv__get.item: no description given.\n" in out, out
+    assert "        class_ (int, required, sent as 'class')\n" in out, out
+    assert "        max_n (int, optional, sent as 'max-n')\n" in out, out
+    assert "A write tool: callable only if run_script's `tools` names fleet__reboot_device." in out, out
+
+
+def test_dir_repr_and_a_missing_name():
+    b = typed(
+        "try:\n"
+        "    tools.fleet.nope\n"
+        "except AttributeError as e:\n"
+        "    missing = str(e)\n"
+        "print(json.dumps([dir(tools), dir(tools.fleet), repr(tools.fleet), repr(tools.ping), missing,\n"
+        "                  tools.fleet.get_device_status.__doc__.splitlines()[0]]))\n"
+    )
+    assert b.result() == [
+        ["fleet", "my_srv", "ping"],
+        ["get_device_status", "query", "reboot_device"],
+        "<tools.fleet: get_device_status, query, reboot_device>",
+        "<tool ping: tools.ping()>",
+        "tools.fleet has no 'nope'; it has: get_device_status, query, reboot_device "
+        "(agent_tools.call('server__tool', args) calls any tool by its full name)",
+        "fleet__get_device_status: Status of one device: online or not, and its firmware.",
+    ]
+
+
+def test_names_a_namespace_uses_itself_are_tools_like_any_other():
+    listing = [spec("x___add", ["x", "_add"]), spec("x___add_2", ["x", "_add_2"]), spec("x__many", ["x", "many"]),
+               spec("dir", ["dir"])]
+    b = typed("print(json.dumps([tools.x._add(), tools.x._add_2(), tools.x.many(), tools.dir(), dir(tools.x)]))\n",
+              listing)
+    for n, name in ((2, "x___add"), (3, "x___add_2"), (4, "x__many"), (5, "dir")):
+        assert b.next() == {"op": "call", "tool": name, "args": {}, "id": n}
+        b.reply({"id": n, **ok(name)})
+    assert b.result() == ["x___add", "x___add_2", "x__many", "dir", ["_add", "_add_2", "many"]]
+
+
+def test_help_on_a_namespace_lists_its_tools_and_servers():
+    b = typed("help(tools.fleet)\nhelp(tools)\n")
+    rc, out, err = b.finish()
+    assert rc == 0, err
+    assert "Help on module tools.fleet" in out, out
+    assert "The tools of server fleet; help() on one gives its arguments." in out, out
+    assert "FUNCTIONS\n    get_device_status(*, sn: str, verbose: bool = False)\n" in out, out
+    assert "    query(*, q: str = None, **more)\n" in out, out
+    assert "SUBMODULES\n    fleet\n    my_srv\n" in out, out
+    assert "FUNCTIONS\n    ping()\n        ping: no description given." in out, out
+
+
+def test_a_daemon_that_refuses_the_tools_request_raises_tool_error():
+    b = Broker(script("from agent_tools import tools\n"))
+    r = b.next()
+    b.reply({"id": r["id"], "error": {"code": "invalid_request", "message": "unknown op; use agent_tools"}})
+    assert b.next() == {"op": "uncaught", "code": "invalid_request", "tool": "tools"}
+    rc, _, err = b.finish()
+    assert rc == 1
+    assert "agent_tools.ToolError: tools: invalid_request: unknown op; use agent_tools" in err, err
 
 
 @pytest.fixture(autouse=True)
