@@ -56,6 +56,7 @@ def test_run_script_makes_200_calls_with_progress_and_returns_the_summary() -> N
             tool = listed[0]
             # The describe text, with the never-callable tools named.
             assert "import agent_tools" in tool.description
+            assert "tools.fleet.get_device_status(" in tool.description, "the typed API first"
             assert "fleet__get_device_status" in tool.description and "fleet__wipe_device" in tool.description
             assert tool.input_schema["required"] == ["code", "description"]
             assert tool.output_schema["required"] == ["status"]
@@ -64,10 +65,13 @@ def test_run_script_makes_200_calls_with_progress_and_returns_the_summary() -> N
             async def progress(value: float, total: Optional[float], message: Optional[str]) -> None:
                 seen.append((value, total, message))
 
+            # 100 through call_many, 100 through the typed API.
             code = (
                 "import agent_tools\n"
+                "from agent_tools import tools\n"
                 "agent_tools.progress(0, 200, 'checking')\n"
-                "got = agent_tools.call_many('fleet__get_device_status', [{'sn': f'SN{i:04d}'} for i in range(200)])\n"
+                "got = agent_tools.call_many('fleet__get_device_status', [{'sn': f'SN{i:04d}'} for i in range(100)])\n"
+                "got += [tools.fleet.get_device_status(sn=f'SN{i:04d}') for i in range(100, 200)]\n"
                 "print(sum(1 for d in got if d['online']), 'online of', len(got))\n"
             )
             res = await s.call_tool("run_script", {"code": code, "description": "count online devices"},

@@ -58,9 +58,12 @@ test("run_script: 200 calls through call_many, progress, the summary text and st
     assert.deepEqual(tools.map((t) => t.name), ["run_script"]);
     assert.match(tools[0].description, /everything__get-sum/);
     const seen = [];
+    // 100 through call_many, 100 through the typed API (get-sum is spelled get_sum).
     const code = [
       "import agent_tools",
-      "sums = agent_tools.call_many('everything__get-sum', [{'a': i, 'b': 1} for i in range(200)])",
+      "from agent_tools import tools",
+      "sums = agent_tools.call_many('everything__get-sum', [{'a': i, 'b': 1} for i in range(100)])",
+      "sums += tools.everything.get_sum.many([{'a': i, 'b': 1} for i in range(100, 200)])",
       "print(len(sums), 'sums')",
     ].join("\n");
     const r = await client.callTool({ name: "run_script", arguments: { code, description: "200 sums" } }, undefined, {
