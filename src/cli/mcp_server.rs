@@ -108,7 +108,7 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
         Duration::from_secs(o.call_timeout),
     )
     .await?;
-    let describe = super::run::describe_text(&cfg, &tools.specs(), o.mode, false);
+    let describe = describe_text(&cfg, &tools.specs(), o.mode, false);
     let describe = match describe {
         Ok(d) => d,
         Err(e) => {
@@ -142,6 +142,22 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
     r
 }
 
+/// The `describe` text for `scriptgate mcp`, which offers no never-callable tool.
+fn describe_text(
+    cfg: &Config,
+    specs: &[crate::protocol::snapshot::ToolSpec],
+    mode: PermissionMode,
+    read_only: bool,
+) -> Result<String, Failure> {
+    super::run::describe_text(
+        cfg,
+        specs,
+        mode,
+        read_only,
+        crate::policy::describe::NeverCallable::NotOffered,
+    )
+}
+
 /// Each `notifications/tools/list_changed` of an upstream server: list the tools
 /// again, make the description again, and tell the clients with the same
 /// notification. Ends with the process.
@@ -155,7 +171,7 @@ async fn follow_tool_list(changed: Arc<tokio::sync::Notify>, server: CodeMode, c
             );
             continue;
         }
-        match super::run::describe_text(&cfg, &server.tools.specs(), server.mode, false) {
+        match describe_text(&cfg, &server.tools.specs(), server.mode, false) {
             Ok(d) => *server.describe.write().unwrap_or_else(|p| p.into_inner()) = d,
             Err(e) => eprintln!("scriptgate mcp: the new tool list: {}", e.message),
         }
@@ -235,37 +251,27 @@ async fn serve_http(server: CodeMode, addr: std::net::SocketAddr) -> Result<(), 
     }
 }
 
+/// `run_script` as `run.describe` gives it to engines (the same input schema), with
+/// the schema of its `structuredContent` and annotations.
 fn run_script_tool(describe: &str) -> Tool {
-    serde_json::from_value(json!({
-        "name": RUN_SCRIPT,
-        "description": describe,
-        "inputSchema": {
-            "type": "object",
-            "properties": {
-                "code": {"type": "string", "description": "The Python script. It calls the tools through agent_tools; only what it prints comes back."},
-                "tools": {"type": "array", "items": {"type": "string"}, "description": "The write tools the script will call (NAME__tool); asked for once."},
-                "description": {"type": "string", "description": "What the script is for, in one line (shown in the approval and audited)."}
-            },
-            "required": ["code", "description"],
-            "additionalProperties": false
+    let mut t = crate::policy::describe::run_script_tool(describe);
+    t["outputSchema"] = json!({
+        "type": "object",
+        "properties": {
+            "status": {"type": "string", "description": "ok, error, timeout, oom, limit, cancelled, interrupted, or refused (the script never started)"},
+            "script_id": {"type": "string"},
+            "calls": {"type": "integer"},
+            "failures": {"type": "integer"},
+            "duration_ms": {"type": "integer"},
+            "exit_code": {"type": ["integer", "null"]},
+            "details_dir": {"type": "string"},
+            "workspace": {"type": "string"},
+            "output_truncated": {"type": "boolean"}
         },
-        "outputSchema": {
-            "type": "object",
-            "properties": {
-                "status": {"type": "string", "description": "ok, error, timeout, oom, cancelled, interrupted, or refused (the script never started)"},
-                "script_id": {"type": "string"},
-                "calls": {"type": "integer"},
-                "failures": {"type": "integer"},
-                "duration_ms": {"type": "integer"},
-                "exit_code": {"type": ["integer", "null"]},
-                "details_dir": {"type": "string"},
-                "output_truncated": {"type": "boolean"}
-            },
-            "required": ["status"]
-        },
-        "annotations": {"title": "Run a Python script over the tools", "readOnlyHint": false, "destructiveHint": false, "openWorldHint": true}
-    }))
-    .expect("the run_script tool is well-formed")
+        "required": ["status"]
+    });
+    t["annotations"] = json!({"title": "Run a Python script over the tools", "readOnlyHint": false, "destructiveHint": false, "openWorldHint": true});
+    serde_json::from_value(t).expect("the run_script tool is well-formed")
 }
 
 /// The upstream tools offered directly (`--passthrough`): those a script may call.
@@ -391,15 +397,22 @@ impl CodeMode {
             self.mode,
         ));
         let pacer = tokio::spawn(ui.clone().pace());
-        let r = self.start_and_wait(args, ui.clone(), &context).await;
+        let r = match super::run::fresh_workspace(&self.base, &self.identity) {
+            Ok(ws) => self
+                .start_and_wait(ws.clone(), args, ui.clone(), &context)
+                .await
+                .map(|res| (ws, res)),
+            Err(f) => Err(f),
+        };
         pacer.abort();
         let _ = pacer.await;
-        if let Ok(res) = &r {
+        if let Ok((_, res)) = &r {
             ui.finish(res).await;
         }
         let hint = ui.why_not_asked();
         match r {
-            Ok(res) => {
+            Ok((ws, res)) => {
+                let workspace = ws.display().to_string();
                 let structured = json!({
                     "status": res.status.as_str(),
                     "script_id": res.script_id,
@@ -408,6 +421,7 @@ impl CodeMode {
                     "duration_ms": res.duration_ms,
                     "exit_code": res.exit_code,
                     "details_dir": res.details_dir,
+                    "workspace": workspace,
                     "output_truncated": res.output_truncated,
                 });
                 let text = match hint {
@@ -428,11 +442,11 @@ impl CodeMode {
 
     async fn start_and_wait(
         &self,
+        ws: PathBuf,
         args: RunArgs,
         ui: Arc<McpUi>,
         context: &RequestContext<RoleServer>,
     ) -> Result<ScriptResult, Failure> {
-        let ws = super::run::fresh_workspace(&self.base, &self.identity)?;
         let snap = Snapshot {
             workspace: ws,
             read_only: false,

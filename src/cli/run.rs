@@ -1023,7 +1023,13 @@ pub async fn describe(
     let cfg = embedded_config(config)?;
     let tools = Tools::start(mcp, vec![], class, Duration::from_secs(60)).await?;
     tools.shutdown().await;
-    describe_text(&cfg, &tools.specs(), mode, read_only)
+    describe_text(
+        &cfg,
+        &tools.specs(),
+        mode,
+        read_only,
+        crate::policy::describe::NeverCallable::OfferedDirectly,
+    )
 }
 
 /// The `describe` text (scriptgate-protocol(7) §7) for these tools, under `cfg`'s limits.
@@ -1032,6 +1038,7 @@ pub(super) fn describe_text(
     specs: &[ToolSpec],
     mode: PermissionMode,
     read_only: bool,
+    never: crate::policy::describe::NeverCallable,
 ) -> Result<String, Failure> {
     let snap = Snapshot {
         workspace: "/".into(),
@@ -1049,9 +1056,10 @@ pub(super) fn describe_text(
         })
         .map_err(Failure::setup)?;
     let limits = crate::policy::Limits::effective(&cfg.scripts, &snap.limits);
-    Ok(crate::policy::describe::describe(
+    Ok(crate::policy::describe::describe_for(
         &snap,
         &limits,
         cfg.scripts.return_max_chars,
+        never,
     ))
 }

@@ -346,7 +346,25 @@ pub fn run_script_tool(description: &str) -> Value {
     })
 }
 
+/// What the `describe` text says of the tools a script can never call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NeverCallable {
+    /// The engine offers them to the model as tools of their own (a gateway).
+    OfferedDirectly,
+    /// Nothing offers them (`scriptgate mcp`): they are named so the model knows.
+    NotOffered,
+}
+
 pub fn describe(snap: &Snapshot, limits: &Limits, return_max_chars: usize) -> String {
+    describe_for(snap, limits, return_max_chars, NeverCallable::OfferedDirectly)
+}
+
+pub fn describe_for(
+    snap: &Snapshot,
+    limits: &Limits,
+    return_max_chars: usize,
+    never: NeverCallable,
+) -> String {
     let enabled = || snap.tools.iter().filter(|t| t.enabled);
     let reads: Vec<_> = enabled().filter(|t| t.class == ToolClass::Read).collect();
     let writes: Vec<_> = enabled()
@@ -422,7 +440,14 @@ No network. The working directory is the workspace, {}; files the script writes 
         list(&mut d, &writes);
     }
     if !direct.is_empty() {
-        d.push_str("\nNever callable from a script; call these directly as tools:\n");
+        d.push_str(match never {
+            NeverCallable::OfferedDirectly => {
+                "\nNever callable from a script; call these directly as tools:\n"
+            }
+            NeverCallable::NotOffered => {
+                "\nNever callable from a script, and not offered here (ask the user to use them another way):\n"
+            }
+        });
         for t in &direct {
             let why = if t.class == ToolClass::Destructive {
                 "destructive, confirmed one call at a time"

@@ -76,7 +76,7 @@ test("run_script: 200 calls through call_many, progress, the summary text and st
     assert.equal(r.structuredContent.status, "ok");
     assert.equal(r.structuredContent.calls, 200);
     assert.ok(seen.length >= 1, "progress");
-    assert.equal(seen.at(-1).message, "ok: 200 calls, 0 failed");
+    assert.equal(seen.at(-1).message, "ok: 200 calls, 0 failed", JSON.stringify(seen));
   } finally {
     await client.close();
   }
@@ -186,5 +186,32 @@ test("--http: Streamable HTTP with the SDK's client: 200 calls with progress, an
     assert.equal((await post({})).status, 200);
   } finally {
     await stop();
+  }
+});
+
+const INSPECTOR = fileURLToPath(new URL("../../../tests/inspector/node_modules/.bin/mcp-inspector", import.meta.url));
+
+test("the MCP Inspector's CLI lists run_script and calls it", { timeout: 120_000, skip: skip || (!existsSync(INSPECTOR) && "no MCP Inspector in tests/inspector (tools/install-deps)") }, () => {
+  const dir = mkdtempSync(join(tmpdir(), "sg-inspector-"));
+  try {
+    const inspect = (...args) =>
+      JSON.parse(
+        execFileSync(INSPECTOR, ["--cli", SCRIPTGATE, "mcp", "--embedded", "--mcp", `everything=${process.execPath} ${EVERYTHING} stdio`, ...args], {
+          encoding: "utf8",
+          env: { ...process.env, MCP_CATALOG_PATH: join(dir, "catalog.json") },
+          stdio: ["ignore", "pipe", "pipe"],
+          timeout: 100_000,
+        }),
+      );
+    const listed = inspect("--method", "tools/list");
+    assert.deepEqual(listed.tools.map((t) => t.name), ["run_script"]);
+    const code = "from agent_tools import tools\nprint(tools.everything.get_sum(a=40, b=2))";
+    const r = inspect("--method", "tools/call", "--tool-name", "run_script", "--tool-arg", `code=${code}`, "--tool-arg", "description=inspector");
+    assert.equal(r.isError, false, JSON.stringify(r));
+    assert.match(r.content[0].text, /^run_script ok: 1 calls, 0 failed/);
+    assert.match(r.content[0].text, /42/);
+    assert.equal(r.structuredContent.status, "ok");
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
   }
 });
