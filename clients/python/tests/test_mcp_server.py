@@ -335,3 +335,48 @@ def test_an_upstream_tool_list_change_refreshes_run_script_and_tells_the_client(
                 assert res.is_error is False, text_of(res)
 
     run(go())
+
+
+# An upstream whose tool `meet` answers nobody until three calls are waiting.
+BARRIER_SERVER = r'''
+import json, sys
+waiting = []
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    msg = json.loads(line)
+    m = msg.get("method")
+    if "id" not in msg:
+        continue
+    if m == "tools/call":
+        waiting.append(msg["id"])
+        if len(waiting) == 3:
+            for i in waiting:
+                send({"jsonrpc": "2.0", "id": i, "result": {"content": [{"type": "text", "text": "met"}]}})
+        continue
+    res = {}
+    if m == "initialize":
+        res = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "b", "version": "1"}}
+    elif m == "tools/list":
+        res = {"tools": [{"name": "meet", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]}
+    send({"jsonrpc": "2.0", "id": msg["id"], "result": res})
+'''
+
+
+def test_scripts_of_one_client_run_at_once(tmp_path: Path) -> None:
+    """Three scripts each wait at an upstream barrier that opens only when all
+    three are there: run one at a time, the first would never end."""
+    server = tmp_path / "barrier.py"
+    server.write_text(BARRIER_SERVER)
+
+    async def go() -> list:
+        params = StdioServerParameters(command=str(SCRIPTGATE), args=["mcp", "--embedded", "--mcp", f"b=python3 {server}"])
+        async with stdio_client(params) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                code = "import agent_tools\nprint(agent_tools.call('b__meet', {}))\n"
+                return await asyncio.wait_for(asyncio.gather(*[
+                    s.call_tool("run_script", {"code": code, "description": f"meet {i}"}) for i in range(3)]), 60)
+
+    results = run(go())
+    assert [text_of(r).splitlines()[1] for r in results] == ["met"] * 3, [text_of(r) for r in results]
