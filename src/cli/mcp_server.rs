@@ -57,6 +57,9 @@ struct CodeMode {
     /// dropped whenever one connects, so it holds at most the open sessions and
     /// one closed one.
     clients: Arc<Mutex<Vec<Peer<RoleServer>>>>,
+    /// Held (read) by each running script; taken (write) before the process
+    /// exits, so that scripts the client's going away cancelled are recorded.
+    inflight: Arc<tokio::sync::RwLock<()>>,
 }
 
 pub async fn serve(o: McpCmd) -> Result<(), Failure> {
@@ -126,6 +129,7 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
         passthrough: o.passthrough,
         describe: Arc::new(std::sync::RwLock::new(describe)),
         clients: Arc::default(),
+        inflight: Arc::default(),
     };
     for upstream in tools.servers() {
         tokio::spawn(follow_tool_list(
@@ -134,13 +138,22 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
             cfg.clone(),
         ));
     }
+    let inflight = server.inflight.clone();
     let r = match o.http {
         None => serve_stdio(server).await,
         Some(addr) => serve_http(server, addr).await,
     };
+    // The client is gone: its calls were cancelled, and so were their scripts;
+    // each ends with its record (a cancel takes at most 30 s, scriptgated(8)).
+    if tokio::time::timeout(DRAIN, inflight.write()).await.is_err() {
+        eprintln!("scriptgate mcp: scripts still running after {DRAIN:?}; leaving them");
+    }
     tools.shutdown().await;
     r
 }
+
+/// How long scripts cancelled at exit may take to end.
+const DRAIN: Duration = Duration::from_secs(45);
 
 /// The `describe` text for `scriptgate mcp`, which offers no never-callable tool.
 fn describe_text(

@@ -356,7 +356,12 @@ pub enum NeverCallable {
 }
 
 pub fn describe(snap: &Snapshot, limits: &Limits, return_max_chars: usize) -> String {
-    describe_for(snap, limits, return_max_chars, NeverCallable::OfferedDirectly)
+    describe_for(
+        snap,
+        limits,
+        return_max_chars,
+        NeverCallable::OfferedDirectly,
+    )
 }
 
 pub fn describe_for(

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import subprocess
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, List, Optional
@@ -380,3 +381,42 @@ def test_scripts_of_one_client_run_at_once(tmp_path: Path) -> None:
 
     results = run(go())
     assert [text_of(r).splitlines()[1] for r in results] == ["met"] * 3, [text_of(r) for r in results]
+
+
+def embedded_audit(tmp_path: Path) -> List[dict]:
+    """The embedded daemon's records (scriptgate(1), WHICH DAEMON)."""
+    state = "/var/lib/scriptgate/cli" if os.geteuid() == 0 else os.path.expanduser("~/.local/state/scriptgate")
+    config = tmp_path / "audit.toml"
+    config.write_text(f'[state]\ndir = "{state}"\n')
+    out = subprocess.run([str(SCRIPTGATE), "audit", "--json", "--config", str(config), "--socket", str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    return got if isinstance(got, list) else got.get("scripts", [])
+
+
+def test_a_client_that_goes_away_leaves_its_scripts_cancelled_and_recorded(tmp_path: Path) -> None:
+    """Raw JSON-RPC lines, so that the client closes stdin without a cancel."""
+    description = f"left-{os.getpid()}-{time.monotonic_ns()}"
+    p = subprocess.Popen([str(SCRIPTGATE), "mcp", "--embedded", "--mcp", FLEET], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert p.stdin and p.stdout
+
+    def send(m: dict) -> None:
+        p.stdin.write(json.dumps(m) + "\n")
+        p.stdin.flush()
+
+    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+    assert json.loads(p.stdout.readline())["id"] == 1
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    code = "import agent_tools, time\nagent_tools.progress(1, 2, 'waiting')\ntime.sleep(600)\n"
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "run_script", "arguments": {"code": code, "description": description}, "_meta": {"progressToken": "t"}}})
+    # The script runs once its progress comes.
+    while json.loads(p.stdout.readline()).get("method") != "notifications/progress":
+        pass
+    p.stdin.close()
+    assert p.wait(timeout=60) == 0
+    mine = [r for r in embedded_audit(tmp_path) if r.get("description") == description]
+    assert [r["status"] for r in mine] == ["cancelled"], mine
