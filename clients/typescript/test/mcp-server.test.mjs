@@ -215,3 +215,32 @@ test("the MCP Inspector's CLI lists run_script and calls it", { timeout: 120_000
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test("--http: at most 32 sessions at once; ending one (DELETE) makes room", T, async () => {
+  const { client, url, stop } = await codeModeHttp();
+  try {
+    const init = { jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "x", version: "1" } } };
+    const headers = { "content-type": "application/json", accept: "application/json, text/event-stream" };
+    const open = () => fetch(url, { method: "POST", headers, body: JSON.stringify(init) });
+    // The SDK client holds one; 31 more fill the bound.
+    const ids = [];
+    for (let i = 0; i < 31; i++) {
+      const r = await open();
+      assert.equal(r.status, 200, `session ${i + 2}`);
+      ids.push(r.headers.get("mcp-session-id"));
+      await r.body?.cancel();
+    }
+    const over = await open();
+    assert.notEqual(over.status, 200);
+    assert.match(await over.text(), /too many MCP sessions at once \(at most 32\)/);
+    const end = await fetch(url, { method: "DELETE", headers: { "mcp-session-id": ids[0] } });
+    assert.ok(end.status < 300, `DELETE: ${end.status}`);
+    const again = await open();
+    assert.equal(again.status, 200);
+    await again.body?.cancel();
+    // The first client's session still works.
+    assert.deepEqual((await client.listTools()).tools.map((t) => t.name), ["run_script"]);
+  } finally {
+    await stop();
+  }
+});
