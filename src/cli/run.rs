@@ -333,7 +333,7 @@ fn to_value<T: serde::Serialize>(v: T) -> Result<Value, RpcError> {
     serde_json::to_value(v).map_err(|e| RpcError::internal(e.to_string()))
 }
 
-fn home_state() -> PathBuf {
+pub(crate) fn home_state() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
         return PathBuf::from(x).join("scriptgate");
     }
@@ -376,7 +376,7 @@ fn script_identity(cfg: &Config) -> Result<crate::sys::Identity, Failure> {
 }
 
 /// Where fresh workspaces go with the embedded daemon.
-fn embedded_workspaces() -> PathBuf {
+pub(crate) fn embedded_workspaces() -> PathBuf {
     if is_root() {
         PathBuf::from("/var/lib/scriptgate/workspaces")
     } else {

@@ -7,6 +7,7 @@
 //! approval (bounded per connection, holding no slot), reserve a `max_running`
 //! slot, create the record, then make the broker and supervise the script.
 
+pub(crate) mod calls;
 pub(crate) mod prune;
 pub mod ratelimit;
 pub(crate) mod registry;
@@ -110,6 +111,8 @@ pub struct Daemon {
     changed: tokio::sync::Notify,
     /// Set on SIGTERM: no new script starts (graceful stop, `server.drain_s`).
     stopping: std::sync::atomic::AtomicBool,
+    /// Held by a workspace retention pass: one at a time (hourly, `admin.prune`).
+    prune_pass: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -268,6 +271,7 @@ impl Daemon {
             revoked,
             changed: tokio::sync::Notify::new(),
             stopping: Default::default(),
+            prune_pass: tokio::sync::Mutex::new(()),
             cfg,
         };
         d.engine_dirs_at_start();
@@ -1473,21 +1477,107 @@ impl Daemon {
         }
     }
 
-    /// Running scripts, for `scriptgate ps` (admin).
+    /// Running scripts, for `scriptgate ps` (admin), with what each holds now
+    /// (read from its cgroup or /proc: blocking file reads).
     pub fn list_running(&self) -> Vec<ListedScript> {
         let now = Instant::now();
         self.registry
             .all_running()
             .into_iter()
-            .map(|(id, r)| ListedScript {
-                status: status_of(&id, &r),
-                run_id: r.run_id.clone(),
-                peer_uid: r.peer_uid,
-                uid: r.run_uid,
-                unit: r.unit.clone(),
-                age_ms: now.duration_since(r.started).as_millis() as u64,
+            .map(|(id, r)| {
+                let pid = r.live.sandbox_pid.load(Ordering::Relaxed);
+                ListedScript {
+                    status: status_of(&id, &r),
+                    run_id: r.run_id.clone(),
+                    peer_uid: r.peer_uid,
+                    uid: r.run_uid,
+                    unit: r.unit.clone(),
+                    age_ms: now.duration_since(r.started).as_millis() as u64,
+                    resources: (pid > 0).then(|| self.backend.backend.usage(pid as u32)),
+                }
             })
             .collect()
+    }
+
+    /// `admin.calls`: a page of the script's calls.jsonl, found from its audit
+    /// row (or, running, from what the daemon keeps of it) and opened without
+    /// following a link (`calls`).
+    pub async fn calls_page(
+        self: &Arc<Self>,
+        p: crate::protocol::CallsParams,
+    ) -> Result<crate::protocol::CallsPage, RpcError> {
+        let d = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let (workspace, details_dir) = match d.registry.running(&p.script_id) {
+                Some(r) => (r.workspace.clone(), r.details_dir.clone()),
+                None => {
+                    let db = d.cfg.state.dir.join("scriptgate.db");
+                    let row = crate::audit::Reader::open(&db)
+                        .map_err(|e| RpcError::internal(e.to_string()))?
+                        .script(&p.script_id)
+                        .map_err(|e| RpcError::internal(e.to_string()))?
+                        .ok_or_else(|| RpcError::no_such_script(&p.script_id))?;
+                    let text = |k: &str| row[k].as_str().unwrap_or_default().to_string();
+                    (PathBuf::from(text("workspace")), text("details_dir"))
+                }
+            };
+            let path = workspace.join(details_dir).join("calls.jsonl");
+            let f = calls::open_no_links(&path)
+                .map_err(|e| RpcError::internal(format!("cannot open {}: {e}", path.display())))?;
+            calls::page(&p.script_id, f, p.offset, p.limit)
+        })
+        .await
+        .map_err(|e| RpcError::internal(e.to_string()))?
+    }
+
+    /// One workspace retention pass (`workspace.retain_days`): the hourly one,
+    /// and `admin.prune`'s. One at a time; a dry run only plans. Removed and
+    /// gone workspaces are forgotten by the store.
+    pub async fn prune_workspaces(
+        &self,
+        dry_run: bool,
+    ) -> Result<crate::protocol::Pruned, RpcError> {
+        let _one = self.prune_pass.lock().await;
+        let ws = &self.cfg.workspace;
+        let (days, roots) = (ws.retain_days, ws.roots.clone());
+        if days == 0 {
+            return Ok(crate::protocol::Pruned {
+                dry_run,
+                roots,
+                ..Default::default()
+            });
+        }
+        let busy = self.running_workspaces();
+        // Only the workspaces the daemon recorded as scriptgate's own (prune).
+        let vouched = self
+            .store
+            .vouched_workspaces()
+            .map_err(|e| RpcError::internal(e.to_string()))?;
+        let r = roots.clone();
+        let (plan, failed) = tokio::task::spawn_blocking(move || {
+            let in_use = |p: &Path| busy.iter().any(|b| b.starts_with(p));
+            if dry_run {
+                let now = crate::time::now_ms();
+                (prune::plan(&r, &vouched, days, now, &in_use), vec![])
+            } else {
+                prune::run_pass(&r, &vouched, days, &in_use)
+            }
+        })
+        .await
+        .map_err(|e| RpcError::internal(e.to_string()))?;
+        if !dry_run {
+            let forget = plan
+                .expired
+                .iter()
+                .filter(|c| !failed.iter().any(|(p, _)| *p == c.path))
+                .map(|c| c.path.clone())
+                .chain(plan.gone.iter().cloned())
+                .collect();
+            if let Err(e) = self.store.forget_workspaces(forget).await {
+                tracing::warn!("workspace retention: {e}");
+            }
+        }
+        Ok(prune::pruned(&plan, &failed, days, dry_run, &roots))
     }
 }
 

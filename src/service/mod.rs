@@ -360,51 +360,35 @@ async fn workspace_retention(d: Arc<Daemon>) {
     let mut t = tokio::time::interval(Duration::from_secs(3600));
     loop {
         t.tick().await;
-        let (roots, busy) = (d.cfg.workspace.roots.clone(), d.running_workspaces());
-        // Only the workspaces the daemon recorded as scriptgate's own (crate::daemon::prune).
-        let vouched = match d.store.vouched_workspaces() {
-            Ok(v) => v,
+        // The pass `admin.prune` runs too (one at a time).
+        let pass = match d.prune_workspaces(false).await {
+            Ok(p) => p,
             Err(e) => {
-                tracing::warn!("workspace retention: {e}");
+                tracing::warn!("workspace retention: {}", e.message);
                 continue;
             }
         };
-        let pass = tokio::task::spawn_blocking(move || {
-            crate::daemon::prune::run_pass(&roots, &vouched, days, &|p| {
-                busy.iter().any(|b| b.starts_with(p))
-            })
-        })
-        .await;
-        let Ok((plan, failed)) = pass else { continue };
-        let forget = plan
-            .expired
-            .iter()
-            .filter(|c| !failed.iter().any(|(p, _)| *p == c.path))
-            .map(|c| c.path.clone())
-            .chain(plan.gone.iter().cloned())
-            .collect();
-        if let Err(e) = d.store.forget_workspaces(forget).await {
-            tracing::warn!("workspace retention: {e}");
-        }
-        for c in plan
-            .expired
-            .iter()
-            .filter(|c| !failed.iter().any(|(p, _)| *p == c.path))
-        {
-            tracing::info!(
-                "workspace retention ({days} days): removed {} (last used {})",
-                c.path.display(),
-                crate::time::rfc3339(c.last_used_ms)
-            );
-        }
-        for (p, e) in &failed {
-            tracing::warn!("workspace retention: cannot remove {}: {e}", p.display());
+        for c in &pass.expired {
+            match &c.error {
+                None => tracing::info!(
+                    "workspace retention ({days} days): removed {} (last used {})",
+                    c.path.display(),
+                    crate::time::rfc3339(c.last_used_ms)
+                ),
+                Some(e) => {
+                    tracing::warn!(
+                        "workspace retention: cannot remove {}: {e}",
+                        c.path.display()
+                    )
+                }
+            }
         }
         // Not forgotten: looked at again at the next pass.
-        for (p, e) in &plan.unknown {
+        for u in &pass.unknown {
             tracing::warn!(
-                "workspace retention: cannot look at {} now ({e}); kept, and looked at again next pass",
-                p.display()
+                "workspace retention: cannot look at {} now ({}); kept, and looked at again next pass",
+                u.path.display(),
+                u.error
             );
         }
     }

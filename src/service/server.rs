@@ -899,7 +899,7 @@ impl Paces {
 }
 
 /// Lines an admin-only peer may send, at most: its requests are tiny
-/// (`daemon.info`, `admin.list`, `admin.cancel`), and lines this short need no
+/// (`daemon.info` and the `admin.*` methods), and lines this short need no
 /// share of the partial-line budget of the engines.
 const ADMIN_MAX_LINE: usize = 16 * 1024;
 /// An admin-only peer's requests answered at once.
@@ -1028,13 +1028,20 @@ impl Session {
             EngineRequest::RunRevoke(t) => to_value(d.revoke(self.peer, &t.token).await?),
             EngineRequest::RunDescribe(t) => to_value(d.describe(engine, &t.token)?),
             EngineRequest::DaemonInfo => to_value(d.info()),
-            EngineRequest::AdminList => to_value(protocol::AdminList {
-                scripts: d.list_running(),
-            }),
+            EngineRequest::AdminList => {
+                // Each entry's resources are file reads (cgroup, /proc).
+                let d = d.clone();
+                let scripts = tokio::task::spawn_blocking(move || d.list_running())
+                    .await
+                    .map_err(|e| RpcError::internal(e.to_string()))?;
+                to_value(protocol::AdminList { scripts })
+            }
             EngineRequest::AdminCancel(r) => {
                 let why = format!("cancelled by an administrator (uid {})", self.peer.uid);
                 to_value(d.cancel(Access::Admin, r, &why).await?)
             }
+            EngineRequest::AdminCalls(p) => to_value(d.calls_page(p).await?),
+            EngineRequest::AdminPrune(p) => to_value(d.prune_workspaces(p.dry_run).await?),
         }
     }
 }

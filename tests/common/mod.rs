@@ -338,16 +338,16 @@ pub fn cli_with<S: AsRef<OsStr>>(
 impl Rig {
     /// `scriptgate ARGS` against this rig, not yet run. The rig's flags go after
     /// ARGS where the subcommand (ARGS' first word) takes them: `--socket` and
-    /// `--config` for the admin commands and `run` (a run through this rig's
-    /// daemon), `--config` for `metrics` and `prune`, none for the others.
+    /// `--config` for the admin commands, `prune` and `run` (a run through this
+    /// rig's daemon), `--config` for `metrics`, none for the others.
     pub fn cli_command<S: AsRef<OsStr>>(&self, args: impl IntoIterator<Item = S>) -> Command {
         let args: Vec<S> = args.into_iter().collect();
         let sub = args
             .first()
             .map(|a| a.as_ref().to_string_lossy().into_owned());
         let (socket, config) = match sub.as_deref() {
-            Some("status" | "ps" | "show" | "cancel" | "audit" | "run") => (true, true),
-            Some("metrics" | "prune") => (false, true),
+            Some("status" | "ps" | "show" | "cancel" | "audit" | "run" | "prune") => (true, true),
+            Some("metrics") => (false, true),
             _ => (false, false),
         };
         let mut c = cli_command(args);

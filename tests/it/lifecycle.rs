@@ -316,9 +316,19 @@ fn prune_removes_only_old_workspaces_scriptgate_created() {
         "{out}{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    // The daemon's pass (admin.prune), under a line naming its roots.
+    assert_eq!(
+        out.lines().next().unwrap(),
+        format!(
+            "workspaces under {} (workspace.roots), by the daemon at {}:",
+            rig.root.display(),
+            rig.socket.display()
+        ),
+        "{out}"
+    );
     assert_eq!(
         out.lines()
-            .next()
+            .nth(1)
             .unwrap()
             .split(" (last used")
             .next()
@@ -340,7 +350,10 @@ fn prune_removes_only_old_workspaces_scriptgate_created() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert!(
-        out.starts_with(&format!("removed {} (last used ", done.display())),
+        out.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with(&format!("removed {} (last used ", done.display())),
         "{out}"
     );
     assert!(!done.exists());
@@ -352,8 +365,16 @@ fn prune_removes_only_old_workspaces_scriptgate_created() {
         rig.workspace.join(".agent/scripts").exists(),
         "an engine's own workspace: kept"
     );
+    // Removed and forgotten by the daemon: the next pass has nothing.
     let o = prune(&rig, &[]);
-    assert!(String::from_utf8_lossy(&o.stdout).starts_with("0 workspaces removed"));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("0 workspaces removed"),
+        "{out}"
+    );
 }
 
 /// A fresh installation, before its first script, has no audit store: the
