@@ -71,6 +71,43 @@ impl Ctx {
         let stream = rpc::connect_unix(&self.socket)
             .await
             .map_err(|e| self.connect_failed(e))?;
+        self.request_on(stream, method, params, Some(ANSWER_TIMEOUT))
+            .await
+    }
+
+    /// One request, when the daemon can be connected to: `Ok(None)` when it
+    /// cannot (not running), with no bound on the answer's time (a prune pass
+    /// is bounded by its own bounds).
+    fn call_if_running<P: Serialize>(
+        &self,
+        method: Method,
+        params: &P,
+    ) -> Result<Option<Value>, Failure> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Failure::setup(format!("tokio runtime: {e}")))?;
+        rt.block_on(async {
+            let stream = match rpc::connect_unix(&self.socket).await {
+                Ok(s) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    return Err(self.connect_failed(e))
+                }
+                Err(_) => return Ok(None),
+            };
+            self.request_on(stream, method, params, None)
+                .await
+                .map(Some)
+        })
+    }
+
+    async fn request_on<P: Serialize>(
+        &self,
+        stream: tokio::net::UnixStream,
+        method: Method,
+        params: &P,
+        timeout: Option<Duration>,
+    ) -> Result<Value, Failure> {
         let (read, write) = stream.into_split();
         let (peer, _writer) = rpc::Endpoint::new(write);
         let reader = {
@@ -80,9 +117,7 @@ impl Ctx {
             );
             tokio::spawn(async move { peer.serve(read, &bounds, Arc::new(AsksNothing)).await })
         };
-        let r = peer
-            .request(method.name(), params, Some(ANSWER_TIMEOUT))
-            .await;
+        let r = peer.request(method.name(), params, timeout).await;
         reader.abort();
         r.map_err(|e| match e {
             CallError::Answered(e) | CallError::Closed(e) => Failure::admin(&e),
@@ -623,18 +658,16 @@ fn roots_text(roots: &[PathBuf]) -> String {
 /// administrator only as far as they can see, which is said.
 fn prune_system(ctx: &Ctx, dry_run: bool, root: bool) -> Result<(String, u8), Failure> {
     use crate::daemon::prune;
-    match ctx.call(Method::AdminPrune, &PruneParams { dry_run }) {
-        Ok(raw) => {
-            let p: Pruned = typed(Method::AdminPrune, raw)?;
-            let head = format!(
-                "workspaces under {} (workspace.roots), by the daemon at {}:\n",
-                roots_text(&p.roots),
-                ctx.socket.display()
-            );
-            return Ok((head + &prune::report(&p), pruned_code(&p)));
-        }
-        Err(f) if f.code == exit::DAEMON_DOWN => {}
-        Err(f) => return Err(f),
+    // Read here only when the daemon is not running; a daemon that fails or
+    // goes away mid-pass is an error (a second pass beside its own would race it).
+    if let Some(raw) = ctx.call_if_running(Method::AdminPrune, &PruneParams { dry_run })? {
+        let p: Pruned = typed(Method::AdminPrune, raw)?;
+        let head = format!(
+            "workspaces under {} (workspace.roots), by the daemon at {}:\n",
+            roots_text(&p.roots),
+            ctx.socket.display()
+        );
+        return Ok((head + &prune::report(&p), pruned_code(&p)));
     }
     let ws = &ctx.config.workspace;
     let head = format!(

@@ -19,8 +19,10 @@ use std::path::{Component, Path};
 
 /// Open `path` (absolute) without following a symbolic link anywhere in it:
 /// each directory from `/` relative to its parent, the file itself only when
-/// it is a regular file (no FIFO, device or link is opened).
-pub fn open_no_links(path: &Path) -> io::Result<File> {
+/// it is a regular file (no FIFO, device or link is opened) of `owner` (the
+/// uid the script ran as, who made it) with one link: a hard link the engine
+/// made to a file it may not read is not read for it.
+pub fn open_no_links(path: &Path, owner: u32) -> io::Result<File> {
     let mut comps: Vec<&std::ffi::OsStr> = Vec::new();
     for c in path.components() {
         match c {
@@ -80,6 +82,14 @@ pub fn open_no_links(path: &Path) -> io::Result<File> {
         return Err(io::Error::other(format!(
             "{} was replaced while it was opened",
             path.display()
+        )));
+    }
+    if now.st_uid != owner || now.st_nlink != 1 {
+        return Err(io::Error::other(format!(
+            "{} is not the record's own file (owner uid {}, {} links; the script ran as uid {owner})",
+            path.display(),
+            now.st_uid,
+            now.st_nlink
         )));
     }
     Ok(File::from(fd))
@@ -304,18 +314,25 @@ mod tests {
         let real = d.path().join("real");
         std::fs::create_dir(&real).unwrap();
         std::fs::write(real.join("calls.jsonl"), "{}\n").unwrap();
-        assert!(open_no_links(&real.join("calls.jsonl")).is_ok());
+        let me = nix::unistd::geteuid().as_raw();
+        assert!(open_no_links(&real.join("calls.jsonl"), me).is_ok());
+        let e = open_no_links(&real.join("calls.jsonl"), me + 1).unwrap_err();
+        assert!(e.to_string().contains("not the record's own file"), "{e}");
+        std::fs::hard_link(real.join("calls.jsonl"), real.join("second")).unwrap();
+        let e = open_no_links(&real.join("calls.jsonl"), me).unwrap_err();
+        assert!(e.to_string().contains("2 links"), "{e}");
+        std::fs::remove_file(real.join("second")).unwrap();
         std::os::unix::fs::symlink(&real, d.path().join("link")).unwrap();
-        let e = open_no_links(&d.path().join("link/calls.jsonl")).unwrap_err();
+        let e = open_no_links(&d.path().join("link/calls.jsonl"), me).unwrap_err();
         assert!(e.to_string().contains("symbolic link"), "{e}");
         std::os::unix::fs::symlink("/etc/passwd", real.join("passwd")).unwrap();
-        assert!(open_no_links(&real.join("passwd")).is_err());
+        assert!(open_no_links(&real.join("passwd"), 0).is_err());
         nix::unistd::mkfifo(&real.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
         assert!(
-            open_no_links(&real.join("fifo")).is_err(),
+            open_no_links(&real.join("fifo"), me).is_err(),
             "a FIFO would block"
         );
-        assert!(open_no_links(Path::new("/dev/null")).is_err());
-        assert!(open_no_links(Path::new("relative/x")).is_err());
+        assert!(open_no_links(Path::new("/dev/null"), 0).is_err());
+        assert!(open_no_links(Path::new("relative/x"), me).is_err());
     }
 }

@@ -1508,8 +1508,8 @@ impl Daemon {
     ) -> Result<crate::protocol::CallsPage, RpcError> {
         let d = self.clone();
         tokio::task::spawn_blocking(move || {
-            let (workspace, details_dir) = match d.registry.running(&p.script_id) {
-                Some(r) => (r.workspace.clone(), r.details_dir.clone()),
+            let (workspace, details_dir, run_uid) = match d.registry.running(&p.script_id) {
+                Some(r) => (r.workspace.clone(), r.details_dir.clone(), r.run_uid),
                 None => {
                     let db = d.cfg.state.dir.join("scriptgate.db");
                     let row = crate::audit::Reader::open(&db)
@@ -1518,11 +1518,24 @@ impl Daemon {
                         .map_err(|e| RpcError::internal(e.to_string()))?
                         .ok_or_else(|| RpcError::no_such_script(&p.script_id))?;
                     let text = |k: &str| row[k].as_str().unwrap_or_default().to_string();
-                    (PathBuf::from(text("workspace")), text("details_dir"))
+                    let run_uid = row["run_uid"]
+                        .as_u64()
+                        .and_then(|u| u32::try_from(u).ok())
+                        .ok_or_else(|| {
+                            RpcError::internal(format!(
+                                "script {}: no run_uid recorded",
+                                p.script_id
+                            ))
+                        })?;
+                    (
+                        PathBuf::from(text("workspace")),
+                        text("details_dir"),
+                        run_uid,
+                    )
                 }
             };
             let path = workspace.join(details_dir).join("calls.jsonl");
-            let f = calls::open_no_links(&path)
+            let f = calls::open_no_links(&path, run_uid)
                 .map_err(|e| RpcError::internal(format!("cannot open {}: {e}", path.display())))?;
             calls::page(&p.script_id, f, p.offset, p.limit)
         })
