@@ -113,6 +113,9 @@ pub struct Daemon {
     stopping: std::sync::atomic::AtomicBool,
     /// Held by a workspace retention pass: one at a time (hourly, `admin.prune`).
     prune_pass: tokio::sync::Mutex<()>,
+    /// The connections being served, by id, until their last answer is queued
+    /// (`answers_written`, the barrier before a stop).
+    answering: Mutex<std::collections::HashMap<u64, crate::protocol::rpc::Endpoint>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -272,6 +275,7 @@ impl Daemon {
             changed: tokio::sync::Notify::new(),
             stopping: Default::default(),
             prune_pass: tokio::sync::Mutex::new(()),
+            answering: Mutex::default(),
             cfg,
         };
         d.engine_dirs_at_start();
@@ -1455,6 +1459,29 @@ impl Daemon {
             run_id: claims.run_id,
             cancelled: targets.len(),
         })
+    }
+
+    /// A connection is served: its answers count in [`Daemon::answers_written`]
+    /// until [`Daemon::served`].
+    pub fn serving(&self, conn: u64, peer: crate::protocol::rpc::Endpoint) {
+        self.answering.lock().unwrap().insert(conn, peer);
+    }
+
+    /// The connection is done: its last answers were written, or given up.
+    pub fn served(&self, conn: u64) {
+        self.answering.lock().unwrap().remove(&conn);
+    }
+
+    /// Until every connection's answers to the requests taken so far are
+    /// written (`rpc::Endpoint::answers_written`): the barrier between the
+    /// last script's end and the exit of a stopping daemon, so that the
+    /// `script.wait`s that end woke are answered. The caller bounds it.
+    pub async fn answers_written(&self) {
+        let all: Vec<crate::protocol::rpc::Endpoint> =
+            self.answering.lock().unwrap().values().cloned().collect();
+        for e in all {
+            e.answers_written().await;
+        }
     }
 
     /// A connection closed: its scripts lose their engine and are cancelled.

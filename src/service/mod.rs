@@ -449,10 +449,18 @@ async fn serve_until_stopped(
         _ = daemon.all_finished() => {
             tracing::info!("every running script finished; stopping");
             // The last result wakes this select and the engines' `script.wait`s at
-            // once: keep serving a moment so those answers are written before the
-            // process exits (bounded; a barrier on the connections' queues would be
-            // exact).
-            let _ = tokio::time::timeout(ANSWER_GRACE, &mut serve).await;
+            // once: keep serving until every connection's answers to the requests
+            // it sent so far are written (`Daemon::answers_written`), at most
+            // ANSWERS_BOUND (a peer that does not read its answers holds nobody up
+            // longer).
+            tokio::select! {
+                _ = &mut serve => {}
+                _ = daemon.answers_written() => {}
+                _ = tokio::time::sleep(ANSWERS_BOUND) => tracing::warn!(
+                    "stopping: some connections' answers were not written within {} s",
+                    ANSWERS_BOUND.as_secs()
+                ),
+            }
         }
         _ = tokio::time::sleep(drain) => tracing::warn!(
             "server.drain_s = {} s passed with {} scripts running: interrupting them",
@@ -466,7 +474,7 @@ async fn serve_until_stopped(
 }
 
 /// After the drain, how long the connections may take to write the last answers.
-const ANSWER_GRACE: Duration = Duration::from_millis(500);
+const ANSWERS_BOUND: Duration = Duration::from_secs(5);
 
 /// Bind `--listen PATH`: refuse if a live daemon answers there, replace a stale
 /// socket, mode 0666 like scriptgate.socket (the SO_PEERCRED check in `server`

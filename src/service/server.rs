@@ -922,10 +922,11 @@ async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, peer: Peer) 
     daemon.connected(role, peer);
     let (read, write) = stream.into_split();
     let (rpc_peer, writer) = rpc::Endpoint::new(write);
-    let conn = Arc::new(Conn {
-        id: NEXT_CONN.fetch_add(1, Ordering::Relaxed),
-        peer: rpc_peer,
-    });
+    let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+    // Its answers count in the stop's barrier while it is read (the clone is
+    // dropped before the writer is awaited: the writer ends with the last one).
+    daemon.serving(id, rpc_peer.clone());
+    let conn = Arc::new(Conn { id, peer: rpc_peer });
     let sv = &daemon.cfg.server;
     let timed_out = format!(
         "a message was not completed within server.line_timeout_s = {} s; closing the connection",
@@ -967,6 +968,7 @@ async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, peer: Peer) 
         conn: conn.clone(),
     });
     conn.peer.serve(read, &bounds, handler).await;
+    daemon.served(conn.id);
     daemon.disconnected(conn.id);
     drop(conn);
     // Let queued answers (a -32600 for a line over the bounds) reach the peer before closing.

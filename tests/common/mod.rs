@@ -589,13 +589,21 @@ impl Engine {
 
     /// Send a request and wait for its answer (the whole message).
     pub fn request_msg(&self, method: &str, params: Value, timeout: Duration) -> Value {
+        self.send_request(method, params)
+            .recv_timeout(timeout)
+            .unwrap_or_else(|_| panic!("no answer to {method} within {timeout:?}"))
+    }
+
+    /// Send a request now; its answer (the whole message) comes on the
+    /// receiver. Requests sent one after another from one thread reach the
+    /// daemon in that order.
+    pub fn send_request(&self, method: &str, params: Value) -> mpsc::Receiver<Value> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
         self.pending.lock().unwrap().insert(id, tx);
         let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         writeln!(self.writer.lock().unwrap(), "{line}").unwrap();
-        rx.recv_timeout(timeout)
-            .unwrap_or_else(|_| panic!("no answer to {method} within {timeout:?}"))
+        rx
     }
 
     /// `Ok(result)` or `Err(error object)`.
