@@ -41,6 +41,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// What each running script holds, by script id.
+type Usage = std::collections::HashMap<String, crate::protocol::Resources>;
+
+/// `admin.list`'s resources are read at most this often: every answer within
+/// it shares one reading (a flood of admin.list costs one pass over /proc or
+/// the cgroups per period, not one per request).
+pub const USAGE_FRESH: Duration = Duration::from_secs(1);
 /// Why a script whose engine connection closed is cancelled.
 const ENGINE_LOST: &str = "engine disconnected";
 const AGENT_TOOLS_PY: &str = include_str!("../sandbox/agent_tools.py");
@@ -113,6 +120,9 @@ pub struct Daemon {
     stopping: std::sync::atomic::AtomicBool,
     /// Held by a workspace retention pass: one at a time (hourly, `admin.prune`).
     prune_pass: tokio::sync::Mutex<()>,
+    /// The running scripts' resources as last read, and when (`list_with_usage`):
+    /// read at most once per [`USAGE_FRESH`], by one reader at a time.
+    usage: tokio::sync::Mutex<Option<(Instant, Arc<Usage>)>>,
     /// The connections being served, by id, until their last answer is queued
     /// (`answers_written`, the barrier before a stop).
     answering: Mutex<std::collections::HashMap<u64, crate::protocol::rpc::Endpoint>>,
@@ -276,6 +286,7 @@ impl Daemon {
             stopping: Default::default(),
             prune_pass: tokio::sync::Mutex::new(()),
             answering: Mutex::default(),
+            usage: tokio::sync::Mutex::new(None),
             cfg,
         };
         d.engine_dirs_at_start();
@@ -1504,9 +1515,43 @@ impl Daemon {
         }
     }
 
-    /// Running scripts, for `scriptgate ps` (admin), with what each holds now
-    /// (read from its cgroup or /proc: blocking file reads).
-    pub fn list_running(&self) -> Vec<ListedScript> {
+    /// Running scripts with what each holds now, for `admin.list`: the
+    /// resources are read (blocking file reads, on the blocking pool) at most
+    /// once per [`USAGE_FRESH`] for all callers.
+    pub async fn list_with_usage(self: &Arc<Self>) -> Vec<ListedScript> {
+        let usage = {
+            let mut last = self.usage.lock().await;
+            match &*last {
+                Some((at, u)) if at.elapsed() < USAGE_FRESH => u.clone(),
+                _ => {
+                    let d = self.clone();
+                    let u = tokio::task::spawn_blocking(move || d.read_usage())
+                        .await
+                        .unwrap_or_default();
+                    let u = Arc::new(u);
+                    *last = Some((Instant::now(), u.clone()));
+                    u
+                }
+            }
+        };
+        self.list_running(&usage)
+    }
+
+    /// What each running script whose sandbox exists holds now.
+    fn read_usage(&self) -> Usage {
+        self.registry
+            .all_running()
+            .into_iter()
+            .filter_map(|(id, r)| {
+                let pid = r.live.sandbox_pid.load(Ordering::Relaxed);
+                (pid > 0).then(|| (id, self.backend.backend.usage(pid as u32)))
+            })
+            .collect()
+    }
+
+    /// Running scripts, for `scriptgate ps` (admin), with the resources of
+    /// `usage` (`list_with_usage`).
+    pub fn list_running(&self, usage: &Usage) -> Vec<ListedScript> {
         let now = Instant::now();
         self.registry
             .all_running()
@@ -1520,7 +1565,7 @@ impl Daemon {
                     uid: r.run_uid,
                     unit: r.unit.clone(),
                     age_ms: now.duration_since(r.started).as_millis() as u64,
-                    resources: (pid > 0).then(|| self.backend.backend.usage(pid as u32)),
+                    resources: (pid > 0).then(|| usage.get(&id).cloned()).flatten(),
                 }
             })
             .collect()

@@ -1030,14 +1030,9 @@ impl Session {
             EngineRequest::RunRevoke(t) => to_value(d.revoke(self.peer, &t.token).await?),
             EngineRequest::RunDescribe(t) => to_value(d.describe(engine, &t.token)?),
             EngineRequest::DaemonInfo => to_value(d.info()),
-            EngineRequest::AdminList => {
-                // Each entry's resources are file reads (cgroup, /proc).
-                let d = d.clone();
-                let scripts = tokio::task::spawn_blocking(move || d.list_running())
-                    .await
-                    .map_err(|e| RpcError::internal(e.to_string()))?;
-                to_value(protocol::AdminList { scripts })
-            }
+            EngineRequest::AdminList => to_value(protocol::AdminList {
+                scripts: d.list_with_usage().await,
+            }),
             EngineRequest::AdminCancel(r) => {
                 let why = format!("cancelled by an administrator (uid {})", self.peer.uid);
                 to_value(d.cancel(Access::Admin, r, &why).await?)
