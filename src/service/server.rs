@@ -1030,14 +1030,23 @@ impl Session {
             EngineRequest::RunRevoke(t) => to_value(d.revoke(self.peer, &t.token).await?),
             EngineRequest::RunDescribe(t) => to_value(d.describe(engine, &t.token)?),
             EngineRequest::DaemonInfo => to_value(d.info()),
-            EngineRequest::AdminList => to_value(protocol::AdminList {
-                scripts: d.list_with_usage().await,
-            }),
+            EngineRequest::AdminList => {
+                // Made in this connection's turn, as the peer reads its answers:
+                // a peer that floods admin.list holds one answer in the making.
+                rpc::answer_turn().await;
+                to_value(protocol::AdminList {
+                    scripts: d.list_with_usage().await,
+                })
+            }
             EngineRequest::AdminCancel(r) => {
                 let why = format!("cancelled by an administrator (uid {})", self.peer.uid);
                 to_value(d.cancel(Access::Admin, r, &why).await?)
             }
-            EngineRequest::AdminCalls(p) => to_value(d.calls_page(p).await?),
+            EngineRequest::AdminCalls(p) => {
+                // A page (up to 1 MiB) is read only in the connection's turn.
+                rpc::answer_turn().await;
+                to_value(d.calls_page(p).await?)
+            }
             EngineRequest::AdminPrune(p) => to_value(d.prune_workspaces(p.dry_run).await?),
         }
     }
