@@ -1,6 +1,8 @@
-//! The sysadmin commands: `status`, `ps`, `show`, `cancel`, `audit`. Live state comes
-//! from the daemon over its socket (`daemon.info`, `admin.list`, `admin.cancel`);
-//! records come from the audit store, read-only, so they work with the daemon down.
+//! The sysadmin commands: `status`, `ps`, `show`, `cancel`, `audit`, `prune`. Live
+//! state comes from the daemon over its socket (`daemon.info`, `admin.list`,
+//! `admin.cancel`), and so does what only root can read: a script's calls
+//! (`admin.calls`) and the engines' private workspaces (`admin.prune`); records
+//! come from the audit store, read-only, so they work with the daemon down.
 
 use super::exit::{self, Failure};
 use super::table::{pairs, table};
@@ -8,7 +10,10 @@ use crate::audit::{Query, Reader};
 use crate::config::{Config, DEFAULT_PATH};
 use crate::protocol::rpc::BoxFuture;
 use crate::protocol::rpc::{self, Bounds, CallError};
-use crate::protocol::{AdminList, DaemonInfo, Method, RpcError, ScriptRef, ScriptState};
+use crate::protocol::{
+    AdminList, CallsPage, CallsParams, DaemonInfo, Method, PruneParams, Pruned, RpcError,
+    ScriptRef, ScriptState,
+};
 use crate::time::{human_ms, rfc3339};
 use serde::Serialize;
 use serde_json::Value;
@@ -66,6 +71,43 @@ impl Ctx {
         let stream = rpc::connect_unix(&self.socket)
             .await
             .map_err(|e| self.connect_failed(e))?;
+        self.request_on(stream, method, params, Some(ANSWER_TIMEOUT))
+            .await
+    }
+
+    /// One request, when the daemon can be connected to: `Ok(None)` when it
+    /// cannot (not running), with no bound on the answer's time (a prune pass
+    /// is bounded by its own bounds).
+    fn call_if_running<P: Serialize>(
+        &self,
+        method: Method,
+        params: &P,
+    ) -> Result<Option<Value>, Failure> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Failure::setup(format!("tokio runtime: {e}")))?;
+        rt.block_on(async {
+            let stream = match rpc::connect_unix(&self.socket).await {
+                Ok(s) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    return Err(self.connect_failed(e))
+                }
+                Err(_) => return Ok(None),
+            };
+            self.request_on(stream, method, params, None)
+                .await
+                .map(Some)
+        })
+    }
+
+    async fn request_on<P: Serialize>(
+        &self,
+        stream: tokio::net::UnixStream,
+        method: Method,
+        params: &P,
+        timeout: Option<Duration>,
+    ) -> Result<Value, Failure> {
         let (read, write) = stream.into_split();
         let (peer, _writer) = rpc::Endpoint::new(write);
         let reader = {
@@ -75,9 +117,7 @@ impl Ctx {
             );
             tokio::spawn(async move { peer.serve(read, &bounds, Arc::new(AsksNothing)).await })
         };
-        let r = peer
-            .request(method.name(), params, Some(ANSWER_TIMEOUT))
-            .await;
+        let r = peer.request(method.name(), params, timeout).await;
         reader.abort();
         r.map_err(|e| match e {
             CallError::Answered(e) | CallError::Closed(e) => Failure::admin(&e),
@@ -308,6 +348,7 @@ pub fn ps(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
                 None => "-".into(),
                 Some(p) => format!("{}/{} {}", p.done, p.total, p.message),
             };
+            let r = x.resources.clone().unwrap_or_default();
             vec![
                 x.status.script_id.clone(),
                 x.run_id.clone(),
@@ -315,6 +356,12 @@ pub fn ps(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
                 human_ms(x.age_ms),
                 x.status.calls.to_string(),
                 x.status.failures.to_string(),
+                bytes(r.memory_bytes),
+                bytes(r.memory_peak_bytes),
+                r.cpu_usec
+                    .map(|u| format!("{:.2}s", u as f64 / 1e6))
+                    .unwrap_or_else(|| "-".into()),
+                r.tasks.map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
                 progress.trim_end().to_string(),
                 x.unit.clone().unwrap_or_else(|| "-".into()),
             ]
@@ -323,10 +370,22 @@ pub fn ps(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
     rows.sort();
     Ok(table(
         &[
-            "ID", "RUN", "UID", "AGE", "CALLS", "FAILS", "PROGRESS", "UNIT",
+            "ID", "RUN", "UID", "AGE", "CALLS", "FAILS", "MEM", "PEAK", "CPU", "TASKS", "PROGRESS",
+            "UNIT",
         ],
         &rows,
     ))
+}
+
+/// A byte count as people read it (`14.0M`), or `-` when unknown.
+fn bytes(b: Option<u64>) -> String {
+    let Some(b) = b else { return "-".into() };
+    match b {
+        b if b >= 1 << 30 => format!("{:.1}G", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1}M", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1}K", b as f64 / 1024.0),
+        b => format!("{b}B"),
+    }
 }
 
 pub fn cancel(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, Failure> {
@@ -369,6 +428,77 @@ fn cancel_outcome(st: &ScriptState) -> Result<String, Failure> {
             other.as_str()
         ),
     })
+}
+
+/// `scriptgate show ID --calls`: one page of the script's calls, through the
+/// daemon (calls.jsonl is private to the engine's uid).
+pub fn show_calls(
+    ctx: &Ctx,
+    id: &str,
+    offset: u64,
+    limit: Option<usize>,
+    json_out: bool,
+) -> Result<String, Failure> {
+    let p = CallsParams {
+        script_id: id.to_string(),
+        offset,
+        limit,
+    };
+    let raw = ctx.call(Method::AdminCalls, &p)?;
+    if json_out {
+        return Ok(pretty(&raw));
+    }
+    let page: CallsPage = typed(Method::AdminCalls, raw)?;
+    let mut out = String::new();
+    for l in &page.lines {
+        out.push_str(&format!("#{} {}", l.n, call_line(&l.text)));
+        if let Some(n) = l.clipped_bytes {
+            out.push_str(&format!(" [line clipped: {n} bytes in all]"));
+        }
+        out.push('\n');
+    }
+    match page.next_offset {
+        Some(n) => out.push_str(&format!(
+            "-- more: scriptgate show {id} --calls --offset {n}\n"
+        )),
+        None if page.lines.is_empty() => out.push_str(&format!(
+            "-- no calls from #{offset} (calls.jsonl has fewer lines)\n"
+        )),
+        None => {}
+    }
+    Ok(out)
+}
+
+/// One calls.jsonl line for people: when, tool, arguments, outcome, summary;
+/// a line that is not one the daemon writes, as it is.
+fn call_line(text: &str) -> String {
+    let Ok(v) = serde_json::from_str::<Value>(text) else {
+        return format!("(not JSON) {text}");
+    };
+    if v.get("tool").is_none() {
+        return format!("{} {}", s(&v["ts"]), s(&v["summary"]));
+    }
+    let outcome = match v["is_error"].as_bool() {
+        Some(false) => "ok",
+        Some(true) => "error",
+        None => "no answer",
+    };
+    let args = match &v["arguments"] {
+        Value::String(clipped) => format!(
+            "{clipped} [arguments clipped: {} bytes]",
+            s(&v["arguments_bytes"])
+        ),
+        a => a.to_string(),
+    };
+    format!(
+        "{} {} {} -> {} {} ms: {}",
+        s(&v["ts"]),
+        s(&v["tool"]),
+        args,
+        outcome,
+        s(&v["duration_ms"]),
+        s(&v["summary"])
+    )
 }
 
 pub fn show(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, Failure> {
@@ -458,6 +588,192 @@ fn rows_out(
         return pretty(rows);
     }
     table(headers, &rows.iter().map(row).collect::<Vec<_>>())
+}
+
+/// `scriptgate prune [--dry-run]`: the system's workspaces for root and the
+/// administrators (through the daemon, which sees the engines' private
+/// directories; root reads them directly when it is down), then, for a user
+/// who is not root, their own embedded workspaces. Each part names its roots.
+/// The text, and the exit status: 1 when a workspace could not be removed, 11
+/// when an administrator who is not root could not have the daemon do it.
+pub fn prune(ctx: &Ctx, dry_run: bool) -> Result<(String, u8), Failure> {
+    let (uid, gid) = (
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw(),
+    );
+    let root = uid == 0;
+    let admin = crate::sys::peer_in_groups(uid, gid, &ctx.config.auth.admin_groups);
+    let (mut out, mut code) = (String::new(), exit::OK);
+    let mut worst = |c: u8| code = if code == exit::OK { c } else { code };
+    if admin {
+        let (text, c) = prune_system(ctx, dry_run, root)?;
+        out.push_str(&text);
+        worst(c);
+    }
+    if !root {
+        match prune_embedded(ctx, dry_run)? {
+            Some((text, c)) => {
+                out.push_str(&text);
+                worst(c);
+            }
+            None if admin => out.push_str(&format!(
+                "no embedded workspaces of uid {uid}: {} has no audit store\n",
+                super::run::home_state().display()
+            )),
+            None => {
+                return Err(Failure::new(
+                    exit::NOT_PERMITTED,
+                    format!(
+                        "permission denied: the daemon's workspaces are pruned by root and members of {:?}, \
+                         and uid {uid} has no embedded workspaces ({} has no audit store)",
+                        ctx.config.auth.admin_groups,
+                        super::run::home_state().display()
+                    ),
+                ))
+            }
+        }
+    }
+    Ok((out, code))
+}
+
+/// Exit 1 when a workspace could not be removed.
+fn pruned_code(p: &Pruned) -> u8 {
+    if p.expired.iter().any(|c| c.error.is_some()) {
+        exit::ERROR
+    } else {
+        exit::OK
+    }
+}
+
+fn roots_text(roots: &[PathBuf]) -> String {
+    roots
+        .iter()
+        .map(|r| r.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The daemon's workspaces (`workspace.roots`): by the daemon (`admin.prune`);
+/// when it does not answer, read here: all of them by root, and by an
+/// administrator only as far as they can see, which is said.
+fn prune_system(ctx: &Ctx, dry_run: bool, root: bool) -> Result<(String, u8), Failure> {
+    use crate::daemon::prune;
+    // Read here only when the daemon is not running; a daemon that fails or
+    // goes away mid-pass is an error (a second pass beside its own would race it).
+    if let Some(raw) = ctx.call_if_running(Method::AdminPrune, &PruneParams { dry_run })? {
+        let p: Pruned = typed(Method::AdminPrune, raw)?;
+        let head = format!(
+            "workspaces under {} (workspace.roots), by the daemon at {}:\n",
+            roots_text(&p.roots),
+            ctx.socket.display()
+        );
+        return Ok((head + &prune::report(&p), pruned_code(&p)));
+    }
+    let ws = &ctx.config.workspace;
+    let head = format!(
+        "workspaces under {} (workspace.roots), read by uid {} (the daemon at {} does not answer):\n",
+        roots_text(&ws.roots),
+        nix::unistd::getuid(),
+        ctx.socket.display()
+    );
+    if ws.retain_days == 0 {
+        return Ok((
+            head + "workspace.retain_days = 0: workspaces are kept\n",
+            exit::OK,
+        ));
+    }
+    let reader = ctx.reader()?;
+    let store = |e: rusqlite::Error| Failure::setup(e.to_string());
+    let busy = reader.running_workspaces().map_err(store)?;
+    // Only what the daemon recorded as scriptgate's own (crate::daemon::prune).
+    let vouched = reader.vouched_workspaces().map_err(store)?;
+    let in_use = |p: &Path| busy.iter().any(|b| Path::new(b).starts_with(p));
+    // An administrator who is not root removes nothing: the workspaces are
+    // their engines' (the daemon removes them, or root).
+    let look_only = dry_run || !root;
+    let (plan, failed) = if look_only {
+        let now = crate::time::now_ms();
+        (
+            prune::plan(&ws.roots, &vouched, ws.retain_days, now, &in_use),
+            vec![],
+        )
+    } else {
+        prune::run_pass(&ws.roots, &vouched, ws.retain_days, &in_use)
+    };
+    let p = prune::pruned(&plan, &failed, ws.retain_days, look_only, &ws.roots);
+    let mut out = head + &prune::report(&p);
+    if root {
+        return Ok((out, pruned_code(&p)));
+    }
+    // Said plainly: what this uid could not see, and that nothing was removed.
+    let blind: Vec<&crate::protocol::PruneUnknown> = p
+        .unknown
+        .iter()
+        .filter(|u| u.error.contains("Permission denied"))
+        .collect();
+    if !blind.is_empty() {
+        out.push_str(&format!(
+            "uid {} could not see {} of the {} recorded workspaces: their directories are private to their engines ({}); \
+             the counts above leave them out. Start the daemon (any connection to its socket does) or run this as root.\n",
+            nix::unistd::getuid(),
+            blind.len(),
+            vouched.len(),
+            blind
+                .iter()
+                .map(|u| u.path.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if !dry_run {
+        out.push_str(
+            "nothing was removed: the daemon removes its engines' workspaces (or root does)\n",
+        );
+    }
+    let code = if blind.is_empty() && dry_run {
+        exit::OK
+    } else {
+        exit::DAEMON_DOWN
+    };
+    Ok((out, code))
+}
+
+/// This user's embedded workspaces (`scriptgate run` with no system daemon:
+/// `~/.local/state/scriptgate/workspaces`), recorded in the embedded daemon's
+/// own store beside them, with the configuration's `workspace.retain_days`.
+/// None when this user has no such store.
+fn prune_embedded(ctx: &Ctx, dry_run: bool) -> Result<Option<(String, u8)>, Failure> {
+    use crate::daemon::prune;
+    let db = super::run::home_state().join("scriptgate.db");
+    if !db.exists() {
+        return Ok(None);
+    }
+    let roots = vec![super::run::embedded_workspaces()];
+    let head = format!(
+        "embedded workspaces of uid {} under {} (scriptgate run without a system daemon):\n",
+        nix::unistd::getuid(),
+        roots_text(&roots)
+    );
+    let days = ctx.config.workspace.retain_days;
+    if days == 0 {
+        return Ok(Some((
+            head + "workspace.retain_days = 0: workspaces are kept\n",
+            exit::OK,
+        )));
+    }
+    let reader = Reader::open(&db).map_err(|e| Failure::setup(e.to_string()))?;
+    let store = |e: rusqlite::Error| Failure::setup(e.to_string());
+    let busy = reader.running_workspaces().map_err(store)?;
+    let vouched = reader.vouched_workspaces().map_err(store)?;
+    let in_use = |p: &Path| busy.iter().any(|b| Path::new(b).starts_with(p));
+    let (plan, failed) = if dry_run {
+        let now = crate::time::now_ms();
+        (prune::plan(&roots, &vouched, days, now, &in_use), vec![])
+    } else {
+        prune::run_pass(&roots, &vouched, days, &in_use)
+    };
+    let p = prune::pruned(&plan, &failed, days, dry_run, &roots);
+    Ok(Some((head + &prune::report(&p), pruned_code(&p))))
 }
 
 /// `scriptgate audit backup FILE`.

@@ -63,9 +63,19 @@ pub enum Cmd {
     Status(AdminArgs),
     /// Running scripts (admin).
     Ps(AdminArgs),
-    /// One script's whole record, artifact paths and result text (admin).
+    /// One script's whole record, artifact paths and result text (admin); with
+    /// --calls, its tool calls and their arguments, through the daemon.
     Show {
         id: String,
+        /// The script's calls as logged in calls.jsonl (read by the daemon).
+        #[arg(long)]
+        calls: bool,
+        /// With --calls: from this call (0-based; the next page's is printed).
+        #[arg(long, value_name = "N", requires = "calls", default_value_t = 0)]
+        offset: u64,
+        /// With --calls: at most this many calls (at most 200, the default).
+        #[arg(long, value_name = "N", requires = "calls")]
+        limit: Option<usize>,
         #[command(flatten)]
         a: AdminArgs,
     },
@@ -94,6 +104,9 @@ pub struct PruneCmd {
     /// Only show what would be removed.
     #[arg(long)]
     pub dry_run: bool,
+    /// The daemon's socket (an administrator who is not root prunes through it).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
     /// The daemon's configuration (workspace.roots, workspace.retain_days).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,

@@ -102,41 +102,18 @@ fn audit_cmd(c: AuditCmd) -> ExitCode {
     })
 }
 
-/// `scriptgate prune [--dry-run]`: one retention pass, each workspace on a line.
+/// `scriptgate prune [--dry-run]`: one retention pass, each workspace on a line
+/// (`admin::prune`).
 fn prune_cmd(c: PruneCmd) -> ExitCode {
-    let r = admin::Ctx::load(None, c.config.clone()).and_then(|ctx| {
-        let ws = &ctx.config.workspace;
-        if ws.retain_days == 0 {
-            return Ok("workspace.retain_days = 0: workspaces are kept\n".to_string());
+    let r = admin::Ctx::load(c.socket.clone(), c.config.clone())
+        .and_then(|ctx| admin::prune(&ctx, c.dry_run));
+    match r {
+        Ok((out, code)) => {
+            print!("{out}");
+            ExitCode::from(code)
         }
-        let reader = ctx.reader()?;
-        let busy = reader
-            .running_workspaces()
-            .map_err(|e| Failure::setup(e.to_string()))?;
-        // Only what the daemon recorded as scriptgate's own (crate::daemon::prune).
-        let vouched = reader
-            .vouched_workspaces()
-            .map_err(|e| Failure::setup(e.to_string()))?;
-        // A script running in the workspace or in a directory below it.
-        let in_use =
-            |p: &std::path::Path| busy.iter().any(|b| std::path::Path::new(b).starts_with(p));
-        let (plan, failed) = if c.dry_run {
-            let now = crate::time::now_ms();
-            (
-                crate::daemon::prune::plan(&ws.roots, &vouched, ws.retain_days, now, &in_use),
-                vec![],
-            )
-        } else {
-            crate::daemon::prune::run_pass(&ws.roots, &vouched, ws.retain_days, &in_use)
-        };
-        Ok(crate::daemon::prune::report(
-            &plan,
-            &failed,
-            ws.retain_days,
-            c.dry_run,
-        ))
-    });
-    done("prune", r)
+        Err(f) => done("prune", Err(f)),
+    }
 }
 
 /// `scriptgate metrics`: the text on stdout, or written to `--output`.
@@ -216,7 +193,16 @@ pub fn main() -> ExitCode {
             }
         }
         Cmd::Ps(a) => admin_cmd("ps", &a, |ctx| admin::ps(ctx, a.json)),
-        Cmd::Show { id, a } => admin_cmd("show", &a, |ctx| admin::show(ctx, &id, a.json)),
+        Cmd::Show {
+            id,
+            calls,
+            offset,
+            limit,
+            a,
+        } => admin_cmd("show", &a, |ctx| match calls {
+            true => admin::show_calls(ctx, &id, offset, limit, a.json),
+            false => admin::show(ctx, &id, a.json),
+        }),
         Cmd::Cancel { id, a } => admin_cmd("cancel", &a, |ctx| admin::cancel(ctx, &id, a.json)),
         Cmd::Audit(c) => audit_cmd(c),
         Cmd::Metrics(c) => metrics_cmd(c),

@@ -400,7 +400,7 @@ fn to_value<T: serde::Serialize>(v: T) -> Result<Value, RpcError> {
     serde_json::to_value(v).map_err(|e| RpcError::internal(e.to_string()))
 }
 
-fn home_state() -> PathBuf {
+pub(crate) fn home_state() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
         return PathBuf::from(x).join("scriptgate");
     }
@@ -443,7 +443,7 @@ pub(super) fn script_identity(cfg: &Config) -> Result<crate::sys::Identity, Fail
 }
 
 /// Where fresh workspaces go with the embedded daemon.
-pub(super) fn embedded_workspaces() -> PathBuf {
+pub(crate) fn embedded_workspaces() -> PathBuf {
     if is_root() {
         PathBuf::from("/var/lib/scriptgate/workspaces")
     } else {

@@ -7,6 +7,7 @@
 //! approval (bounded per connection, holding no slot), reserve a `max_running`
 //! slot, create the record, then make the broker and supervise the script.
 
+pub(crate) mod calls;
 pub(crate) mod prune;
 pub mod ratelimit;
 pub(crate) mod registry;
@@ -40,6 +41,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// What each running script holds, by script id.
+type Usage = std::collections::HashMap<String, crate::protocol::Resources>;
+
+/// `admin.list`'s resources are read at most this often: every answer within
+/// it shares one reading (a flood of admin.list costs one pass over /proc or
+/// the cgroups per period, not one per request).
+pub const USAGE_FRESH: Duration = Duration::from_secs(1);
 /// Why a script whose engine connection closed is cancelled.
 const ENGINE_LOST: &str = "engine disconnected";
 const AGENT_TOOLS_PY: &str = include_str!("../sandbox/agent_tools.py");
@@ -110,6 +118,14 @@ pub struct Daemon {
     changed: tokio::sync::Notify,
     /// Set on SIGTERM: no new script starts (graceful stop, `server.drain_s`).
     stopping: std::sync::atomic::AtomicBool,
+    /// Held by a workspace retention pass: one at a time (hourly, `admin.prune`).
+    prune_pass: tokio::sync::Mutex<()>,
+    /// The running scripts' resources as last read, and when (`list_with_usage`):
+    /// read at most once per [`USAGE_FRESH`], by one reader at a time.
+    usage: tokio::sync::Mutex<Option<(Instant, Arc<Usage>)>>,
+    /// The connections being served, by id, until their last answer is queued
+    /// (`answers_written`, the barrier before a stop).
+    answering: Mutex<std::collections::HashMap<u64, crate::protocol::rpc::Endpoint>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -268,6 +284,9 @@ impl Daemon {
             revoked,
             changed: tokio::sync::Notify::new(),
             stopping: Default::default(),
+            prune_pass: tokio::sync::Mutex::new(()),
+            answering: Mutex::default(),
+            usage: tokio::sync::Mutex::new(None),
             cfg,
         };
         d.engine_dirs_at_start();
@@ -1453,6 +1472,29 @@ impl Daemon {
         })
     }
 
+    /// A connection is served: its answers count in [`Daemon::answers_written`]
+    /// until [`Daemon::served`].
+    pub fn serving(&self, conn: u64, peer: crate::protocol::rpc::Endpoint) {
+        self.answering.lock().unwrap().insert(conn, peer);
+    }
+
+    /// The connection is done: its last answers were written, or given up.
+    pub fn served(&self, conn: u64) {
+        self.answering.lock().unwrap().remove(&conn);
+    }
+
+    /// Until every connection's answers to the requests taken so far are
+    /// written (`rpc::Endpoint::answers_written`): the barrier between the
+    /// last script's end and the exit of a stopping daemon, so that the
+    /// `script.wait`s that end woke are answered. The caller bounds it.
+    pub async fn answers_written(&self) {
+        let all: Vec<crate::protocol::rpc::Endpoint> =
+            self.answering.lock().unwrap().values().cloned().collect();
+        for e in all {
+            e.answers_written().await;
+        }
+    }
+
     /// A connection closed: its scripts lose their engine and are cancelled.
     pub fn disconnected(&self, conn: u64) {
         for r in self.registry.running_where(|r| r.owner == conn) {
@@ -1473,21 +1515,154 @@ impl Daemon {
         }
     }
 
-    /// Running scripts, for `scriptgate ps` (admin).
-    pub fn list_running(&self) -> Vec<ListedScript> {
+    /// Running scripts with what each holds now, for `admin.list`: the
+    /// resources are read (blocking file reads, on the blocking pool) at most
+    /// once per [`USAGE_FRESH`] for all callers.
+    pub async fn list_with_usage(self: &Arc<Self>) -> Vec<ListedScript> {
+        let usage = {
+            let mut last = self.usage.lock().await;
+            match &*last {
+                Some((at, u)) if at.elapsed() < USAGE_FRESH => u.clone(),
+                _ => {
+                    let d = self.clone();
+                    let u = tokio::task::spawn_blocking(move || d.read_usage())
+                        .await
+                        .unwrap_or_default();
+                    let u = Arc::new(u);
+                    *last = Some((Instant::now(), u.clone()));
+                    u
+                }
+            }
+        };
+        self.list_running(&usage)
+    }
+
+    /// What each running script whose sandbox exists holds now.
+    fn read_usage(&self) -> Usage {
+        self.registry
+            .all_running()
+            .into_iter()
+            .filter_map(|(id, r)| {
+                let pid = r.live.sandbox_pid.load(Ordering::Relaxed);
+                (pid > 0).then(|| (id, self.backend.backend.usage(pid as u32)))
+            })
+            .collect()
+    }
+
+    /// Running scripts, for `scriptgate ps` (admin), with the resources of
+    /// `usage` (`list_with_usage`).
+    pub fn list_running(&self, usage: &Usage) -> Vec<ListedScript> {
         let now = Instant::now();
         self.registry
             .all_running()
             .into_iter()
-            .map(|(id, r)| ListedScript {
-                status: status_of(&id, &r),
-                run_id: r.run_id.clone(),
-                peer_uid: r.peer_uid,
-                uid: r.run_uid,
-                unit: r.unit.clone(),
-                age_ms: now.duration_since(r.started).as_millis() as u64,
+            .map(|(id, r)| {
+                let pid = r.live.sandbox_pid.load(Ordering::Relaxed);
+                ListedScript {
+                    status: status_of(&id, &r),
+                    run_id: r.run_id.clone(),
+                    peer_uid: r.peer_uid,
+                    uid: r.run_uid,
+                    unit: r.unit.clone(),
+                    age_ms: now.duration_since(r.started).as_millis() as u64,
+                    resources: (pid > 0).then(|| usage.get(&id).cloned()).flatten(),
+                }
             })
             .collect()
+    }
+
+    /// `admin.calls`: a page of the script's calls.jsonl, found from its audit
+    /// row (or, running, from what the daemon keeps of it) and opened without
+    /// following a link (`calls`).
+    pub async fn calls_page(
+        self: &Arc<Self>,
+        p: crate::protocol::CallsParams,
+    ) -> Result<crate::protocol::CallsPage, RpcError> {
+        let d = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let (workspace, details_dir, run_uid) = match d.registry.running(&p.script_id) {
+                Some(r) => (r.workspace.clone(), r.details_dir.clone(), r.run_uid),
+                None => {
+                    let db = d.cfg.state.dir.join("scriptgate.db");
+                    let row = crate::audit::Reader::open(&db)
+                        .map_err(|e| RpcError::internal(e.to_string()))?
+                        .script(&p.script_id)
+                        .map_err(|e| RpcError::internal(e.to_string()))?
+                        .ok_or_else(|| RpcError::no_such_script(&p.script_id))?;
+                    let text = |k: &str| row[k].as_str().unwrap_or_default().to_string();
+                    let run_uid = row["run_uid"]
+                        .as_u64()
+                        .and_then(|u| u32::try_from(u).ok())
+                        .ok_or_else(|| {
+                            RpcError::internal(format!(
+                                "script {}: no run_uid recorded",
+                                p.script_id
+                            ))
+                        })?;
+                    (
+                        PathBuf::from(text("workspace")),
+                        text("details_dir"),
+                        run_uid,
+                    )
+                }
+            };
+            let path = workspace.join(details_dir).join("calls.jsonl");
+            let f = calls::open_no_links(&path, run_uid)
+                .map_err(|e| RpcError::internal(format!("cannot open {}: {e}", path.display())))?;
+            calls::page(&p.script_id, f, p.offset, p.limit)
+        })
+        .await
+        .map_err(|e| RpcError::internal(e.to_string()))?
+    }
+
+    /// One workspace retention pass (`workspace.retain_days`): the hourly one,
+    /// and `admin.prune`'s. One at a time; a dry run only plans. Removed and
+    /// gone workspaces are forgotten by the store.
+    pub async fn prune_workspaces(
+        &self,
+        dry_run: bool,
+    ) -> Result<crate::protocol::Pruned, RpcError> {
+        let _one = self.prune_pass.lock().await;
+        let ws = &self.cfg.workspace;
+        let (days, roots) = (ws.retain_days, ws.roots.clone());
+        if days == 0 {
+            return Ok(crate::protocol::Pruned {
+                dry_run,
+                roots,
+                ..Default::default()
+            });
+        }
+        let busy = self.running_workspaces();
+        // Only the workspaces the daemon recorded as scriptgate's own (prune).
+        let vouched = self
+            .store
+            .vouched_workspaces()
+            .map_err(|e| RpcError::internal(e.to_string()))?;
+        let r = roots.clone();
+        let (plan, failed) = tokio::task::spawn_blocking(move || {
+            let in_use = |p: &Path| busy.iter().any(|b| b.starts_with(p));
+            if dry_run {
+                let now = crate::time::now_ms();
+                (prune::plan(&r, &vouched, days, now, &in_use), vec![])
+            } else {
+                prune::run_pass(&r, &vouched, days, &in_use)
+            }
+        })
+        .await
+        .map_err(|e| RpcError::internal(e.to_string()))?;
+        if !dry_run {
+            let forget = plan
+                .expired
+                .iter()
+                .filter(|c| !failed.iter().any(|(p, _)| *p == c.path))
+                .map(|c| c.path.clone())
+                .chain(plan.gone.iter().cloned())
+                .collect();
+            if let Err(e) = self.store.forget_workspaces(forget).await {
+                tracing::warn!("workspace retention: {e}");
+            }
+        }
+        Ok(prune::pruned(&plan, &failed, days, dry_run, &roots))
     }
 }
 

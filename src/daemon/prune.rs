@@ -452,19 +452,55 @@ pub fn run_pass(
     (plan, failed)
 }
 
-/// What `scriptgate prune` prints: one line per workspace, then a summary.
-pub fn report(
+/// A pass as `admin.prune` answers it (and `scriptgate prune` prints it).
+pub fn pruned(
     plan: &Plan,
     failed: &[(PathBuf, io::Error)],
     retain_days: u64,
     dry_run: bool,
-) -> String {
+    roots: &[PathBuf],
+) -> crate::protocol::Pruned {
+    use crate::protocol::{PruneUnknown, Pruned, PrunedWorkspace};
+    Pruned {
+        dry_run,
+        retain_days,
+        roots: roots.to_vec(),
+        expired: plan
+            .expired
+            .iter()
+            .map(|c| PrunedWorkspace {
+                path: c.path.clone(),
+                last_used_ms: c.last_used_ms,
+                error: failed
+                    .iter()
+                    .find(|(p, _)| *p == c.path)
+                    .map(|(_, e)| e.to_string()),
+            })
+            .collect(),
+        unknown: plan
+            .unknown
+            .iter()
+            .map(|(p, e)| PruneUnknown {
+                path: p.clone(),
+                error: e.to_string(),
+            })
+            .collect(),
+        kept: plan.kept,
+        more: plan.more,
+    }
+}
+
+/// What `scriptgate prune` prints: one line per workspace, then a summary.
+pub fn report(p: &crate::protocol::Pruned) -> String {
     let mut out = String::new();
-    for c in &plan.expired {
+    if p.retain_days == 0 {
+        return "workspace.retain_days = 0: workspaces are kept\n".to_string();
+    }
+    for c in &p.expired {
         let when = crate::time::rfc3339(c.last_used_ms);
-        match failed.iter().find(|(p, _)| *p == c.path) {
-            Some((_, e)) => out.push_str(&format!("cannot remove {}: {e}\n", c.path.display())),
-            None if dry_run => out.push_str(&format!(
+        match &c.error {
+            Some(e) => out.push_str(&format!("cannot remove {}: {e}\n", c.path.display())),
+            None if p.dry_run => out.push_str(&format!(
                 "would remove {} (last used {when})\n",
                 c.path.display()
             )),
@@ -474,24 +510,26 @@ pub fn report(
             )),
         }
     }
-    for (p, e) in &plan.unknown {
+    for u in &p.unknown {
         out.push_str(&format!(
-            "cannot look at {}: {e} (kept; looked at again next pass)\n",
-            p.display()
+            "cannot look at {}: {} (kept; looked at again next pass)\n",
+            u.path.display(),
+            u.error
         ));
     }
-    let n = plan.expired.len() - failed.len();
+    let n = p.expired.iter().filter(|c| c.error.is_none()).count();
     let ws = |n: usize| if n == 1 { "workspace" } else { "workspaces" };
     out.push_str(&format!(
-        "{n} {} {} (unused for more than {retain_days} days); {} kept (recent or in use){}\n",
+        "{n} {} {} (unused for more than {} days); {} kept (recent or in use){}\n",
         ws(n),
-        if dry_run {
+        if p.dry_run {
             "would be removed"
         } else {
             "removed"
         },
-        plan.kept,
-        if plan.more {
+        p.retain_days,
+        p.kept,
+        if p.more {
             "; more remain for the next pass"
         } else {
             ""

@@ -13,6 +13,7 @@
 
 pub mod cgroup;
 pub mod systemd;
+pub mod usage;
 
 use crate::config::BackendChoice;
 use crate::policy::Limits;
@@ -291,6 +292,22 @@ impl Backend {
                 problems: vec![format!("limits cannot be checked: {}: {e}", file.display())],
                 notes: vec![],
             },
+        }
+    }
+}
+
+impl Backend {
+    /// What the script whose sandbox is `pid` holds now (`admin.list`): its
+    /// cgroup's counters under a unit, its process tree's sums on rlimit.
+    pub fn usage(&self, pid: u32) -> crate::protocol::Resources {
+        match self {
+            Backend::Systemd(SystemdBackend { cgroupfs, proc, .. })
+            | Backend::Cgroup(CgroupBackend { cgroupfs, proc, .. }) => {
+                usage::from_cgroup(cgroupfs, proc, pid)
+            }
+            Backend::Rlimit => {
+                usage::from_proc(std::path::Path::new("/proc"), pid, usage::ticks_per_s())
+            }
         }
     }
 }

@@ -322,10 +322,12 @@ pub enum Method {
     DaemonInfo,
     AdminList,
     AdminCancel,
+    AdminCalls,
+    AdminPrune,
 }
 
 impl Method {
-    pub const ALL: [Method; 9] = [
+    pub const ALL: [Method; 11] = [
         Method::ScriptStart,
         Method::ScriptWait,
         Method::ScriptStatus,
@@ -335,6 +337,8 @@ impl Method {
         Method::DaemonInfo,
         Method::AdminList,
         Method::AdminCancel,
+        Method::AdminCalls,
+        Method::AdminPrune,
     ];
 
     pub fn name(self) -> &'static str {
@@ -348,6 +352,8 @@ impl Method {
             Method::DaemonInfo => "daemon.info",
             Method::AdminList => "admin.list",
             Method::AdminCancel => "admin.cancel",
+            Method::AdminCalls => "admin.calls",
+            Method::AdminPrune => "admin.prune",
         }
     }
 
@@ -363,7 +369,10 @@ impl Method {
 
     /// For root and members of `auth.admin_groups` only.
     pub fn admin_only(self) -> bool {
-        matches!(self, Method::AdminList | Method::AdminCancel)
+        matches!(
+            self,
+            Method::AdminList | Method::AdminCancel | Method::AdminCalls | Method::AdminPrune
+        )
     }
 }
 
@@ -417,6 +426,16 @@ pub enum EngineRequest {
     /// ```
     /// Answer: `ScriptState`.
     AdminCancel(ScriptRef),
+    /// Admin. ```json
+    /// {"jsonrpc": "2.0", "id": 10, "method": "admin.calls", "params": {"script_id": "4f1c…", "offset": 200, "limit": 100}}
+    /// ```
+    /// Answer: `CallsPage`.
+    AdminCalls(CallsParams),
+    /// Admin. ```json
+    /// {"jsonrpc": "2.0", "id": 11, "method": "admin.prune", "params": {"dry_run": true}}
+    /// ```
+    /// Answer: `Pruned`.
+    AdminPrune(PruneParams),
 }
 
 impl EngineRequest {
@@ -432,6 +451,8 @@ impl EngineRequest {
             Method::DaemonInfo => EngineRequest::DaemonInfo,
             Method::AdminList => EngineRequest::AdminList,
             Method::AdminCancel => EngineRequest::AdminCancel(typed_params(params)?),
+            Method::AdminCalls => EngineRequest::AdminCalls(typed_params(params)?),
+            Method::AdminPrune => EngineRequest::AdminPrune(typed_params(params)?),
         })
     }
 }
@@ -621,6 +642,129 @@ pub struct ListedScript {
     pub uid: u32,
     pub unit: Option<String>,
     pub age_ms: u64,
+    /// What the script holds now (extension); null until its sandbox exists.
+    #[serde(default)]
+    pub resources: Option<Resources>,
+}
+
+/// `admin.list`'s `resources` of one running script: read from its cgroup
+/// (`source` "cgroup") or summed over its process tree from /proc ("proc", the
+/// rlimit backend, where `memory_peak_bytes` is the largest VmHWM of one
+/// process). Each is null where it cannot be read, never 0 for unknown.
+///
+/// ```json
+/// {"source": "cgroup", "memory_bytes": 14680064, "memory_peak_bytes": 20971520,
+///  "cpu_usec": 120000, "tasks": 3}
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    pub source: String,
+    pub memory_bytes: Option<u64>,
+    pub memory_peak_bytes: Option<u64>,
+    pub cpu_usec: Option<u64>,
+    pub tasks: Option<u64>,
+}
+
+/// Lines of calls.jsonl in one `admin.calls` page, at most.
+pub const CALLS_PAGE_MAX_LINES: usize = 200;
+/// Bytes of line text in one `admin.calls` page, at most (a page holds at
+/// least one line).
+pub const CALLS_PAGE_MAX_BYTES: usize = 1 << 20;
+/// A line of calls.jsonl longer than this is clipped in `admin.calls`.
+pub const CALLS_LINE_MAX_BYTES: usize = 16 * 1024;
+/// Bytes of calls.jsonl read for one `admin.calls` page, at most.
+pub const CALLS_SCAN_MAX_BYTES: u64 = 64 << 20;
+
+/// Params of `admin.calls`: a page of a script's calls.jsonl, from line
+/// `offset` (0-based), at most `limit` lines (default and most
+/// [`CALLS_PAGE_MAX_LINES`]).
+///
+/// ```json
+/// {"script_id": "4f1c9e0a2b3d5e6f", "offset": 200, "limit": 100}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallsParams {
+    pub script_id: String,
+    #[serde(default)]
+    pub offset: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
+/// The answer to `admin.calls`: the lines as logged, and where the next page
+/// starts (null at the end).
+///
+/// ```json
+/// {"script_id": "4f1c9e0a2b3d5e6f", "offset": 0, "next_offset": null,
+///  "lines": [{"n": 0, "text": "{\"tool\":\"t\",\"arguments\":{\"sn\":\"A1\"}}"}]}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallsPage {
+    pub script_id: String,
+    pub offset: u64,
+    pub next_offset: Option<u64>,
+    pub lines: Vec<CallLine>,
+}
+
+/// One line of calls.jsonl as logged, without its newline; a line over
+/// [`CALLS_LINE_MAX_BYTES`] is clipped, and `clipped_bytes` is its length.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallLine {
+    pub n: u64,
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clipped_bytes: Option<u64>,
+}
+
+/// Params of `admin.prune`.
+///
+/// ```json
+/// {"dry_run": true}
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PruneParams {
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// The answer to `admin.prune` (and what `scriptgate prune` prints from):
+/// one workspace retention pass.
+///
+/// ```json
+/// {"dry_run": true, "retain_days": 30, "roots": ["/var/lib/scriptgate/workspaces"],
+///  "expired": [{"path": "/var/lib/scriptgate/workspaces/1000/run-x",
+///               "last_used_ms": 1764000000000, "error": null}],
+///  "unknown": [], "kept": 8, "more": false}
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Pruned {
+    pub dry_run: bool,
+    pub retain_days: u64,
+    pub roots: Vec<std::path::PathBuf>,
+    /// Unused for longer than the retention, oldest first: removed (or, in a
+    /// dry run, to be), `error` set where the removal failed.
+    pub expired: Vec<PrunedWorkspace>,
+    /// Recorded workspaces that could not be looked at now: kept.
+    pub unknown: Vec<PruneUnknown>,
+    /// Recent or in use.
+    pub kept: usize,
+    /// A bound of the pass was reached: more may be due at the next.
+    pub more: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrunedWorkspace {
+    pub path: std::path::PathBuf,
+    pub last_used_ms: i64,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PruneUnknown {
+    pub path: std::path::PathBuf,
+    pub error: String,
 }
 
 /// `tool.call` (daemon → engine, request): one tool call of a script; `arguments`
@@ -1172,7 +1316,8 @@ mod tests {
         assert_eq!(e.code, code::METHOD_NOT_FOUND);
         let listed = json!({"scripts": [{"script_id": "s", "state": "running", "calls": 3,
             "failures": 0, "elapsed_ms": 900, "progress": null, "run_id": "r", "peer_uid": 1000,
-            "uid": 1000, "unit": null, "age_ms": 900}]});
+            "uid": 1000, "unit": null, "age_ms": 900, "resources": {"source": "proc",
+            "memory_bytes": 1, "memory_peak_bytes": null, "cpu_usec": 2, "tasks": 1}}]});
         let l: AdminList = serde_json::from_value(listed.clone()).unwrap();
         assert_eq!(serde_json::to_value(&l).unwrap(), listed);
     }
@@ -1251,6 +1396,11 @@ mod tests {
             ("Described", check::<Described>),
             ("DaemonInfo", check::<DaemonInfo>),
             ("AdminList", check::<AdminList>),
+            ("Resources", check::<Resources>),
+            ("CallsParams", check::<CallsParams>),
+            ("CallsPage", check::<CallsPage>),
+            ("PruneParams", check::<PruneParams>),
+            ("Pruned", check::<Pruned>),
             ("ToolResult", check::<ToolResult>),
             ("ApprovalAnswer", check::<ApprovalAnswer>),
             ("ScriptResult", check::<ScriptResult>),
@@ -1295,6 +1445,8 @@ mod tests {
             "ScriptStatus",
             "DaemonInfo",
             "AdminList",
+            "CallsPage",
+            "Pruned",
         ] {
             assert!(checked.iter().any(|c| c == must), "{must}: {checked:?}");
         }

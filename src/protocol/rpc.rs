@@ -139,6 +139,9 @@ struct Shared {
     next_id: AtomicU64,
     /// An error the peer sent with id null: why it is about to close.
     closed_with: Mutex<Option<RpcError>>,
+    /// While `serve` reads: its permits for the peer's requests (each held from
+    /// the request's arrival until its answer is written) and how many there are.
+    outstanding: Mutex<Option<(Arc<Semaphore>, u32)>>,
 }
 
 /// A request waiting for its answer. Dropped unsettled (its future was), it
@@ -215,6 +218,7 @@ impl Endpoint {
                 pending: Mutex::new(Some(HashMap::new())),
                 next_id: AtomicU64::new(1),
                 closed_with: Mutex::new(None),
+                outstanding: Mutex::new(None),
             }),
             queued,
         };
@@ -359,6 +363,9 @@ impl Endpoint {
         H: Handler + ?Sized,
     {
         let outstanding = Arc::new(Semaphore::new(bounds.max_outstanding));
+        *self.shared.outstanding.lock().unwrap() = u32::try_from(bounds.max_outstanding)
+            .ok()
+            .map(|n| (outstanding.clone(), n));
         let mut reader = BufReader::with_capacity(64 * 1024, read);
         let mut buf = Vec::new();
         loop {
@@ -422,6 +429,18 @@ impl Endpoint {
             }
         }
         self.fail_pending();
+    }
+
+    /// Until the answer to every request of the peer taken so far is written
+    /// (to the socket: the peer reads it even after we close), or the writer
+    /// has ended; no further request is taken while this waits. A barrier for
+    /// a daemon about to exit (bound it with a timeout: an answer may wait on a
+    /// peer that does not read).
+    pub async fn answers_written(&self) {
+        let held = self.shared.outstanding.lock().unwrap().clone();
+        if let Some((permits, n)) = held {
+            let _all = permits.acquire_many_owned(n).await;
+        }
     }
 
     /// A -32600 with no id: the line that broke the bounds cannot be answered.
@@ -666,6 +685,67 @@ mod tests {
         );
         served.abort();
         writer.abort();
+    }
+
+    /// The stop's barrier: `answers_written` waits for the answer of a request
+    /// still being made, and ends once it is written.
+    #[tokio::test]
+    async fn answers_written_waits_for_the_answers_of_requests_taken() {
+        struct Held(tokio::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>);
+        impl Handler for Held {
+            fn request(
+                self: Arc<Self>,
+                _method: String,
+                _params: Value,
+            ) -> BoxFuture<'static, Result<Value, RpcError>> {
+                Box::pin(async move {
+                    let first = self.0.lock().await.take();
+                    if let Some(rx) = first {
+                        let _ = rx.await;
+                    }
+                    Ok(Value::from("late"))
+                })
+            }
+        }
+        let (go, held) = tokio::sync::oneshot::channel();
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let (ar, aw) = a.into_split();
+        let (peer, _w) = Endpoint::new(aw);
+        // Before anything is served there is nothing to wait for.
+        peer.answers_written().await;
+        tokio::spawn({
+            let peer = peer.clone();
+            async move {
+                let h = Arc::new(Held(tokio::sync::Mutex::new(Some(held))));
+                peer.serve(ar, &Bounds::client(1 << 20), h).await;
+            }
+        });
+        let (br, mut bw) = b.into_split();
+        let mut lines = tokio::io::BufReader::new(br).lines();
+        bw.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\"}\n")
+            .await
+            .unwrap();
+        // Taken (the second request is answered at once, after the first was read).
+        bw.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"m\"}\n")
+            .await
+            .unwrap();
+        let l: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(l["id"], 2);
+        let barrier = peer.answers_written();
+        tokio::pin!(barrier);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut barrier)
+                .await
+                .is_err(),
+            "the first answer is still being made"
+        );
+        go.send(()).unwrap();
+        barrier.await;
+        let l: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(
+            (l["id"].clone(), l["result"].clone()),
+            (1.into(), "late".into())
+        );
     }
 
     #[tokio::test]

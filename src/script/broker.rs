@@ -64,6 +64,9 @@ pub struct Live {
     /// Why calls.jsonl stopped short (a full filesystem), and the lines it lost;
     /// the counts above go on and reach the audit row.
     pub calls_log_error: Mutex<Option<(String, u64)>>,
+    /// The sandbox's (bwrap's) pid while it runs, 0 before and after: where
+    /// `admin.list` reads the script's resources from.
+    pub sandbox_pid: std::sync::atomic::AtomicI32,
 }
 
 impl Live {

@@ -375,6 +375,10 @@ pub async fn run(
     exec_only_or_warn(&mut launch, &script_id).await;
     // 1.–3. The descriptors, the command, the spawn (`spawn_sandbox`).
     let (mut sandbox, ours) = spawn_sandbox(spawner, &launch, started).await?;
+    broker
+        .live
+        .sandbox_pid
+        .store(sandbox.pid, std::sync::atomic::Ordering::Relaxed);
     // Our copies of the workspace's descriptors go: bwrap has its own.
     drop((launch.workspace_dir, launch.agent_dir));
 
@@ -415,6 +419,11 @@ pub async fn run(
         &script_id,
     )
     .await;
+    // Exited (or being reaped): its pid is no longer the script's to read.
+    broker
+        .live
+        .sandbox_pid
+        .store(0, std::sync::atomic::Ordering::Relaxed);
 
     // 7. Collect what the ending left: the init's report and the unit's counters
     //    (read while the keeper still holds the scope); then the output and the

@@ -360,51 +360,35 @@ async fn workspace_retention(d: Arc<Daemon>) {
     let mut t = tokio::time::interval(Duration::from_secs(3600));
     loop {
         t.tick().await;
-        let (roots, busy) = (d.cfg.workspace.roots.clone(), d.running_workspaces());
-        // Only the workspaces the daemon recorded as scriptgate's own (crate::daemon::prune).
-        let vouched = match d.store.vouched_workspaces() {
-            Ok(v) => v,
+        // The pass `admin.prune` runs too (one at a time).
+        let pass = match d.prune_workspaces(false).await {
+            Ok(p) => p,
             Err(e) => {
-                tracing::warn!("workspace retention: {e}");
+                tracing::warn!("workspace retention: {}", e.message);
                 continue;
             }
         };
-        let pass = tokio::task::spawn_blocking(move || {
-            crate::daemon::prune::run_pass(&roots, &vouched, days, &|p| {
-                busy.iter().any(|b| b.starts_with(p))
-            })
-        })
-        .await;
-        let Ok((plan, failed)) = pass else { continue };
-        let forget = plan
-            .expired
-            .iter()
-            .filter(|c| !failed.iter().any(|(p, _)| *p == c.path))
-            .map(|c| c.path.clone())
-            .chain(plan.gone.iter().cloned())
-            .collect();
-        if let Err(e) = d.store.forget_workspaces(forget).await {
-            tracing::warn!("workspace retention: {e}");
-        }
-        for c in plan
-            .expired
-            .iter()
-            .filter(|c| !failed.iter().any(|(p, _)| *p == c.path))
-        {
-            tracing::info!(
-                "workspace retention ({days} days): removed {} (last used {})",
-                c.path.display(),
-                crate::time::rfc3339(c.last_used_ms)
-            );
-        }
-        for (p, e) in &failed {
-            tracing::warn!("workspace retention: cannot remove {}: {e}", p.display());
+        for c in &pass.expired {
+            match &c.error {
+                None => tracing::info!(
+                    "workspace retention ({days} days): removed {} (last used {})",
+                    c.path.display(),
+                    crate::time::rfc3339(c.last_used_ms)
+                ),
+                Some(e) => {
+                    tracing::warn!(
+                        "workspace retention: cannot remove {}: {e}",
+                        c.path.display()
+                    )
+                }
+            }
         }
         // Not forgotten: looked at again at the next pass.
-        for (p, e) in &plan.unknown {
+        for u in &pass.unknown {
             tracing::warn!(
-                "workspace retention: cannot look at {} now ({e}); kept, and looked at again next pass",
-                p.display()
+                "workspace retention: cannot look at {} now ({}); kept, and looked at again next pass",
+                u.path.display(),
+                u.error
             );
         }
     }
@@ -465,10 +449,18 @@ async fn serve_until_stopped(
         _ = daemon.all_finished() => {
             tracing::info!("every running script finished; stopping");
             // The last result wakes this select and the engines' `script.wait`s at
-            // once: keep serving a moment so those answers are written before the
-            // process exits (bounded; a barrier on the connections' queues would be
-            // exact).
-            let _ = tokio::time::timeout(ANSWER_GRACE, &mut serve).await;
+            // once: keep serving until every connection's answers to the requests
+            // it sent so far are written (`Daemon::answers_written`), at most
+            // ANSWERS_BOUND (a peer that does not read its answers holds nobody up
+            // longer).
+            tokio::select! {
+                _ = &mut serve => {}
+                _ = daemon.answers_written() => {}
+                _ = tokio::time::sleep(ANSWERS_BOUND) => tracing::warn!(
+                    "stopping: some connections' answers were not written within {} s",
+                    ANSWERS_BOUND.as_secs()
+                ),
+            }
         }
         _ = tokio::time::sleep(drain) => tracing::warn!(
             "server.drain_s = {} s passed with {} scripts running: interrupting them",
@@ -482,7 +474,7 @@ async fn serve_until_stopped(
 }
 
 /// After the drain, how long the connections may take to write the last answers.
-const ANSWER_GRACE: Duration = Duration::from_millis(500);
+const ANSWERS_BOUND: Duration = Duration::from_secs(5);
 
 /// Bind `--listen PATH`: refuse if a live daemon answers there, replace a stale
 /// socket, mode 0666 like scriptgate.socket (the SO_PEERCRED check in `server`

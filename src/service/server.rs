@@ -899,7 +899,7 @@ impl Paces {
 }
 
 /// Lines an admin-only peer may send, at most: its requests are tiny
-/// (`daemon.info`, `admin.list`, `admin.cancel`), and lines this short need no
+/// (`daemon.info` and the `admin.*` methods), and lines this short need no
 /// share of the partial-line budget of the engines.
 const ADMIN_MAX_LINE: usize = 16 * 1024;
 /// An admin-only peer's requests answered at once.
@@ -922,10 +922,11 @@ async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, peer: Peer) 
     daemon.connected(role, peer);
     let (read, write) = stream.into_split();
     let (rpc_peer, writer) = rpc::Endpoint::new(write);
-    let conn = Arc::new(Conn {
-        id: NEXT_CONN.fetch_add(1, Ordering::Relaxed),
-        peer: rpc_peer,
-    });
+    let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+    // Its answers count in the stop's barrier while it is read (the clone is
+    // dropped before the writer is awaited: the writer ends with the last one).
+    daemon.serving(id, rpc_peer.clone());
+    let conn = Arc::new(Conn { id, peer: rpc_peer });
     let sv = &daemon.cfg.server;
     let timed_out = format!(
         "a message was not completed within server.line_timeout_s = {} s; closing the connection",
@@ -967,6 +968,7 @@ async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, peer: Peer) 
         conn: conn.clone(),
     });
     conn.peer.serve(read, &bounds, handler).await;
+    daemon.served(conn.id);
     daemon.disconnected(conn.id);
     drop(conn);
     // Let queued answers (a -32600 for a line over the bounds) reach the peer before closing.
@@ -1028,13 +1030,24 @@ impl Session {
             EngineRequest::RunRevoke(t) => to_value(d.revoke(self.peer, &t.token).await?),
             EngineRequest::RunDescribe(t) => to_value(d.describe(engine, &t.token)?),
             EngineRequest::DaemonInfo => to_value(d.info()),
-            EngineRequest::AdminList => to_value(protocol::AdminList {
-                scripts: d.list_running(),
-            }),
+            EngineRequest::AdminList => {
+                // Made in this connection's turn, as the peer reads its answers:
+                // a peer that floods admin.list holds one answer in the making.
+                rpc::answer_turn().await;
+                to_value(protocol::AdminList {
+                    scripts: d.list_with_usage().await,
+                })
+            }
             EngineRequest::AdminCancel(r) => {
                 let why = format!("cancelled by an administrator (uid {})", self.peer.uid);
                 to_value(d.cancel(Access::Admin, r, &why).await?)
             }
+            EngineRequest::AdminCalls(p) => {
+                // A page (up to 1 MiB) is read only in the connection's turn.
+                rpc::answer_turn().await;
+                to_value(d.calls_page(p).await?)
+            }
+            EngineRequest::AdminPrune(p) => to_value(d.prune_workspaces(p.dry_run).await?),
         }
     }
 }

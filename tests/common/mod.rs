@@ -338,16 +338,16 @@ pub fn cli_with<S: AsRef<OsStr>>(
 impl Rig {
     /// `scriptgate ARGS` against this rig, not yet run. The rig's flags go after
     /// ARGS where the subcommand (ARGS' first word) takes them: `--socket` and
-    /// `--config` for the admin commands and `run` (a run through this rig's
-    /// daemon), `--config` for `metrics` and `prune`, none for the others.
+    /// `--config` for the admin commands, `prune` and `run` (a run through this
+    /// rig's daemon), `--config` for `metrics`, none for the others.
     pub fn cli_command<S: AsRef<OsStr>>(&self, args: impl IntoIterator<Item = S>) -> Command {
         let args: Vec<S> = args.into_iter().collect();
         let sub = args
             .first()
             .map(|a| a.as_ref().to_string_lossy().into_owned());
         let (socket, config) = match sub.as_deref() {
-            Some("status" | "ps" | "show" | "cancel" | "audit" | "run") => (true, true),
-            Some("metrics" | "prune") => (false, true),
+            Some("status" | "ps" | "show" | "cancel" | "audit" | "run" | "prune") => (true, true),
+            Some("metrics") => (false, true),
             _ => (false, false),
         };
         let mut c = cli_command(args);
@@ -589,13 +589,21 @@ impl Engine {
 
     /// Send a request and wait for its answer (the whole message).
     pub fn request_msg(&self, method: &str, params: Value, timeout: Duration) -> Value {
+        self.send_request(method, params)
+            .recv_timeout(timeout)
+            .unwrap_or_else(|_| panic!("no answer to {method} within {timeout:?}"))
+    }
+
+    /// Send a request now; its answer (the whole message) comes on the
+    /// receiver. Requests sent one after another from one thread reach the
+    /// daemon in that order.
+    pub fn send_request(&self, method: &str, params: Value) -> mpsc::Receiver<Value> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
         self.pending.lock().unwrap().insert(id, tx);
         let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         writeln!(self.writer.lock().unwrap(), "{line}").unwrap();
-        rx.recv_timeout(timeout)
-            .unwrap_or_else(|_| panic!("no answer to {method} within {timeout:?}"))
+        rx
     }
 
     /// `Ok(result)` or `Err(error object)`.

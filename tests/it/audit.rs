@@ -368,7 +368,10 @@ fn admin_cli_tables_and_json() {
     let mut lines = t.lines();
     assert_eq!(
         lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
-        ["ID", "RUN", "UID", "AGE", "CALLS", "FAILS", "PROGRESS", "UNIT"]
+        [
+            "ID", "RUN", "UID", "AGE", "CALLS", "FAILS", "MEM", "PEAK", "CPU", "TASKS", "PROGRESS",
+            "UNIT"
+        ]
     );
     let l = lines.next().unwrap();
     assert!(

@@ -672,6 +672,8 @@ fn age_records(rig: &Rig, days: u64) {
         .unwrap();
 }
 
+/// `scriptgate prune` through the rig's daemon: its report, under the line
+/// that names the roots (left out here).
 fn prune(rig: &Rig) -> String {
     let o = rig.cli(["prune"]);
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -680,7 +682,16 @@ fn prune(rig: &Rig) -> String {
         "{out}{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    out
+    let (head, report) = out.split_once('\n').unwrap_or_default();
+    let by = format!(
+        " (workspace.roots), by the daemon at {}:",
+        rig.socket.display()
+    );
+    assert!(
+        head.starts_with("workspaces under ") && head.ends_with(&by),
+        "{out}"
+    );
+    report.to_string()
 }
 
 /// A marker is no longer enough: `scriptgate prune` removes a workspace only if

@@ -348,9 +348,19 @@ fn prune_removes_only_old_workspaces_scriptgate_created() {
         "{out}{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    // The daemon's pass (admin.prune), under a line naming its roots.
+    assert_eq!(
+        out.lines().next().unwrap(),
+        format!(
+            "workspaces under {} (workspace.roots), by the daemon at {}:",
+            rig.root.display(),
+            rig.socket.display()
+        ),
+        "{out}"
+    );
     assert_eq!(
         out.lines()
-            .next()
+            .nth(1)
             .unwrap()
             .split(" (last used")
             .next()
@@ -372,7 +382,10 @@ fn prune_removes_only_old_workspaces_scriptgate_created() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert!(
-        out.starts_with(&format!("removed {} (last used ", done.display())),
+        out.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with(&format!("removed {} (last used ", done.display())),
         "{out}"
     );
     assert!(!done.exists());
@@ -384,8 +397,16 @@ fn prune_removes_only_old_workspaces_scriptgate_created() {
         rig.workspace.join(".agent/scripts").exists(),
         "an engine's own workspace: kept"
     );
+    // Removed and forgotten by the daemon: the next pass has nothing.
     let o = prune(&rig, &[]);
-    assert!(String::from_utf8_lossy(&o.stdout).starts_with("0 workspaces removed"));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("0 workspaces removed"),
+        "{out}"
+    );
 }
 
 /// A fresh installation, before its first script, has no audit store: the
@@ -409,5 +430,55 @@ fn metrics_before_the_first_script_are_zero() {
     assert!(
         !state.join("scriptgate.db").exists(),
         "a scrape creates nothing"
+    );
+}
+
+/// A stop's drain ends with a barrier on the connections' answers, not a fixed
+/// grace: 24 connections wait (`script.wait`, by the run's token) on a script
+/// that prints 20,000 characters; the daemon is told to stop, and then the
+/// script ends: every wait is answered with the whole result before the daemon
+/// exits, and it exits 0.
+#[test]
+#[ignore = "needs root: the script runs as nobody (cargo test -- --include-ignored, as root)"]
+fn a_stopping_daemon_writes_every_waiting_answer_before_it_exits() {
+    require_root("the script runs as nobody");
+    let mut rig = Rig::new();
+    let e = rig.engine();
+    let token = rig.token(&rig.snapshot("auto"));
+    let code = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\nprint('x' * 20000)\n";
+    let id = e.start(&token, code, &[]).unwrap();
+    let waiters: Vec<Engine> = (0..24).map(|_| rig.engine()).collect();
+    let answers: Vec<_> = waiters
+        .iter()
+        .map(|w| {
+            let rx = w.send_request("script.wait", json!({"script_id": id, "token": token}));
+            // Answered after the wait was read: requests are read in order.
+            w.request("script.status", json!({"script_id": id, "token": token}))
+                .unwrap();
+            rx
+        })
+        .collect();
+    let pid = nix::unistd::Pid::from_raw(rig.daemon.as_ref().unwrap().id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    // Draining: a new start is refused as `stopping`.
+    eventually("the drain", Duration::from_secs(10), || {
+        e.start(&token, "print(1)", &[])
+            .is_err_and(|err| code_reason(&err).1 == "stopping")
+    });
+    std::fs::write(rig.workspace.join("go"), "").unwrap();
+    for rx in answers {
+        let m = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("every wait answered before the exit");
+        assert_eq!(m["result"]["status"], "ok", "{m}");
+        assert_eq!(m["result"]["output"].as_str().unwrap().len(), 20000);
+    }
+    let st = rig.daemon.take().unwrap().wait().unwrap();
+    assert!(st.success(), "{st}: {}", rig.log_text());
+    assert!(
+        rig.log_text()
+            .contains("every running script finished; stopping"),
+        "{}",
+        rig.log_text()
     );
 }

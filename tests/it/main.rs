@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod admin;
 mod audit;
 mod broker;
 mod check_config;

@@ -199,3 +199,49 @@ fn writable_controllers_are_read_back_as_in_force() {
     );
     assert!(!marker.exists(), "the script never ran");
 }
+
+/// `admin.list`'s resources under a real unit: a script holding 64 MiB in its
+/// scope is read from its cgroups (here a hybrid host: the v1 memory, pids and
+/// cpuacct controllers), not from /proc; the tasks are the scope's (bwrap, the
+/// init, python and the keeper).
+#[test]
+#[ignore = "needs root: boots systemd in a private PID namespace"]
+fn ps_reads_a_running_scripts_scope() {
+    let rig = Booted::boot("true", "");
+    let e = rig.engine();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let tx = std::sync::Mutex::new(tx);
+    let fleet = fleet_handler();
+    e.set_handler(std::sync::Arc::new(move |tool, args| {
+        if tool == "fleet__list_devices" {
+            let _ = tx.lock().unwrap().send(());
+        }
+        fleet(tool, args)
+    }));
+    let code = "import agent_tools\n\
+                held = bytearray(64 << 20)\n\
+                for i in range(0, len(held), 4096): held[i] = 1\n\
+                agent_tools.call('fleet__list_devices', {})\n\
+                import time\n\
+                time.sleep(3600)\n";
+    let id = e.start(&rig.token(), code, &[]).unwrap();
+    rx.recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("the script's call: {}", rig.log()));
+    let list = e.request("admin.list", json!({})).unwrap();
+    let me = list["scripts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["script_id"] == id.as_str())
+        .unwrap_or_else(|| panic!("{list}"))
+        .clone();
+    assert_eq!(me["unit"], format!("scriptgate-{id}.scope"), "{me}");
+    let r = &me["resources"];
+    assert_eq!(r["source"], "cgroup", "{me}");
+    assert!(r["memory_bytes"].as_u64().unwrap() >= 64 << 20, "{me}");
+    assert!(r["memory_peak_bytes"].as_u64().unwrap() >= 64 << 20, "{me}");
+    assert!(r["cpu_usec"].as_u64().unwrap() > 0, "{me}");
+    assert!(r["tasks"].as_u64().unwrap() >= 3, "{me}");
+    e.request("script.cancel", json!({"script_id": id}))
+        .unwrap();
+}
