@@ -3,7 +3,10 @@
 result through `scriptgate mcp` (one server, many calls, the official MCP Python
 SDK's client over stdio), beside `scriptgate run` on the same script (a process,
 its MCP server and an embedded daemon per run). Both run the embedded daemon, so
-the difference is what one long-lived server saves per script.
+the difference is what one long-lived server saves per script. Then a cancel: from
+the client's cancelling a running script's call (the SDK sends
+notifications/cancelled) to the script's record saying it ended (`ended_at`,
+written once its sandbox is gone).
 
 usage: benches/mcp_server.py [N]   (the MCP SDK: clients/python/.venv/bin/python)
 """
@@ -39,6 +42,47 @@ async def through_mcp() -> list:
     return times
 
 
+async def cancels() -> list:
+    import json
+    state = "/var/lib/scriptgate/cli" if os.geteuid() == 0 else os.path.expanduser("~/.local/state/scriptgate")
+    with tempfile.TemporaryDirectory() as d:
+        config = Path(d) / "audit.toml"
+        config.write_text(f'[state]\ndir = "{state}"\n')
+        params = StdioServerParameters(command=SCRIPTGATE, args=["mcp", "--embedded", "--mcp", FLEET])
+        out = []
+        async with stdio_client(params, errlog=open(os.devnull, "w")) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                for i in range(N):
+                    up = asyncio.Event()
+
+                    async def progress(*_a) -> None:
+                        up.set()
+
+                    description = f"bench-cancel-{os.getpid()}-{i}"
+                    code = "import agent_tools, time\nagent_tools.progress(1, 2, 'x')\ntime.sleep(600)\n"
+                    call = asyncio.ensure_future(s.call_tool("run_script", {"code": code, "description": description},
+                                                            progress_callback=progress))
+                    await up.wait()
+                    t0 = time.time()
+                    call.cancel()
+                    try:
+                        await call
+                    except asyncio.CancelledError:
+                        pass
+                    while True:
+                        rows = json.loads(subprocess.run(
+                            [SCRIPTGATE, "audit", "--json", "--limit", "5", "--config", str(config), "--socket",
+                             str(Path(d) / "none")], capture_output=True, text=True, check=True).stdout)
+                        mine = [row for row in rows if row["description"] == description and row["status"] != "running"]
+                        if mine:
+                            assert mine[0]["status"] == "cancelled", mine[0]["status"]
+                            out.append(mine[0]["ended_at"] / 1000 - t0)
+                            break
+                        await asyncio.sleep(0.05)
+        return out
+
+
 def through_run() -> list:
     with tempfile.NamedTemporaryFile("w", suffix=".py") as f:
         f.write("pass\n")
@@ -63,3 +107,4 @@ if __name__ == "__main__":
     m = line("scriptgate mcp: tools/call -> result", asyncio.run(through_mcp()))
     r = line("scriptgate run (process per script)", through_run())
     print(f"ratio run / mcp: {r / m:.1f}x")
+    line("cancel -> the script's record ended", asyncio.run(cancels()))
