@@ -637,15 +637,17 @@ systemctl restart scriptgate.service 2>/dev/null
 # Six starts, 2 s apart (RestartSec=), each a daemon start under emulation: up to 4 min.
 end=$((SECONDS + 240))
 while [ "$SECONDS" -lt "$end" ]; do
-  [ "$(systemctl show -P Result scriptgate.service)" = start-limit-hit ] && break
+  [ "$(systemctl show -P Result scriptgate.socket)" = service-start-limit-hit ] && break
   sleep 0.2
 done
 st="$(systemctl show -P ActiveState scriptgate.service) $(systemctl show -P Result scriptgate.service)"
 nr=$(systemctl show -P NRestarts scriptgate.service)
 sst="$(systemctl show -P ActiveState scriptgate.socket) $(systemctl show -P Result scriptgate.socket)"
 echo "  crash on every start: scriptgate.service: $st after $nr restarts; scriptgate.socket: $sst"
-check "a crash loop ends: scriptgate.service failed, start-limit-hit, after 5 restarts ($nr)" \
-  test "$st" = "failed start-limit-hit" -a "${nr:-0}" -ge 5
+# The service's Result= stays the last crash's (signal); the limit is in the
+# journal line and in the socket's Result=.
+check "a crash loop ends: scriptgate.service failed after 5 restarts or more ($nr)" \
+  test "${st%% *}" = failed -a "${nr:-0}" -ge 5
 check "the socket gave up with it (service-start-limit-hit)" test "$sst" = "failed service-start-limit-hit"
 check "journal: Start request repeated too quickly" sh -c \
   "journalctl -u scriptgate.service -o cat --no-pager | grep -q 'Start request repeated too quickly'"
