@@ -516,7 +516,10 @@ for _ in $(seq 50); do
   grep -qF "ConditionPathIsDirectory=$tdir" <<<"$mjournal" && break
   sleep 0.2
 done
-if grep -qF "unmet condition check (ConditionPathIsDirectory=$tdir)" <<<"$mjournal"; then
+# systemd 252: "was skipped because of an unmet condition check
+# (ConditionPathIsDirectory=…)"; 257: "skipped, unmet condition check
+# ConditionPathIsDirectory=…".
+if grep -q "unmet condition check.*ConditionPathIsDirectory=$tdir" <<<"$mjournal"; then
   ok "no collector directory: the journal names it"
 else
   bad "no collector directory: the journal names it" "$mjournal"
