@@ -235,6 +235,67 @@ expect inet 0 ok "inet ok"
 run whoami "$work/whoami.py"
 expect whoami 0 ok "user scriptgate-script"
 
+section "a non-root engine, step by step, as README.Debian says (user gateway)"
+# The commands of README.Debian's "A non-root engine, step by step", taken from
+# the installed file itself and run in order, so the walkthrough cannot drift
+# from what is tested: each indented block is run with bash -e, as root; the
+# TOML block is added at the end of the (packaged) configuration, as step 3 says.
+if out=$(apt-get install -y /mnt/host/python3-scriptgate-client.deb 2>&1); then
+  ok "apt install python3-scriptgate-client (for examples/engine.py)"
+else
+  bad "apt install python3-scriptgate-client" "$out"
+fi
+steps=$work/steps
+python3 - /usr/share/doc/scriptgate/README.Debian "$steps" <<'EOF'
+import os, re, sys
+text = open(sys.argv[1]).read()
+title = "A non-root engine, step by step\n"
+start = text.index(title) + len(title)
+end = re.search(r"\n[^\n]+\n-{3,}\n", text[start + 40:])
+section = text[start:start + 40 + end.start()] if end else text[start:]
+blocks, cur = [], []
+for line in section.split("\n"):
+    if line.startswith("      ") and line.strip():
+        cur.append(line[6:])
+    elif cur:
+        blocks.append("\n".join(cur))
+        cur = []
+if cur:
+    blocks.append("\n".join(cur))
+os.makedirs(sys.argv[2], exist_ok=True)
+for i, b in enumerate(blocks):
+    with open(os.path.join(sys.argv[2], "%02d" % i), "w") as f:
+        f.write(b + "\n")
+EOF
+nsteps=$(ls "$steps" 2>/dev/null | wc -l)
+check "README.Debian's walkthrough has its 7 blocks of commands ($nsteps)" test "$nsteps" = 7
+for f in "$steps"/??; do
+  [ -e "$f" ] || continue
+  first=$(head -n 1 "$f")
+  case "$first" in
+    "[["*)
+      { echo; cat "$f"; } >>"$conf"
+      ok "README.Debian: the [[auth.engine]] block, added to $conf"
+      ;;
+    *)
+      if out=$(bash -e "$f" 2>&1); then ok "README.Debian: $first"; else bad "README.Debian: $first" "$out"; fi
+      printf '%s\n' "$out" >"$f.out"
+      ;;
+  esac
+done
+gw_uid=$(id -u gateway 2>/dev/null)
+gw_dir=/var/lib/scriptgate/workspaces/$gw_uid
+check "gateway's directory $gw_dir: 0700, gateway's, made at the daemon's start" \
+  test "$(stat -c '%a %U %G' "$gw_dir" 2>&1)" = "700 gateway gateway"
+engine_out=$(cat $(grep -l 'examples/engine.py' "$steps"/?? | sed 's/$/.out/') 2>/dev/null)
+echo "$engine_out" | tail -n 3 | sed 's/^/  engine.py: /'
+check "examples/engine.py as gateway: the script ran, 12 devices checked, 3 rebooted" \
+  grep -q "12 devices checked, 3 rebooted" <<<"$engine_out"
+check "the scripts ran as gateway: their records are gateway's" bash -c \
+  'r=$(find "$1" -path "*/.agent/scripts/*/output.txt"); test -n "$r" && test -z "$(find "$1" -path "*/.agent/scripts/*/output.txt" ! -user gateway)"' _ "$gw_dir"
+run_out=$(cat $(grep -l 'scriptgate run' "$steps"/?? | sed 's/$/.out/') 2>/dev/null)
+check "scriptgate run as gateway (the entry's key): the fleet summary" grep -q "500 devices" <<<"$run_out"
+
 section "systemd backend: limits (128 MiB, 16 tasks, 20% CPU)"
 write_conf systemd 134217728 16 20 60
 restart systemd limits
@@ -434,6 +495,207 @@ if [ "$apparmor4" = yes ]; then
   rm -f /etc/apparmor.d/sg-ubuntu-sim
 fi
 
+section "the metrics unit: not root; skipped, naming the directory, without node_exporter's"
+m=scriptgate-metrics.service
+tdir=/var/lib/prometheus/node-exporter
+store=/var/lib/scriptgate/scriptgate.db
+check "scriptgate-metrics.timer is installed disabled" sh -c '! systemctl is-enabled --quiet scriptgate-metrics.timer'
+# As an admin has it: the timer on (it also keeps the service loaded, so that
+# systemctl status still has the condition's result to show).
+check "systemctl enable --now scriptgate-metrics.timer" systemctl enable --now scriptgate-metrics.timer
+if [ -e "$tdir" ]; then
+  bad "the guest has no $tdir before prometheus-node-exporter" "$(ls -ld "$tdir")"
+fi
+systemctl start "$m"
+mrc=$?
+check "no collector directory: the run is skipped (exit $mrc, ConditionResult=no), not failed" \
+  test "$mrc $(systemctl show -P ConditionResult "$m") $(systemctl is-failed "$m")" = "0 no inactive"
+# PID 1's line reaches the journal a moment after systemctl start returns.
+for _ in $(seq 50); do
+  mjournal=$(journalctl -u "$m" -o cat --no-pager 2>&1)
+  grep -qF "ConditionPathIsDirectory=$tdir" <<<"$mjournal" && break
+  sleep 0.2
+done
+# systemd 252: "was skipped because of an unmet condition check
+# (ConditionPathIsDirectory=…)"; 257: "skipped, unmet condition check
+# ConditionPathIsDirectory=…".
+if grep -q "unmet condition check.*ConditionPathIsDirectory=$tdir" <<<"$mjournal"; then
+  ok "no collector directory: the journal names it"
+else
+  bad "no collector directory: the journal names it" "$mjournal"
+fi
+mstatus=$(systemctl status "$m" --no-pager 2>&1)
+if grep -qF "ConditionPathIsDirectory=$tdir was not met" <<<"$mstatus"; then
+  ok "no collector directory: systemctl status names it"
+else
+  bad "no collector directory: systemctl status names it" "$mstatus"
+fi
+# The directory as prometheus-node-exporter makes it (the real package, from the
+# host's archive, where tests/vm/run could fetch it; else its postinst's steps).
+pne=no
+if [ -r /mnt/host/prometheus-node-exporter.deb ]; then
+  if out=$(apt-get install -y --no-install-recommends /mnt/host/prometheus-node-exporter.deb 2>&1); then
+    ok "apt install prometheus-node-exporter ($(dpkg-query -W -f '${Version}' prometheus-node-exporter))"
+    pne=yes
+  else
+    bad "apt install prometheus-node-exporter" "$out"
+  fi
+else
+  skip "prometheus-node-exporter installed" "tests/vm/run could not fetch it; its directory is made as its package makes it"
+  adduser --quiet --system --home /var/lib/prometheus --no-create-home --group prometheus
+  install -d -m 0755 "$tdir"
+  chown prometheus:prometheus /var/lib/prometheus
+fi
+echo "  $(stat -c '%A %U:%G %n' /var/lib/prometheus "$tdir" 2>&1 | tr '\n' ' ')"
+systemctl start "$m"
+mrc=$?
+prom=$tdir/scriptgate.prom
+started=$(sed -n 's/^scriptgate_scripts_started_total \([0-9]*\)$/\1/p' "$prom" 2>/dev/null)
+check "the run wrote $prom, with scriptgate_ metrics (started ${started:-none})" \
+  test "$mrc" = 0 -a "${started:-0}" -gt 0
+check "$prom: root's 0644 (node_exporter reads it), no temporary left" \
+  test "$(stat -c '%a %U' "$prom" 2>&1)" = "644 root" -a ! -e "$tdir/.scriptgate.prom.new"
+props=$(systemctl show -p DynamicUser -p Group "$m")
+check "the unit is a dynamic user of group scriptgate-admin" \
+  test "$(echo $props)" = "Group=scriptgate-admin DynamicUser=yes" -o "$(echo $props)" = "DynamicUser=yes Group=scriptgate-admin"
+# Not root, seen from the outside: with the store root's alone (0600 root:root)
+# the run cannot read it and fails; its error line's _UID is not 0; the last good
+# file stays as it was.
+sum=$(md5sum <"$prom")
+files=$(ls "$store" "$store-wal" "$store-shm" 2>/dev/null)
+chmod 0600 $files
+chgrp root $files
+systemctl start "$m"
+mrc=$?
+uids=$(journalctl _SYSTEMD_UNIT="$m" SYSLOG_IDENTIFIER=scriptgate -o json --no-pager 2>/dev/null | python3 -c 'import json,sys; print(" ".join(sorted({json.loads(l).get("_UID","?") for l in sys.stdin})))')
+echo "  store 0600 root:root: exit $mrc; $(journalctl _SYSTEMD_UNIT="$m" SYSLOG_IDENTIFIER=scriptgate -o cat --no-pager | tail -n 1); _UID of its lines: ${uids:-none}"
+check "with the store root's alone the run fails (exit $mrc) and logs as a uid not 0 (${uids:-none})" \
+  bash -c 'test "$1" != 0 && test -n "$2" && ! grep -qw 0 <<<"$2"' _ "$mrc" "$uids"
+check "a failed run leaves the last good file" test "$(md5sum <"$prom")" = "$sum"
+chgrp scriptgate-admin $files
+chmod 0640 $files
+systemctl reset-failed "$m"
+# The daemon down (a clean stop folds the log in and removes -wal and -shm):
+# the store is read as it stands.
+systemctl stop scriptgate.service
+systemctl start "$m"
+mrc=$?
+check "the daemon stopped: the run reads the store (exit $mrc)" \
+  bash -c 'test "$1" = 0 && grep -q "^scriptgate_scripts_started_total [1-9]" "$2"' _ "$mrc" "$prom"
+if [ "$pne" = yes ]; then
+  scrape=""
+  for _ in $(seq 150); do
+    scrape=$(python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9100/metrics", timeout=5).read().decode())' 2>/dev/null) && break
+    sleep 0.2
+  done
+  check "node_exporter serves the file: scriptgate_scripts_started_total in its scrape" \
+    grep -q '^scriptgate_scripts_started_total [1-9]' <<<"$scrape"
+  check "node_exporter read the textfile directory without error" grep -qx 'node_textfile_scrape_error 0' <<<"$scrape"
+fi
+check "the timer is waiting for its next minute" bash -c 'test -n "$(systemctl show -P NextElapseUSecRealtime scriptgate-metrics.timer)"'
+systemctl disable --now scriptgate-metrics.timer >/dev/null 2>&1
+
+section "crash loops end at the start limit; config errors and restarts never fail the socket"
+d=/run/systemd/system/scriptgate.service.d
+# Seven restarts in a row (each run ends cleanly): past the limit's five, but
+# they are not crashes.
+for _ in $(seq 7); do systemctl restart scriptgate.service || break; done
+check "7 restarts in a row: active, not start-limit-hit" \
+  test "$(systemctl is-active scriptgate.service) $(systemctl show -P Result scriptgate.service)" = "active success"
+# A config error: not restarted; engines knocking on the socket are told why,
+# more often than the limit (each connection is a start), and the socket stays.
+cp "$conf" "$work/good.toml"
+printf '\n[bogus]\n' >>"$conf"
+systemctl restart scriptgate.service 2>/dev/null
+told=0
+for _ in $(seq 8); do
+  python3 - "$sock" <<'EOF' | grep -q 'scriptgated cannot start' && told=$((told + 1))
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(60)
+s.connect(sys.argv[1])
+data = b""
+while True:
+    b = s.recv(65536)
+    if not b:
+        break
+    data += b
+print(data.decode(errors="replace"))
+EOF
+done
+st="$(systemctl show -P ActiveState scriptgate.service) $(systemctl show -P Result scriptgate.service) $(systemctl show -P NRestarts scriptgate.service)"
+echo "  broken config, 8 connections: told $told; scriptgate.service: $st; socket: $(systemctl is-active scriptgate.socket)"
+check "a config error: each of 8 connections is told why" test "$told" = 8
+check "a config error: failed exit-code, not restarted (NRestarts 0), no start limit" test "$st" = "failed exit-code 0"
+check "a config error: the socket still listens" systemctl is-active scriptgate.socket
+cp "$work/good.toml" "$conf"
+check "the fixed config is back with systemctl restart scriptgate" systemctl restart scriptgate.service
+# A crash on every start: the real daemon, aborted (SIGABRT, as a panic or the
+# watchdog ends it) once it is ready. Not SIGSEGV from kill: Rust's stack-overflow
+# handler takes a SIGSEGV that no fault raised, resets it and carries on.
+mkdir -p "$d"
+printf '[Service]\nExecStartPost=+/bin/kill -ABRT $MAINPID\n' >"$d/sg-crash.conf"
+systemctl daemon-reload
+systemctl restart scriptgate.service 2>/dev/null
+# Six starts, 2 s apart (RestartSec=), each a daemon start under emulation: up to 4 min.
+end=$((SECONDS + 240))
+while [ "$SECONDS" -lt "$end" ]; do
+  [ "$(systemctl show -P Result scriptgate.socket)" = service-start-limit-hit ] && break
+  sleep 0.2
+done
+st="$(systemctl show -P ActiveState scriptgate.service) $(systemctl show -P Result scriptgate.service)"
+nr=$(systemctl show -P NRestarts scriptgate.service)
+sst="$(systemctl show -P ActiveState scriptgate.socket) $(systemctl show -P Result scriptgate.socket)"
+echo "  crash on every start: scriptgate.service: $st after $nr restarts; scriptgate.socket: $sst"
+# The service's Result= stays the last crash's (signal); the limit is in the
+# journal line and in the socket's Result=.
+check "a crash loop ends: scriptgate.service failed after 5 restarts or more ($nr)" \
+  test "${st%% *}" = failed -a "${nr:-0}" -ge 5
+check "the socket gave up with it (service-start-limit-hit)" test "$sst" = "failed service-start-limit-hit"
+check "journal: Start request repeated too quickly" sh -c \
+  "journalctl -u scriptgate.service -o cat --no-pager | grep -q 'Start request repeated too quickly'"
+# Fixed (the drop-in gone): what scriptgated(8) says brings it back.
+rm -f "$d/sg-crash.conf"
+systemctl daemon-reload
+systemctl reset-failed scriptgate.service scriptgate.socket
+check "after the fix: systemctl start scriptgate.socket" systemctl start scriptgate.socket
+run after_crash "$ex/fleet_summary.py"
+expect after_crash 0 ok "500 devices"
+
+section "AppArmor installed after scriptgate: the file trigger on /etc/apparmor.d/abi"
+# A package that installs a file under /etc/apparmor.d/abi, as the apparmor
+# package does when it is installed or upgraded.
+fake=$work/sg-abi-touch
+mkdir -p "$fake/DEBIAN" "$fake/etc/apparmor.d/abi"
+printf 'Package: sg-abi-touch\nVersion: 1\nArchitecture: all\nMaintainer: scriptgate tests <tests@invalid>\nDescription: a file under /etc/apparmor.d/abi, as apparmor ships\n' >"$fake/DEBIAN/control"
+echo '# scriptgate test' >"$fake/etc/apparmor.d/abi/sg-test"
+dpkg-deb --root-owner-group -b "$fake" "$work/sg-abi-touch.deb" >/dev/null
+if [ "$apparmor4" = yes ]; then
+  # As if AppArmor 4 came after the package: no copy, nothing loaded.
+  apparmor_parser -R /etc/apparmor.d/scriptgated >/dev/null 2>&1
+  rm -f /etc/apparmor.d/scriptgated
+  scriptgate status >/dev/null 2>&1   # the daemon running, unconfined
+  out=$(dpkg -i "$work/sg-abi-touch.deb" 2>&1)
+  echo "$out" | grep -iE 'trigger|scriptgate' | sed 's/^/  dpkg: /'
+  check "the trigger copied the profile to /etc/apparmor.d" cmp -s /usr/share/scriptgate/apparmor/scriptgated /etc/apparmor.d/scriptgated
+  if aa-status 2>/dev/null | sed -n '/profiles are in enforce mode/,/profiles are in complain mode/p' | grep -qx '   scriptgated'; then
+    ok "the trigger loaded it, enforcing"
+  else
+    bad "the trigger loaded it, enforcing" "$(aa-status 2>&1 | grep -i scriptgate)"
+  fi
+  check "the trigger says the running daemon enters it at its next start" grep -q "the running daemon enters it at its next start" <<<"$out"
+  systemctl restart scriptgate.service
+  run after_trigger "$ex/fleet_summary.py"
+  expect after_trigger 0 ok "500 devices"
+  pid=$(systemctl show -p MainPID --value scriptgate.service)
+  check "after the restart the daemon is confined (scriptgated (enforce))" test "$(cat /proc/$pid/attr/apparmor/current 2>&1)" = "scriptgated (enforce)"
+else
+  out=$(dpkg -i "$work/sg-abi-touch.deb" 2>&1)
+  echo "$out" | grep -iE 'trigger|scriptgate' | sed 's/^/  dpkg: /'
+  check "AppArmor 3: the trigger installs no profile, silently" bash -c 'test ! -e /etc/apparmor.d/scriptgated && ! grep -q "scriptgate:" <<<"$1"' _ "$out"
+fi
+check "the trigger again (the package removed): quiet" bash -c 'out=$(dpkg -P sg-abi-touch 2>&1) && ! grep -q "scriptgate:" <<<"$out"'
+
 section "upgrade with a script running, reinstall, remove, purge"
 write_conf systemd 1073741824 256 100 60
 restart upgrade
@@ -461,6 +723,7 @@ check "remove keeps the config and the audit store" test -e $conf -a -e /var/lib
 if out=$(apt-get purge -y scriptgate 2>&1); then ok "apt purge"; else bad "apt purge" "$out"; fi
 check "purge removes the config, key and audit store" sh -c "test ! -e /etc/scriptgate/scriptgate.toml -a ! -e /etc/scriptgate/token.key -a ! -e /var/lib/scriptgate/scriptgate.db"
 check "purge leaves no unit" sh -c "! systemctl cat scriptgate.socket >/dev/null 2>&1"
+check "purge removes the metrics file from the collector's directory" test ! -e /var/lib/prometheus/node-exporter/scriptgate.prom
 
 echo
 echo "failed checks: $failed"
