@@ -162,9 +162,15 @@ subprocess.Popen(["sleep", "600"])
 print("started", flush=True)
 time.sleep(600)
 EOF
+# It runs until the job drops a file `go` in its workspace, which the job does once
+# the daemon has logged its stop (at most 300 s), so it ends in the drain, whatever
+# the upgrade takes before its stop.
 cat >"$work/drain.py" <<'EOF'
-import time
-time.sleep(25)
+import os, time
+for _ in range(3000):
+    if os.path.exists("go"):
+        break
+    time.sleep(0.1)
 print("survived the upgrade")
 EOF
 
@@ -699,12 +705,25 @@ check "the trigger again (the package removed): quiet" bash -c 'out=$(dpkg -P sg
 section "upgrade with a script running, reinstall, remove, purge"
 write_conf systemd 1073741824 256 100 60
 restart upgrade
+stops_before=$(journalctl -u scriptgate.service -o cat --no-pager | grep -c 'stopping; no new scripts')
 run drain "$work/drain.py" &
 bg=$!
 if running_id >/dev/null; then
+  ws=$(sed -n 's/^scriptgate: workspace //p' "$work/drain.err")
+  # Once the upgrade's stop is logged, let the script end (in the drain).
+  (
+    for _ in $(seq 1500); do
+      n=$(journalctl -u scriptgate.service -o cat --no-pager | grep -c 'stopping; no new scripts')
+      [ "$n" -gt "$stops_before" ] && break
+      sleep 0.2
+    done
+    touch "$ws/go"
+  ) &
+  release=$!
   old=$(dpkg-query -W -f '${Version}' scriptgate)
   if out=$(apt-get install -y "$work/scriptgate-upgrade.deb" 2>&1); then ok "upgrade $old -> $(dpkg-query -W -f '${Version}' scriptgate)"; else bad "upgrade" "$out"; fi
   wait $bg; rc=$?
+  wait $release
   expect drain 0 ok "survived the upgrade"
   check "the upgrade's stop drained the running script" sh -c "journalctl -u scriptgate.service -o cat --no-pager | grep -q 'stopping; no new scripts; 1 running may finish'"
 else
