@@ -1185,7 +1185,6 @@ pub struct Recovered {
     pub run_uid: u32,
 }
 
-/// The UPDATE that completes a script's row, and its counters.
 /// What the rows of running scripts hold.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct RunningCounts {
@@ -1194,6 +1193,7 @@ pub struct RunningCounts {
     pub failures: u64,
 }
 
+/// The UPDATE that completes a script's row, and its counters.
 fn finish_row(c: &mut Connection, r: &ScriptResult, tool_counts: &Value) -> rusqlite::Result<()> {
     let tx = c.transaction()?;
     let n = tx.execute(

@@ -471,7 +471,26 @@ pub fn show_calls(
 
 /// One calls.jsonl line for people: when, tool, arguments, outcome, summary;
 /// a line that is not one the daemon writes, as it is.
+/// One logged call for a terminal. What the engine, the tools and the script
+/// wrote is printed with its control characters escaped (`\u{1b}`), so that no
+/// line of it can drive the admin's terminal.
 fn call_line(text: &str) -> String {
+    let line = call_line_raw(text);
+    if !line.chars().any(char::is_control) {
+        return line;
+    }
+    line.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+fn call_line_raw(text: &str) -> String {
     let Ok(v) = serde_json::from_str::<Value>(text) else {
         return format!("(not JSON) {text}");
     };
@@ -882,6 +901,17 @@ pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<Stri
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_logged_call_cannot_drive_the_terminal() {
+        let line = call_line(
+            r#"{"ts":"t","tool":"a__b","arguments":{"x":"\u001b[2J"},"is_error":false,"duration_ms":1,"summary":"\u001b]0;owned\u0007"}"#,
+        );
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+        assert!(line.contains("\\u{1b}]0;owned\\u{7}"), "{line:?}");
+        assert_eq!(call_line("plain\u{1b}"), "(not JSON) plain\\u{1b}");
+    }
+
     use super::*;
 
     fn info(backend: &str, enforced: Option<bool>, notes: &[&str], sandbox: &str) -> DaemonInfo {

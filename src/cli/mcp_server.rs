@@ -263,7 +263,11 @@ async fn serve_http(server: CodeMode, addr: std::net::SocketAddr) -> Result<(), 
             // Every path is the MCP endpoint; /mcp is the one documented.
             let svc = hyper_util::service::TowerToHyperService::new(service);
             let io = hyper_util::rt::TokioIo::new(stream);
+            // A connection that sends no request headers within HEADER_TIMEOUT is
+            // closed, so idle ones cannot hold the MAX_HTTP_CONNECTIONS slots.
             let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(io, svc)
                 .await;
         });
@@ -272,6 +276,9 @@ async fn serve_http(server: CodeMode, addr: std::net::SocketAddr) -> Result<(), 
 
 /// `run_script` as `run.describe` gives it to engines (the same input schema), with
 /// the schema of its `structuredContent` and annotations.
+/// How long an HTTP connection may take to send a request's headers, idle
+/// keep-alive included.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// HTTP connections served at once (`--http`).
 const MAX_HTTP_CONNECTIONS: usize = 64;
 /// MCP sessions at once (`--http`): each holds a server task and its channels
@@ -516,6 +523,8 @@ impl CodeMode {
         args: RunArgs,
         context: RequestContext<RoleServer>,
     ) -> CallToolResult {
+        // Held for the whole run: the exit waits for it (`DRAIN`).
+        let _running = self.inflight.read().await;
         let ui = Arc::new(McpUi::new(
             context.peer.clone(),
             context.meta.get_progress_token(),

@@ -30,6 +30,8 @@ pub struct Tools {
     servers: Vec<Arc<mcp::Server>>,
     overrides: Vec<(String, ToolClass)>,
     catalog: std::sync::RwLock<Catalog>,
+    /// One refresh at a time, so that an older listing never replaces a newer one.
+    refreshing: tokio::sync::Mutex<()>,
 }
 
 /// What the servers' tool lists say: each tool's spec, and where to call it.
@@ -55,6 +57,7 @@ impl Tools {
             servers: vec![],
             overrides: overrides.to_vec(),
             catalog: Default::default(),
+            refreshing: Default::default(),
         };
         for spec in specs {
             if t.servers.iter().any(|s| s.name == spec.name) {
@@ -92,6 +95,7 @@ impl Tools {
     /// List every server's tools again (at start, and when a server says its list
     /// changed).
     pub async fn refresh(&self) -> Result<(), Failure> {
+        let _one = self.refreshing.lock().await;
         let mut c = Catalog::default();
         for server in &self.servers {
             let listed = server

@@ -178,7 +178,7 @@ fn page_within(
     let beyond = || {
         RpcError::invalid_params(format!(
             "offset {offset}: calls.jsonl of {script_id} holds more than {} MiB before that line, \
-             more than one page reads; scriptgate writes no such file",
+             more than one page reads",
             cap >> 20
         ))
     };
@@ -197,6 +197,11 @@ fn page_within(
                 })
             }
         }
+    }
+    if scanned >= cap {
+        // The line before `offset` ran to the bound: this page would be empty
+        // and name itself as the next.
+        return Err(beyond());
     }
     let (mut lines, mut bytes) = (Vec::new(), 0usize);
     let next_offset = loop {
@@ -306,6 +311,9 @@ mod tests {
         assert_eq!(p.lines.len(), 1);
         assert_eq!(p.lines[0].text.len(), CALLS_LINE_MAX_BYTES);
         assert_eq!(p.next_offset, Some(1));
+        // Its next page is refused, not an empty page naming itself as the next.
+        let e = page_within("s", std::io::repeat(b'q'), 1, None, cap).unwrap_err();
+        assert_eq!(e.code, crate::protocol::code::INVALID_PARAMS, "{e}");
     }
 
     #[test]

@@ -139,7 +139,8 @@ export function prepareWorkspace(path: string, options: WorkspaceOptions = {}): 
     const said = askDaemon(options.socket);
     try {
       mkdirSync(dirname(p), { recursive: true, mode: 0o755 });
-    } catch {
+    } catch (again) {
+      if ((again as NodeJS.ErrnoException).code !== "EACCES") throw again;
       const err = new Error(
         `cannot create ${dirname(p)} (the daemon makes <root>/<uid> for engines it serves; it said: ${said})`,
       ) as NodeJS.ErrnoException;
