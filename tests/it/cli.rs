@@ -645,30 +645,7 @@ fn through_a_socket_without_workspace_a_fresh_one_is_made_under_the_daemon_root(
 /// An MCP server (Python, stdio) with one read tool, `slow`, that never answers:
 /// it writes each `notifications/cancelled` it gets, and the id of each
 /// `tools/call`, to the file named by its argument.
-const SLOW_SERVER: &str = r#"
-import json, sys
-out = open(sys.argv[1], "a", buffering=1)
-for line in sys.stdin:
-    msg = json.loads(line)
-    m = msg.get("method")
-    if m == "notifications/cancelled":
-        out.write("cancelled %s\n" % msg["params"]["requestId"])
-    if "id" not in msg:
-        continue
-    if m == "tools/call":
-        out.write("call %s\n" % msg["id"])
-        continue
-    if m == "initialize":
-        res = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
-               "serverInfo": {"name": "slow", "version": "1"}}
-    elif m == "tools/list":
-        res = {"tools": [{"name": "slow", "inputSchema": {"type": "object"},
-                          "annotations": {"readOnlyHint": True}}]}
-    else:
-        res = {}
-    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": res}) + "\n")
-    sys.stdout.flush()
-"#;
+const SLOW_SERVER: &str = include_str!("../fixtures/slow_mcp_server.py");
 
 /// A script cut short by its timeout, in the embedded daemon and through a
 /// daemon's socket: the MCP server is told to cancel the call it was making

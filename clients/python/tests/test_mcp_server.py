@@ -216,34 +216,13 @@ def audit(daemon: Daemon) -> List[dict]:
 
 
 # An upstream MCP server whose one read tool never answers: it writes the id of each
-# tools/call, and each notifications/cancelled, to the file named by its argument.
-SLOW_SERVER = r'''
-import json, sys
-out = open(sys.argv[1], "a", buffering=1)
-for line in sys.stdin:
-    msg = json.loads(line)
-    m = msg.get("method")
-    if m == "notifications/cancelled":
-        out.write("cancelled %s\n" % msg["params"]["requestId"])
-    if "id" not in msg:
-        continue
-    if m == "tools/call":
-        out.write("call %s\n" % msg["id"])
-        continue
-    res = {}
-    if m == "initialize":
-        res = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
-               "serverInfo": {"name": "slow", "version": "1"}}
-    elif m == "tools/list":
-        res = {"tools": [{"name": "slow", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]}
-    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": res}) + "\n")
-    sys.stdout.flush()
-'''
+# tools/call, and each notifications/cancelled, to the file named by its argument
+# (shared with tests/it/cli.rs).
+SLOW_SERVER = REPO / "tests" / "fixtures" / "slow_mcp_server.py"
 
 
 def test_a_cancelled_call_cancels_the_upstream_call_in_flight(tmp_path: Path) -> None:
-    server, seen = tmp_path / "slow.py", tmp_path / "seen"
-    server.write_text(SLOW_SERVER)
+    server, seen = SLOW_SERVER, tmp_path / "seen"
     seen.touch()
 
     async def lines(prefix: str) -> List[str]:
