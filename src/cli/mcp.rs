@@ -1,20 +1,36 @@
-//! A small MCP client over stdio (JSON-RPC lines): initialize, tools/list (all
-//! pages), tools/call. It keeps tools as raw JSON so that every annotation the
-//! server publishes (readOnlyHint, destructiveHint, execution.taskSupport) is seen.
+//! The MCP client of `scriptgate run | tools | describe | mcp`: rmcp's (the
+//! official Rust SDK) over a server's stdio, with scriptgate's bounds on what a
+//! server sends: initialize, tools/list (all pages), tools/call, cancellation.
+//! It keeps tools as raw JSON so that every annotation the server publishes
+//! (readOnlyHint, destructiveHint, execution.taskSupport) is seen.
 
-use crate::protocol::rpc::BoxFuture;
-use crate::protocol::rpc::{self, Bounds, CallError};
+use crate::protocol::framing::parse_cost;
+use crate::protocol::rpc::max_parse_cost;
 use crate::protocol::snapshot::{ToolClass, ToolSpec};
-use crate::protocol::{RpcError, ToolResult};
+use crate::protocol::ToolResult;
 use crate::script::engine::LinkError;
-use serde::Serialize;
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientCapabilities,
+    ClientConfig, ClientJsonRpcMessage, ClientRequest, Implementation, JsonRpcMessage,
+    ListToolsRequest, PaginatedRequestParams, ProtocolVersion, RequestId, ServerJsonRpcMessage,
+};
+// MCP's next version drops roots (SEP-2577); the servers of 2025-06-18 that
+// scriptgate speaks to may still ask for them.
+#[allow(deprecated)]
+use rmcp::model::{ListRootsResult, Root};
+use rmcp::service::{
+    serve_client_with_lifecycle, ClientInitializeError, ClientLifecycleMode, NotificationContext,
+    PeerRequestOptions, RequestContext, RoleClient, RunningService, ServiceError,
+};
+use rmcp::transport::Transport;
+use rmcp::ClientHandler;
 use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
-
-pub const PROTOCOL_VERSION: &str = "2025-06-18";
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 #[derive(Debug, thiserror::Error)]
 pub enum McpError {
@@ -132,10 +148,10 @@ pub fn tool_spec(full: String, tool: &Value, class: ToolClass) -> (ToolSpec, Opt
 /// server fits many times over); a longer one ends the connection.
 pub const MAX_LINE_BYTES: usize = 64 << 20;
 
-fn cursor_hash(c: &Value) -> u64 {
+fn cursor_hash(c: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    c.to_string().hash(&mut h);
+    c.hash(&mut h);
     h.finish()
 }
 
@@ -146,108 +162,270 @@ pub const MAX_TOOLS: usize = 100_000;
 /// The most bytes of `tools/list` pages taken from one server (as re-serialised).
 pub const MAX_TOOLS_BYTES: usize = 256 << 20;
 
-/// The `initialize` params: protocol version and client info; no `roots`
-/// capability (see `Server::start`).
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Initialize {
-    protocol_version: &'static str,
-    capabilities: Empty,
-    client_info: ClientInfo,
+/// The raw `result` of each answer to a `tools/list` or `tools/call` of ours,
+/// by request id, from when the answer is read until its caller takes it (or
+/// drops the call). rmcp parses every result into its model, whose `Tool` has no
+/// `execution` (MCP 2025-11-25's `taskSupport`, which makes a tool `long_task`,
+/// never callable): the raw page keeps every field a server publishes, and a
+/// call's result reaches `ToolResult::from_mcp` as the server wrote it.
+#[derive(Default)]
+struct Raw {
+    /// Requests written and not answered yet whose results are kept.
+    wanted: HashSet<RequestId>,
+    results: HashMap<RequestId, Value>,
 }
 
-#[derive(Serialize)]
-struct ClientInfo {
-    name: &'static str,
-    version: &'static str,
+/// What the transport and the calls share.
+struct Shared {
+    raw: Mutex<Raw>,
+    /// Why the transport ended the connection, when it was scriptgate's choice
+    /// (a line over a bound), for the errors of the calls that waited.
+    closed_with: Mutex<Option<String>>,
+    /// Messages handed to the transport and not yet written. The server's stdout
+    /// is not read while there are `MAX_UNSENT`: a server that floods requests
+    /// (`ping`) and never reads the answers does not grow the CLI.
+    unsent: tokio::sync::watch::Sender<usize>,
 }
 
-#[derive(Serialize, Default)]
-struct Empty {}
-
-/// `tools/list` params: the page after `cursor`.
-#[derive(Serialize)]
-struct ListTools<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cursor: Option<&'a Value>,
+impl Shared {
+    fn forget(&self, id: &RequestId) -> Option<Value> {
+        let mut raw = self.raw.lock().unwrap();
+        raw.wanted.remove(id);
+        raw.results.remove(id)
+    }
 }
 
-/// `tools/call` params.
-#[derive(Serialize)]
-struct CallTool<'a> {
-    name: &'a str,
-    arguments: Value,
+/// Messages written to a server and not yet taken by its stdin, at most.
+const MAX_UNSENT: usize = 1024;
+
+/// rmcp's transport over the server's stdio: newline-delimited JSON-RPC with
+/// scriptgate's bounds. rmcp's own stdio transport drops a line over 16 MiB and
+/// reads on, so the request it answered waits for its timeout; here a line over
+/// `MAX_LINE_BYTES`, or one that would parse to too much memory, ends the
+/// connection and fails what waits with the reason.
+struct Lines {
+    read: tokio::io::BufReader<tokio::process::ChildStdout>,
+    /// The line being read: kept across calls, as rmcp may drop a `receive`
+    /// between two reads of one line.
+    buf: Vec<u8>,
+    write: Arc<tokio::sync::Mutex<Option<tokio::process::ChildStdin>>>,
+    shared: Arc<Shared>,
 }
 
-/// `notifications/cancelled` params.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Cancelled {
-    request_id: u64,
-    reason: &'static str,
+enum Read {
+    Line,
+    TooLong,
+    Eof,
 }
 
-/// The answer to `roots/list`.
-#[derive(Serialize)]
-struct Roots {
-    roots: Vec<Root>,
+impl Lines {
+    /// Read up to the end of a line into `buf`. Cancel-safe: bytes move from the
+    /// reader's buffer to `buf` with no await in between.
+    async fn read_line(&mut self) -> std::io::Result<Read> {
+        loop {
+            let chunk = self.read.fill_buf().await?;
+            if chunk.is_empty() {
+                return Ok(if self.buf.is_empty() {
+                    Read::Eof
+                } else {
+                    Read::Line
+                });
+            }
+            let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (chunk.len(), false),
+            };
+            let body = &chunk[..take - usize::from(done)];
+            if self.buf.len() + body.len() > MAX_LINE_BYTES {
+                return Ok(Read::TooLong);
+            }
+            self.buf.extend_from_slice(body);
+            self.read.consume(take);
+            if done {
+                return Ok(Read::Line);
+            }
+        }
+    }
+
+    fn close_with(&self, why: String) {
+        *self.shared.closed_with.lock().unwrap() = Some(why);
+    }
+
+    /// Keep the raw result of an answer to a request in `wanted`.
+    fn keep_raw(&self, msg: &Value) {
+        let Some(id) = msg.get("id").cloned() else {
+            return;
+        };
+        let Ok(id) = serde_json::from_value::<RequestId>(id) else {
+            return;
+        };
+        let mut raw = self.shared.raw.lock().unwrap();
+        if raw.wanted.remove(&id) {
+            if let Some(result) = msg.get("result") {
+                raw.results.insert(id, result.clone());
+            }
+        }
+    }
 }
 
-#[derive(Serialize)]
-struct Root {
-    uri: String,
-    name: String,
+impl Transport<RoleClient> for Lines {
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: ClientJsonRpcMessage,
+    ) -> impl Future<Output = Result<(), std::io::Error>> + Send + 'static {
+        if let JsonRpcMessage::Request(r) = &item {
+            if matches!(
+                r.request,
+                ClientRequest::ListToolsRequest(_) | ClientRequest::CallToolRequest(_)
+            ) {
+                self.shared.raw.lock().unwrap().wanted.insert(r.id.clone());
+            }
+        }
+        let line = serde_json::to_vec(&item).map(|mut l| {
+            l.push(b'\n');
+            l
+        });
+        let (write, shared) = (self.write.clone(), self.shared.clone());
+        shared.unsent.send_modify(|n| *n += 1);
+        async move {
+            let written = async {
+                let line = line?;
+                let mut w = write.lock().await;
+                let w = w.as_mut().ok_or(std::io::ErrorKind::BrokenPipe)?;
+                w.write_all(&line).await?;
+                w.flush().await
+            }
+            .await;
+            shared.unsent.send_modify(|n| *n -= 1);
+            written
+        }
+    }
+
+    async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
+        loop {
+            let mut unsent = self.shared.unsent.subscribe();
+            let _ = unsent.wait_for(|n| *n < MAX_UNSENT).await;
+            match self.read_line().await {
+                Ok(Read::Eof) | Err(_) => return None,
+                Ok(Read::TooLong) => {
+                    self.close_with(format!(
+                        "a message longer than {} MiB; closing the connection",
+                        MAX_LINE_BYTES >> 20
+                    ));
+                    return None;
+                }
+                Ok(Read::Line) => {}
+            }
+            let line = std::mem::take(&mut self.buf);
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            // A line is bounded in what it parses to, too: a line of tiny
+            // objects parses to ~100 times its size.
+            let (cost, max) = (parse_cost(&line), max_parse_cost(MAX_LINE_BYTES));
+            if cost > max {
+                self.close_with(format!(
+                    "message too large once parsed (about {cost} bytes; at most {max}); closing the connection"
+                ));
+                return None;
+            }
+            // What is not JSON-RPC is skipped, as a client does.
+            let Ok(msg) = serde_json::from_slice::<Value>(&line) else {
+                continue;
+            };
+            drop(line);
+            self.keep_raw(&msg);
+            if let Ok(msg) = serde_json::from_value::<ServerJsonRpcMessage>(msg) {
+                return Some(msg);
+            }
+        }
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), std::io::Error>> + Send {
+        let write = self.write.clone();
+        async move {
+            write.lock().await.take();
+            Ok(())
+        }
+    }
 }
 
-/// What scriptgate serves of a server's requests (`ping` and `roots/list`) and
-/// notifications (`notifications/tools/list_changed`).
+/// What scriptgate serves of a server's requests (`ping`, by rmcp, and
+/// `roots/list`) and notifications (`notifications/tools/list_changed`).
 struct Client {
     roots: Vec<String>,
     tools_changed: Arc<tokio::sync::Notify>,
 }
 
-impl rpc::Handler for Client {
-    fn request(
-        self: Arc<Self>,
-        method: String,
-        _params: Value,
-    ) -> BoxFuture<'static, Result<Value, RpcError>> {
-        let answer = match method.as_str() {
-            "ping" => serde_json::to_value(Empty {}),
-            "roots/list" => serde_json::to_value(Roots {
-                roots: self
-                    .roots
-                    .iter()
-                    .map(|r| Root {
-                        uri: format!("file://{r}"),
-                        name: r.clone(),
-                    })
-                    .collect(),
-            }),
-            _ => {
-                return Box::pin(std::future::ready(Err(RpcError::new(
-                    -32601,
-                    "not supported by scriptgate",
-                ))))
-            }
-        };
-        Box::pin(std::future::ready(
-            answer.map_err(|e| RpcError::internal(e.to_string())),
+impl ClientHandler for Client {
+    #[allow(deprecated)]
+    async fn list_roots(
+        &self,
+        _: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, rmcp::ErrorData> {
+        Ok(ListRootsResult::new(
+            self.roots
+                .iter()
+                .map(|r| Root::new(format!("file://{r}")).with_name(r.clone()))
+                .collect(),
         ))
     }
-    /// A changed tool list wakes whoever watches `Server::tools_changed`; other
-    /// notifications (logging, progress) are not used.
-    fn notification(&self, method: &str, _params: Value) {
-        if method == "notifications/tools/list_changed" {
-            self.tools_changed.notify_one();
-        }
+
+    /// A changed tool list wakes whoever watches `Server::tools_changed`.
+    async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {
+        self.tools_changed.notify_one();
+    }
+
+    /// No capability: no `roots` (see `Server::start`), no sampling, no
+    /// elicitation.
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("scriptgate", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(ProtocolVersion::V_2025_06_18)
+    }
+}
+
+/// A call that is dropped unanswered (its script ended) is cancelled at the
+/// server too, as MCP's cancellation says, and its raw result is forgotten.
+struct Abandon<'a> {
+    server: &'a Server,
+    id: Option<RequestId>,
+}
+
+impl Abandon<'_> {
+    /// The call was answered (or failed): take its raw result.
+    fn answered(mut self) -> Option<Value> {
+        let id = self.id.take()?;
+        self.server.shared.forget(&id)
+    }
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        self.server.shared.forget(&id);
+        let peer = self.server.service.peer().clone();
+        let cancel = CancelledNotificationParam::new(
+            Some(id),
+            Some("the script that made the call ended".into()),
+        );
+        self.server.cancels.spawn(async move {
+            let _ = peer.notify_cancelled(cancel).await;
+        });
     }
 }
 
 /// One running MCP server.
 pub struct Server {
     pub name: String,
-    peer: rpc::Endpoint,
+    service: RunningService<RoleClient, Client>,
+    shared: Arc<Shared>,
+    /// The cancels of abandoned calls, sent before the server is shut down.
+    cancels: tokio_util::task::TaskTracker,
     child: tokio::sync::Mutex<tokio::process::Child>,
     pgid: Option<i32>,
     stderr_tail: Arc<Mutex<Vec<u8>>>,
@@ -275,10 +453,23 @@ fn keep_stderr_tail(mut stderr: tokio::process::ChildStderr) -> Arc<Mutex<Vec<u8
     stderr_tail
 }
 
+fn stderr_note(tail: &Mutex<Vec<u8>>) -> String {
+    let t = tail.lock().unwrap();
+    let s = String::from_utf8_lossy(&t);
+    let s = s.trim();
+    if s.is_empty() {
+        return String::new();
+    }
+    let last: Vec<&str> = s.lines().rev().take(5).collect();
+    let last: Vec<&str> = last.into_iter().rev().collect();
+    format!("; its stderr ends with: {}", last.join(" | "))
+}
+
 impl Server {
-    /// Start the server and run the MCP handshake. No `roots` capability is
-    /// advertised (a server such as server-filesystem would then trade the directories
-    /// on its command line for ours); `roots` only answers a server that asks anyway.
+    /// Start the server and run MCP's `initialize` handshake (rmcp's client).
+    /// No `roots` capability is advertised (a server such as server-filesystem
+    /// would then trade the directories on its command line for ours); `roots`
+    /// only answers a server that asks anyway.
     pub async fn start(
         spec: &ServerSpec,
         roots: Vec<String>,
@@ -303,120 +494,104 @@ impl Server {
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         let stderr_tail = keep_stderr_tail(child.stderr.take().expect("piped"));
-        let (peer, _writer) = rpc::Endpoint::new(stdin);
+        let shared = Arc::new(Shared {
+            raw: Default::default(),
+            closed_with: Default::default(),
+            unsent: tokio::sync::watch::Sender::new(0),
+        });
+        let transport = Lines {
+            read: tokio::io::BufReader::with_capacity(64 * 1024, stdout),
+            buf: Vec::new(),
+            write: Arc::new(tokio::sync::Mutex::new(Some(stdin))),
+            shared: shared.clone(),
+        };
         let tools_changed = Arc::new(tokio::sync::Notify::new());
-        {
-            // Reads until the server's stdout closes (it exited or crashed); what
-            // is still waiting then fails.
-            let handler = Arc::new(Client {
-                roots,
-                tools_changed: tools_changed.clone(),
-            });
-            let peer = peer.clone();
-            tokio::spawn(async move {
-                peer.serve(stdout, &Bounds::client(MAX_LINE_BYTES), handler)
-                    .await
-            });
-        }
+        let client = Client {
+            roots,
+            tools_changed: tools_changed.clone(),
+        };
+        let started = tokio::time::timeout(
+            Duration::from_secs(60),
+            serve_client_with_lifecycle(client, transport, ClientLifecycleMode::Initialize),
+        )
+        .await;
+        let service = match started {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                let why = shared.closed_with.lock().unwrap().clone();
+                let why = why.unwrap_or_else(|| match e {
+                    ClientInitializeError::ConnectionClosed(_) => "the server exited".into(),
+                    e => e.to_string(),
+                });
+                return Err(err(format!(
+                    "initialize failed: {why}{}",
+                    stderr_note(&stderr_tail)
+                )));
+            }
+            Err(_) => {
+                return Err(err(format!(
+                    "initialize failed: no answer within 60 s{}",
+                    stderr_note(&stderr_tail)
+                )))
+            }
+        };
+        let offers_tools = service
+            .peer_info()
+            .is_some_and(|i| i.capabilities.tools.is_some());
         let server = Server {
             name: spec.name.clone(),
-            peer,
+            service,
+            shared,
+            cancels: Default::default(),
             child: tokio::sync::Mutex::new(child),
             pgid,
             stderr_tail,
             call_timeout,
             tools_changed,
         };
-        let init = Initialize {
-            protocol_version: PROTOCOL_VERSION,
-            capabilities: Empty {},
-            client_info: ClientInfo {
-                name: "scriptgate",
-                version: env!("CARGO_PKG_VERSION"),
-            },
-        };
-        let init = server
-            .request("initialize", &init, Duration::from_secs(60))
-            .await
-            .map_err(|e| err(format!("initialize failed: {e}{}", server.stderr_note())))?;
-        if init
-            .get("capabilities")
-            .and_then(|c| c.get("tools"))
-            .is_none()
-        {
+        if !offers_tools {
+            server.shutdown().await;
             return Err(err("the server offers no tools".into()));
         }
-        server.peer.notify("notifications/initialized", &Empty {});
         Ok(server)
     }
 
-    fn stderr_note(&self) -> String {
-        let t = self.stderr_tail.lock().unwrap();
-        let s = String::from_utf8_lossy(&t);
-        let s = s.trim();
-        if s.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "; its stderr ends with: {}",
-                s.lines()
-                    .rev()
-                    .take(5)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect::<Vec<_>>()
-                    .join(" | ")
-            )
-        }
-    }
-
-    async fn request<P: Serialize>(
-        &self,
-        method: &str,
-        params: &P,
-        timeout: Duration,
-    ) -> Result<Value, LinkError> {
+    /// Send one request; its raw result.
+    async fn request(&self, request: ClientRequest, timeout: Duration) -> Result<Value, LinkError> {
         let name = &self.name;
-        // A call dropped unanswered (its script ended) is cancelled at the server
-        // too, as MCP's cancellation says.
-        let peer = self.peer.clone();
-        let abandoned = move |id| {
-            let cancel = Cancelled {
-                request_id: id,
-                reason: "the script that made the call ended",
-            };
-            peer.notify("notifications/cancelled", &cancel);
-        };
-        match self
-            .peer
-            .request_abandonable(method, params, Some(timeout), abandoned)
-            .await
-        {
-            Ok(v) => Ok(v),
-            Err(CallError::Answered(e)) => Err(LinkError::Answered(format!(
-                "MCP server {name}: {}",
-                e.message
-            ))),
-            Err(CallError::Closed(e)) => Err(LinkError::Answered(format!(
-                "MCP server {name}: {}",
-                e.message
-            ))),
-            Err(CallError::Disconnected) => Err(LinkError::Answered(format!(
-                "MCP server {name} exited{}",
-                self.stderr_note()
-            ))),
-            Err(CallError::Timeout { id }) => {
-                let cancel = Cancelled {
-                    request_id: id,
-                    reason: "timeout",
-                };
-                self.peer.notify("notifications/cancelled", &cancel);
-                Err(LinkError::Answered(format!(
-                    "MCP server {name} did not answer within {} s",
-                    timeout.as_secs()
-                )))
+        let failed = |e: ServiceError| match e {
+            ServiceError::McpError(e) => format!("MCP server {name}: {}", e.message),
+            ServiceError::Timeout { .. } => format!(
+                "MCP server {name} did not answer within {} s",
+                timeout.as_secs()
+            ),
+            ServiceError::TransportClosed | ServiceError::TransportSend(_) => {
+                match self.shared.closed_with.lock().unwrap().clone() {
+                    Some(why) => format!("MCP server {name}: {why}"),
+                    None => format!("MCP server {name} exited{}", stderr_note(&self.stderr_tail)),
+                }
             }
+            e => format!("MCP server {name}: {e}"),
+        };
+        // On a timeout, rmcp cancels the request at the server itself.
+        let handle = self
+            .service
+            .peer()
+            .send_request_with_option(request, PeerRequestOptions::with_timeout(timeout))
+            .await
+            .map_err(|e| LinkError::Answered(failed(e)))?;
+        let guard = Abandon {
+            server: self,
+            id: Some(handle.id.clone()),
+        };
+        let answer = handle.await_response().await;
+        let raw = guard.answered();
+        match answer {
+            Ok(typed) => Ok(match raw {
+                Some(raw) => raw,
+                None => serde_json::to_value(typed).unwrap_or(Value::Null),
+            }),
+            Err(e) => Err(LinkError::Answered(failed(e))),
         }
     }
 
@@ -431,13 +606,14 @@ impl Server {
         let mut out = Vec::new();
         let mut bytes = 0usize;
         let mut seen = std::collections::HashSet::new();
-        let mut cursor: Option<Value> = None;
+        let mut cursor: Option<String> = None;
         for _ in 0..MAX_TOOL_PAGES {
-            let params = ListTools {
-                cursor: cursor.as_ref(),
-            };
+            let params = PaginatedRequestParams::default().with_cursor(cursor.take());
             let r = self
-                .request("tools/list", &params, Duration::from_secs(60))
+                .request(
+                    ClientRequest::ListToolsRequest(ListToolsRequest::with_param(params)),
+                    Duration::from_secs(60),
+                )
                 .await
                 .map_err(|e| err(format!("tools/list: {e}")))?;
             bytes += r.to_string().len();
@@ -458,17 +634,24 @@ impl Server {
                     "tools/list: more than {MAX_TOOLS} tools; scriptgate takes at most that many from one server"
                 )));
             }
-            cursor = r.get("nextCursor").filter(|c| !c.is_null()).cloned();
-            match &cursor {
+            match r.get("nextCursor").filter(|c| !c.is_null()) {
                 None => return Ok(out),
-                // Kept as hashes: a server's cursors may be long.
-                Some(c) if !seen.insert(cursor_hash(c)) => {
+                Some(Value::String(c)) => {
+                    // Kept as hashes: a server's cursors may be long.
+                    if !seen.insert(cursor_hash(c)) {
+                        return Err(err(format!(
+                            "tools/list: nextCursor {c:?} came back after {} pages; the server's pages go round in a circle",
+                            seen.len()
+                        )));
+                    }
+                    cursor = Some(c.clone());
+                }
+                Some(c) => {
                     return Err(err(format!(
-                        "tools/list: nextCursor {c} came back after {} pages; the server's pages go round in a circle",
-                        seen.len()
+                        "tools/list: nextCursor {} is not a string (MCP's cursors are)",
+                        crate::protocol::framing::clip(&c.to_string(), 200)
                     )))
                 }
-                Some(_) => {}
             }
         }
         Err(err(format!(
@@ -478,22 +661,31 @@ impl Server {
     }
 
     pub async fn call(&self, tool: &str, arguments: Value) -> Result<ToolResult, LinkError> {
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        match arguments {
+            Value::Object(a) => params = params.with_arguments(a),
+            Value::Null => {}
+            other => {
+                return Err(LinkError::Answered(format!(
+                    "{tool}: the arguments of an MCP tool are an object, not {other}"
+                )))
+            }
+        }
         let r = self
             .request(
-                "tools/call",
-                &CallTool {
-                    name: tool,
-                    arguments,
-                },
+                ClientRequest::CallToolRequest(CallToolRequest::new(params)),
                 self.call_timeout,
             )
             .await?;
         Ok(ToolResult::from_mcp(&r))
     }
 
-    /// Close stdin, give the server a moment, then end its process group.
+    /// Send the cancels still owed, close stdin, give the server a moment, then
+    /// end its process group.
     pub async fn shutdown(&self) {
-        self.peer.close();
+        self.cancels.close();
+        let _ = tokio::time::timeout(Duration::from_millis(500), self.cancels.wait()).await;
+        self.service.cancellation_token().cancel();
         let mut child = self.child.lock().await;
         if tokio::time::timeout(Duration::from_millis(500), child.wait())
             .await

@@ -57,7 +57,7 @@ pub enum CallError {
 pub const MAX_PARSE_COST_PER_LINE_BYTE: usize = 4;
 pub const MIN_PARSE_COST: usize = 16 << 20;
 
-fn max_parse_cost(max_line: usize) -> usize {
+pub fn max_parse_cost(max_line: usize) -> usize {
     (MAX_PARSE_COST_PER_LINE_BYTE * max_line).max(MIN_PARSE_COST)
 }
 

@@ -13,9 +13,10 @@ use std::process::Stdio;
 /// `MODE` says: `cursor` gives empty pages whose `nextCursor` never ends,
 /// `circle` gives two pages that point at each other, `fat` endless pages of
 /// one tool with an 8 MiB description, `huge` answers with one 60 MiB line of
-/// `{}` objects.
+/// `{}` objects, `flood` 1,000,000 `ping` requests, written by a thread, while it
+/// reads nothing more and exits after 8 s.
 const SERVER: &str = r#"
-import json, sys
+import json, os, sys, threading, time
 mode = sys.argv[1]
 page = 0
 for line in sys.stdin:
@@ -33,6 +34,14 @@ for line in sys.stdin:
         sys.stdout.write('{}]}}\n')
         sys.stdout.flush()
         continue
+    elif m == "tools/list" and mode == "flood":
+        def flood():
+            for n in range(1000000):
+                sys.stdout.write('{"jsonrpc":"2.0","id":"p%d","method":"ping"}\n' % n)
+            sys.stdout.flush()
+        threading.Thread(target=flood, daemon=True).start()
+        time.sleep(8)
+        os._exit(0)
     elif m == "tools/list" and mode == "fat":
         page += 1
         pad = "x" * (8 << 20)
@@ -143,6 +152,21 @@ fn a_line_of_tiny_objects_is_refused_before_it_is_parsed() {
     // allowed is the line itself, twice over, and the server's own copy.
     assert!(
         r.max_rss_kib < 512 * 1024,
+        "peak RSS {} MiB",
+        r.max_rss_kib / 1024
+    );
+}
+
+#[test]
+fn a_server_that_floods_requests_and_reads_no_answer_does_not_grow_the_cli() {
+    let r = tools("flood");
+    eprintln!("peak RSS {} MiB", r.max_rss_kib / 1024);
+    assert!(!r.ok, "scriptgate tools succeeded: {}", r.stderr);
+    assert!(r.stderr.contains("MCP server evil exited"), "{}", r.stderr);
+    // Answers not taken are bounded (`MAX_UNSENT`): the server's stdout is not
+    // read meanwhile.
+    assert!(
+        r.max_rss_kib < 96 * 1024,
         "peak RSS {} MiB",
         r.max_rss_kib / 1024
     );
