@@ -611,8 +611,9 @@ fn rows_out(
 
 /// `scriptgate prune [--dry-run]`: the system's workspaces for root and the
 /// administrators (through the daemon, which sees the engines' private
-/// directories; root reads them directly when it is down), then, for a user
-/// who is not root, their own embedded workspaces. Each part names its roots.
+/// directories; root reads them directly when it is down), then this user's
+/// own embedded workspaces (root's too: the embedded daemon prunes none).
+/// Each part names its roots.
 /// The text, and the exit status: 1 when a workspace could not be removed, 11
 /// when an administrator who is not root could not have the daemon do it.
 pub fn prune(ctx: &Ctx, dry_run: bool) -> Result<(String, u8), Failure> {
@@ -629,27 +630,26 @@ pub fn prune(ctx: &Ctx, dry_run: bool) -> Result<(String, u8), Failure> {
         out.push_str(&text);
         worst(c);
     }
-    if !root {
-        match prune_embedded(ctx, dry_run)? {
-            Some((text, c)) => {
-                out.push_str(&text);
-                worst(c);
-            }
-            None if admin => out.push_str(&format!(
-                "no embedded workspaces of uid {uid}: {} has no audit store\n",
-                super::run::home_state().display()
-            )),
-            None => {
-                return Err(Failure::new(
-                    exit::NOT_PERMITTED,
-                    format!(
-                        "permission denied: the daemon's workspaces are pruned by root and members of {:?}, \
-                         and uid {uid} has no embedded workspaces ({} has no audit store)",
-                        ctx.config.auth.admin_groups,
-                        super::run::home_state().display()
-                    ),
-                ))
-            }
+    let (state, workspaces) = super::run::embedded_dirs(&ctx.config);
+    match prune_embedded(ctx, dry_run, &state, workspaces)? {
+        Some((text, c)) => {
+            out.push_str(&text);
+            worst(c);
+        }
+        None if admin => out.push_str(&format!(
+            "no embedded workspaces of uid {uid}: {} has no audit store\n",
+            state.display()
+        )),
+        None => {
+            return Err(Failure::new(
+                exit::NOT_PERMITTED,
+                format!(
+                    "permission denied: the daemon's workspaces are pruned by root and members of {:?}, \
+                     and uid {uid} has no embedded workspaces ({} has no audit store)",
+                    ctx.config.auth.admin_groups,
+                    state.display()
+                ),
+            ))
         }
     }
     Ok((out, code))
@@ -757,21 +757,28 @@ fn prune_system(ctx: &Ctx, dry_run: bool, root: bool) -> Result<(String, u8), Fa
     Ok((out, code))
 }
 
-/// This user's embedded workspaces (`scriptgate run` with no system daemon:
-/// `~/.local/state/scriptgate/workspaces`), recorded in the embedded daemon's
-/// own store beside them, with the configuration's `workspace.retain_days`.
-/// None when this user has no such store.
-fn prune_embedded(ctx: &Ctx, dry_run: bool) -> Result<Option<(String, u8)>, Failure> {
+/// This user's embedded workspaces (`scriptgate run` and `scriptgate mcp` with
+/// no system daemon) under `workspaces`, recorded in the embedded daemon's own
+/// store in `state` (crate::cli::run::embedded_dirs: root's in
+/// /var/lib/scriptgate/cli, a user's in ~/.local/state/scriptgate), with the
+/// configuration's `workspace.retain_days`. None when there is no such store.
+fn prune_embedded(
+    ctx: &Ctx,
+    dry_run: bool,
+    state: &Path,
+    workspaces: PathBuf,
+) -> Result<Option<(String, u8)>, Failure> {
     use crate::daemon::prune;
-    let db = super::run::home_state().join("scriptgate.db");
+    let db = state.join("scriptgate.db");
     if !db.exists() {
         return Ok(None);
     }
-    let roots = vec![super::run::embedded_workspaces()];
+    let roots = vec![workspaces];
     let head = format!(
-        "embedded workspaces of uid {} under {} (scriptgate run without a system daemon):\n",
+        "embedded workspaces of uid {} under {} (scriptgate run without a system daemon; recorded in {}):\n",
         nix::unistd::getuid(),
-        roots_text(&roots)
+        roots_text(&roots),
+        state.display()
     );
     let days = ctx.config.workspace.retain_days;
     if days == 0 {

@@ -67,11 +67,10 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
     let target = choose(o.embedded, o.socket.as_deref(), &Facts::gather());
     let (runs_in, cfg, base) = match &target {
         Target::Embedded(why) => {
-            let mut cfg = super::run::embedded_config(o.config.as_deref())?;
-            let base = super::run::embedded_workspaces();
+            let cfg = super::run::embedded_config(o.config.as_deref())?;
+            let base = super::run::embedded_workspaces(&cfg);
             std::fs::create_dir_all(&base)
                 .map_err(|e| Failure::setup(format!("cannot create {}: {e}", base.display())))?;
-            cfg.workspace.roots = vec![base.clone()];
             eprintln!(
                 "scriptgate mcp: mode: embedded daemon in this process ({why}); records in {}",
                 cfg.state.dir.display()

@@ -404,7 +404,7 @@ fn to_value<T: serde::Serialize>(v: T) -> Result<Value, RpcError> {
     serde_json::to_value(v).map_err(|e| RpcError::internal(e.to_string()))
 }
 
-pub(crate) fn home_state() -> PathBuf {
+fn home_state() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
         return PathBuf::from(x).join("scriptgate");
     }
@@ -418,8 +418,23 @@ fn is_root() -> bool {
     nix::unistd::Uid::effective().is_root()
 }
 
+/// The embedded daemon's state directory (its audit store) and the root its
+/// fresh workspaces go under, for the system configuration `system`: root's in
+/// the system's `state.dir` (`cli` and `workspaces`: /var/lib/scriptgate/cli
+/// and /var/lib/scriptgate/workspaces by default), a user's in
+/// ~/.local/state/scriptgate. `scriptgate prune` finds them here too.
+pub(crate) fn embedded_dirs(system: &Config) -> (PathBuf, PathBuf) {
+    if is_root() {
+        let d = &system.state.dir;
+        (d.join("cli"), d.join("workspaces"))
+    } else {
+        (home_state(), home_state().join("workspaces"))
+    }
+}
+
 /// The config the embedded daemon uses: the system file if readable (for limits,
-/// python, sandbox), with state and workspace roots of its own.
+/// python, sandbox), with a state directory and workspace root of its own
+/// (`embedded_dirs`; the one root is `workspace.roots`).
 pub(super) fn embedded_config(path: Option<&Path>) -> Result<Config, Failure> {
     let mut cfg = match path {
         Some(p) => Config::load(p, true).map_err(|e| Failure::setup(e.to_string()))?,
@@ -427,11 +442,9 @@ pub(super) fn embedded_config(path: Option<&Path>) -> Result<Config, Failure> {
     };
     // The embedded daemon signs its own tokens with a fresh key: no engine entries.
     cfg.auth.engines.clear();
-    cfg.state.dir = if is_root() {
-        PathBuf::from("/var/lib/scriptgate/cli")
-    } else {
-        home_state()
-    };
+    let (state, workspaces) = embedded_dirs(&cfg);
+    cfg.state.dir = state;
+    cfg.workspace.roots = vec![workspaces];
     if cfg.sandbox.backend != BackendChoice::Rlimit {
         cfg.sandbox.backend = BackendChoice::Auto;
     }
@@ -446,13 +459,10 @@ pub(super) fn script_identity(cfg: &Config) -> Result<crate::sys::Identity, Fail
         .map_err(|e| Failure::setup(e.to_string()))
 }
 
-/// Where fresh workspaces go with the embedded daemon.
-pub(crate) fn embedded_workspaces() -> PathBuf {
-    if is_root() {
-        PathBuf::from("/var/lib/scriptgate/workspaces")
-    } else {
-        home_state().join("workspaces")
-    }
+/// Where fresh workspaces go with the embedded daemon: the one root of its
+/// config (`embedded_config`).
+pub(super) fn embedded_workspaces(cfg: &Config) -> PathBuf {
+    cfg.workspace.roots.first().cloned().unwrap_or_default()
 }
 
 /// Create a fresh workspace under `fresh_base`, or check the given one is usable
@@ -744,7 +754,7 @@ pub async fn run(o: RunCmd) -> Result<ScriptResult, Failure> {
     }
     // A fresh workspace goes under the daemon's roots (socket), or ours.
     let fresh_base = match &conn {
-        None => embedded_workspaces(),
+        None => embedded_workspaces(&cfg),
         Some(c) => socket_fresh_base(&cfg, &c.path)?,
     };
     let ws = prepare_workspace(o.workspace.as_deref(), &fresh_base, &cfg, o.read_only)?;

@@ -2,7 +2,7 @@
 //! which arguments went to which tool (`scriptgate show ID --calls`, the
 //! `admin.calls` method: paged and bounded), whether an administrator's prune
 //! saw anything (`admin.prune`, and what the CLI says when the daemon is down),
-//! a user's own embedded workspaces in `scriptgate prune`, and what running
+//! a user's own embedded workspaces in `scriptgate prune` (root's too), and what running
 //! scripts hold now (`scriptgate ps`, `admin.list`'s resources).
 //!
 //! Other uids are real processes started with another uid and gid, as in
@@ -392,8 +392,9 @@ fn a_users_prune_covers_their_embedded_workspaces() {
     assert_eq!(
         out.lines().next().unwrap(),
         format!(
-            "embedded workspaces of uid 40005 under {} (scriptgate run without a system daemon):",
-            root.display()
+            "embedded workspaces of uid 40005 under {} (scriptgate run without a system daemon; recorded in {}):",
+            root.display(),
+            home.join(".local/state/scriptgate").display()
         ),
         "{out}"
     );
@@ -417,6 +418,71 @@ fn a_users_prune_covers_their_embedded_workspaces() {
         "{out}"
     );
     assert!(!ws.exists() && kept.exists());
+}
+
+/// Root's `scriptgate prune` prunes root's embedded workspaces too (`scriptgate
+/// run` or `scriptgate mcp` without a system daemon: the embedded daemon's store
+/// in `state.dir`/cli, its workspaces in `state.dir`/workspaces, which the
+/// embedded daemon never prunes itself), and says when there is no such store.
+/// The rig's configuration moves both out of /var/lib/scriptgate.
+#[test]
+#[ignore = "needs root: root's embedded workspaces (cargo test --test it admin:: -- --include-ignored)"]
+fn roots_prune_covers_roots_embedded_workspaces() {
+    require_root("root's embedded workspaces");
+    let rig = Rig::new();
+    let (state, root) = (rig.state.join("cli"), rig.state.join("workspaces"));
+    let (code, out) = prune_as(&rig, 0, 0, true, None);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(&format!(
+            "no embedded workspaces of uid 0: {} has no audit store\n",
+            state.display()
+        )),
+        "{out}"
+    );
+
+    let ws = run_as(&rig, 0, 0, &["--embedded"], None);
+    assert_eq!(ws.parent(), Some(root.as_path()));
+    let kept = run_as(&rig, 0, 0, &["--embedded"], None);
+    age(&ws, &state.join("scriptgate.db"), 40);
+    // The embedded daemon prunes nothing when it starts: it stays.
+    let third = run_as(&rig, 0, 0, &["--embedded"], None);
+    assert!(ws.exists());
+
+    let (code, out) = prune_as(&rig, 0, 0, true, None);
+    assert_eq!(code, Some(0), "{out}");
+    let head = format!(
+        "embedded workspaces of uid 0 under {} (scriptgate run without a system daemon; recorded in {}):\n",
+        root.display(),
+        state.display()
+    );
+    assert!(
+        out.starts_with(&format!(
+            "workspaces under {} (workspace.roots), by the daemon at {}:\n",
+            rig.root.display(),
+            rig.socket.display()
+        )),
+        "the system's part first: {out}"
+    );
+    let mine = &out[out.find(&head).unwrap_or_else(|| panic!("{out}"))..];
+    assert!(
+        mine.contains(&format!("would remove {} (last used ", ws.display())),
+        "{out}"
+    );
+    assert!(
+        mine.contains("1 workspace would be removed (unused for more than 30 days); 2 kept"),
+        "{out}"
+    );
+    assert!(ws.exists() && kept.exists() && third.exists(), "a dry run");
+
+    let (code, out) = prune_as(&rig, 0, 0, false, None);
+    assert_eq!(code, Some(0), "{out}");
+    let mine = &out[out.find(&head).unwrap_or_else(|| panic!("{out}"))..];
+    assert!(
+        mine.contains(&format!("removed {} (last used ", ws.display())),
+        "{out}"
+    );
+    assert!(!ws.exists() && kept.exists() && third.exists());
 }
 
 /// `scriptgate ps`: what a running script holds now. On the rig's backend
