@@ -4,15 +4,16 @@
 //! It keeps tools as raw JSON so that every annotation the server publishes
 //! (readOnlyHint, destructiveHint, execution.taskSupport) is seen.
 
-use crate::protocol::framing::parse_cost;
+use crate::protocol::framing::{clip, parse_cost};
 use crate::protocol::rpc::max_parse_cost;
 use crate::protocol::snapshot::{ToolClass, ToolSpec};
 use crate::protocol::ToolResult;
 use crate::script::engine::LinkError;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientCapabilities,
-    ClientConfig, ClientJsonRpcMessage, ClientRequest, Implementation, JsonRpcMessage,
-    ListToolsRequest, PaginatedRequestParams, ProtocolVersion, RequestId, ServerJsonRpcMessage,
+    ClientConfig, ClientJsonRpcMessage, ClientRequest, ElicitRequestParams, ElicitResult,
+    ElicitationCreateRequestMethod, Implementation, JsonRpcMessage, ListToolsRequest,
+    PaginatedRequestParams, ProtocolVersion, RequestId, ServerJsonRpcMessage,
 };
 // MCP's next version drops roots (SEP-2577); the servers of 2025-06-18 that
 // scriptgate speaks to may still ask for them.
@@ -173,7 +174,15 @@ struct Raw {
     /// Requests written and not answered yet whose results are kept.
     wanted: HashSet<RequestId>,
     results: HashMap<RequestId, Value>,
+    /// Calls dropped before rmcp wrote them: not `wanted` when it does.
+    abandoned: HashSet<RequestId>,
+    /// Our `initialize`, whose answer is read leniently (`lenient_initialize`).
+    initialize: Option<RequestId>,
 }
+
+/// Entries of `Raw::abandoned`, at most (they leave it when rmcp writes the
+/// request, which it does unless the connection ended).
+const MAX_ABANDONED: usize = 4096;
 
 /// What the transport and the calls share.
 struct Shared {
@@ -188,11 +197,64 @@ struct Shared {
 }
 
 impl Shared {
-    fn forget(&self, id: &RequestId) -> Option<Value> {
+    /// The call was answered (or failed): its raw result, if it had one.
+    fn take(&self, id: &RequestId) -> Option<Value> {
         let mut raw = self.raw.lock().unwrap();
         raw.wanted.remove(id);
         raw.results.remove(id)
     }
+
+    /// The call was dropped: forget it, written or not.
+    fn abandon(&self, id: RequestId) {
+        let mut raw = self.raw.lock().unwrap();
+        if !raw.wanted.remove(&id) && raw.results.remove(&id).is_none() {
+            if raw.abandoned.len() >= MAX_ABANDONED {
+                raw.abandoned.clear();
+            }
+            raw.abandoned.insert(id);
+        }
+    }
+}
+
+/// The protocol versions scriptgate's client takes from a server's `initialize`
+/// answer: those of the `initialize` handshake (2026-07-28 has none, and rmcp
+/// would switch to its rules).
+const VERSIONS: [ProtocolVersion; 4] = [
+    ProtocolVersion::V_2024_11_05,
+    ProtocolVersion::V_2025_03_26,
+    ProtocolVersion::V_2025_06_18,
+    ProtocolVersion::V_2025_11_25,
+];
+
+/// The answer to our `initialize`, as the client before rmcp read it: only the
+/// `tools` capability counts (its `listChanged` if a boolean), a missing
+/// `protocolVersion` or `serverInfo` is no error, and the rest (`instructions`,
+/// other capabilities) is not kept. rmcp's model requires all three and refuses
+/// a malformed capability that scriptgate never uses.
+fn lenient_initialize(result: &mut Value) {
+    let Some(r) = result.as_object() else { return };
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_string();
+    let tools = r
+        .get("capabilities")
+        .and_then(|c| c.get("tools"))
+        .filter(|t| !t.is_null())
+        .map(|t| match t.get("listChanged").and_then(Value::as_bool) {
+            Some(b) => json!({ "listChanged": b }),
+            None => json!({}),
+        });
+    let version = match r.get("protocolVersion").and_then(Value::as_str) {
+        Some(v) => v.to_string(),
+        None => ProtocolVersion::V_2025_06_18.to_string(),
+    };
+    let info = r.get("serverInfo");
+    *result = json!({
+        "protocolVersion": version,
+        "capabilities": tools.map(|t| json!({ "tools": t })).unwrap_or(json!({})),
+        "serverInfo": {
+            "name": text(info.and_then(|i| i.get("name"))),
+            "version": text(info.and_then(|i| i.get("version"))),
+        },
+    });
 }
 
 /// Messages written to a server and not yet taken by its stdin, at most.
@@ -251,19 +313,30 @@ impl Lines {
         *self.shared.closed_with.lock().unwrap() = Some(why);
     }
 
-    /// Keep the raw result of an answer to a request in `wanted`.
-    fn keep_raw(&self, msg: &Value) {
+    /// Keep the raw result of an answer to a request in `wanted`, leaving rmcp
+    /// `{}` to parse in its place; read the answer to `initialize` leniently.
+    fn keep_raw(&self, msg: &mut Value) {
         let Some(id) = msg.get("id").cloned() else {
             return;
         };
-        let Ok(id) = serde_json::from_value::<RequestId>(id) else {
+        let Ok(mut id) = serde_json::from_value::<RequestId>(id) else {
+            return;
+        };
+        // rmcp matches the id "3" to the request 3; so does this.
+        if let RequestId::String(s) = &id {
+            if let Ok(n) = s.parse::<i64>() {
+                id = RequestId::Number(n);
+            }
+        }
+        let Some(result) = msg.get_mut("result") else {
             return;
         };
         let mut raw = self.shared.raw.lock().unwrap();
         if raw.wanted.remove(&id) {
-            if let Some(result) = msg.get("result") {
-                raw.results.insert(id, result.clone());
-            }
+            raw.results.insert(id, std::mem::replace(result, json!({})));
+        } else if raw.initialize.as_ref() == Some(&id) {
+            raw.initialize = None;
+            lenient_initialize(result);
         }
     }
 }
@@ -276,11 +349,15 @@ impl Transport<RoleClient> for Lines {
         item: ClientJsonRpcMessage,
     ) -> impl Future<Output = Result<(), std::io::Error>> + Send + 'static {
         if let JsonRpcMessage::Request(r) = &item {
-            if matches!(
-                r.request,
+            let mut raw = self.shared.raw.lock().unwrap();
+            match r.request {
                 ClientRequest::ListToolsRequest(_) | ClientRequest::CallToolRequest(_)
-            ) {
-                self.shared.raw.lock().unwrap().wanted.insert(r.id.clone());
+                    if !raw.abandoned.remove(&r.id) =>
+                {
+                    raw.wanted.insert(r.id.clone());
+                }
+                ClientRequest::InitializeRequest(_) => raw.initialize = Some(r.id.clone()),
+                _ => {}
             }
         }
         let line = serde_json::to_vec(&item).map(|mut l| {
@@ -332,11 +409,11 @@ impl Transport<RoleClient> for Lines {
                 return None;
             }
             // What is not JSON-RPC is skipped, as a client does.
-            let Ok(msg) = serde_json::from_slice::<Value>(&line) else {
+            let Ok(mut msg) = serde_json::from_slice::<Value>(&line) else {
                 continue;
             };
             drop(line);
-            self.keep_raw(&msg);
+            self.keep_raw(&mut msg);
             if let Ok(msg) = serde_json::from_value::<ServerJsonRpcMessage>(msg) {
                 return Some(msg);
             }
@@ -373,6 +450,18 @@ impl ClientHandler for Client {
         ))
     }
 
+    /// Not a capability of ours: refused as any method scriptgate does not serve
+    /// (rmcp's default declines, as if a user had).
+    async fn create_elicitation(
+        &self,
+        _: ElicitRequestParams,
+        _: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, rmcp::ErrorData> {
+        Err(rmcp::ErrorData::method_not_found::<
+            ElicitationCreateRequestMethod,
+        >())
+    }
+
     /// A changed tool list wakes whoever watches `Server::tools_changed`.
     async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {
         self.tools_changed.notify_one();
@@ -394,25 +483,25 @@ impl ClientHandler for Client {
 struct Abandon<'a> {
     server: &'a Server,
     id: Option<RequestId>,
+    reason: &'static str,
 }
 
 impl Abandon<'_> {
     /// The call was answered (or failed): take its raw result.
     fn answered(mut self) -> Option<Value> {
         let id = self.id.take()?;
-        self.server.shared.forget(&id)
+        self.server.shared.take(&id)
     }
 }
 
 impl Drop for Abandon<'_> {
+    /// The cancel is sent by a task of its own: writing it may wait on a server
+    /// that does not read, which no call waits for.
     fn drop(&mut self) {
         let Some(id) = self.id.take() else { return };
-        self.server.shared.forget(&id);
+        self.server.shared.abandon(id.clone());
         let peer = self.server.service.peer().clone();
-        let cancel = CancelledNotificationParam::new(
-            Some(id),
-            Some("the script that made the call ended".into()),
-        );
+        let cancel = CancelledNotificationParam::new(Some(id), Some(self.reason.into()));
         self.server.cancels.spawn(async move {
             let _ = peer.notify_cancelled(cancel).await;
         });
@@ -424,6 +513,9 @@ pub struct Server {
     pub name: String,
     service: RunningService<RoleClient, Client>,
     shared: Arc<Shared>,
+    /// The server's stdin, closed at shutdown (rmcp's close waits on a write
+    /// that a server which does not read never lets finish).
+    stdin: Arc<tokio::sync::Mutex<Option<tokio::process::ChildStdin>>>,
     /// The cancels of abandoned calls, sent before the server is shut down.
     cancels: tokio_util::task::TaskTracker,
     child: tokio::sync::Mutex<tokio::process::Child>,
@@ -499,10 +591,11 @@ impl Server {
             closed_with: Default::default(),
             unsent: tokio::sync::watch::Sender::new(0),
         });
+        let stdin = Arc::new(tokio::sync::Mutex::new(Some(stdin)));
         let transport = Lines {
             read: tokio::io::BufReader::with_capacity(64 * 1024, stdout),
             buf: Vec::new(),
-            write: Arc::new(tokio::sync::Mutex::new(Some(stdin))),
+            write: stdin.clone(),
             shared: shared.clone(),
         };
         let tools_changed = Arc::new(tokio::sync::Notify::new());
@@ -521,7 +614,7 @@ impl Server {
                 let why = shared.closed_with.lock().unwrap().clone();
                 let why = why.unwrap_or_else(|| match e {
                     ClientInitializeError::ConnectionClosed(_) => "the server exited".into(),
-                    e => e.to_string(),
+                    e => clip(&e.to_string(), 300),
                 });
                 return Err(err(format!(
                     "initialize failed: {why}{}",
@@ -535,13 +628,16 @@ impl Server {
                 )))
             }
         };
-        let offers_tools = service
-            .peer_info()
+        let info = service.peer_info();
+        let offers_tools = info
+            .as_ref()
             .is_some_and(|i| i.capabilities.tools.is_some());
+        let version = info.map(|i| i.protocol_version.clone());
         let server = Server {
             name: spec.name.clone(),
             service,
             shared,
+            stdin,
             cancels: Default::default(),
             child: tokio::sync::Mutex::new(child),
             pgid,
@@ -549,6 +645,17 @@ impl Server {
             call_timeout,
             tools_changed,
         };
+        if let Some(v) = version.filter(|v| !VERSIONS.contains(v)) {
+            server.shutdown().await;
+            return Err(err(format!(
+                "initialize: the server answered with MCP version {}, which scriptgate does not speak \
+                 (it asks for {}, and takes {} to {})",
+                clip(v.as_str(), 100),
+                ProtocolVersion::V_2025_06_18,
+                VERSIONS[0],
+                VERSIONS[VERSIONS.len() - 1]
+            )));
+        }
         if !offers_tools {
             server.shutdown().await;
             return Err(err("the server offers no tools".into()));
@@ -560,36 +667,42 @@ impl Server {
     async fn request(&self, request: ClientRequest, timeout: Duration) -> Result<Value, LinkError> {
         let name = &self.name;
         let failed = |e: ServiceError| match e {
-            ServiceError::McpError(e) => format!("MCP server {name}: {}", e.message),
-            ServiceError::Timeout { .. } => format!(
-                "MCP server {name} did not answer within {} s",
-                timeout.as_secs()
-            ),
+            ServiceError::McpError(e) => format!("MCP server {name}: {}", clip(&e.message, 4096)),
             ServiceError::TransportClosed | ServiceError::TransportSend(_) => {
                 match self.shared.closed_with.lock().unwrap().clone() {
                     Some(why) => format!("MCP server {name}: {why}"),
                     None => format!("MCP server {name} exited{}", stderr_note(&self.stderr_tail)),
                 }
             }
-            e => format!("MCP server {name}: {e}"),
+            e => format!("MCP server {name}: {}", clip(&e.to_string(), 300)),
         };
-        // On a timeout, rmcp cancels the request at the server itself.
         let handle = self
             .service
             .peer()
-            .send_request_with_option(request, PeerRequestOptions::with_timeout(timeout))
+            .send_request_with_option(request, PeerRequestOptions::no_options())
             .await
             .map_err(|e| LinkError::Answered(failed(e)))?;
-        let guard = Abandon {
+        let mut guard = Abandon {
             server: self,
             id: Some(handle.id.clone()),
+            reason: "the script that made the call ended",
         };
-        let answer = handle.await_response().await;
+        // Our timeout, not rmcp's: rmcp's waits until its cancel is written,
+        // which a server that does not read never lets happen; the guard sends
+        // the cancel without anyone waiting on it.
+        let Ok(answer) = tokio::time::timeout(timeout, handle.await_response()).await else {
+            guard.reason = "timeout";
+            return Err(LinkError::Answered(format!(
+                "MCP server {name} did not answer within {} s",
+                timeout.as_secs()
+            )));
+        };
         let raw = guard.answered();
         match answer {
-            Ok(typed) => Ok(match raw {
-                Some(raw) => raw,
-                None => serde_json::to_value(typed).unwrap_or(Value::Null),
+            Ok(_) => raw.ok_or_else(|| {
+                LinkError::Answered(format!(
+                    "MCP server {name}: an answer whose result scriptgate could not read"
+                ))
             }),
             Err(e) => Err(LinkError::Answered(failed(e))),
         }
@@ -649,7 +762,7 @@ impl Server {
                 Some(c) => {
                     return Err(err(format!(
                         "tools/list: nextCursor {} is not a string (MCP's cursors are)",
-                        crate::protocol::framing::clip(&c.to_string(), 200)
+                        clip(&c.to_string(), 200)
                     )))
                 }
             }
@@ -685,6 +798,9 @@ impl Server {
     pub async fn shutdown(&self) {
         self.cancels.close();
         let _ = tokio::time::timeout(Duration::from_millis(500), self.cancels.wait()).await;
+        if let Ok(mut stdin) = self.stdin.try_lock() {
+            stdin.take();
+        }
         self.service.cancellation_token().cancel();
         let mut child = self.child.lock().await;
         if tokio::time::timeout(Duration::from_millis(500), child.wait())

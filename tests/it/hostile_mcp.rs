@@ -14,7 +14,11 @@ use std::process::Stdio;
 /// `circle` gives two pages that point at each other, `fat` endless pages of
 /// one tool with an 8 MiB description, `huge` answers with one 60 MiB line of
 /// `{}` objects, `flood` 1,000,000 `ping` requests, written by a thread, while it
-/// reads nothing more and exits after 8 s.
+/// reads nothing more and exits after 8 s. For `tools/call`: `stuck` floods pings
+/// for ever and reads nothing more. For `initialize`: `bare` answers with no
+/// `protocolVersion` or `serverInfo` and a `tools` capability that is a list,
+/// `notools` with no capabilities, `future` with MCP 2026-07-28. `strid` answers
+/// with string ids and lists a read-only tool that requires a task.
 const SERVER: &str = r#"
 import json, os, sys, threading, time
 mode = sys.argv[1]
@@ -24,9 +28,21 @@ for line in sys.stdin:
     if "id" not in msg:
         continue
     m, i = msg["method"], msg["id"]
-    if m == "initialize":
-        res = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
-               "serverInfo": {"name": "evil", "version": "1"}}
+    if m == "initialize" and mode == "bare":
+        res = {"capabilities": {"tools": []}}
+    elif m == "initialize" and mode == "notools":
+        res = {}
+    elif m == "initialize":
+        res = {"protocolVersion": "2026-07-28" if mode == "future" else "2025-06-18",
+               "capabilities": {"tools": {}}, "serverInfo": {"name": "evil", "version": "1"}}
+    elif m == "tools/list" and mode in ("strid", "stuck", "bare"):
+        res = {"tools": [{"name": "job", "inputSchema": {"type": "object"},
+                          "annotations": {"readOnlyHint": True},
+                          "execution": {"taskSupport": "required" if mode == "strid" else "forbidden"}}]}
+        i = str(i) if mode == "strid" else i
+    elif m == "tools/call" and mode == "stuck":
+        while True:
+            sys.stdout.write('{"jsonrpc":"2.0","id":"p","method":"ping"}\n' * 1000)
     elif m == "tools/list" and mode == "huge":
         sys.stdout.write('{"jsonrpc":"2.0","id":%d,"result":{"tools":[' % i)
         for _ in range(20):
@@ -61,33 +77,39 @@ for line in sys.stdin:
 
 struct Ran {
     ok: bool,
+    stdout: String,
     stderr: String,
     /// The peak resident set of the CLI (and the server it waited for), KiB.
     max_rss_kib: i64,
 }
 
+fn tools(mode: &str) -> Ran {
+    cli(mode, &["tools"])
+}
+
 // The child is reaped by wait4 (for its rusage), which clippy cannot see.
 #[allow(clippy::zombie_processes)]
-fn tools(mode: &str) -> Ran {
+fn cli(mode: &str, args: &[&str]) -> Ran {
     crate::common::shared();
     let mut f = tempfile::NamedTempFile::new().unwrap();
     f.write_all(SERVER.as_bytes()).unwrap();
     let server = format!("evil=python3 {} {mode}", f.path().display());
-    let child = cli_command(["tools", "--mcp", &server])
+    let child = cli_command(args.iter().copied().chain(["--mcp", &server]))
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let pid = child.id() as i32;
-    let stderr = std::thread::spawn({
-        let mut e = child.stderr.unwrap();
-        move || {
+    let read_all = |mut r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
             let mut s = String::new();
-            std::io::Read::read_to_string(&mut e, &mut s).unwrap();
+            r.read_to_string(&mut s).unwrap();
             s
-        }
-    });
+        })
+    };
+    let stdout = read_all(Box::new(child.stdout.unwrap()));
+    let stderr = read_all(Box::new(child.stderr.unwrap()));
     let mut status = 0;
     // SAFETY: an all-zero rusage is a valid value for the kernel to fill in.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -97,6 +119,7 @@ fn tools(mode: &str) -> Ran {
     assert_eq!(r, pid, "wait4: {}", std::io::Error::last_os_error());
     Ran {
         ok: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        stdout: stdout.join().unwrap(),
         stderr: stderr.join().unwrap(),
         max_rss_kib: usage.ru_maxrss,
     }
@@ -169,5 +192,67 @@ fn a_server_that_floods_requests_and_reads_no_answer_does_not_grow_the_cli() {
         r.max_rss_kib < 96 * 1024,
         "peak RSS {} MiB",
         r.max_rss_kib / 1024
+    );
+}
+
+/// A server that stops reading in the middle of a call and floods: the call
+/// fails at its timeout, and the CLI ends (the cancel it owes the server is
+/// never written, and nobody waits for it).
+#[test]
+fn a_call_to_a_server_that_stops_reading_fails_at_its_timeout() {
+    let script = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        script.path(),
+        "import agent_tools as t\ntry:\n    t.call('evil__job', {})\nexcept t.ToolError as e:\n    print('failed:', e)\n",
+    )
+    .unwrap();
+    let path = script.path().to_str().unwrap();
+    let r = cli("stuck", &["run", "--embedded", "--call-timeout", "2", path]);
+    assert!(r.ok, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains("MCP server evil did not answer within 2 s"),
+        "{}{}",
+        r.stdout,
+        r.stderr
+    );
+}
+
+/// rmcp matches the id "1" to the request 1; the raw page is kept all the
+/// same, with the `execution` rmcp's model has no field for.
+#[test]
+fn string_ids_keep_the_tools_class() {
+    let r = tools("strid");
+    assert!(r.ok, "{}", r.stderr);
+    assert!(
+        r.stdout
+            .lines()
+            .any(|l| l.contains("evil__job") && l.contains("long_task")),
+        "{}",
+        r.stdout
+    );
+}
+
+/// What the client before rmcp took, it still takes; what it refused, it
+/// refuses by name; the error is short whatever the server sent.
+#[test]
+fn initialize_answers_are_read_as_before() {
+    let r = tools("bare");
+    assert!(r.ok, "{}", r.stderr);
+    assert!(r.stdout.contains("evil__job"), "{}", r.stdout);
+    let r = tools("notools");
+    assert!(!r.ok);
+    assert!(
+        r.stderr.contains("the server offers no tools"),
+        "{}",
+        r.stderr
+    );
+    let r = tools("future");
+    assert!(!r.ok);
+    assert!(
+        r.stderr
+            .contains("MCP version 2026-07-28, which scriptgate does not speak"),
+        "{}",
+        r.stderr
     );
 }

@@ -368,8 +368,13 @@ fn prune_removes_only_old_workspaces_scriptgate_created() {
         format!("would remove {}", done.display()),
         "{out}"
     );
+    // Then root's own embedded workspaces: none here.
     assert!(
-        out.ends_with("1 workspace would be removed (unused for more than 30 days); 1 kept (recent or in use)\n"),
+        out.ends_with(&format!(
+            "1 workspace would be removed (unused for more than 30 days); 1 kept (recent or in use)\n\
+             no embedded workspaces of uid 0: {} has no audit store\n",
+            rig.state.join("cli").display()
+        )),
         "{out}"
     );
     assert!(done.exists(), "a dry run removes nothing");
