@@ -761,17 +761,8 @@ impl Store {
         if paths.is_empty() {
             return Ok(());
         }
-        self.write("forget workspaces", move |c| {
-            let tx = c.transaction()?;
-            for p in &paths {
-                tx.execute(
-                    "DELETE FROM workspaces WHERE path = ?1",
-                    [p.display().to_string()],
-                )?;
-            }
-            tx.commit()
-        })
-        .await
+        self.write("forget workspaces", move |c| forget_rows(c, &paths))
+            .await
     }
 
     fn read<T>(
@@ -846,6 +837,45 @@ impl Store {
 
 /// The store holds every script's code: readable by its owner and `reader_gid`
 /// (the admin group, for `scriptgate audit` while the daemon is down), nobody else.
+/// Delete the `workspaces` rows of `paths`, in one transaction (IMMEDIATE: the
+/// write lock is taken, or waited for, before anything is read).
+fn forget_rows(c: &mut Connection, paths: &[PathBuf]) -> rusqlite::Result<()> {
+    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    for p in paths {
+        tx.execute(
+            "DELETE FROM workspaces WHERE path = ?1",
+            [p.display().to_string()],
+        )?;
+    }
+    tx.commit()
+}
+
+/// [`Store::forget_workspaces`] for the CLI (`scriptgate prune`), on the store
+/// at `path` that it read them from, without a [`Store`] (which would migrate
+/// it and recover its interrupted scripts): one short write transaction on a
+/// connection of its own, the store as it is (never created, its journal mode
+/// left alone), waiting up to 5 s for a daemon writing to it at the same time.
+pub fn forget_workspaces_at(path: &Path, paths: &[PathBuf]) -> Result<(), StoreError> {
+    if paths.is_empty() {
+        return Ok(());
+    }
+    let sql = |op| {
+        move |source| StoreError::Sql {
+            path: path.to_path_buf(),
+            op,
+            source,
+        }
+    };
+    let mut c = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(sql("open to forget workspaces"))?;
+    c.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(sql("busy_timeout"))?;
+    forget_rows(&mut c, paths).map_err(sql("forget workspaces"))
+}
+
 fn restrict_access(path: &Path, reader_gid: Option<u32>) {
     for suffix in ["", "-wal", "-shm"] {
         let p = PathBuf::from(format!("{}{suffix}", path.display()));
@@ -873,7 +903,8 @@ const ROW_COLUMNS: &str = "script_id, run_id, runner, peer_uid, peer_pid, run_ui
     workspace, backend, unit, started_at, ended_at, status, exit_code, calls, failures, tool_counts, duration_ms,
     details_dir, memory_peak_bytes, cpu_usec, result, scope";
 
-/// Read-only access for the CLI, also while the daemon is down.
+/// Read-only access for the CLI, also while the daemon is down (its one write,
+/// `scriptgate prune`'s, is [`forget_workspaces_at`]).
 pub struct Reader {
     c: Connection,
     /// `trace_id`, or `NULL AS trace_id` for a store of before v5.
@@ -1573,6 +1604,53 @@ mod tests {
             vec![marked.clone()]
         );
         assert_eq!((v[0].dev, v[0].ino), (m.dev(), m.ino()));
+    }
+
+    /// `scriptgate prune` forgets workspaces in a store a daemon has open and
+    /// is writing to (it waits for the daemon's transaction), and never creates
+    /// a store.
+    #[tokio::test]
+    async fn the_cli_forgets_workspaces_beside_a_running_daemon() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.db");
+        let (s, _) = Store::open(&p, None).unwrap();
+        for (i, w) in ["/r/a", "/r/b", "/r/c"].iter().enumerate() {
+            let mut r = row(&format!("s{i}"));
+            r.workspace = w.to_string();
+            r.vouched = Some((1, i as u64));
+            s.insert_started(r).await.unwrap();
+        }
+        let (held, release) = (
+            std::sync::Arc::new(std::sync::Barrier::new(2)),
+            std::time::Duration::from_millis(300),
+        );
+        let h = held.clone();
+        let daemon = s.write("hold the write lock", move |c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            h.wait();
+            std::thread::sleep(release);
+            tx.commit()
+        });
+        let t = tokio::task::spawn_blocking({
+            let p = p.clone();
+            move || {
+                held.wait();
+                forget_workspaces_at(&p, &["/r/a".into(), "/r/c".into(), "/r/none".into()])
+            }
+        });
+        daemon.await.unwrap();
+        t.await.unwrap().unwrap();
+        let left: Vec<PathBuf> = s
+            .vouched_workspaces()
+            .unwrap()
+            .into_iter()
+            .map(|v| v.path)
+            .collect();
+        assert_eq!(left, vec![PathBuf::from("/r/b")]);
+        let none = d.path().join("none.db");
+        assert!(forget_workspaces_at(&none, &["/r/b".into()]).is_err());
+        assert!(!none.exists(), "no store is created");
+        forget_workspaces_at(&none, &[]).unwrap();
     }
 
     /// Revocations keep at most the bound of each scope, the newest; another

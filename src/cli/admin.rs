@@ -722,6 +722,10 @@ fn prune_system(ctx: &Ctx, dry_run: bool, root: bool) -> Result<(String, u8), Fa
     let p = prune::pruned(&plan, &failed, ws.retain_days, look_only, &ws.roots);
     let mut out = head + &prune::report(&p);
     if root {
+        if !look_only {
+            let db = ctx.config.state.dir.join("scriptgate.db");
+            out.push_str(&forget(&db, &plan, &failed));
+        }
         return Ok((out, pruned_code(&p)));
     }
     // Said plainly: what this uid could not see, and that nothing was removed.
@@ -799,7 +803,36 @@ fn prune_embedded(
         prune::run_pass(&roots, &vouched, days, &in_use)
     };
     let p = prune::pruned(&plan, &failed, days, dry_run, &roots);
-    Ok(Some((head + &prune::report(&p), pruned_code(&p))))
+    let mut out = head + &prune::report(&p);
+    if !dry_run {
+        out.push_str(&forget(&db, &plan, &failed));
+    }
+    Ok(Some((out, pruned_code(&p))))
+}
+
+/// After a pass that removed, forget in the store `db` (the one the pass read)
+/// what the daemon's own pass forgets (crate::daemon::prune::to_forget): else
+/// they stay recorded and come back as gone at every pass. Nothing when that
+/// worked; a warning line when it did not (the exit status stays the pass's).
+fn forget(
+    db: &Path,
+    plan: &crate::daemon::prune::Plan,
+    failed: &[(PathBuf, std::io::Error)],
+) -> String {
+    let paths = crate::daemon::prune::to_forget(plan, failed);
+    match crate::audit::forget_workspaces_at(db, &paths) {
+        Ok(()) => String::new(),
+        Err(e) => format!(
+            "warning: could not forget {} removed or gone {} in the audit store: {e}; \
+             they stay recorded (a later pass tries again)\n",
+            paths.len(),
+            if paths.len() == 1 {
+                "workspace"
+            } else {
+                "workspaces"
+            }
+        ),
+    }
 }
 
 /// `scriptgate audit backup FILE`.

@@ -1651,13 +1651,7 @@ impl Daemon {
         .await
         .map_err(|e| RpcError::internal(e.to_string()))?;
         if !dry_run {
-            let forget = plan
-                .expired
-                .iter()
-                .filter(|c| !failed.iter().any(|(p, _)| *p == c.path))
-                .map(|c| c.path.clone())
-                .chain(plan.gone.iter().cloned())
-                .collect();
+            let forget = prune::to_forget(&plan, &failed);
             if let Err(e) = self.store.forget_workspaces(forget).await {
                 tracing::warn!("workspace retention: {e}");
             }

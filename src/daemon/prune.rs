@@ -1,7 +1,8 @@
 //! Workspace retention (`[workspace] retain_days`, `scriptgate prune`). Only the
 //! workspaces scriptgate itself created are ever removed, and only the daemon's
-//! own state vouches for one: the audit store's `workspaces` table, which only the
-//! daemon writes. The daemon records a workspace there when a script starts in it
+//! own state vouches for one: the audit store's `workspaces` table, to which only
+//! the daemon adds (`scriptgate prune` only forgets there what it removed or
+//! found gone, [`to_forget`]). The daemon records a workspace there when a script starts in it
 //! and the workspace carries the marker `.agent/workspace.json` (written when
 //! `scriptgate run` made it, without `--workspace`), the marker is the engine's
 //! own (or root's), and the directory belongs to the uid the scripts run as
@@ -452,6 +453,19 @@ pub fn run_pass(
     (plan, failed)
 }
 
+/// What the store forgets after a pass that removed (not a dry run): the expired
+/// workspaces removed without error, and those certainly gone. The daemon's pass
+/// and `scriptgate prune`'s both forget these; a workspace that could not be
+/// removed, or looked at, stays recorded.
+pub fn to_forget(plan: &Plan, failed: &[(PathBuf, io::Error)]) -> Vec<PathBuf> {
+    plan.expired
+        .iter()
+        .filter(|c| !failed.iter().any(|(p, _)| *p == c.path))
+        .map(|c| c.path.clone())
+        .chain(plan.gone.iter().cloned())
+        .collect()
+}
+
 /// A pass as `admin.prune` answers it (and `scriptgate prune` prints it).
 pub fn pruned(
     plan: &Plan,
@@ -619,6 +633,31 @@ mod tests {
         assert!(plan.more);
         assert_eq!(plan.kept, 2, "in use, recent");
         assert_eq!(plan.expired[0].last_used_ms, 0, "oldest first");
+    }
+
+    #[test]
+    fn what_is_forgotten_is_what_was_removed_and_what_is_gone() {
+        let c = |p: &str| Created {
+            path: PathBuf::from(p),
+            last_used_ms: 0,
+            ident: (1, 1),
+            owner: PathBuf::from("/r/1006"),
+            in_use: false,
+        };
+        let plan = Plan {
+            expired: vec![c("/r/1006/a"), c("/r/1006/b"), c("/r/1006/c")],
+            kept: 4,
+            more: false,
+            gone: vec![PathBuf::from("/r/1006/gone")],
+            unknown: vec![(PathBuf::from("/r/1006/dark"), io::Error::other("EIO"))],
+        };
+        let failed = vec![(PathBuf::from("/r/1006/b"), io::Error::other("busy"))];
+        assert_eq!(
+            to_forget(&plan, &failed),
+            ["/r/1006/a", "/r/1006/c", "/r/1006/gone"].map(PathBuf::from),
+            "not one that could not be removed, nor one that could not be looked at"
+        );
+        assert_eq!(to_forget(&Plan::default(), &[]), Vec::<PathBuf>::new());
     }
 
     #[test]

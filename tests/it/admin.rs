@@ -223,6 +223,23 @@ fn age(ws: &Path, db: &Path, days: u64) {
         .unwrap();
 }
 
+/// The workspaces the store `db` records (its `workspaces` table), sorted.
+fn recorded(db: &Path) -> Vec<PathBuf> {
+    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .unwrap();
+    c.busy_timeout(Duration::from_secs(10)).unwrap();
+    let mut s = c
+        .prepare("SELECT path FROM workspaces ORDER BY path")
+        .unwrap();
+    let rows = s.query_map([], |r| r.get::<_, String>(0)).unwrap();
+    rows.map(|r| PathBuf::from(r.unwrap())).collect()
+}
+
+fn sorted(mut v: Vec<PathBuf>) -> Vec<PathBuf> {
+    v.sort();
+    v
+}
+
 fn time_server() -> String {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/venv/bin/mcp-server-time");
     assert!(p.exists(), "run tools/install-deps first");
@@ -356,6 +373,7 @@ fn an_administrators_prune_goes_through_the_daemon_or_says_what_it_cannot_see() 
     assert_eq!(code, Some(11), "{out}");
     assert!(out.contains("nothing was removed"), "{out}");
     assert!(later.exists());
+    assert_eq!(recorded(&db), vec![later.clone()], "nor forgotten");
     // Root, the daemon down, sees it itself.
     let (code, out) = prune_as(&rig, 0, 0, true, None);
     assert_eq!(code, Some(0), "{out}");
@@ -363,6 +381,16 @@ fn an_administrators_prune_goes_through_the_daemon_or_says_what_it_cannot_see() 
         out.contains(&format!("would remove {}", later.display())),
         "{out}"
     );
+    // And removes it, and forgets it in the daemon's store as the daemon would.
+    let (code, out) = prune_as(&rig, 0, 0, false, None);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(&format!("removed {} (last used ", later.display())),
+        "{out}"
+    );
+    assert!(!out.contains("warning"), "{out}");
+    assert!(!later.exists());
+    assert_eq!(recorded(&db), Vec::<PathBuf>::new());
 }
 
 /// Item 11: a user's `scriptgate prune` prunes their own embedded workspaces
@@ -417,7 +445,22 @@ fn a_users_prune_covers_their_embedded_workspaces() {
         out.contains(&format!("removed {} (last used ", ws.display())),
         "{out}"
     );
+    assert!(!out.contains("warning"), "{out}");
     assert!(!ws.exists() && kept.exists());
+    assert_eq!(
+        recorded(&db),
+        vec![kept.clone()],
+        "the removed one is forgotten"
+    );
+    // One removed by hand is gone: forgotten by the next pass.
+    std::fs::remove_dir_all(&kept).unwrap();
+    let (code, out) = prune_as(&rig, 40005, 40005, false, Some(&home));
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("0 workspaces removed (unused for more than 30 days); 0 kept"),
+        "{out}"
+    );
+    assert_eq!(recorded(&db), Vec::<PathBuf>::new(), "{out}");
 }
 
 /// Root's `scriptgate prune` prunes root's embedded workspaces too (`scriptgate
@@ -482,7 +525,42 @@ fn roots_prune_covers_roots_embedded_workspaces() {
         mine.contains(&format!("removed {} (last used ", ws.display())),
         "{out}"
     );
+    assert!(!out.contains("warning"), "{out}");
     assert!(!ws.exists() && kept.exists() && third.exists());
+    // Forgotten by the embedded store it was recorded in: a later pass does not
+    // come back to it (as gone), and the table shrinks.
+    let db = state.join("scriptgate.db");
+    assert_eq!(recorded(&db), sorted(vec![kept.clone(), third.clone()]));
+    let (code, out) = prune_as(&rig, 0, 0, true, None);
+    assert_eq!(code, Some(0), "{out}");
+    let mine = &out[out.find(&head).unwrap_or_else(|| panic!("{out}"))..];
+    assert!(!mine.contains(&ws.display().to_string()), "{out}");
+    assert!(
+        mine.contains("0 workspaces would be removed (unused for more than 30 days); 2 kept"),
+        "{out}"
+    );
+    // The forget failing is said, and the pass still succeeds: a store whose
+    // `workspaces` table cannot be written to (a trigger refuses).
+    age(&kept, &db, 40);
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER no_forget BEFORE DELETE ON workspaces BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
+    let (code, out) = prune_as(&rig, 0, 0, false, None);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(&format!("removed {} (last used ", kept.display())),
+        "{out}"
+    );
+    assert!(
+        out.contains("warning: could not forget 1 removed or gone workspace in the audit store: "),
+        "{out}"
+    );
+    assert!(out.contains("refused by the test"), "{out}");
+    assert!(!kept.exists());
+    assert_eq!(recorded(&db).len(), 2);
 }
 
 /// `scriptgate ps`: what a running script holds now. On the rig's backend
