@@ -835,8 +835,6 @@ impl Store {
     }
 }
 
-/// The store holds every script's code: readable by its owner and `reader_gid`
-/// (the admin group, for `scriptgate audit` while the daemon is down), nobody else.
 /// Delete the `workspaces` rows of `paths`, in one transaction (IMMEDIATE: the
 /// write lock is taken, or waited for, before anything is read).
 fn forget_rows(c: &mut Connection, paths: &[PathBuf]) -> rusqlite::Result<()> {
@@ -876,6 +874,8 @@ pub fn forget_workspaces_at(path: &Path, paths: &[PathBuf]) -> Result<(), StoreE
     forget_rows(&mut c, paths).map_err(sql("forget workspaces"))
 }
 
+/// The store holds every script's code: readable by its owner and `reader_gid`
+/// (the admin group, for `scriptgate audit` while the daemon is down), nobody else.
 fn restrict_access(path: &Path, reader_gid: Option<u32>) {
     for suffix in ["", "-wal", "-shm"] {
         let p = PathBuf::from(format!("{}{suffix}", path.display()));
