@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The MCP client of `scriptgate run`, timed: one script that makes 2000 calls
-(`call_many`, 4 in flight) to the fleet MCP server, run with `scriptgate run
---embedded` several times, and, given a second binary (the build before a
+(`call_many`, 4 in flight; `--calls N` raises `--max-calls` to match) to the
+fleet MCP server, run with `scriptgate run --embedded` several times, and, given a second binary (the build before a
 change), the two in turn, A B A B, with the ratio pair by pair. What is timed is
 the whole process: the server's start and handshake, tools/list, the embedded
 daemon, the sandbox and Python, and the 2000 tools/call round trips.
@@ -19,12 +19,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FLEET = f"fleet=python3 {REPO / 'examples' / 'fleet' / 'fleet_server.py'}"
+CALLS = 2000
 
 
 def once(binary: str, script: Path) -> float:
     t = time.monotonic()
     r = subprocess.run(
-        [binary, "run", "--embedded", "--mcp", FLEET, str(script)],
+        [binary, "run", "--embedded", "--max-calls", str(CALLS), "--mcp", FLEET, str(script)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -47,6 +48,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=2000)
     a = p.parse_args()
+    global CALLS
+    CALLS = a.calls
     with tempfile.TemporaryDirectory() as d:
         script = Path(d) / "calls.py"
         script.write_text(

@@ -13,7 +13,7 @@ use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientCapabilities,
     ClientConfig, ClientJsonRpcMessage, ClientRequest, ElicitRequestParams, ElicitResult,
     ElicitationCreateRequestMethod, Implementation, JsonRpcMessage, ListToolsRequest,
-    PaginatedRequestParams, ProtocolVersion, RequestId, ServerJsonRpcMessage,
+    PaginatedRequestParams, ProtocolVersion, RequestId, ServerJsonRpcMessage, ServerResult,
 };
 // MCP's next version drops roots (SEP-2577); the servers of 2025-06-18 that
 // scriptgate speaks to may still ask for them.
@@ -313,31 +313,30 @@ impl Lines {
         *self.shared.closed_with.lock().unwrap() = Some(why);
     }
 
-    /// Keep the raw result of an answer to a request in `wanted`, leaving rmcp
-    /// `{}` to parse in its place; read the answer to `initialize` leniently.
-    fn keep_raw(&self, msg: &mut Value) {
-        let Some(id) = msg.get("id").cloned() else {
-            return;
-        };
-        let Ok(mut id) = serde_json::from_value::<RequestId>(id) else {
-            return;
-        };
+    /// Keep the raw result of an answer to a request in `wanted`, and give its
+    /// id: rmcp is then handed an empty result (its model of the result is not
+    /// used, and parsing it costs more than the rest of a call). Read the answer
+    /// to `initialize` leniently.
+    fn keep_raw(&self, msg: &mut Value) -> Option<RequestId> {
+        let id = msg.get("id")?.clone();
+        let mut id = serde_json::from_value::<RequestId>(id).ok()?;
         // rmcp matches the id "3" to the request 3; so does this.
         if let RequestId::String(s) = &id {
             if let Ok(n) = s.parse::<i64>() {
                 id = RequestId::Number(n);
             }
         }
-        let Some(result) = msg.get_mut("result") else {
-            return;
-        };
+        let result = msg.get_mut("result")?;
         let mut raw = self.shared.raw.lock().unwrap();
         if raw.wanted.remove(&id) {
-            raw.results.insert(id, std::mem::replace(result, json!({})));
-        } else if raw.initialize.as_ref() == Some(&id) {
+            raw.results.insert(id.clone(), result.take());
+            return Some(id);
+        }
+        if raw.initialize.as_ref() == Some(&id) {
             raw.initialize = None;
             lenient_initialize(result);
         }
+        None
     }
 }
 
@@ -413,7 +412,9 @@ impl Transport<RoleClient> for Lines {
                 continue;
             };
             drop(line);
-            self.keep_raw(&mut msg);
+            if let Some(id) = self.keep_raw(&mut msg) {
+                return Some(ServerJsonRpcMessage::response(ServerResult::empty(()), id));
+            }
             if let Ok(msg) = serde_json::from_value::<ServerJsonRpcMessage>(msg) {
                 return Some(msg);
             }
