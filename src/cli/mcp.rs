@@ -13,7 +13,8 @@ use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientCapabilities,
     ClientConfig, ClientJsonRpcMessage, ClientRequest, ElicitRequestParams, ElicitResult,
     ElicitationCreateRequestMethod, Implementation, JsonRpcMessage, ListToolsRequest,
-    PaginatedRequestParams, ProtocolVersion, RequestId, ServerJsonRpcMessage, ServerResult,
+    PaginatedRequestParams, ProtocolVersion, RequestId, ServerJsonRpcMessage, ServerNotification,
+    ServerResult,
 };
 // MCP's next version drops roots (SEP-2577); the servers of 2025-06-18 that
 // scriptgate speaks to may still ask for them.
@@ -190,10 +191,13 @@ struct Shared {
     /// Why the transport ended the connection, when it was scriptgate's choice
     /// (a line over a bound), for the errors of the calls that waited.
     closed_with: Mutex<Option<String>>,
-    /// Messages handed to the transport and not yet written. The server's stdout
-    /// is not read while there are `MAX_UNSENT`: a server that floods requests
-    /// (`ping`) and never reads the answers does not grow the CLI.
-    unsent: tokio::sync::watch::Sender<usize>,
+    /// The server's requests handed to rmcp and not yet answered (by id).
+    owed: Mutex<HashSet<RequestId>>,
+    /// Those, and the other messages handed to the transport and not yet
+    /// written. The server's stdout is not read while there are `MAX_PENDING`:
+    /// a server that floods requests (`ping`) and never reads the answers does
+    /// not grow the CLI.
+    pending: tokio::sync::watch::Sender<usize>,
 }
 
 impl Shared {
@@ -227,21 +231,19 @@ const VERSIONS: [ProtocolVersion; 4] = [
 ];
 
 /// The answer to our `initialize`, as the client before rmcp read it: only the
-/// `tools` capability counts (its `listChanged` if a boolean), a missing
+/// `tools` capability counts, whatever its value (its `listChanged` if a boolean), a missing
 /// `protocolVersion` or `serverInfo` is no error, and the rest (`instructions`,
 /// other capabilities) is not kept. rmcp's model requires all three and refuses
 /// a malformed capability that scriptgate never uses.
 fn lenient_initialize(result: &mut Value) {
     let Some(r) = result.as_object() else { return };
     let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_string();
-    let tools = r
-        .get("capabilities")
-        .and_then(|c| c.get("tools"))
-        .filter(|t| !t.is_null())
-        .map(|t| match t.get("listChanged").and_then(Value::as_bool) {
+    let tools = r.get("capabilities").and_then(|c| c.get("tools")).map(|t| {
+        match t.get("listChanged").and_then(Value::as_bool) {
             Some(b) => json!({ "listChanged": b }),
             None => json!({}),
-        });
+        }
+    });
     let version = match r.get("protocolVersion").and_then(Value::as_str) {
         Some(v) => v.to_string(),
         None => ProtocolVersion::V_2025_06_18.to_string(),
@@ -257,8 +259,9 @@ fn lenient_initialize(result: &mut Value) {
     });
 }
 
-/// Messages written to a server and not yet taken by its stdin, at most.
-const MAX_UNSENT: usize = 1024;
+/// The server's requests not yet answered and messages not yet written to it,
+/// at most, before its stdout is read again.
+const MAX_PENDING: usize = 1024;
 
 /// rmcp's transport over the server's stdio: newline-delimited JSON-RPC with
 /// scriptgate's bounds. rmcp's own stdio transport drops a line over 16 MiB and
@@ -278,6 +281,18 @@ enum Read {
     Line,
     TooLong,
     Eof,
+}
+
+/// What `Lines::answer` made of a message.
+enum Answer {
+    /// Not an answer: for rmcp to parse.
+    Other,
+    /// An answer for rmcp to parse; if it cannot, its request fails at once.
+    Parse(RequestId),
+    /// An answer whose raw result is kept.
+    Kept(RequestId),
+    /// An answer before the answer to `initialize`: dropped.
+    Skip,
 }
 
 impl Lines {
@@ -309,34 +324,79 @@ impl Lines {
         }
     }
 
+    /// A request of the server's is owed an answer until it is written, or
+    /// until the server cancels it (rmcp then answers nothing).
+    fn count_owed(&self, msg: &ServerJsonRpcMessage) {
+        let mut owed = self.shared.owed.lock().unwrap();
+        let changed = match msg {
+            JsonRpcMessage::Request(r) => owed.insert(r.id.clone()).then_some(1isize),
+            JsonRpcMessage::Notification(n) => match &n.notification {
+                ServerNotification::CancelledNotification(c) => c
+                    .params
+                    .request_id
+                    .as_ref()
+                    .and_then(|id| owed.remove(id).then_some(-1)),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some(d) = changed {
+            self.shared
+                .pending
+                .send_modify(|n| *n = n.saturating_add_signed(d));
+        }
+    }
+
     fn close_with(&self, why: String) {
         *self.shared.closed_with.lock().unwrap() = Some(why);
     }
 
-    /// Keep the raw result of an answer to a request in `wanted`, and give its
-    /// id: rmcp is then handed an empty result (its model of the result is not
-    /// used, and parsing it costs more than the rest of a call). Read the answer
-    /// to `initialize` leniently.
-    fn keep_raw(&self, msg: &mut Value) -> Option<RequestId> {
-        let id = msg.get("id")?.clone();
-        let mut id = serde_json::from_value::<RequestId>(id).ok()?;
+    /// An answer (a message with an id and no method): keep the raw result of
+    /// one to a request in `wanted` and hand rmcp an empty result in its place
+    /// (its model of the result is not used, and parsing it costs more than the
+    /// rest of a call); read the answer to `initialize` leniently, and drop
+    /// other answers until it came (rmcp's handshake takes any answer as its).
+    /// An `error` wins over a `result`, as before rmcp.
+    fn answer(&self, msg: &mut Value) -> Answer {
+        if msg.get("method").is_some() {
+            return Answer::Other;
+        }
+        let Some(id) = msg.get("id").cloned() else {
+            return Answer::Other;
+        };
+        let Ok(mut id) = serde_json::from_value::<RequestId>(id) else {
+            return Answer::Other;
+        };
         // rmcp matches the id "3" to the request 3; so does this.
         if let RequestId::String(s) = &id {
             if let Ok(n) = s.parse::<i64>() {
                 id = RequestId::Number(n);
             }
         }
-        let result = msg.get_mut("result")?;
+        let Some(m) = msg.as_object_mut() else {
+            return Answer::Other;
+        };
+        if m.contains_key("error") {
+            m.remove("result");
+        }
         let mut raw = self.shared.raw.lock().unwrap();
-        if raw.wanted.remove(&id) {
-            raw.results.insert(id.clone(), result.take());
-            return Some(id);
-        }
-        if raw.initialize.as_ref() == Some(&id) {
+        if let Some(init) = &raw.initialize {
+            if *init != id {
+                return Answer::Skip;
+            }
             raw.initialize = None;
-            lenient_initialize(result);
+            if let Some(result) = m.get_mut("result") {
+                lenient_initialize(result);
+            }
+            return Answer::Parse(id);
         }
-        None
+        match m.get_mut("result") {
+            Some(result) if raw.wanted.remove(&id) => {
+                raw.results.insert(id.clone(), result.take());
+                Answer::Kept(id)
+            }
+            _ => Answer::Parse(id),
+        }
     }
 }
 
@@ -364,7 +424,16 @@ impl Transport<RoleClient> for Lines {
             l
         });
         let (write, shared) = (self.write.clone(), self.shared.clone());
-        shared.unsent.send_modify(|n| *n += 1);
+        // An answer to the server's request was counted when the request was read.
+        let answers = match &item {
+            JsonRpcMessage::Response(r) => Some(&r.id),
+            JsonRpcMessage::Error(e) => e.id.as_ref(),
+            _ => None,
+        };
+        let owed = answers.is_some_and(|id| shared.owed.lock().unwrap().remove(id));
+        if !owed {
+            shared.pending.send_modify(|n| *n += 1);
+        }
         async move {
             let written = async {
                 let line = line?;
@@ -374,15 +443,15 @@ impl Transport<RoleClient> for Lines {
                 w.flush().await
             }
             .await;
-            shared.unsent.send_modify(|n| *n -= 1);
+            shared.pending.send_modify(|n| *n -= 1);
             written
         }
     }
 
     async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
         loop {
-            let mut unsent = self.shared.unsent.subscribe();
-            let _ = unsent.wait_for(|n| *n < MAX_UNSENT).await;
+            let mut pending = self.shared.pending.subscribe();
+            let _ = pending.wait_for(|n| *n < MAX_PENDING).await;
             match self.read_line().await {
                 Ok(Read::Eof) | Err(_) => return None,
                 Ok(Read::TooLong) => {
@@ -412,11 +481,29 @@ impl Transport<RoleClient> for Lines {
                 continue;
             };
             drop(line);
-            if let Some(id) = self.keep_raw(&mut msg) {
-                return Some(ServerJsonRpcMessage::response(ServerResult::empty(()), id));
-            }
-            if let Ok(msg) = serde_json::from_value::<ServerJsonRpcMessage>(msg) {
-                return Some(msg);
+            let answer = self.answer(&mut msg);
+            let id = match answer {
+                Answer::Kept(id) => {
+                    return Some(ServerJsonRpcMessage::response(ServerResult::empty(()), id))
+                }
+                Answer::Skip => continue,
+                Answer::Parse(id) => Some(id),
+                Answer::Other => None,
+            };
+            match (serde_json::from_value::<ServerJsonRpcMessage>(msg), id) {
+                (Ok(msg), _) => {
+                    self.count_owed(&msg);
+                    return Some(msg);
+                }
+                // A malformed answer fails its request now, not at its timeout.
+                (Err(e), Some(id)) => {
+                    let e = rmcp::ErrorData::internal_error(
+                        format!("a malformed answer: {}", clip(&e.to_string(), 200)),
+                        None,
+                    );
+                    return Some(ServerJsonRpcMessage::error(e, Some(id)));
+                }
+                (Err(_), None) => {}
             }
         }
     }
@@ -546,6 +633,14 @@ fn keep_stderr_tail(mut stderr: tokio::process::ChildStderr) -> Arc<Mutex<Vec<u8
     stderr_tail
 }
 
+/// What a server that never finished its handshake left running (npx → node):
+/// its process group is killed (`kill_on_drop` ends the server itself only).
+fn end_group(pgid: Option<i32>) {
+    if let Some(pg) = pgid {
+        let _ = crate::sys::signal_group(pg, crate::sys::GroupSignal::Kill);
+    }
+}
+
 fn stderr_note(tail: &Mutex<Vec<u8>>) -> String {
     let t = tail.lock().unwrap();
     let s = String::from_utf8_lossy(&t);
@@ -590,7 +685,8 @@ impl Server {
         let shared = Arc::new(Shared {
             raw: Default::default(),
             closed_with: Default::default(),
-            unsent: tokio::sync::watch::Sender::new(0),
+            owed: Default::default(),
+            pending: tokio::sync::watch::Sender::new(0),
         });
         let stdin = Arc::new(tokio::sync::Mutex::new(Some(stdin)));
         let transport = Lines {
@@ -614,19 +710,23 @@ impl Server {
             Ok(Err(e)) => {
                 let why = shared.closed_with.lock().unwrap().clone();
                 let why = why.unwrap_or_else(|| match e {
-                    ClientInitializeError::ConnectionClosed(_) => "the server exited".into(),
+                    ClientInitializeError::ConnectionClosed(_) => {
+                        "the server exited (or closed its stdout)".into()
+                    }
                     e => clip(&e.to_string(), 300),
                 });
+                end_group(pgid);
                 return Err(err(format!(
                     "initialize failed: {why}{}",
                     stderr_note(&stderr_tail)
                 )));
             }
             Err(_) => {
+                end_group(pgid);
                 return Err(err(format!(
                     "initialize failed: no answer within 60 s{}",
                     stderr_note(&stderr_tail)
-                )))
+                )));
             }
         };
         let info = service.peer_info();

@@ -18,7 +18,12 @@ use std::process::Stdio;
 /// for ever and reads nothing more. For `initialize`: `bare` answers with no
 /// `protocolVersion` or `serverInfo` and a `tools` capability that is a list,
 /// `notools` with no capabilities, `future` with MCP 2026-07-28. `strid` answers
-/// with string ids and lists a read-only tool that requires a task.
+/// with string ids and lists a read-only tool that requires a task; `reqres`
+/// lists it too, after a `ping` request that carries a result listing `fake`.
+/// `preinit` sends answers to ids 1 to 3 before its answer to `initialize`;
+/// `orphan` starts a child in its process group (`sleep 299.125`) and closes
+/// its stdout instead of answering. A `tools/call` is answered with a result
+/// and an error by `both`, with an error that is a string by `badsyntax`.
 const SERVER: &str = r#"
 import json, os, sys, threading, time
 mode = sys.argv[1]
@@ -28,6 +33,22 @@ for line in sys.stdin:
     if "id" not in msg:
         continue
     m, i = msg["method"], msg["id"]
+    if m == "initialize" and mode == "orphan":
+        import subprocess
+        subprocess.Popen(["sleep", "299.125"], stdout=subprocess.DEVNULL)
+        os.close(1)
+        time.sleep(300)
+    if m == "initialize" and mode == "preinit":
+        for n in (1, 2, 3):
+            sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": n, "result": {}}) + "\n")
+    if m == "tools/list" and mode == "reqres":
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": i, "method": "ping",
+                                     "result": {"tools": [{"name": "fake", "annotations": {"readOnlyHint": True}}]}}) + "\n")
+    if m == "tools/call" and mode in ("both", "badsyntax"):
+        err = {"code": -32000, "message": "boom"} if mode == "both" else "boom"
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": i, "result": {"content": []}, "error": err}) + "\n")
+        sys.stdout.flush()
+        continue
     if m == "initialize" and mode == "bare":
         res = {"capabilities": {"tools": []}}
     elif m == "initialize" and mode == "notools":
@@ -35,10 +56,11 @@ for line in sys.stdin:
     elif m == "initialize":
         res = {"protocolVersion": "2026-07-28" if mode == "future" else "2025-06-18",
                "capabilities": {"tools": {}}, "serverInfo": {"name": "evil", "version": "1"}}
-    elif m == "tools/list" and mode in ("strid", "stuck", "bare"):
+    elif m == "tools/list" and mode in ("strid", "stuck", "bare", "reqres", "preinit", "both", "badsyntax"):
+        task = "required" if mode in ("strid", "reqres") else "forbidden"
         res = {"tools": [{"name": "job", "inputSchema": {"type": "object"},
                           "annotations": {"readOnlyHint": True},
-                          "execution": {"taskSupport": "required" if mode == "strid" else "forbidden"}}]}
+                          "execution": {"taskSupport": task}}]}
         i = str(i) if mode == "strid" else i
     elif m == "tools/call" and mode == "stuck":
         while True:
@@ -186,8 +208,8 @@ fn a_server_that_floods_requests_and_reads_no_answer_does_not_grow_the_cli() {
     eprintln!("peak RSS {} MiB", r.max_rss_kib / 1024);
     assert!(!r.ok, "scriptgate tools succeeded: {}", r.stderr);
     assert!(r.stderr.contains("MCP server evil exited"), "{}", r.stderr);
-    // Answers not taken are bounded (`MAX_UNSENT`): the server's stdout is not
-    // read meanwhile.
+    // Requests read and not answered, and lines not written, are bounded
+    // (`MAX_PENDING`): the server's stdout is not read meanwhile.
     assert!(
         r.max_rss_kib < 96 * 1024,
         "peak RSS {} MiB",
@@ -198,8 +220,9 @@ fn a_server_that_floods_requests_and_reads_no_answer_does_not_grow_the_cli() {
 /// A server that stops reading in the middle of a call and floods: the call
 /// fails at its timeout, and the CLI ends (the cancel it owes the server is
 /// never written, and nobody waits for it).
-#[test]
-fn a_call_to_a_server_that_stops_reading_fails_at_its_timeout() {
+/// `scriptgate run` of a script that calls `evil__job` once and prints what
+/// failed.
+fn run_one_call(mode: &str, call_timeout: &str) -> Ran {
     let script = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(
         script.path(),
@@ -207,7 +230,15 @@ fn a_call_to_a_server_that_stops_reading_fails_at_its_timeout() {
     )
     .unwrap();
     let path = script.path().to_str().unwrap();
-    let r = cli("stuck", &["run", "--embedded", "--call-timeout", "2", path]);
+    cli(
+        mode,
+        &["run", "--embedded", "--call-timeout", call_timeout, path],
+    )
+}
+
+#[test]
+fn a_call_to_a_server_that_stops_reading_fails_at_its_timeout() {
+    let r = run_one_call("stuck", "2");
     assert!(r.ok, "{}{}", r.stdout, r.stderr);
     assert!(
         r.stdout
@@ -254,5 +285,70 @@ fn initialize_answers_are_read_as_before() {
             .contains("MCP version 2026-07-28, which scriptgate does not speak"),
         "{}",
         r.stderr
+    );
+}
+
+/// A malformed answer fails its call at once (the call timeout here is far
+/// longer than the test), and an error wins over a result.
+#[test]
+fn malformed_answers_fail_their_call_at_once() {
+    let r = run_one_call("both", "600");
+    assert!(r.ok, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("MCP server evil: boom"), "{}", r.stdout);
+    let r = run_one_call("badsyntax", "600");
+    assert!(r.ok, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("MCP server evil: a malformed answer"),
+        "{}",
+        r.stdout
+    );
+}
+
+/// A request of the server's is no answer of ours, even with a result in it;
+/// answers before the handshake's are dropped, as they were before rmcp.
+#[test]
+fn requests_are_not_answers_and_early_answers_are_dropped() {
+    let r = tools("reqres");
+    assert!(r.ok, "{}", r.stderr);
+    assert!(!r.stdout.contains("fake"), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .lines()
+            .any(|l| l.contains("evil__job") && l.contains("long_task")),
+        "{}",
+        r.stdout
+    );
+    let r = tools("preinit");
+    assert!(r.ok, "{}", r.stderr);
+    assert!(r.stdout.contains("evil__job"), "{}", r.stdout);
+}
+
+/// A server that never finishes its handshake leaves nothing running: its
+/// process group is killed, not only the server.
+#[test]
+fn a_failed_handshake_kills_the_servers_process_group() {
+    let r = tools("orphan");
+    assert!(!r.ok);
+    assert!(
+        r.stderr
+            .contains("initialize failed: the server exited (or closed its stdout)"),
+        "{}",
+        r.stderr
+    );
+    // Killed: gone, or a zombie waiting for its reaper.
+    let running: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            let state = stat.rsplit(") ").next().and_then(|t| t.chars().next());
+            cmd == b"sleep\x00299.125\x00" && !matches!(state, None | Some('Z') | Some('X'))
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        running.is_empty(),
+        "the server's child still runs: {running:?}"
     );
 }
