@@ -231,10 +231,10 @@ const VERSIONS: [ProtocolVersion; 4] = [
 ];
 
 /// The answer to our `initialize`, as the client before rmcp read it: only the
-/// `tools` capability counts, whatever its value (its `listChanged` if a boolean), a missing
-/// `protocolVersion` or `serverInfo` is no error, and the rest (`instructions`,
-/// other capabilities) is not kept. rmcp's model requires all three and refuses
-/// a malformed capability that scriptgate never uses.
+/// `tools` capability counts, whatever its value (its `listChanged` if a
+/// boolean), a missing `protocolVersion` or `serverInfo` is no error, and the
+/// rest (`instructions`, other capabilities) is not kept. rmcp's model requires
+/// all three and refuses a malformed capability that scriptgate never uses.
 fn lenient_initialize(result: &mut Value) {
     let Some(r) = result.as_object() else { return };
     let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_string();
