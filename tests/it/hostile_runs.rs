@@ -691,7 +691,15 @@ fn prune(rig: &Rig) -> String {
         head.starts_with("workspaces under ") && head.ends_with(&by),
         "{out}"
     );
-    report.to_string()
+    // Then root's own embedded workspaces: none under this rig.
+    let embedded = format!(
+        "no embedded workspaces of uid 0: {} has no audit store\n",
+        rig.state.join("cli").display()
+    );
+    report
+        .strip_suffix(&embedded)
+        .unwrap_or_else(|| panic!("no line for root's embedded workspaces: {out}"))
+        .to_string()
 }
 
 /// A marker is no longer enough: `scriptgate prune` removes a workspace only if
