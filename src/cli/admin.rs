@@ -701,31 +701,14 @@ fn prune_system(ctx: &Ctx, dry_run: bool, root: bool) -> Result<(String, u8), Fa
             exit::OK,
         ));
     }
-    let reader = ctx.reader()?;
-    let store = |e: rusqlite::Error| Failure::setup(e.to_string());
-    let busy = reader.running_workspaces().map_err(store)?;
-    // Only what the daemon recorded as scriptgate's own (crate::daemon::prune).
-    let vouched = reader.vouched_workspaces().map_err(store)?;
-    let in_use = |p: &Path| busy.iter().any(|b| Path::new(b).starts_with(p));
     // An administrator who is not root removes nothing: the workspaces are
     // their engines' (the daemon removes them, or root).
     let look_only = dry_run || !root;
-    let (plan, failed) = if look_only {
-        let now = crate::time::now_ms();
-        (
-            prune::plan(&ws.roots, &vouched, ws.retain_days, now, &in_use),
-            vec![],
-        )
-    } else {
-        prune::run_pass(&ws.roots, &vouched, ws.retain_days, &in_use)
-    };
-    let p = prune::pruned(&plan, &failed, ws.retain_days, look_only, &ws.roots);
-    let mut out = head + &prune::report(&p);
+    let db = ctx.config.state.dir.join("scriptgate.db");
+    let (p, recorded, warning) =
+        pass_here(&ctx.reader()?, &db, &ws.roots, ws.retain_days, look_only)?;
+    let mut out = head + &prune::report(&p) + &warning;
     if root {
-        if !look_only {
-            let db = ctx.config.state.dir.join("scriptgate.db");
-            out.push_str(&forget(&db, &plan, &failed));
-        }
         return Ok((out, pruned_code(&p)));
     }
     // Said plainly: what this uid could not see, and that nothing was removed.
@@ -740,7 +723,7 @@ fn prune_system(ctx: &Ctx, dry_run: bool, root: bool) -> Result<(String, u8), Fa
              the counts above leave them out. Start the daemon (any connection to its socket does) or run this as root.\n",
             nix::unistd::getuid(),
             blind.len(),
-            vouched.len(),
+            recorded,
             blind
                 .iter()
                 .map(|u| u.path.display().to_string())
@@ -792,35 +775,44 @@ fn prune_embedded(
         )));
     }
     let reader = Reader::open(&db).map_err(|e| Failure::setup(e.to_string()))?;
+    let (p, _, warning) = pass_here(&reader, &db, &roots, days, dry_run)?;
+    Ok(Some((
+        head + &prune::report(&p) + &warning,
+        pruned_code(&p),
+    )))
+}
+
+/// A pass of this process over the workspaces under `roots` recorded in
+/// `reader`'s store `db` (only what the daemon recorded as scriptgate's own,
+/// crate::daemon::prune): looked at when `look_only`, else removed, and then
+/// forgotten in that store as the daemon's own pass forgets them
+/// (crate::daemon::prune::to_forget); else they stay recorded and come back as
+/// gone at every pass. The pass, how many workspaces were recorded, and a
+/// warning line when the forget failed (the exit status stays the pass's).
+fn pass_here(
+    reader: &Reader,
+    db: &Path,
+    roots: &[PathBuf],
+    days: u64,
+    look_only: bool,
+) -> Result<(Pruned, usize, String), Failure> {
+    use crate::daemon::prune;
     let store = |e: rusqlite::Error| Failure::setup(e.to_string());
     let busy = reader.running_workspaces().map_err(store)?;
     let vouched = reader.vouched_workspaces().map_err(store)?;
     let in_use = |p: &Path| busy.iter().any(|b| Path::new(b).starts_with(p));
-    let (plan, failed) = if dry_run {
+    let (plan, failed) = if look_only {
         let now = crate::time::now_ms();
-        (prune::plan(&roots, &vouched, days, now, &in_use), vec![])
+        (prune::plan(roots, &vouched, days, now, &in_use), vec![])
     } else {
-        prune::run_pass(&roots, &vouched, days, &in_use)
+        prune::run_pass(roots, &vouched, days, &in_use)
     };
-    let p = prune::pruned(&plan, &failed, days, dry_run, &roots);
-    let mut out = head + &prune::report(&p);
-    if !dry_run {
-        out.push_str(&forget(&db, &plan, &failed));
+    let p = prune::pruned(&plan, &failed, days, look_only, roots);
+    if look_only {
+        return Ok((p, vouched.len(), String::new()));
     }
-    Ok(Some((out, pruned_code(&p))))
-}
-
-/// After a pass that removed, forget in the store `db` (the one the pass read)
-/// what the daemon's own pass forgets (crate::daemon::prune::to_forget): else
-/// they stay recorded and come back as gone at every pass. Nothing when that
-/// worked; a warning line when it did not (the exit status stays the pass's).
-fn forget(
-    db: &Path,
-    plan: &crate::daemon::prune::Plan,
-    failed: &[(PathBuf, std::io::Error)],
-) -> String {
-    let paths = crate::daemon::prune::to_forget(plan, failed);
-    match crate::audit::forget_workspaces_at(db, &paths) {
+    let paths = prune::to_forget(&plan, &failed);
+    let warning = match crate::audit::forget_workspaces_at(db, &paths) {
         Ok(()) => String::new(),
         Err(e) => format!(
             "warning: could not forget {} removed or gone {} in the audit store: {e}; \
@@ -832,7 +824,8 @@ fn forget(
                 "workspaces"
             }
         ),
-    }
+    };
+    Ok((p, vouched.len(), warning))
 }
 
 /// `scriptgate audit backup FILE`.
