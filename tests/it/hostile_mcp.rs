@@ -118,6 +118,17 @@ struct Ran {
     max_rss_kib: i64,
 }
 
+/// `scriptgate tools` listed `evil__job` as `long_task`.
+fn assert_long_task_job(r: &Ran) {
+    assert!(
+        r.stdout
+            .lines()
+            .any(|l| l.contains("evil__job") && l.contains("long_task")),
+        "{}",
+        r.stdout
+    );
+}
+
 fn tools(mode: &str) -> Ran {
     cli(mode, &["tools"])
 }
@@ -257,13 +268,7 @@ fn a_call_to_a_server_that_stops_reading_fails_at_its_timeout() {
 fn string_ids_keep_the_tools_class() {
     let r = tools("strid");
     assert!(r.ok, "{}", r.stderr);
-    assert!(
-        r.stdout
-            .lines()
-            .any(|l| l.contains("evil__job") && l.contains("long_task")),
-        "{}",
-        r.stdout
-    );
+    assert_long_task_job(&r);
 }
 
 /// What the client before rmcp took, it still takes; what it refused, it
@@ -313,13 +318,7 @@ fn requests_are_not_answers_and_early_answers_are_dropped() {
     let r = tools("reqres");
     assert!(r.ok, "{}", r.stderr);
     assert!(!r.stdout.contains("fake"), "{}", r.stdout);
-    assert!(
-        r.stdout
-            .lines()
-            .any(|l| l.contains("evil__job") && l.contains("long_task")),
-        "{}",
-        r.stdout
-    );
+    assert_long_task_job(&r);
     let r = tools("preinit");
     assert!(r.ok, "{}", r.stderr);
     assert!(r.stdout.contains("evil__job"), "{}", r.stdout);
