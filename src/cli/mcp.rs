@@ -4,7 +4,7 @@
 //! It keeps tools as raw JSON so that every annotation the server publishes
 //! (readOnlyHint, destructiveHint, execution.taskSupport) is seen.
 
-use crate::protocol::framing::{clip, parse_cost};
+use crate::protocol::framing::{clip, parse_cost, resume_line, Line};
 use crate::protocol::rpc::max_parse_cost;
 use crate::protocol::snapshot::{ToolClass, ToolSpec};
 use crate::protocol::ToolResult;
@@ -32,7 +32,7 @@ use std::future::Future;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Debug, thiserror::Error)]
 pub enum McpError {
@@ -277,12 +277,6 @@ struct Lines {
     shared: Arc<Shared>,
 }
 
-enum Read {
-    Line,
-    TooLong,
-    Eof,
-}
-
 /// What `Lines::answer` made of a message.
 enum Answer {
     /// Not an answer: for rmcp to parse.
@@ -296,34 +290,6 @@ enum Answer {
 }
 
 impl Lines {
-    /// Read up to the end of a line into `buf`. Cancel-safe: bytes move from the
-    /// reader's buffer to `buf` with no await in between.
-    async fn read_line(&mut self) -> std::io::Result<Read> {
-        loop {
-            let chunk = self.read.fill_buf().await?;
-            if chunk.is_empty() {
-                return Ok(if self.buf.is_empty() {
-                    Read::Eof
-                } else {
-                    Read::Line
-                });
-            }
-            let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
-                Some(i) => (i + 1, true),
-                None => (chunk.len(), false),
-            };
-            let body = &chunk[..take - usize::from(done)];
-            if self.buf.len() + body.len() > MAX_LINE_BYTES {
-                return Ok(Read::TooLong);
-            }
-            self.buf.extend_from_slice(body);
-            self.read.consume(take);
-            if done {
-                return Ok(Read::Line);
-            }
-        }
-    }
-
     /// A request of the server's is owed an answer until it is written, or
     /// until the server cancels it (rmcp then answers nothing).
     fn count_owed(&self, msg: &ServerJsonRpcMessage) {
@@ -452,16 +418,16 @@ impl Transport<RoleClient> for Lines {
         loop {
             let mut pending = self.shared.pending.subscribe();
             let _ = pending.wait_for(|n| *n < MAX_PENDING).await;
-            match self.read_line().await {
-                Ok(Read::Eof) | Err(_) => return None,
-                Ok(Read::TooLong) => {
+            match resume_line(&mut self.read, &mut self.buf, MAX_LINE_BYTES).await {
+                Ok(Line::Eof | Line::TimedOut) | Err(_) => return None,
+                Ok(Line::TooLong) => {
                     self.close_with(format!(
                         "a message longer than {} MiB; closing the connection",
                         MAX_LINE_BYTES >> 20
                     ));
                     return None;
                 }
-                Ok(Read::Line) => {}
+                Ok(Line::Data) => {}
             }
             let line = std::mem::take(&mut self.buf);
             if line.iter().all(u8::is_ascii_whitespace) {
@@ -615,10 +581,14 @@ pub struct Server {
 }
 
 /// Keep the last 4 KiB of what the server writes on stderr (for error messages).
-fn keep_stderr_tail(mut stderr: tokio::process::ChildStderr) -> Arc<Mutex<Vec<u8>>> {
+/// The task ends when stderr closes: a failed start waits for it, so that what
+/// a server printed just before it exited is in the error.
+fn keep_stderr_tail(
+    mut stderr: tokio::process::ChildStderr,
+) -> (Arc<Mutex<Vec<u8>>>, tokio::task::JoinHandle<()>) {
     let stderr_tail = Arc::new(Mutex::new(Vec::new()));
     let tail = stderr_tail.clone();
-    tokio::spawn(async move {
+    let reader = tokio::spawn(async move {
         let mut buf = [0u8; 4096];
         while let Ok(n) = stderr.read(&mut buf).await {
             if n == 0 {
@@ -630,14 +600,21 @@ fn keep_stderr_tail(mut stderr: tokio::process::ChildStderr) -> Arc<Mutex<Vec<u8
             t.drain(..excess);
         }
     });
-    stderr_tail
+    (stderr_tail, reader)
 }
 
 /// What a server that never finished its handshake left running (npx → node):
 /// its process group is killed (`kill_on_drop` ends the server itself only).
-fn end_group(pgid: Option<i32>) {
+/// End a server that failed to start, with what it printed as it failed: its
+/// stderr is read to its end for up to a second (a server that exits closes
+/// it), then its process group is killed.
+async fn end_group(pgid: Option<i32>, mut stderr_read: tokio::task::JoinHandle<()>) {
+    let read = tokio::time::timeout(Duration::from_secs(1), &mut stderr_read).await;
     if let Some(pg) = pgid {
         let _ = crate::sys::signal_group(pg, crate::sys::GroupSignal::Kill);
+    }
+    if read.is_err() {
+        let _ = tokio::time::timeout(Duration::from_millis(200), stderr_read).await;
     }
 }
 
@@ -681,7 +658,7 @@ impl Server {
         let pgid = child.id().map(|p| p as i32);
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
-        let stderr_tail = keep_stderr_tail(child.stderr.take().expect("piped"));
+        let (stderr_tail, stderr_read) = keep_stderr_tail(child.stderr.take().expect("piped"));
         let shared = Arc::new(Shared {
             raw: Default::default(),
             closed_with: Default::default(),
@@ -715,14 +692,14 @@ impl Server {
                     }
                     e => clip(&e.to_string(), 300),
                 });
-                end_group(pgid);
+                end_group(pgid, stderr_read).await;
                 return Err(err(format!(
                     "initialize failed: {why}{}",
                     stderr_note(&stderr_tail)
                 )));
             }
             Err(_) => {
-                end_group(pgid);
+                end_group(pgid, stderr_read).await;
                 return Err(err(format!(
                     "initialize failed: no answer within 60 s{}",
                     stderr_note(&stderr_tail)

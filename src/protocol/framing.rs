@@ -24,6 +24,18 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(
     max: usize,
 ) -> std::io::Result<Line> {
     buf.clear();
+    resume_line(r, buf, max).await
+}
+
+/// `read_line` without the clear: go on with the line whose start `buf` holds.
+/// Cancel-safe: bytes move from the reader's buffer to `buf` with no await in
+/// between, so a read dropped mid-line loses nothing, and the next call goes on
+/// where it stopped (rmcp drops the MCP client's `receive` between two reads).
+pub async fn resume_line<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Line> {
     loop {
         let chunk = r.fill_buf().await?;
         if chunk.is_empty() {
@@ -37,11 +49,7 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(
             Some(i) => (i + 1, true),
             None => (chunk.len(), false),
         };
-        let body = if done {
-            &chunk[..take - 1]
-        } else {
-            &chunk[..take]
-        };
+        let body = &chunk[..take - usize::from(done)];
         if buf.len() + body.len() > max {
             let room = max - buf.len();
             buf.extend_from_slice(&body[..room]);

@@ -18,7 +18,8 @@ use std::process::Stdio;
 /// lists it too, after a `ping` request that carries a result listing `fake`.
 /// `preinit` sends answers to ids 1 to 3 before its answer to `initialize`;
 /// `orphan` starts a child in its process group (`sleep 299.125`) and closes
-/// its stdout instead of answering. A `tools/call` is answered with a result
+/// its stdout instead of answering; `lastwords` closes its stdout, writes 20 MB
+/// to stderr ending with a line that names what is wrong, and exits 3. A `tools/call` is answered with a result
 /// and an error by `both`, with an error that is a string by `badsyntax`.
 const SERVER: &str = r#"
 import json, os, sys, threading, time
@@ -34,6 +35,12 @@ for line in sys.stdin:
         subprocess.Popen(["sleep", "299.125"], stdout=subprocess.DEVNULL)
         os.close(1)
         time.sleep(300)
+    if m == "initialize" and mode == "lastwords":
+        os.close(1)
+        sys.stderr.write(("x" * 999 + "\n") * 20000)
+        sys.stderr.write("evil: EVIL_TOKEN is not set\n")
+        sys.stderr.flush()
+        sys.exit(3)
     if m == "initialize" and mode == "preinit":
         for n in (1, 2, 3):
             sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": n, "result": {}}) + "\n")
@@ -351,5 +358,21 @@ fn a_failed_handshake_kills_the_servers_process_group() {
     assert!(
         running.is_empty(),
         "the server's child still runs: {running:?}"
+    );
+}
+
+/// A server that fails to start has its last words in the error, even when it
+/// closed its stdout first and still had 20 MB to write to its stderr.
+#[test]
+fn a_failed_start_ends_with_what_the_server_printed_last() {
+    let r = tools("lastwords");
+    assert!(!r.ok);
+    let line = r.stderr.lines().find(|l| l.contains("initialize failed"));
+    assert!(
+        line.is_some_and(|l| l
+            .contains("the server exited (or closed its stdout); its stderr ends with: ")
+            && l.ends_with("evil: EVIL_TOKEN is not set")),
+        "{}",
+        r.stderr
     );
 }
