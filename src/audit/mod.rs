@@ -728,7 +728,7 @@ impl Store {
         .await
     }
 
-    /// Record a revocation; past [`crate::policy::runs::REVOCATIONS_PER_SCOPE`] of
+    /// Record a revocation; past `policy::runs::REVOCATIONS_PER_SCOPE` of
     /// its scope, the oldest of that scope is deleted. The write is queued at
     /// once (the caller queues it under the lock of its in-memory set, so that
     /// both drop the same oldest); the future returns how many were deleted.

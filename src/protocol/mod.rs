@@ -416,22 +416,26 @@ pub enum EngineRequest {
     /// ```
     /// Answer: `DaemonInfo`.
     DaemonInfo,
-    /// Admin. ```json
+    /// Admin.
+    /// ```json
     /// {"jsonrpc": "2.0", "id": 8, "method": "admin.list"}
     /// ```
     /// Answer: `AdminList`.
     AdminList,
-    /// Admin. ```json
+    /// Admin.
+    /// ```json
     /// {"jsonrpc": "2.0", "id": 9, "method": "admin.cancel", "params": {"script_id": "4f1c…"}}
     /// ```
     /// Answer: `ScriptState`.
     AdminCancel(ScriptRef),
-    /// Admin. ```json
+    /// Admin.
+    /// ```json
     /// {"jsonrpc": "2.0", "id": 10, "method": "admin.calls", "params": {"script_id": "4f1c…", "offset": 200, "limit": 100}}
     /// ```
     /// Answer: `CallsPage`.
     AdminCalls(CallsParams),
-    /// Admin. ```json
+    /// Admin.
+    /// ```json
     /// {"jsonrpc": "2.0", "id": 11, "method": "admin.prune", "params": {"dry_run": true}}
     /// ```
     /// Answer: `Pruned`.
