@@ -398,9 +398,12 @@ impl Leaf {
         s
     }
 
-    /// Remove the (empty) leaf; the kernel may need a moment after the last exit.
+    /// Remove the leaf once it is empty. After `kill` the processes take a
+    /// moment to exit (more than half a second on a loaded or emulated host),
+    /// and the leaf is busy until then: it is tried for up to 5 s, and one that
+    /// is still busy is logged, as it stays until the service stops.
     pub async fn remove(self) {
-        for _ in 0..20 {
+        for _ in 0..200 {
             match std::fs::remove_dir(&self.dir) {
                 Ok(()) => return,
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
@@ -412,6 +415,10 @@ impl Leaf {
                 }
             }
         }
+        tracing::warn!(
+            "the script's cgroup {} is still busy 5 s after its kill; it stays until scriptgated stops",
+            self.dir.display()
+        );
     }
 }
 
