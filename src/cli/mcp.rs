@@ -603,11 +603,10 @@ fn keep_stderr_tail(
     (stderr_tail, reader)
 }
 
-/// What a server that never finished its handshake left running (npx → node):
-/// its process group is killed (`kill_on_drop` ends the server itself only).
-/// End a server that failed to start, with what it printed as it failed: its
-/// stderr is read to its end for up to a second (a server that exits closes
-/// it), then its process group is killed.
+/// End a server that never finished its handshake, and what it left running
+/// (npx → node): its process group is killed (`kill_on_drop` ends the server
+/// itself only). First its stderr is read to its end, for up to a second (a
+/// server that exits closes it), so that the error has what it printed last.
 async fn end_group(pgid: Option<i32>, mut stderr_read: tokio::task::JoinHandle<()>) {
     let read = tokio::time::timeout(Duration::from_secs(1), &mut stderr_read).await;
     if let Some(pg) = pgid {
