@@ -1,0 +1,171 @@
+//! `scriptgate mcp`: code mode for any MCP client. An MCP server over stdio (the
+//! official Rust SDK, `rmcp`) whose tool `run_script` runs one Python script
+//! against the upstream MCP servers given with `--mcp`, as `scriptgate run` does:
+//! through the system daemon when one is installed, else in an embedded daemon.
+//! The one approval for declared write tools goes to the user through MCP
+//! elicitation; `agent_tools.progress` and the call counts become
+//! `notifications/progress`; `notifications/cancelled` cancels the script.
+
+use super::args::McpCmd;
+use super::exit::Failure;
+use super::run::{EmbeddedDaemon, Tools};
+use crate::config::Config;
+use crate::protocol::snapshot::PermissionMode;
+use rmcp::ServiceExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+mod http;
+mod server;
+mod ui;
+
+use http::serve_http;
+use server::{CodeMode, Where};
+
+pub async fn serve(o: McpCmd) -> Result<(), Failure> {
+    use super::target::{choose, Facts, Target};
+    let target = choose(o.embedded, o.socket.as_deref(), &Facts::gather());
+    let (runs_in, cfg, base) = match &target {
+        Target::Embedded(why) => {
+            let cfg = super::run::embedded_config(o.config.as_deref())?;
+            let base = super::run::embedded_workspaces(&cfg);
+            std::fs::create_dir_all(&base)
+                .map_err(|e| Failure::setup(format!("cannot create {}: {e}", base.display())))?;
+            eprintln!(
+                "scriptgate mcp: mode: embedded daemon in this process ({why}); records in {}",
+                cfg.state.dir.display()
+            );
+            (
+                Where::Embedded(EmbeddedDaemon::start(cfg.clone()).await?),
+                cfg,
+                base,
+            )
+        }
+        Target::Socket { path, system } => {
+            let cfg = super::run::socket_config(o.config.as_deref())?;
+            // Connected once now: a refusal or a dead daemon is said at start.
+            let c = super::run::connect(path, *system, &cfg).await?;
+            eprintln!(
+                "scriptgate mcp: mode: {} at {} (scriptgated {}, {} backend)",
+                if c.system { "system daemon" } else { "daemon" },
+                c.path.display(),
+                c.info.version,
+                c.info.backend
+            );
+            let base = super::run::socket_fresh_base(&cfg, path)?;
+            drop(c);
+            let w = Where::Socket {
+                path: path.clone(),
+                system: *system,
+                cfg: Box::new(cfg.clone()),
+            };
+            (w, cfg, base)
+        }
+    };
+    let identity = super::run::script_identity(&cfg)?;
+    let tools = Tools::start(
+        &o.servers.mcp,
+        vec![base.display().to_string()],
+        &o.servers.class,
+        Duration::from_secs(o.call_timeout),
+    )
+    .await?;
+    let describe = describe_text(&cfg, &tools.specs(), o.mode, false);
+    let describe = match describe {
+        Ok(d) => d,
+        Err(e) => {
+            tools.shutdown().await;
+            return Err(e);
+        }
+    };
+    let tools = Arc::new(tools);
+    let server = CodeMode {
+        tools: tools.clone(),
+        runs_in: Arc::new(runs_in),
+        base,
+        identity,
+        mode: o.mode,
+        passthrough: o.passthrough,
+        describe: Arc::new(std::sync::RwLock::new(describe)),
+        clients: Arc::default(),
+        inflight: Arc::default(),
+    };
+    for upstream in tools.servers() {
+        tokio::spawn(follow_tool_list(
+            upstream.tools_changed.clone(),
+            server.clone(),
+            cfg.clone(),
+        ));
+    }
+    let inflight = server.inflight.clone();
+    let r = match o.http {
+        None => serve_stdio(server).await,
+        Some(addr) => serve_http(server, addr).await,
+    };
+    // The client is gone: its calls were cancelled, and so were their scripts;
+    // each ends with its record (a cancel takes at most 30 s, scriptgated(8)).
+    if tokio::time::timeout(DRAIN, inflight.write()).await.is_err() {
+        eprintln!("scriptgate mcp: scripts still running after {DRAIN:?}; leaving them");
+    }
+    tools.shutdown().await;
+    r
+}
+
+/// How long scripts cancelled at exit may take to end.
+const DRAIN: Duration = Duration::from_secs(45);
+
+/// The `describe` text for `scriptgate mcp`, which offers no never-callable tool.
+fn describe_text(
+    cfg: &Config,
+    specs: &[crate::protocol::snapshot::ToolSpec],
+    mode: PermissionMode,
+    read_only: bool,
+) -> Result<String, Failure> {
+    super::run::describe_text(
+        cfg,
+        specs,
+        mode,
+        read_only,
+        crate::policy::describe::NeverCallable::NotOffered,
+    )
+}
+
+/// Each `notifications/tools/list_changed` of an upstream server: list the tools
+/// again, make the description again, and tell the clients with the same
+/// notification. Ends with the process.
+async fn follow_tool_list(changed: Arc<tokio::sync::Notify>, server: CodeMode, cfg: Config) {
+    loop {
+        changed.notified().await;
+        if let Err(e) = server.tools.refresh().await {
+            eprintln!(
+                "scriptgate mcp: the tool list changed and could not be read again: {}",
+                e.message
+            );
+            continue;
+        }
+        match describe_text(&cfg, &server.tools.specs(), server.mode, false) {
+            Ok(d) => *server.describe.write().unwrap_or_else(|p| p.into_inner()) = d,
+            Err(e) => eprintln!("scriptgate mcp: the new tool list: {}", e.message),
+        }
+        let clients = server
+            .clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for c in clients {
+            let _ = c.notify_tool_list_changed().await;
+        }
+    }
+}
+
+async fn serve_stdio(server: CodeMode) -> Result<(), Failure> {
+    let running = server
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| Failure::setup(format!("MCP client: {e}")))?;
+    running
+        .waiting()
+        .await
+        .map_err(|e| Failure::setup(format!("MCP server: {e}")))?;
+    Ok(())
+}
