@@ -16,6 +16,7 @@ pub mod script;
 pub(crate) mod service;
 #[allow(unsafe_code)]
 pub(crate) mod sys;
+pub(crate) mod text;
 pub mod time;
 
 /// `scriptgate`'s entry point (`src/bin/scriptgate.rs` is a one-line shim).

@@ -283,6 +283,10 @@ pub struct McpCmd {
     /// Seconds an MCP server may take for one call before it counts as failed.
     #[arg(long, default_value_t = 120)]
     pub call_timeout: u64,
+    /// Seconds a call waits for its script before answering with an MCP task,
+    /// where the request declares the tasks extension (2026-07-28); 0: at once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    pub task_after: u64,
     /// Speak MCP's Streamable HTTP at http://ADDR/mcp instead of stdio; loopback
     /// addresses only (127.0.0.1:PORT, [::1]:PORT; port 0 picks one, printed on stderr).
     #[arg(long, value_name = "ADDR")]

@@ -177,10 +177,17 @@ pub fn main() -> ExitCode {
                 c.config.as_deref(),
             )),
         ),
-        Cmd::Mcp(c) => match runtime().block_on(mcp_server::serve(c)) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(f) => done("mcp", Err(f)),
-        },
+        Cmd::Mcp(c) => {
+            let rt = runtime();
+            let r = rt.block_on(mcp_server::serve(c));
+            // Its scripts are recorded and its servers shut down: a read of a
+            // stdin that is not a pipe may still be blocked, and is left.
+            rt.shutdown_background();
+            match r {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(f) => done("mcp", Err(f)),
+            }
+        }
         Cmd::Status(a) => {
             let r = admin::Ctx::load(a.socket.clone(), a.config.clone())
                 .and_then(|ctx| admin::status(&ctx, a.json));

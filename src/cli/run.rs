@@ -871,10 +871,22 @@ impl EmbeddedDaemon {
     pub(super) async fn run(
         &self,
         snap: Snapshot,
-        mut params: StartParams,
+        params: StartParams,
         engine: Arc<CliEngine>,
         cancelled: impl std::future::Future<Output = ()>,
     ) -> Result<ScriptResult, Failure> {
+        let script_id = self.start_script(snap, params, engine).await?;
+        self.wait_script(script_id, cancelled).await
+    }
+
+    /// Start one script: answers with its id once it is recorded and running
+    /// (its approval, if it needs one, was asked on the way).
+    pub(super) async fn start_script(
+        &self,
+        snap: Snapshot,
+        mut params: StartParams,
+        engine: Arc<CliEngine>,
+    ) -> Result<String, Failure> {
         params.token = mint(&self.key, &snap)?;
         let link: Arc<dyn EngineLink> = Arc::new(Embedded(engine));
         let started = self
@@ -882,8 +894,18 @@ impl EmbeddedDaemon {
             .start(self.me, link, params)
             .await
             .map_err(|e| Failure::refused(&e))?;
+        Ok(started.script_id)
+    }
+
+    /// The result of a script this daemon started; `cancelled` resolving first
+    /// cancels it (the result is then `cancelled`).
+    pub(super) async fn wait_script(
+        &self,
+        script_id: String,
+        cancelled: impl std::future::Future<Output = ()>,
+    ) -> Result<ScriptResult, Failure> {
         let who = Access::Conn(1, None, self.me.uid);
-        let script = script_ref(started.script_id);
+        let script = script_ref(script_id);
         let wait = self.daemon.wait(who, script.clone());
         let result = tokio::select! {
             r = wait => r,
@@ -914,10 +936,32 @@ pub(super) async fn run_socket(
     c: Connected,
     cfg: &Config,
     snap: Snapshot,
-    mut params: StartParams,
+    params: StartParams,
     engine: Arc<CliEngine>,
     cancelled: impl std::future::Future<Output = ()>,
 ) -> Result<ScriptResult, Failure> {
+    start_socket(c, cfg, snap, params, engine)
+        .await?
+        .wait(cancelled)
+        .await
+}
+
+/// A script started over a daemon's socket: the connection serves its tool calls
+/// until its result is read.
+pub(super) struct SocketScript {
+    c: Connected,
+    pub(super) script_id: String,
+}
+
+/// Start one script over the daemon's socket, as its engine: answers once the
+/// daemon has started it (its approval, if it needs one, was asked on the way).
+pub(super) async fn start_socket(
+    c: Connected,
+    cfg: &Config,
+    snap: Snapshot,
+    mut params: StartParams,
+    engine: Arc<CliEngine>,
+) -> Result<SocketScript, Failure> {
     // Root is never bound to an entry (the daemon checks its tokens against
     // auth.token_key_file).
     let entry = if is_root() { None } else { my_entry(cfg)? };
@@ -945,40 +989,124 @@ pub(super) async fn run_socket(
         })?;
     let started: Started =
         serde_json::from_value(started).map_err(|e| Failure::setup(format!("start: {e}")))?;
-    let sid = started.script_id.clone();
-    let lost = |why: String| {
-        Failure::new(
-            super::exit::INTERRUPTED,
-            format!(
-                "the daemon at {} went away while script {sid} was running ({why}); the script was interrupted. See `journalctl -u scriptgate` and `scriptgate show {sid}`",
-                c.path.display()
-            ),
-        )
-    };
-    let script = script_ref(started.script_id);
-    let wait = c
-        .peer
-        .request(crate::protocol::Method::ScriptWait.name(), &script, None);
-    let r = tokio::select! {
-        r = wait => r,
-        () = cancelled => {
-            // The wait below then answers with the cancelled result.
-            let _ = c
-                .peer
-                .request(crate::protocol::Method::ScriptCancel.name(), &script, None)
-                .await;
-            c.peer
-                .request(crate::protocol::Method::ScriptWait.name(), &script, None)
-                .await
+    Ok(SocketScript {
+        c,
+        script_id: started.script_id,
+    })
+}
+
+impl SocketScript {
+    /// Serve the script's calls until its result; `cancelled` resolving first
+    /// cancels it (the result is then `cancelled`).
+    pub(super) async fn wait(
+        self,
+        cancelled: impl std::future::Future<Output = ()>,
+    ) -> Result<ScriptResult, Failure> {
+        let SocketScript { c, script_id: sid } = self;
+        let lost = |why: String| {
+            Failure::new(
+                super::exit::INTERRUPTED,
+                format!(
+                    "the daemon at {} went away while script {sid} was running ({why}); the script was interrupted. See `journalctl -u scriptgate` and `scriptgate show {sid}`",
+                    c.path.display()
+                ),
+            )
+        };
+        let script = script_ref(sid.clone());
+        let wait = c
+            .peer
+            .request(crate::protocol::Method::ScriptWait.name(), &script, None);
+        let r = tokio::select! {
+            r = wait => r,
+            () = cancelled => {
+                // The wait below then answers with the cancelled result.
+                let _ = c
+                    .peer
+                    .request(crate::protocol::Method::ScriptCancel.name(), &script, None)
+                    .await;
+                c.peer
+                    .request(crate::protocol::Method::ScriptWait.name(), &script, None)
+                    .await
+            }
+        };
+        let r = r.map_err(|e| match e {
+            CallError::Answered(e) => Failure::setup(e.message),
+            CallError::Closed(e) => lost(e.message),
+            CallError::Disconnected => lost("the connection closed".into()),
+            CallError::Timeout { .. } => lost("no answer".into()),
+        })?;
+        serde_json::from_value(r).map_err(|e| Failure::setup(format!("result: {e}")))
+    }
+}
+
+/// A script this user started over the daemon's socket, read from the daemon:
+/// its result once finished, `None` while it runs (its record, for a process
+/// that did not start it or has restarted since).
+pub(super) async fn socket_record(
+    path: &Path,
+    system: bool,
+    cfg: &Config,
+    script_id: &str,
+) -> Result<Option<ScriptResult>, Failure> {
+    let c = connect(path, system, cfg).await?;
+    let script = script_ref(script_id.to_string());
+    let asked = |e: CallError| match e {
+        CallError::Answered(e) | CallError::Closed(e) => Failure::setup(e.message),
+        CallError::Disconnected | CallError::Timeout { .. } => {
+            Failure::setup(format!("the daemon at {} did not answer", path.display()))
         }
     };
-    let r = r.map_err(|e| match e {
-        CallError::Answered(e) => Failure::setup(e.message),
-        CallError::Closed(e) => lost(e.message),
-        CallError::Disconnected => lost("the connection closed".into()),
-        CallError::Timeout { .. } => lost("no answer".into()),
-    })?;
-    serde_json::from_value(r).map_err(|e| Failure::setup(format!("result: {e}")))
+    let status = c
+        .peer
+        .request(
+            crate::protocol::Method::ScriptStatus.name(),
+            &script,
+            Some(Duration::from_secs(30)),
+        )
+        .await
+        .map_err(asked)?;
+    let status: ScriptStatus =
+        serde_json::from_value(status).map_err(|e| Failure::setup(format!("status: {e}")))?;
+    if status.state == crate::protocol::Status::Running {
+        return Ok(None);
+    }
+    let r = c
+        .peer
+        .request(
+            crate::protocol::Method::ScriptWait.name(),
+            &script,
+            Some(Duration::from_secs(30)),
+        )
+        .await
+        .map_err(asked)?;
+    serde_json::from_value(r)
+        .map(Some)
+        .map_err(|e| Failure::setup(format!("result: {e}")))
+}
+
+/// Cancel a script this user started over the daemon's socket, from a process
+/// that does not hold its connection; answers once it has ended.
+pub(super) async fn socket_cancel(
+    path: &Path,
+    system: bool,
+    cfg: &Config,
+    script_id: &str,
+) -> Result<(), Failure> {
+    let c = connect(path, system, cfg).await?;
+    c.peer
+        .request(
+            crate::protocol::Method::ScriptCancel.name(),
+            &script_ref(script_id.to_string()),
+            Some(Duration::from_secs(60)),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| match e {
+            CallError::Answered(e) | CallError::Closed(e) => Failure::setup(e.message),
+            CallError::Disconnected | CallError::Timeout { .. } => {
+                Failure::setup(format!("the daemon at {} did not answer", path.display()))
+            }
+        })
 }
 
 /// One tool in `scriptgate tools --json`.

@@ -2,9 +2,12 @@
 //! official Rust SDK, `rmcp`) whose tool `run_script` runs one Python script
 //! against the upstream MCP servers given with `--mcp`, as `scriptgate run` does:
 //! through the system daemon when one is installed, else in an embedded daemon.
-//! The one approval for declared write tools goes to the user through MCP
-//! elicitation; `agent_tools.progress` and the call counts become
-//! `notifications/progress`; `notifications/cancelled` cancels the script.
+//! Both protocol eras are served (`server`): the one approval for declared
+//! write tools goes to the user through MCP elicitation (`elicitation/create`,
+//! or 2026-07-28's `InputRequiredResult`: `approval`); long scripts become MCP
+//! tasks (`tasks`); `agent_tools.progress` and the call counts become
+//! `notifications/progress`; a cancelled call, a closed stdin or a signal
+//! cancels the scripts, each recorded `cancelled` before the process exits.
 
 use super::args::McpCmd;
 use super::exit::Failure;
@@ -15,17 +18,24 @@ use rmcp::ServiceExt;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod approval;
 mod http;
+mod result;
+mod scripts;
+mod secret;
 mod server;
+mod stdio;
+mod tasks;
 mod ui;
 
 use http::serve_http;
-use server::{CodeMode, Where};
+use scripts::{Scripts, Where};
+use server::CodeMode;
 
 pub async fn serve(o: McpCmd) -> Result<(), Failure> {
     use super::target::{choose, Facts, Target};
     let target = choose(o.embedded, o.socket.as_deref(), &Facts::gather());
-    let (runs_in, cfg, base) = match &target {
+    let (runs_in, cfg, base, state) = match &target {
         Target::Embedded(why) => {
             let cfg = super::run::embedded_config(o.config.as_deref())?;
             let base = super::run::embedded_workspaces(&cfg);
@@ -35,10 +45,12 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
                 "scriptgate mcp: mode: embedded daemon in this process ({why}); records in {}",
                 cfg.state.dir.display()
             );
+            let state = cfg.state.dir.clone();
             (
                 Where::Embedded(EmbeddedDaemon::start(cfg.clone()).await?),
                 cfg,
                 base,
+                state,
             )
         }
         Target::Socket { path, system } => {
@@ -59,9 +71,16 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
                 system: *system,
                 cfg: Box::new(cfg.clone()),
             };
-            (w, cfg, base)
+            let state = super::run::embedded_dirs(&cfg).0;
+            (w, cfg, base, state)
         }
     };
+    let tasks = tasks::Tasks::open(
+        &state,
+        cfg.state.dir.join("scriptgate.db"),
+        cfg.audit.retain_days,
+    )?;
+    let grants = approval::Grants::new().map_err(Failure::setup)?;
     let identity = super::run::script_identity(&cfg)?;
     let tools = Tools::start(
         &o.servers.mcp,
@@ -79,16 +98,20 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
         }
     };
     let tools = Arc::new(tools);
+    let scripts = Arc::new(Scripts::new(runs_in));
     let server = CodeMode {
         tools: tools.clone(),
-        runs_in: Arc::new(runs_in),
+        scripts: scripts.clone(),
+        grants: Arc::new(grants),
+        tasks: Arc::new(tasks),
         base,
         identity,
         mode: o.mode,
         passthrough: o.passthrough,
+        task_after: Duration::from_secs(o.task_after),
         describe: Arc::new(std::sync::RwLock::new(describe)),
         clients: Arc::default(),
-        inflight: Arc::default(),
+        tools_changed: Arc::default(),
     };
     for upstream in tools.servers() {
         tokio::spawn(follow_tool_list(
@@ -97,18 +120,44 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
             cfg.clone(),
         ));
     }
-    let inflight = server.inflight.clone();
-    let r = match o.http {
-        None => serve_stdio(server).await,
-        Some(addr) => serve_http(server, addr).await,
+    let served = async {
+        match o.http {
+            None => serve_stdio(server).await,
+            Some(addr) => serve_http(server, addr).await,
+        }
     };
-    // The client is gone: its calls were cancelled, and so were their scripts;
-    // each ends with its record (a cancel takes at most 30 s, scriptgated(8)).
-    if tokio::time::timeout(DRAIN, inflight.write()).await.is_err() {
-        eprintln!("scriptgate mcp: scripts still running after {DRAIN:?}; leaving them");
+    let r = tokio::select! {
+        r = served => r,
+        sig = stop_signal() => {
+            eprintln!("scriptgate mcp: {sig}: cancelling the running scripts");
+            Ok(())
+        }
+    };
+    // The client is gone (stdin closed), or a signal came: every script still
+    // running is cancelled and waited for, so that each is recorded `cancelled`
+    // before this process exits (a stdio client sends SIGTERM 2 s after it
+    // closes stdin). A cancel takes at most 30 s (scriptgated(8)).
+    let left = scripts.cancel_all(DRAIN).await;
+    if left > 0 {
+        eprintln!("scriptgate mcp: {left} scripts still running after {DRAIN:?}; leaving them");
     }
     tools.shutdown().await;
     r
+}
+
+/// The first SIGTERM or SIGINT.
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
 }
 
 /// How long scripts cancelled at exit may take to end.
@@ -147,6 +196,9 @@ async fn follow_tool_list(changed: Arc<tokio::sync::Notify>, server: CodeMode, c
             Ok(d) => *server.describe.write().unwrap_or_else(|p| p.into_inner()) = d,
             Err(e) => eprintln!("scriptgate mcp: the new tool list: {}", e.message),
         }
+        // Subscribers of 2026-07-28 (subscriptions/listen), then the clients
+        // of the handshake era.
+        server.tools_changed.notify_waiters();
         let clients = server
             .clients
             .lock()
@@ -159,8 +211,9 @@ async fn follow_tool_list(changed: Arc<tokio::sync::Notify>, server: CodeMode, c
 }
 
 async fn serve_stdio(server: CodeMode) -> Result<(), Failure> {
+    let (transport, _stdin_closed) = stdio::Stdio::new(server.tasks.clone());
     let running = server
-        .serve(rmcp::transport::stdio())
+        .serve(transport)
         .await
         .map_err(|e| Failure::setup(format!("MCP client: {e}")))?;
     running

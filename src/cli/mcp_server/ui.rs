@@ -1,28 +1,36 @@
-//! One `run_script` call's side of an MCP client of the handshake era: its
-//! approval through `elicitation/create` and its progress on the call's
-//! `progressToken`.
+//! One `run_script` call's side of its MCP client: the approval (asked through
+//! `elicitation/create` in the handshake era; decided before the start in
+//! 2026-07-28, see `approval`) and the progress on the call's `progressToken`,
+//! which also becomes the task's status message.
 
 use crate::cli::run::RunUi;
 use crate::protocol::rpc::BoxFuture;
-use crate::protocol::snapshot::PermissionMode;
 use crate::protocol::{ApprovalRequest, ScriptResult, ScriptStatus};
-use rmcp::model::{
-    ElicitRequestParams, ElicitationAction, ProgressNotificationParam, ProgressToken,
-};
+use rmcp::model::{ElicitationAction, ProgressNotificationParam, ProgressToken};
 use rmcp::service::{Peer, RoleServer};
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// One `run_script` call's side of the MCP client: its approval through
-/// elicitation and its progress on the call's `progressToken`.
 /// At most one progress notification a second per script.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// How the one approval of a script's declared write tools is answered.
+pub(super) enum Approval {
+    /// Ask the client with `elicitation/create` (handshake era, elicitation
+    /// declared).
+    Elicit,
+    /// Already decided: `--mode auto`, or the user's answer to the
+    /// `InputRequiredResult` of 2026-07-28.
+    Decided(bool),
+    /// The client cannot be asked: denied, and the result says why.
+    CannotAsk,
+}
 
 pub(super) struct McpUi {
     peer: Peer<RoleServer>,
     token: Option<ProgressToken>,
-    mode: PermissionMode,
+    approval: Approval,
     state: Mutex<Progress>,
     wake: tokio::sync::Notify,
 }
@@ -31,70 +39,70 @@ pub(super) struct McpUi {
 struct Progress {
     /// The newest `script.progress` not yet sent.
     latest: Option<ScriptStatus>,
+    /// The newest progress as one line: the task's status message.
+    line: String,
     /// The last value sent: MCP progress only grows.
     value: f64,
     /// An approval was needed and the client could not be asked.
     not_asked: bool,
+    /// No more notifications: the call was answered (with a task) or is gone.
+    detached: bool,
 }
+
+/// Why a client that cannot be asked had its write tools denied.
+pub(super) const CANNOT_ASK: &str = "scriptgate: the declared write tools need the user's approval, and this MCP client cannot be asked (it declares no form elicitation in this request): they were denied. To allow declared write tools without asking, start scriptgate mcp with --mode auto.";
 
 impl McpUi {
     pub(super) fn new(
         peer: Peer<RoleServer>,
         token: Option<ProgressToken>,
-        mode: PermissionMode,
+        approval: Approval,
     ) -> McpUi {
         McpUi {
             peer,
             token,
-            mode,
+            approval,
             state: Mutex::default(),
             wake: tokio::sync::Notify::new(),
         }
     }
 
-    fn can_elicit(&self) -> bool {
-        self.peer
-            .supported_elicitation_modes()
-            .contains(&rmcp::service::ElicitationMode::Form)
+    fn state(&self) -> std::sync::MutexGuard<'_, Progress> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Why the user was not asked, for the result text.
-    pub(super) fn why_not_asked(&self) -> Option<String> {
-        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        (s.not_asked && self.mode == PermissionMode::Approval).then(|| {
-            "scriptgate: the declared write tools need the user's approval, and this MCP client cannot be asked (it does not declare the elicitation capability): they were denied. To allow declared write tools without asking, start scriptgate mcp with --mode auto.".to_string()
-        })
+    /// Why the user was not asked, for the result.
+    pub(super) fn why_not_asked(&self) -> Option<&'static str> {
+        self.state().not_asked.then_some(CANNOT_ASK)
     }
 
-    /// Sends the newest progress at most once a second.
+    /// The newest progress, as a task's status message.
+    pub(super) fn line(&self) -> String {
+        let line = &self.state().line;
+        if line.is_empty() {
+            "running".into()
+        } else {
+            line.clone()
+        }
+    }
+
+    /// Send no more progress: the call was answered with a task, or its client
+    /// went away.
+    pub(super) fn detach(&self) {
+        self.state().detached = true;
+    }
+
+    /// Sends the newest progress at most once a second, while attached.
     pub(super) async fn pace(self: Arc<Self>) {
         loop {
             self.wake.notified().await;
-            let latest = self
-                .state
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .latest
-                .take();
+            let latest = self.state().latest.take();
             if let Some(p) = latest {
-                let (done, total, msg) = match &p.progress {
-                    Some(pr) if pr.total > 0 => {
-                        (pr.done as f64, Some(pr.total as f64), pr.message.clone())
-                    }
-                    Some(pr) => (p.calls as f64, None, pr.message.clone()),
-                    None => (p.calls as f64, None, String::new()),
+                let (done, total) = match &p.progress {
+                    Some(pr) if pr.total > 0 => (pr.done as f64, Some(pr.total as f64)),
+                    _ => (p.calls as f64, None),
                 };
-                let message = format!(
-                    "{}{} calls, {} failed",
-                    if msg.is_empty() {
-                        String::new()
-                    } else {
-                        format!("{msg} (")
-                    },
-                    p.calls,
-                    p.failures
-                ) + if msg.is_empty() { "" } else { ")" };
-                self.send(done, total, message).await;
+                self.send(done, total, progress_line(&p)).await;
             }
             tokio::time::sleep(PROGRESS_EVERY).await;
         }
@@ -108,7 +116,7 @@ impl McpUi {
             r.calls,
             r.failures
         );
-        let value = self.state.lock().unwrap_or_else(|p| p.into_inner()).value;
+        let value = self.state().value;
         self.send(value.max(r.calls as f64), None, message).await;
     }
 
@@ -117,7 +125,10 @@ impl McpUi {
             return;
         };
         let value = {
-            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut s = self.state();
+            if s.detached {
+                return;
+            }
             s.value = s.value.max(value);
             s.value
         };
@@ -131,40 +142,34 @@ impl McpUi {
     }
 }
 
+/// One line for a `script.progress`: the script's own message (escaped: a
+/// client shows it), and the call counts.
+fn progress_line(p: &ScriptStatus) -> String {
+    let counts = format!("{} calls, {} failed", p.calls, p.failures);
+    match p.progress.as_ref().map(|pr| pr.message.as_str()) {
+        Some(m) if !m.is_empty() => format!("{} ({counts})", crate::text::escape(m)),
+        _ => counts,
+    }
+}
+
 impl RunUi for McpUi {
     fn approve(self: Arc<Self>, p: ApprovalRequest) -> BoxFuture<'static, bool> {
         Box::pin(async move {
-            if !self.can_elicit() {
-                self.state
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .not_asked = true;
-                return false;
+            match self.approval {
+                Approval::Decided(yes) => return yes,
+                Approval::CannotAsk => {
+                    self.state().not_asked = true;
+                    return false;
+                }
+                Approval::Elicit => {}
             }
-            let tools: Vec<String> = p
+            let tools: Vec<(String, String)> = p
                 .tools
                 .iter()
-                .map(|t| format!("{} ({})", t.name, t.class))
+                .map(|t| (t.name.clone(), t.class.to_string()))
                 .collect();
-            let message = format!(
-                "A script asks to use write tools, once: {}.\nWhat it is for: {}\n--- script ---\n{}\n--------------",
-                tools.join(", "),
-                p.description,
-                p.code.trim_end()
-            );
-            let params: ElicitRequestParams = match serde_json::from_value(json!({
-                "mode": "form",
-                "message": message,
-                "requestedSchema": {
-                    "type": "object",
-                    "properties": {"allow": {"type": "boolean", "title": "Allow these write tools for this script", "default": false}},
-                    "required": ["allow"]
-                }
-            })) {
-                Ok(p) => p,
-                Err(_) => return false,
-            };
-            match self.peer.create_elicitation(params).await {
+            let form = super::approval::form(&tools, &p.description, &p.code);
+            match self.peer.create_elicitation(form).await {
                 Ok(r) => {
                     r.action == ElicitationAction::Accept
                         && r.content.as_ref().and_then(|c| c.get("allow")) == Some(&json!(true))
@@ -178,7 +183,11 @@ impl RunUi for McpUi {
     }
 
     fn progress(&self, p: &ScriptStatus) {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).latest = Some(p.clone());
+        {
+            let mut s = self.state();
+            s.line = progress_line(p);
+            s.latest = Some(p.clone());
+        }
         self.wake.notify_one();
     }
 }

@@ -1,0 +1,115 @@
+//! The secrets `scriptgate mcp` keeps in the user's state directory across
+//! restarts: the key that seals task ids, and `--http`'s bearer token. Each is a
+//! file of the user's own, mode 0600, made at first use; one that another user
+//! could read or change is refused, never used.
+
+use crate::cli::exit::Failure;
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+/// The secret in `path`, made (`len` random bytes, as `encode` writes them) if
+/// there is none.
+pub(super) fn load_or_make(
+    path: &Path,
+    len: usize,
+    encode: fn(&[u8]) -> Vec<u8>,
+) -> Result<Vec<u8>, Failure> {
+    let fail = |what: String| Failure::setup(format!("{}: {what}", path.display()));
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| fail(format!("cannot create its directory: {e}")))?;
+    }
+    let mut raw = vec![0u8; len];
+    getrandom::getrandom(&mut raw).map_err(|e| fail(format!("random bytes: {e}")))?;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(mut f) => {
+            let bytes = encode(&raw);
+            f.write_all(&bytes)
+                .and_then(|()| f.sync_all())
+                .map_err(|e| fail(format!("cannot write: {e}")))?;
+            return Ok(bytes);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(fail(format!("cannot create: {e}"))),
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| fail(format!("cannot read (a symlink is refused): {e}")))?;
+    let meta = f
+        .metadata()
+        .map_err(|e| fail(format!("cannot read: {e}")))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if !meta.file_type().is_file() {
+        return Err(fail("not a regular file".into()));
+    }
+    if meta.uid() != me {
+        return Err(fail(format!(
+            "owned by uid {}, not by uid {me}: refused (remove it to make a new one)",
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(fail(format!(
+            "mode {:04o} lets others read or change it: refused (chmod 0600 it, or remove it to make a new one)",
+            meta.mode() & 0o7777
+        )));
+    }
+    let mut bytes = Vec::new();
+    f.take(4096)
+        .read_to_end(&mut bytes)
+        .map_err(|e| fail(format!("cannot read: {e}")))?;
+    if bytes.len() < len {
+        return Err(fail(format!(
+            "{} bytes, fewer than the {len} it needs (remove it to make a new one)",
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn made_once_then_read_and_a_loose_one_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("sub/key");
+        let a = load_or_make(&p, 32, |b| b.to_vec()).unwrap();
+        assert_eq!(a.len(), 32);
+        let meta = std::fs::metadata(&p).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(p.parent().unwrap())
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o700
+        );
+        assert_eq!(
+            load_or_make(&p, 32, |b| b.to_vec()).unwrap(),
+            a,
+            "read back"
+        );
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = load_or_make(&p, 32, |b| b.to_vec()).unwrap_err();
+        assert!(e.message.contains("mode 0644"), "{}", e.message);
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        assert!(load_or_make(&link, 32, |b| b.to_vec()).is_err());
+    }
+}
