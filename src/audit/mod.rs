@@ -4,6 +4,7 @@
 
 pub(crate) mod checkpoint;
 pub mod journal;
+pub mod live;
 pub(crate) mod metrics;
 
 use crate::protocol::{ScriptResult, Status};
@@ -533,9 +534,9 @@ impl Store {
         });
         // A daemon that died on a full filesystem: its scripts' ends are written
         // with the space its reserve kept.
-        let interrupted = match recover_interrupted(&mut w) {
+        let interrupted = match recover_interrupted(&mut w, path) {
             Err(e) if is_full(&e) && reserve.release("record interrupted scripts") => {
-                recover_interrupted(&mut w)
+                recover_interrupted(&mut w, path)
             }
             r => r,
         }
@@ -1252,12 +1253,16 @@ fn finish_row(c: &mut Connection, r: &ScriptResult, tool_counts: &Value) -> rusq
 }
 
 /// Rows still `running` belong to a daemon that died: they become `interrupted`.
-fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<Recovered>> {
+/// Except those of an embedded daemon that lives in another process and holds
+/// this store `path` open (`live::held_by`): the CLI's embedded daemons of one
+/// user share one store, and a `scriptgate run` opening it while `scriptgate
+/// mcp` runs a script must leave that script's row alone.
+fn recover_interrupted(c: &mut Connection, path: &Path) -> rusqlite::Result<Vec<Recovered>> {
     let tx = c.transaction()?;
     let mut out = Vec::new();
     {
         let mut s = tx.prepare(
-            "SELECT script_id, run_id, started_at, details_dir, calls, failures, runner, run_uid, workspace FROM scripts WHERE status = 'running'",
+            "SELECT script_id, run_id, started_at, details_dir, calls, failures, runner, run_uid, workspace, peer_pid FROM scripts WHERE status = 'running'",
         )?;
         let rows = s.query_map([], |r| {
             Ok((
@@ -1269,9 +1274,11 @@ fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<Recovered>> {
                 r.get::<_, i64>(5)?,
                 (r.get::<_, Option<String>>(6)?, r.get::<_, Option<i64>>(7)?),
                 r.get::<_, String>(8)?,
+                r.get::<_, Option<i64>>(9)?,
             ))
         })?;
         let now = now_ms();
+        let me = std::process::id();
         for row in rows {
             let (
                 script_id,
@@ -1282,7 +1289,16 @@ fn recover_interrupted(c: &mut Connection) -> rusqlite::Result<Vec<Recovered>> {
                 failures,
                 (runner, run_uid),
                 workspace,
+                peer_pid,
             ) = row?;
+            // This process has recorded nothing yet: a row naming its pid is an
+            // older process's.
+            let holder = peer_pid
+                .and_then(|p| u32::try_from(p).ok())
+                .filter(|&p| p != me && p > 0);
+            if holder.is_some_and(|p| live::held_by(Path::new("/proc"), p, path, started)) {
+                continue;
+            }
             let duration_ms = (now - started).max(0) as u64;
             let error = "the daemon stopped while the script ran".to_string();
             out.push(Recovered {
@@ -1417,6 +1433,39 @@ mod tests {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(v, SCHEMA_VERSION);
+    }
+
+    /// Two embedded daemons of one user share a store: the second to open it
+    /// leaves the first's running row alone while the first (here a child that
+    /// holds the store open, as the row's peer) lives, and recovers it once
+    /// that process is gone.
+    #[tokio::test]
+    async fn a_running_row_of_a_live_process_holding_the_store_is_left_running() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.db");
+        let (s, _) = Store::open(&p, None).unwrap();
+        let mut holder = std::process::Command::new("sleep")
+            .arg("600")
+            .stdin(std::fs::File::open(&p).unwrap())
+            .spawn()
+            .unwrap();
+        let mut r = row("live");
+        r.peer_pid = Some(holder.id() as i32);
+        r.started_at_ms = now_ms();
+        s.insert_started(r).await.unwrap();
+        s.insert_started(row("dead")).await.unwrap();
+        drop(s);
+        let (_, rec) = Store::open(&p, None).unwrap();
+        let ids: Vec<&str> = rec.iter().map(|r| r.result.script_id.as_str()).collect();
+        assert_eq!(ids, ["dead"], "pid 1 holds no store");
+        let status =
+            |id: &str| Reader::open(&p).unwrap().script(id).unwrap().unwrap()["status"].clone();
+        assert_eq!(status("live"), "running");
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        let (_, rec) = Store::open(&p, None).unwrap();
+        assert_eq!(rec.len(), 1);
+        assert_eq!(status("live"), "interrupted");
     }
 
     #[tokio::test]

@@ -3,7 +3,16 @@
 //! `admin.cancel`), and so does what only root can read: a script's calls
 //! (`admin.calls`) and the engines' private workspaces (`admin.prune`); records
 //! come from the audit store, read-only, so they work with the daemon down.
+//!
+//! `audit`, `show`, `ps` and `cancel` read a user's own records instead (an
+//! embedded daemon's store: `scriptgate run` and `scriptgate mcp` with the
+//! daemon in their own process) with `--embedded`, or by default for a user
+//! other than root where no system daemon is installed (`target::choose_records`).
+//! Such a daemon answers no one but its own process: `ps` lists the rows that
+//! say `running` and looks at their processes in /proc, `show --calls` reads
+//! calls.jsonl itself, and `cancel` kills the script's sandbox (`cancel_embedded`).
 
+use super::args::AdminArgs;
 use super::exit::{self, Failure};
 use super::table::{pairs, table};
 use crate::audit::{Query, Reader};
@@ -11,8 +20,8 @@ use crate::config::{Config, DEFAULT_PATH};
 use crate::protocol::rpc::BoxFuture;
 use crate::protocol::rpc::{self, Bounds, CallError};
 use crate::protocol::{
-    AdminList, CallsPage, CallsParams, DaemonInfo, Method, PruneParams, Pruned, RpcError,
-    ScriptRef, ScriptState,
+    AdminList, CallsPage, CallsParams, DaemonInfo, Method, PruneParams, Pruned, Resources,
+    RpcError, ScriptRef, ScriptState,
 };
 use crate::time::{human_ms, rfc3339};
 use serde::Serialize;
@@ -27,6 +36,12 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct Ctx {
     pub socket: PathBuf,
     pub config: Config,
+    /// The embedded daemon's state directory whose store `audit`, `show`,
+    /// `ps` and `cancel` read (`Ctx::records`); None: the system daemon's.
+    pub embedded: Option<PathBuf>,
+    /// A record command of a user other than root on the system's records: a
+    /// refusal says how to read their own (`OWN_RECORDS_HINT`).
+    hint_own: bool,
 }
 
 /// The admin client asks; the daemon has nothing to ask of it.
@@ -55,7 +70,40 @@ impl Ctx {
         Ok(Ctx {
             socket: socket.unwrap_or_else(super::target::system_socket),
             config,
+            embedded: None,
+            hint_own: false,
         })
+    }
+
+    /// The context of a record command (`audit`, `show`, `ps`, `cancel`): the
+    /// system daemon's store, or the caller's embedded one
+    /// (`target::choose_records`), which one line on stderr names.
+    pub fn records(a: &AdminArgs) -> Result<Ctx, Failure> {
+        use super::target::{choose_records, Facts, Records};
+        let mut ctx = Ctx::load(a.socket.clone(), a.config.clone())?;
+        let named = a.socket.is_some() || a.config.is_some();
+        let root = nix::unistd::Uid::effective().is_root();
+        match choose_records(a.embedded, named, root, &Facts::gather()) {
+            Records::Embedded(why) => {
+                let (dir, _) = super::run::embedded_dirs(&ctx.config, false)?;
+                eprintln!(
+                    "scriptgate: records: the embedded daemon's store of uid {}, {} ({why})",
+                    nix::unistd::Uid::effective(),
+                    dir.join("scriptgate.db").display()
+                );
+                ctx.embedded = Some(dir);
+            }
+            Records::System => ctx.hint_own = !root,
+        }
+        Ok(ctx)
+    }
+
+    /// A refusal of the system's records, with the way to one's own where it helps.
+    fn refused(&self, mut f: Failure) -> Failure {
+        if self.hint_own && f.code == exit::NOT_PERMITTED {
+            f.message.push_str(OWN_RECORDS_HINT);
+        }
+        f
     }
 
     /// One request to the daemon; notifications in between are ignored.
@@ -65,6 +113,7 @@ impl Ctx {
             .build()
             .map_err(|e| Failure::setup(format!("tokio runtime: {e}")))?;
         rt.block_on(self.call_async(method, params))
+            .map_err(|f| self.refused(f))
     }
 
     async fn call_async<P: Serialize>(&self, method: Method, params: &P) -> Result<Value, Failure> {
@@ -149,9 +198,23 @@ impl Ctx {
         }
     }
 
-    /// The audit store, for root and members of `auth.admin_groups` only.
+    /// The audit store, for root and members of `auth.admin_groups` only; or
+    /// the caller's embedded one (`Ctx::records`), which is theirs.
     pub(crate) fn reader(&self) -> Result<Reader, Failure> {
-        self.reader_allowed()?;
+        if let Some(dir) = &self.embedded {
+            let db = dir.join("scriptgate.db");
+            if !db.exists() {
+                return Err(Failure::setup(format!(
+                    "uid {} has no embedded records: {} has no audit store yet (scriptgate run and \
+                     scriptgate mcp make it when they run a script with the daemon in their own \
+                     process: with --embedded, or where no system daemon is installed)",
+                    nix::unistd::Uid::effective(),
+                    dir.display()
+                )));
+            }
+            return Reader::open(&db).map_err(|e| Failure::setup(e.to_string()));
+        }
+        self.reader_allowed().map_err(|f| self.refused(f))?;
         let db = self.config.state.dir.join("scriptgate.db");
         Reader::open(&db).map_err(|e| Failure::setup(e.to_string()))
     }
@@ -174,6 +237,10 @@ impl Ctx {
         Ok(())
     }
 }
+
+/// Said to a user other than root whom the system daemon's records are refused.
+const OWN_RECORDS_HINT: &str = "; your own records, of scriptgate run and scriptgate mcp \
+    with the daemon in their own process, are read with --embedded";
 
 /// An answer of the daemon as its type.
 fn typed<T: serde::de::DeserializeOwned>(method: Method, v: Value) -> Result<T, Failure> {
@@ -335,6 +402,9 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
 }
 
 pub fn ps(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
+    if let Some(dir) = &ctx.embedded {
+        return ps_embedded(ctx, dir, json_out);
+    }
     let raw = ctx.call(Method::AdminList, &NoParams {})?;
     if json_out {
         return Ok(pretty(&raw));
@@ -389,6 +459,9 @@ fn bytes(b: Option<u64>) -> String {
 }
 
 pub fn cancel(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, Failure> {
+    if let Some(dir) = &ctx.embedded {
+        return cancel_embedded(ctx, dir, id, json_out);
+    }
     let r = ScriptRef {
         script_id: id.to_string(),
         timeout_s: None,
@@ -430,6 +503,367 @@ fn cancel_outcome(st: &ScriptState) -> Result<String, Failure> {
     })
 }
 
+/// Where the record commands look at an embedded daemon's processes.
+const PROC: &str = "/proc";
+
+/// Rows that say `running` that `ps` lists from an embedded store, at most.
+const PS_MAX_ROWS: usize = 1000;
+
+/// The process that holds a running row's embedded daemon (`scriptgate run`
+/// or `scriptgate mcp`: the row's `peer_pid`), as /proc shows it now.
+#[derive(Debug, Clone, Serialize)]
+struct Host {
+    pid: u32,
+    /// It lives, holds the store open and started before the script
+    /// (`audit::live::held_by`); otherwise the script is not running, whatever
+    /// its row says.
+    alive: bool,
+    /// `scriptgate run` or `scriptgate mcp`, when alive and one of them.
+    command: Option<&'static str>,
+}
+
+impl Host {
+    fn of(row: &Value, db: &Path) -> Option<Host> {
+        let pid = row["peer_pid"]
+            .as_u64()
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|p| *p > 0)?;
+        let started = row["started_at"].as_i64().unwrap_or(0);
+        // This process holds the store open too (to read it): a row naming its
+        // pid is an older process's.
+        let alive = pid != std::process::id()
+            && crate::audit::live::held_by(Path::new(PROC), pid, db, started);
+        let command = alive.then(|| subcommand(pid)).flatten();
+        Some(Host {
+            pid,
+            alive,
+            command,
+        })
+    }
+
+    fn named(&self) -> String {
+        match self.command {
+            Some(c) => format!("{c} (pid {})", self.pid),
+            None => format!("pid {}", self.pid),
+        }
+    }
+}
+
+/// The subcommand a scriptgate process runs, from its command line (only
+/// those that hold an embedded daemon; nothing of it is printed as it is).
+fn subcommand(pid: u32) -> Option<&'static str> {
+    let argv = std::fs::read(format!("{PROC}/{pid}/cmdline")).ok()?;
+    match argv.split(|b| *b == 0).nth(1)? {
+        b"run" => Some("scriptgate run"),
+        b"mcp" => Some("scriptgate mcp"),
+        _ => None,
+    }
+}
+
+/// A process's parent, from /proc/PID/stat (the field after the state).
+fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("{PROC}/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The children of `pid`, by a pass over /proc.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir(PROC) else {
+        return vec![];
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let child: u32 = e.file_name().to_str()?.parse().ok()?;
+            (parent(child)? == pid).then_some(child)
+        })
+        .collect()
+}
+
+/// `pid` is a bwrap that runs the sandbox init with `--chdir WORKSPACE`.
+fn runs_sandbox_in(pid: u32, workspace: &str) -> bool {
+    let Ok(argv) = std::fs::read(format!("{PROC}/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = argv.split(|b| *b == 0).collect();
+    args.windows(2)
+        .any(|w| w[0] == b"--chdir" && w[1] == workspace.as_bytes())
+        && args.contains(&b"--sandbox-init".as_slice())
+}
+
+/// The sandbox of the script running in `workspace` under the embedded daemon
+/// in `host`: the bwrap `host` started for it (its child that runs the sandbox
+/// init there), and bwrap's child, the sandbox's PID 1, once there is one.
+/// None while there is no such bwrap (the script is starting or ending). One
+/// workspace has one script of a process at a time (`scriptgate mcp` makes a
+/// fresh one for each); two are refused rather than guessed between.
+fn sandbox_of(host: u32, workspace: &str) -> Result<Option<(u32, Option<u32>)>, Failure> {
+    let found: Vec<u32> = children(host)
+        .into_iter()
+        .filter(|&c| runs_sandbox_in(c, workspace))
+        .collect();
+    match found.as_slice() {
+        [] => Ok(None),
+        [bwrap] => Ok(Some((*bwrap, children(*bwrap).first().copied()))),
+        more => Err(Failure::new(
+            exit::ERROR,
+            format!(
+                "{} sandboxes of pid {host} run in {workspace} (pids {more:?}); none was touched",
+                more.len()
+            ),
+        )),
+    }
+}
+
+/// What a running embedded script holds now, as the daemon's `admin.list`
+/// reads it for its backend: from its cgroup under a unit, else summed over
+/// its sandbox's process tree.
+fn usage_of(row: &Value, bwrap: u32) -> Resources {
+    use crate::limits::usage;
+    match row["backend"].as_str() {
+        Some("rlimit") | None => usage::from_proc(Path::new(PROC), bwrap, usage::ticks_per_s()),
+        Some(_) => usage::from_cgroup(Path::new("/sys/fs/cgroup"), Path::new(PROC), bwrap),
+    }
+}
+
+fn store_err(e: rusqlite::Error) -> Failure {
+    Failure::setup(e.to_string())
+}
+
+/// `scriptgate ps` of an embedded store: the rows that say `running` (their
+/// calls and failures as of the daemon's last checkpoint, at most 2 s old),
+/// each with the process that holds its daemon and, while that lives, what
+/// its sandbox holds now. A row whose process is gone is not running: it is
+/// listed as such (the next embedded daemon to open the store records it
+/// `interrupted`).
+fn ps_embedded(ctx: &Ctx, dir: &Path, json_out: bool) -> Result<String, Failure> {
+    #[derive(Serialize)]
+    struct Listed<'a> {
+        script_id: &'a Value,
+        run_id: &'a Value,
+        uid: &'a Value,
+        started_at: &'a Value,
+        age_ms: u64,
+        calls: &'a Value,
+        failures: &'a Value,
+        backend: &'a Value,
+        unit: &'a Value,
+        process: Option<Host>,
+        resources: Option<Resources>,
+    }
+    let reader = ctx.reader()?;
+    let q = Query {
+        status: Some("running".into()),
+        limit: PS_MAX_ROWS,
+        ..Default::default()
+    };
+    let rows = reader.scripts(&q).map_err(store_err)?;
+    let db = dir.join("scriptgate.db");
+    let now = crate::time::now_ms();
+    let mut listed = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let process = Host::of(r, &db);
+        let resources = match &process {
+            Some(h) if h.alive => sandbox_of(h.pid, r["workspace"].as_str().unwrap_or(""))
+                .ok()
+                .flatten()
+                .map(|(bwrap, _)| usage_of(r, bwrap)),
+            _ => None,
+        };
+        listed.push(Listed {
+            script_id: &r["script_id"],
+            run_id: &r["run_id"],
+            uid: &r["run_uid"],
+            started_at: &r["started_at"],
+            age_ms: (now - r["started_at"].as_i64().unwrap_or(now)).max(0) as u64,
+            calls: &r["calls"],
+            failures: &r["failures"],
+            backend: &r["backend"],
+            unit: &r["unit"],
+            process,
+            resources,
+        });
+    }
+    if json_out {
+        return Ok(pretty(
+            &serde_json::json!({ "store": db, "scripts": listed }),
+        ));
+    }
+    let mut gone = 0;
+    let mut table_rows: Vec<Vec<String>> = listed
+        .iter()
+        .map(|x| {
+            let r = x.resources.clone().unwrap_or_default();
+            let process = match &x.process {
+                Some(h) if h.alive => h.named(),
+                Some(h) => {
+                    gone += 1;
+                    format!("pid {} gone", h.pid)
+                }
+                None => "-".into(),
+            };
+            vec![
+                s(x.script_id),
+                s(x.run_id),
+                uid_name(x.uid),
+                human_ms(x.age_ms),
+                s(x.calls),
+                s(x.failures),
+                bytes(r.memory_bytes),
+                bytes(r.memory_peak_bytes),
+                r.cpu_usec
+                    .map(|u| format!("{:.2}s", u as f64 / 1e6))
+                    .unwrap_or_else(|| "-".into()),
+                r.tasks.map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
+                s(x.unit),
+                process,
+            ]
+        })
+        .collect();
+    table_rows.sort();
+    let mut out = table(
+        &[
+            "ID", "RUN", "UID", "AGE", "CALLS", "FAILS", "MEM", "PEAK", "CPU", "TASKS", "UNIT",
+            "PROCESS",
+        ],
+        &table_rows,
+    );
+    if gone > 0 {
+        out.push_str(&format!(
+            "{gone} of these {} not running: the process that ran {} is gone; the next \
+             scriptgate run or scriptgate mcp in its own process records {} as interrupted\n",
+            if gone == 1 { "is" } else { "are" },
+            if gone == 1 { "it" } else { "them" },
+            if gone == 1 { "it" } else { "them" },
+        ));
+    }
+    if rows.len() == PS_MAX_ROWS {
+        out.push_str(&format!(
+            "(the first {PS_MAX_ROWS} rows that say running)\n"
+        ));
+    }
+    Ok(out)
+}
+
+/// `scriptgate cancel` of an embedded store's script. Its daemon lives in
+/// another process (`scriptgate run`, `scriptgate mcp`) and takes no requests
+/// from others, so the script is ended the one way open to its user: its
+/// sandbox is killed (SIGKILL to the sandbox's PID 1, which ends every process
+/// in it, as the daemon's own cancel does; to bwrap itself before there is
+/// one), held by pidfd once found as that process's child. The daemon there
+/// then records the end as it sees it (an error: the sandbox was killed), not
+/// as `cancelled`; the output says so. Exit 13 when there is nothing to cancel
+/// (no such script, already finished, or its process gone).
+fn cancel_embedded(ctx: &Ctx, dir: &Path, id: &str, json_out: bool) -> Result<String, Failure> {
+    let db = dir.join("scriptgate.db");
+    let row = ctx
+        .reader()?
+        .script(id)
+        .map_err(store_err)?
+        .ok_or_else(|| {
+            Failure::new(
+                exit::NOT_FOUND,
+                format!("no script {id} in the audit store {}", db.display()),
+            )
+        })?;
+    let status = row["status"].as_str().unwrap_or("-");
+    if status != "running" {
+        return Err(Failure::new(
+            exit::NOT_FOUND,
+            format!("script {id} had already finished ({status}); nothing to cancel"),
+        ));
+    }
+    let host = Host::of(&row, &db);
+    let Some(host) = host.filter(|h| h.alive) else {
+        return Err(Failure::new(
+            exit::NOT_FOUND,
+            format!(
+                "script {id} is not running: the process that ran it (pid {}) is gone; its record \
+                 says running until the next scriptgate run or scriptgate mcp in its own process \
+                 records it as interrupted; nothing to cancel",
+                row["peer_pid"]
+            ),
+        ));
+    };
+    let workspace = row["workspace"].as_str().unwrap_or("");
+    let none_found = || {
+        Failure::new(
+            exit::ERROR,
+            format!(
+                "script {id} has no sandbox under {} now (it is starting or ending); nothing was killed",
+                host.named()
+            ),
+        )
+    };
+    let (bwrap, init) = sandbox_of(host.pid, workspace)?.ok_or_else(none_found)?;
+    let (target, parent_pid) = match init {
+        Some(init) => (init, bwrap),
+        None => (bwrap, host.pid),
+    };
+    let pidfd = crate::sys::PidFd::open(target as i32).map_err(|_| none_found())?;
+    // Held now: if it is still the child it was found as, the pidfd is that
+    // process (not a later one that took its pid).
+    if parent(target) != Some(parent_pid) {
+        return Err(none_found());
+    }
+    pidfd.kill().map_err(|e| {
+        Failure::new(
+            exit::ERROR,
+            format!("script {id}: cannot kill its sandbox (pid {target}): {e}"),
+        )
+    })?;
+    if json_out {
+        return Ok(pretty(&serde_json::json!({
+            "script_id": id,
+            "killed": true,
+            "signal": "SIGKILL",
+            "pid": target,
+            "process": host,
+        })));
+    }
+    Ok(format!(
+        "{id}: killed (SIGKILL to its sandbox, pid {target}, under {})\n\
+         that process records how it ended as it sees it (an error: its sandbox was killed), not as \
+         cancelled: an embedded daemon takes no request from another process; see scriptgate show --embedded {id}\n",
+        host.named()
+    ))
+}
+
+/// One page of an embedded script's calls.jsonl, read here (it is the
+/// user's own, or, for root's embedded store, root may read it) as the daemon
+/// reads it for `admin.calls`: opened without following a link, bounded.
+fn calls_here(
+    ctx: &Ctx,
+    id: &str,
+    offset: u64,
+    limit: Option<usize>,
+) -> Result<CallsPage, Failure> {
+    let row = ctx
+        .reader()?
+        .script(id)
+        .map_err(store_err)?
+        .ok_or_else(|| {
+            Failure::new(
+                exit::NOT_FOUND,
+                format!("no script {id} in the audit store"),
+            )
+        })?;
+    let run_uid = row["run_uid"]
+        .as_u64()
+        .and_then(|u| u32::try_from(u).ok())
+        .ok_or_else(|| Failure::setup(format!("script {id}: no run_uid recorded")))?;
+    let path = Path::new(row["workspace"].as_str().unwrap_or_default())
+        .join(row["details_dir"].as_str().unwrap_or_default())
+        .join("calls.jsonl");
+    let f = crate::daemon::calls::open_no_links(&path, run_uid)
+        .map_err(|e| Failure::setup(format!("cannot open {}: {e}", path.display())))?;
+    crate::daemon::calls::page(id, f, offset, limit).map_err(|e| Failure::admin(&e))
+}
+
 /// `scriptgate show ID --calls`: one page of the script's calls, through the
 /// daemon (calls.jsonl is private to the engine's uid).
 pub fn show_calls(
@@ -439,16 +873,27 @@ pub fn show_calls(
     limit: Option<usize>,
     json_out: bool,
 ) -> Result<String, Failure> {
-    let p = CallsParams {
-        script_id: id.to_string(),
-        offset,
-        limit,
+    let page: CallsPage = match &ctx.embedded {
+        Some(_) => {
+            let page = calls_here(ctx, id, offset, limit)?;
+            if json_out {
+                return Ok(pretty(&page));
+            }
+            page
+        }
+        None => {
+            let p = CallsParams {
+                script_id: id.to_string(),
+                offset,
+                limit,
+            };
+            let raw = ctx.call(Method::AdminCalls, &p)?;
+            if json_out {
+                return Ok(pretty(&raw));
+            }
+            typed(Method::AdminCalls, raw)?
+        }
     };
-    let raw = ctx.call(Method::AdminCalls, &p)?;
-    if json_out {
-        return Ok(pretty(&raw));
-    }
-    let page: CallsPage = typed(Method::AdminCalls, raw)?;
     let mut out = String::new();
     for l in &page.lines {
         out.push_str(&format!("#{} {}", l.n, call_line(&l.text)));
@@ -630,7 +1075,22 @@ pub fn prune(ctx: &Ctx, dry_run: bool) -> Result<(String, u8), Failure> {
         out.push_str(&text);
         worst(c);
     }
-    let (state, workspaces) = super::run::embedded_dirs(&ctx.config);
+    // A user with no usable state directory has no embedded workspaces; an
+    // administrator's part above stands, and the reason is said.
+    let dirs = match super::run::embedded_dirs(&ctx.config, false) {
+        Ok(dirs) => Some(dirs),
+        Err(f) if admin => {
+            out.push_str(&format!(
+                "no embedded workspaces of uid {uid}: {}\n",
+                f.message
+            ));
+            None
+        }
+        Err(f) => return Err(f),
+    };
+    let Some((state, workspaces)) = dirs else {
+        return Ok((out, code));
+    };
     match prune_embedded(ctx, dry_run, &state, workspaces)? {
         Some((text, c)) => {
             out.push_str(&text);

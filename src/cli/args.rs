@@ -60,11 +60,11 @@ pub enum Cmd {
     Token(TokenCmd),
     /// The daemon: its state, version, backend, sandbox, limits, running scripts.
     #[command(after_help = STATUS_AFTER_HELP)]
-    Status(AdminArgs),
-    /// Running scripts (admin).
+    Status(StatusArgs),
+    /// Running scripts (admin; your own with --embedded).
     Ps(AdminArgs),
-    /// One script's whole record, artifact paths and result text (admin); with
-    /// --calls, its tool calls and their arguments, through the daemon.
+    /// One script's whole record, artifact paths and result text (admin; your
+    /// own with --embedded); with --calls, its tool calls and their arguments.
     Show {
         id: String,
         /// The script's calls as logged in calls.jsonl (read by the daemon).
@@ -79,13 +79,13 @@ pub enum Cmd {
         #[command(flatten)]
         a: AdminArgs,
     },
-    /// Cancel a running script (admin).
+    /// Cancel a running script (admin; your own with --embedded).
     Cancel {
         id: String,
         #[command(flatten)]
         a: AdminArgs,
     },
-    /// Query the audit store; works with the daemon down (admin).
+    /// Query the audit store; works with the daemon down (admin; your own with --embedded).
     Audit(AuditCmd),
     /// Print a shell completion script (bash, zsh or fish) on stdout.
     Completions {
@@ -123,7 +123,21 @@ pub struct MetricsCmd {
     pub config: Option<PathBuf>,
 }
 
-/// Options of the admin commands.
+/// Options of `scriptgate status`.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// The daemon's socket.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// The daemon's configuration (state.dir, auth.admin_groups).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// JSON for machines instead of a table for people.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of the record commands (`ps`, `show`, `cancel`, `audit`).
 #[derive(Args, Debug)]
 #[command(after_help = ADMIN_AFTER_HELP)]
 pub struct AdminArgs {
@@ -136,6 +150,12 @@ pub struct AdminArgs {
     /// JSON for machines instead of a table for people.
     #[arg(long)]
     pub json: bool,
+    /// Your own records: those of `scriptgate run` and `scriptgate mcp` with the
+    /// daemon in their own process (~/.local/state/scriptgate; root's in
+    /// STATE/cli). The default for a user other than root where no system
+    /// daemon is installed.
+    #[arg(long, conflicts_with = "socket")]
+    pub embedded: bool,
 }
 
 #[derive(Args, Debug)]
@@ -194,9 +214,11 @@ sandbox.require_enforced_limits is on and the limits are not in force). Else as 
 does not answer, 12 permission denied.";
 
 const ADMIN_AFTER_HELP: &str = "\
-For root and members of auth.admin_groups. Exit status: 0 ok; 2 usage; 10 set-up
-failed (config, audit store); 11 the daemon does not answer; 12 permission denied;
-13 no such script.";
+For root and members of auth.admin_groups; with --embedded (the default for a user
+other than root where no system daemon is installed), each user's own records of
+scriptgate run and scriptgate mcp in their own process. Exit status: 0 ok; 2 usage;
+10 set-up failed (config, audit store); 11 the daemon does not answer; 12 permission
+denied; 13 no such script.";
 
 #[derive(Args, Debug)]
 pub struct ServersArgs {

@@ -30,10 +30,7 @@ fn admin_cmd(
     a: &AdminArgs,
     f: impl FnOnce(&admin::Ctx) -> Result<String, Failure>,
 ) -> ExitCode {
-    done(
-        name,
-        admin::Ctx::load(a.socket.clone(), a.config.clone()).and_then(|ctx| f(&ctx)),
-    )
+    done(name, admin::Ctx::records(a).and_then(|ctx| f(&ctx)))
 }
 
 fn runtime() -> tokio::runtime::Runtime {

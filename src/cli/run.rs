@@ -404,14 +404,15 @@ fn to_value<T: serde::Serialize>(v: T) -> Result<Value, RpcError> {
     serde_json::to_value(v).map_err(|e| RpcError::internal(e.to_string()))
 }
 
-fn home_state() -> PathBuf {
-    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
-        return PathBuf::from(x).join("scriptgate");
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/tmp".into());
-    home.join(".local/state/scriptgate")
+/// A user's state directory (`target::user_state_dir`: XDG_STATE_HOME, HOME,
+/// or the passwd entry's home; private to the user, never a shared path),
+/// made when `create`; refused with the reason when none is usable.
+fn home_state(create: bool) -> Result<PathBuf, Failure> {
+    super::target::user_state_dir(create).map_err(|e| {
+        Failure::setup(format!(
+            "no state directory for the embedded daemon's records: {e}"
+        ))
+    })
 }
 
 fn is_root() -> bool {
@@ -422,14 +423,17 @@ fn is_root() -> bool {
 /// fresh workspaces go under, for the system configuration `system`: root's in
 /// the system's `state.dir` (`cli` and `workspaces`: /var/lib/scriptgate/cli
 /// and /var/lib/scriptgate/workspaces by default), a user's in
-/// ~/.local/state/scriptgate. `scriptgate prune` finds them here too.
-pub(crate) fn embedded_dirs(system: &Config) -> (PathBuf, PathBuf) {
+/// ~/.local/state/scriptgate (`home_state`, made when `create`). `scriptgate
+/// prune` and the record commands (`audit`, `show`, `ps`, `cancel`) find them
+/// here too.
+pub(crate) fn embedded_dirs(system: &Config, create: bool) -> Result<(PathBuf, PathBuf), Failure> {
     if is_root() {
         let d = &system.state.dir;
-        (d.join("cli"), d.join("workspaces"))
-    } else {
-        (home_state(), home_state().join("workspaces"))
+        return Ok((d.join("cli"), d.join("workspaces")));
     }
+    let state = home_state(create)?;
+    let workspaces = state.join("workspaces");
+    Ok((state, workspaces))
 }
 
 /// The config the embedded daemon uses: the system file if readable (for limits,
@@ -442,7 +446,7 @@ pub(super) fn embedded_config(path: Option<&Path>) -> Result<Config, Failure> {
     };
     // The embedded daemon signs its own tokens with a fresh key: no engine entries.
     cfg.auth.engines.clear();
-    let (state, workspaces) = embedded_dirs(&cfg);
+    let (state, workspaces) = embedded_dirs(&cfg, true)?;
     cfg.state.dir = state;
     cfg.workspace.roots = vec![workspaces];
     if cfg.sandbox.backend != BackendChoice::Rlimit {

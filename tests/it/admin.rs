@@ -627,3 +627,696 @@ fn ps_shows_what_a_running_script_holds() {
     e.request("script.cancel", json!({"script_id": id}))
         .unwrap();
 }
+
+// ---------------------------------------------------------------------------
+// A user's own records (issue 31, section 6): `scriptgate run` and `scriptgate
+// mcp` with the daemon in their own process keep their records in the user's
+// state directory; `audit`, `show`, `ps` and `cancel` read and act on them
+// with no configuration, and that directory is the user's own, never a shared
+// path. The users are real processes of other uids; the ones that need a
+// passwd entry get it in a private mount namespace (a copy of /etc/passwd
+// bound over it there), so nothing is added to the host's /etc.
+
+/// No system daemon on this host: these tests are about the default where
+/// there is none (a test that needs one names it with SCRIPTGATE_SOCKET).
+fn no_system_daemon() {
+    for p in ["/run/scriptgate/scriptgate.sock"]
+        .iter()
+        .map(PathBuf::from)
+        .chain(
+            [
+                "/etc/systemd/system",
+                "/run/systemd/system",
+                "/usr/lib/systemd/system",
+                "/lib/systemd/system",
+            ]
+            .iter()
+            .map(|d| Path::new(d).join("scriptgate.socket")),
+        )
+    {
+        assert!(
+            !p.exists(),
+            "this test expects no system daemon, and {} is there",
+            p.display()
+        );
+    }
+}
+
+/// A directory for the test, 0755 (the users must pass through it), and in it
+/// `name`, owned by `uid`, mode 0700.
+fn records_dir() -> tempfile::TempDir {
+    shared();
+    let d = tempfile::Builder::new()
+        .prefix("sg-records-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+fn owned_dir(parent: &Path, name: &str, uid: u32, mode: u32) -> PathBuf {
+    let p = parent.join(name);
+    std::fs::create_dir(&p).unwrap();
+    std::os::unix::fs::chown(&p, Some(uid), Some(uid)).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    p
+}
+
+/// `scriptgate ARGS` as `uid` (its own gid), with `home` as HOME (None: no
+/// HOME at all), no XDG_STATE_HOME, no SCRIPTGATE_SOCKET, no terminal.
+fn user_command(uid: u32, home: Option<&Path>, args: &[&OsStr]) -> std::process::Command {
+    let mut c = cli_command(args);
+    c.stdin(Stdio::null())
+        .env_remove("SCRIPTGATE_SOCKET")
+        .env_remove("XDG_STATE_HOME")
+        .env_remove("HOME")
+        .uid(uid)
+        .gid(uid);
+    if let Some(h) = home {
+        c.env("HOME", h);
+    }
+    c
+}
+
+fn user_cli(uid: u32, home: Option<&Path>, args: &[&str]) -> Output {
+    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    user_command(uid, home, &args).output().unwrap()
+}
+
+/// A script file any user may read.
+fn readable_script(dir: &Path, name: &str, code: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, code).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    p
+}
+
+/// `scriptgate run --mcp time=… SCRIPT` as `uid` with `home`, as a command.
+fn user_run(uid: u32, home: Option<&Path>, script: &Path, extra: &[&str]) -> std::process::Command {
+    let time = time_server();
+    let mut args: Vec<&OsStr> = vec!["run".as_ref(), "--mcp".as_ref(), time.as_ref()];
+    args.extend(extra.iter().map(OsStr::new));
+    args.push(script.as_os_str());
+    user_command(uid, home, &args)
+}
+
+/// The line that names the store read, from a record command's stderr.
+fn records_line(stderr: &str) -> Option<&str> {
+    stderr
+        .lines()
+        .find(|l| l.starts_with("scriptgate: records: "))
+}
+
+/// A user other than root, with no system daemon installed and no
+/// configuration, reads their own embedded records: `audit` and `show` (and
+/// `show --calls`, read here as the daemon reads it) answer for the script
+/// `scriptgate run` ran in its own process, where they said "permission
+/// denied: the audit store is for root and members of …". One stderr line
+/// names the store. Where a system daemon is installed the system's store
+/// stays the default (refused, with the way to one's own), and `--embedded`
+/// reads one's own.
+#[test]
+#[ignore = "needs root: a user of another uid (cargo test --test it admin:: -- --include-ignored)"]
+fn a_user_reads_their_embedded_records_with_no_configuration() {
+    require_root("a user of another uid");
+    no_system_daemon();
+    const U: u32 = 40021;
+    let d = records_dir();
+    let home = owned_dir(d.path(), "home", U, 0o700);
+    let store = home.join(".local/state/scriptgate/scriptgate.db");
+    let o = user_cli(U, Some(&home), &["audit"]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(10), "{err}");
+    assert!(err.contains("uid 40021 has no embedded records"), "{err}");
+
+    let script = readable_script(
+        d.path(),
+        "one_call.py",
+        "import agent_tools\nprint(agent_tools.call('time__get_current_time', {'timezone': 'UTC'})['timezone'])\n",
+    );
+    let o = user_run(U, Some(&home), &script, &["--json"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let result: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let id = result["script_id"].as_str().unwrap();
+
+    let o = user_cli(U, Some(&home), &["audit"]);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_eq!(
+        records_line(&err),
+        Some(
+            format!(
+                "scriptgate: records: the embedded daemon's store of uid {U}, {} (no system daemon is installed)",
+                store.display()
+            )
+            .as_str()
+        ),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.contains(id))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains(" ok "), "{out}");
+    let o = user_cli(U, Some(&home), &["audit", "--json"]);
+    let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
+    assert_eq!(
+        (rows[0]["script_id"].as_str(), rows[0]["peer_uid"].as_u64()),
+        (Some(id), Some(U as u64))
+    );
+    let o = user_cli(U, Some(&home), &["show", id]);
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(out.contains("\nstatus             ok\n"), "{out}");
+    assert!(
+        out.contains("--- result text ---\nrun_script ok: 1 calls"),
+        "{out}"
+    );
+    let o = user_cli(U, Some(&home), &["show", id, "--calls", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let page: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let logged: Value = serde_json::from_str(page["lines"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(logged["tool"], "time__get_current_time", "{page}");
+    assert_eq!(page["lines"].as_array().unwrap().len(), 1, "{page}");
+    let o = user_cli(U, Some(&home), &["show", "0000000000000000"]);
+    assert_eq!(o.status.code(), Some(13), "{}", text(&o.stderr));
+
+    // A system daemon installed (its socket is there): the system's store, as
+    // before, refused to this user with the way to their own; --embedded reads it.
+    let sock = d.path().join("system.sock");
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let with_system = |args: &[&str]| {
+        let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+        let mut c = user_command(U, Some(&home), &args);
+        c.env("SCRIPTGATE_SOCKET", &sock);
+        c.output().unwrap()
+    };
+    let o = with_system(&["audit"]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(12), "{err}");
+    assert!(
+        err.contains("permission denied: the audit store is for root"),
+        "{err}"
+    );
+    assert!(err.contains("are read with --embedded"), "{err}");
+    assert_eq!(records_line(&err), None, "{err}");
+    let o = with_system(&["audit", "--embedded"]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(text(&o.stdout).contains(id));
+    assert!(
+        records_line(&err).is_some_and(|l| l.ends_with("(asked for with --embedded)")),
+        "{err}"
+    );
+    // --embedded and --socket name two stores: a usage error.
+    let o = with_system(&["ps", "--embedded", "--socket", "/x"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+}
+
+/// Read a child's stderr on a thread, line by line, into a channel.
+fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufRead::lines(std::io::BufReader::new(err)).map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Wait (at most 60 s) for the line on `rx` that starts with `prefix`.
+fn line_starting(rx: &std::sync::mpsc::Receiver<String>, prefix: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if l.starts_with(prefix) => return l,
+            Ok(_) => {}
+            Err(e) => panic!("no line starting with {prefix:?}: {e}"),
+        }
+    }
+}
+
+/// Wait for a child to exit, at most 60 s (then it is killed and the test fails).
+fn wait_bounded(child: std::process::Child) -> Output {
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("pid {pid} did not exit within 60 s");
+        }
+    }
+}
+
+/// A child killed and reaped when the test lets go of it, however the test ends.
+struct Reaped(Option<std::process::Child>);
+
+impl Reaped {
+    fn id(&self) -> u32 {
+        self.0.as_ref().unwrap().id()
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `scriptgate ps` and `cancel` of a user's embedded store. The daemon lives
+/// in the `scriptgate run` that runs the script: `ps` lists the rows that say
+/// running, with that process (and what its sandbox holds); a second embedded
+/// run meanwhile leaves the first one's row running (it was marked
+/// interrupted by the second's start); `cancel` kills the script's sandbox,
+/// the run ends (as an error, which the output says) and a second cancel
+/// finds nothing to cancel. A script whose process was killed is listed as
+/// not running, cancel says why there is nothing to cancel, and the next
+/// embedded start records it as interrupted.
+#[test]
+#[ignore = "needs root: a user of another uid (cargo test --test it admin:: -- --include-ignored)"]
+fn ps_and_cancel_act_on_a_users_embedded_scripts() {
+    require_root("a user of another uid");
+    no_system_daemon();
+    const U: u32 = 40022;
+    let d = records_dir();
+    let home = owned_dir(d.path(), "home", U, 0o700);
+    let long = readable_script(
+        d.path(),
+        "long.py",
+        "import agent_tools, time\nagent_tools.progress(1, 2, 'ready')\ntime.sleep(3600)\n",
+    );
+    let quick = readable_script(d.path(), "quick.py", "print('quick')\n");
+    let start_long = || {
+        let mut child = user_run(U, Some(&home), &long, &["--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = stderr_lines(&mut child);
+        let child = Reaped(Some(child));
+        line_starting(&lines, "progress: 1/2 ready");
+        child
+    };
+    let ps_json = || {
+        let o = user_cli(U, Some(&home), &["ps", "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()
+    };
+    let status = |id: &str| {
+        let o = user_cli(U, Some(&home), &["show", id, "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()["status"].clone()
+    };
+
+    let mut run = start_long();
+    // Another embedded run of the same user, start to end, meanwhile.
+    let o = user_run(U, Some(&home), &quick, &[]).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let list = ps_json();
+    let scripts = list["scripts"].as_array().unwrap();
+    assert_eq!(
+        scripts.len(),
+        1,
+        "the quick one ended, the long one runs: {list}"
+    );
+    let me = &scripts[0];
+    let id = me["script_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        me["process"],
+        json!({"pid": run.id(), "alive": true, "command": "scriptgate run"}),
+        "{me}"
+    );
+    let r = &me["resources"];
+    assert!(r["memory_bytes"].as_u64().unwrap() > 0, "{me}");
+    assert!(
+        r["tasks"].as_u64().unwrap() >= 3,
+        "bwrap, the init, python: {me}"
+    );
+    assert_eq!(status(&id), "running");
+    let o = user_cli(U, Some(&home), &["ps"]);
+    let out = text(&o.stdout);
+    let head: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        head,
+        [
+            "ID", "RUN", "UID", "AGE", "CALLS", "FAILS", "MEM", "PEAK", "CPU", "TASKS", "UNIT",
+            "PROCESS"
+        ]
+    );
+    let row = out
+        .lines()
+        .find(|l| l.starts_with(&id))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        row.ends_with(&format!("scriptgate run (pid {})", run.id())),
+        "{out}"
+    );
+
+    let o = user_cli(U, Some(&home), &["cancel", &id]);
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(
+        out.starts_with(&format!("{id}: killed (SIGKILL to its sandbox, pid ")),
+        "{out}"
+    );
+    assert!(out.contains("not as cancelled"), "{out}");
+    let o = wait_bounded(run.0.take().unwrap());
+    assert_eq!(o.status.code(), Some(1), "the run ends as an error");
+    let result: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(result["status"], "error", "{result}");
+    assert_eq!(status(&id), "error");
+    let o = user_cli(U, Some(&home), &["cancel", &id]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(13), "{err}");
+    assert!(
+        err.contains(&format!(
+            "script {id} had already finished (error); nothing to cancel"
+        )),
+        "{err}"
+    );
+    assert!(o.stdout.is_empty());
+    let o = user_cli(U, Some(&home), &["cancel", "0000000000000000"]);
+    assert_eq!(o.status.code(), Some(13), "{}", text(&o.stderr));
+
+    // The process that ran it killed: the sandbox dies with it, the row stays
+    // `running`, and that is said.
+    let run = start_long();
+    let pid = run.id();
+    let list = ps_json();
+    let id = list["scripts"][0]["script_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    drop(run);
+    let list = ps_json();
+    assert_eq!(list["scripts"][0]["process"]["alive"], false, "{list}");
+    assert_eq!(list["scripts"][0]["resources"], Value::Null, "{list}");
+    let o = user_cli(U, Some(&home), &["ps"]);
+    let out = text(&o.stdout);
+    assert!(out.contains(&format!("pid {pid} gone")), "{out}");
+    assert!(
+        out.contains("1 of these is not running: the process that ran it is gone"),
+        "{out}"
+    );
+    let o = user_cli(U, Some(&home), &["cancel", &id]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(13), "{err}");
+    assert!(
+        err.contains(&format!(
+            "script {id} is not running: the process that ran it (pid {pid}) is gone"
+        )),
+        "{err}"
+    );
+    // The next embedded start records it as interrupted.
+    let o = user_run(U, Some(&home), &quick, &[]).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(status(&id), "interrupted");
+    assert_eq!(ps_json()["scripts"], json!([]));
+}
+
+/// Run `scriptgate ARGS` as `uid` with the passwd file `passwd` bound over
+/// /etc/passwd in a private mount namespace of its own (unshare(1), then
+/// setpriv(1) to the uid), with `env` and nothing else of HOME,
+/// XDG_STATE_HOME or SCRIPTGATE_SOCKET.
+fn with_passwd(passwd: &Path, uid: u32, env: &[(&str, &str)], args: &[&OsStr]) -> Output {
+    shared();
+    let mut c = std::process::Command::new("unshare");
+    c.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(
+            "mount --bind \"$1\" /etc/passwd || exit 125; u=\"$2\"; shift 2; \
+             exec setpriv --reuid=\"$u\" --regid=\"$u\" --clear-groups \"$@\"",
+        )
+        .arg("sh")
+        .arg(passwd)
+        .arg(uid.to_string())
+        .arg(CLI)
+        .args(args)
+        .stdin(Stdio::null())
+        .env_remove("SCRIPTGATE_SOCKET")
+        .env_remove("XDG_STATE_HOME")
+        .env_remove("HOME");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+/// The owner of /tmp/.local/state/scriptgate (the shared path a user with no
+/// HOME got before), if it is there.
+fn tmp_state_owner() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata("/tmp/.local/state/scriptgate")
+        .ok()
+        .map(|m| m.uid())
+}
+
+/// With no HOME (or an empty one) the state directory is under the home
+/// directory of the user's passwd entry (0700, the user's), never the shared
+/// /tmp/.local/state/scriptgate it was; a relative XDG_STATE_HOME is ignored.
+/// Where none is usable (no passwd entry, a home that does not exist or is not
+/// the user's), the run is refused with the reason and nothing is made.
+#[test]
+#[ignore = "needs root: users of other uids, a private mount namespace (cargo test --test it admin:: -- --include-ignored)"]
+fn without_home_the_state_directory_is_the_passwd_home_never_tmp() {
+    require_root("users of other uids, a private mount namespace");
+    no_system_daemon();
+    use std::os::unix::fs::MetadataExt;
+    const U: u32 = 40023;
+    const ROOTS_HOME: u32 = 40024;
+    const NO_ENTRY: u32 = 40025;
+    let d = records_dir();
+    let home = owned_dir(d.path(), "home", U, 0o700);
+    let roots = owned_dir(d.path(), "roots-home", 0, 0o755);
+    let passwd = d.path().join("passwd");
+    let mut entries = std::fs::read_to_string("/etc/passwd").unwrap();
+    entries.push_str(&format!(
+        "sgrecords:x:{U}:{U}::{}:/bin/sh\nsgroots:x:{ROOTS_HOME}:{ROOTS_HOME}::{}:/bin/sh\n",
+        home.display(),
+        roots.display()
+    ));
+    std::fs::write(&passwd, entries).unwrap();
+    std::fs::set_permissions(&passwd, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let tmp_before = tmp_state_owner();
+    let script = readable_script(d.path(), "hi.py", "print('hi')\n");
+    let time = time_server();
+    let run: [&OsStr; 4] = [
+        "run".as_ref(),
+        "--mcp".as_ref(),
+        time.as_ref(),
+        script.as_os_str(),
+    ];
+    let state = home.join(".local/state/scriptgate");
+
+    for env in [
+        &[][..],
+        &[("HOME", "")][..],
+        &[("XDG_STATE_HOME", "state")][..],
+    ] {
+        let o = with_passwd(&passwd, U, env, &run);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{env:?}: {err}");
+        assert!(
+            err.contains(&format!("; records in {}\n", state.display())),
+            "{env:?}: {err}"
+        );
+    }
+    for dir in [
+        home.join(".local"),
+        home.join(".local/state"),
+        state.clone(),
+    ] {
+        let m = std::fs::symlink_metadata(&dir).unwrap();
+        assert_eq!(
+            (m.uid(), m.mode() & 0o7777),
+            (U, 0o700),
+            "{}",
+            dir.display()
+        );
+    }
+    let o = with_passwd(&passwd, U, &[], &["audit".as_ref(), "--json".as_ref()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 3, "{rows}");
+
+    // None usable: refused with the reason, nothing made anywhere.
+    for (uid, want) in [
+        (NO_ENTRY, format!("uid {NO_ENTRY} has no passwd entry to take a home directory from")),
+        (
+            ROOTS_HOME,
+            format!(
+                "the home directory of sgroots (uid {ROOTS_HOME}) in its passwd entry, {}, is owned by uid 0, not by uid {ROOTS_HOME}",
+                roots.display()
+            ),
+        ),
+        (
+            NOBODY,
+            "the home directory of nobody (uid 65534) in its passwd entry, /nonexistent, cannot be used: No such file or directory".into(),
+        ),
+    ] {
+        let o = with_passwd(&passwd, uid, &[], &run);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(10), "{err}");
+        assert!(
+            err.contains("scriptgate run: no state directory for the embedded daemon's records: neither HOME nor XDG_STATE_HOME (an absolute path) is set, and "),
+            "{err}"
+        );
+        assert!(err.contains(&want), "{want}\n{err}");
+        assert!(!err.contains("scriptgate: mode:"), "refused before anything runs: {err}");
+    }
+    assert_eq!(std::fs::read_dir(&roots).unwrap().count(), 0);
+    let tmp_after = tmp_state_owner();
+    assert_eq!(tmp_after, tmp_before, "nothing made under /tmp/.local");
+    for uid in [U, ROOTS_HOME, NO_ENTRY, NOBODY] {
+        assert_ne!(tmp_after, Some(uid));
+    }
+}
+
+/// A state directory someone else could have made or can change is refused
+/// with the reason, for `run` and for the record commands, and nothing is
+/// written into it: one owned by another user, one writable by others, one
+/// above it that another user owns or anyone may write (without the sticky
+/// bit), a link to another user's directory, and XDG_STATE_HOME naming
+/// another user's directory.
+#[test]
+#[ignore = "needs root: users of other uids (cargo test --test it admin:: -- --include-ignored)"]
+fn a_hostile_state_directory_is_refused_with_the_reason() {
+    require_root("users of other uids");
+    no_system_daemon();
+    const U: u32 = 40026;
+    const OTHER: u32 = 40027;
+    let d = records_dir();
+    let script = readable_script(d.path(), "hi.py", "print('hi')\n");
+    let refused = |home: &Path, env: &[(&str, &Path)], want: &str| {
+        for args in [&["audit"][..], &["ps"][..]] {
+            let mut c = user_command(
+                U,
+                Some(home),
+                &args.iter().map(OsStr::new).collect::<Vec<_>>(),
+            );
+            c.envs(env.iter().copied());
+            let o = c.output().unwrap();
+            let err = text(&o.stderr);
+            assert_eq!(o.status.code(), Some(10), "{args:?}: {err}");
+            assert!(err.contains(want), "{args:?}: {want}\n{err}");
+        }
+        let mut c = user_run(U, Some(home), &script, &[]);
+        c.envs(env.iter().copied());
+        let o = c.output().unwrap();
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(10), "{err}");
+        assert!(
+            err.contains("scriptgate run: no state directory for the embedded daemon's records: "),
+            "{err}"
+        );
+        assert!(err.contains(want), "{want}\n{err}");
+    };
+
+    // Pre-made by another user where this user's goes.
+    let home = owned_dir(d.path(), "home", U, 0o755);
+    let local = owned_dir(&home, ".local", U, 0o700);
+    let state_parent = owned_dir(&local, "state", U, 0o700);
+    let planted = owned_dir(&state_parent, "scriptgate", OTHER, 0o777);
+    refused(
+        &home,
+        &[],
+        &format!(
+            "{} is owned by uid {OTHER}, not by uid {U}: it was not made for you",
+            planted.display()
+        ),
+    );
+    assert_eq!(
+        std::fs::read_dir(&planted).unwrap().count(),
+        0,
+        "nothing written into it"
+    );
+    // The user's own, but writable by others.
+    std::os::unix::fs::chown(&planted, Some(U), Some(U)).unwrap();
+    refused(
+        &home,
+        &[],
+        &format!(
+            "{} is writable by group or others (mode 777)",
+            planted.display()
+        ),
+    );
+    assert_eq!(std::fs::read_dir(&planted).unwrap().count(), 0);
+    // Made private again, it is used.
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let o = user_run(U, Some(&home), &script, &[]).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(planted.join("scriptgate.db").exists());
+
+    // A directory above it that another user owns, or anyone may write.
+    let theirs = owned_dir(d.path(), "theirs", OTHER, 0o755);
+    let inside = owned_dir(&theirs, "home", U, 0o755);
+    refused(
+        &inside,
+        &[],
+        &format!(
+            "{}, above {}, is owned by uid {OTHER}, neither root nor uid {U}",
+            theirs.display(),
+            inside.join(".local/state/scriptgate").display()
+        ),
+    );
+    assert_eq!(std::fs::read_dir(&inside).unwrap().count(), 0);
+    let open = owned_dir(d.path(), "open", 0, 0o777);
+    refused(
+        &open,
+        &[],
+        &format!(
+            "{}, above {}, is writable by group or others (mode 777) without the sticky bit",
+            open.display(),
+            open.join(".local/state/scriptgate").display()
+        ),
+    );
+    assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0);
+
+    // A link from the user's state to another user's directory: where it leads is checked.
+    let home2 = owned_dir(d.path(), "home2", U, 0o700);
+    let state2 = home2.join(".local/state");
+    std::fs::create_dir_all(&state2).unwrap();
+    for p in [home2.join(".local"), state2.clone()] {
+        std::os::unix::fs::chown(&p, Some(U), Some(U)).unwrap();
+    }
+    let elsewhere = owned_dir(d.path(), "elsewhere", OTHER, 0o700);
+    std::os::unix::fs::symlink(&elsewhere, state2.join("scriptgate")).unwrap();
+    refused(
+        &home2,
+        &[],
+        &format!(
+            "{} is owned by uid {OTHER}, not by uid {U}",
+            elsewhere.display()
+        ),
+    );
+    // XDG_STATE_HOME naming another user's directory.
+    let home3 = owned_dir(d.path(), "home3", U, 0o700);
+    refused(
+        &home3,
+        &[("XDG_STATE_HOME", elsewhere.as_path())],
+        &format!(
+            "{}, above {}, is owned by uid {OTHER}, neither root nor uid {U}",
+            elsewhere.display(),
+            elsewhere.join("scriptgate").display()
+        ),
+    );
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(&home3).unwrap().count(), 0);
+}
