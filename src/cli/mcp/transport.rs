@@ -360,6 +360,31 @@ fn lenient_discover(result: &mut Value) -> Result<(), String> {
     Ok(())
 }
 
+/// An error answer to `server/discover` that is -32022 (unsupported protocol
+/// version) listing only versions of the initialize era: use one of them, which
+/// is `initialize` (rmcp retries only with a modern version, and otherwise
+/// fails). Why, if so.
+fn supports_only_handshake_versions(error: &Value) -> Option<String> {
+    if error.get("code").and_then(Value::as_i64)
+        != Some(ErrorCode::UNSUPPORTED_PROTOCOL_VERSION.0.into())
+    {
+        return None;
+    }
+    let supported: Vec<&str> = error
+        .pointer("/data/supported")?
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let handshake = |v: &&str| HANDSHAKE_VERSIONS.iter().any(|h| h.as_str() == *v);
+    (!supported.is_empty() && supported.iter().all(handshake)).then(|| {
+        format!(
+            "server/discover: the server supports only versions of the initialize era ({})",
+            clip(&supported.join(", "), 200)
+        )
+    })
+}
+
 /// `{"tools": {...}}` if the capabilities have `tools` at all (with its
 /// `listChanged` if a boolean), else `{}`.
 fn tools_capability(capabilities: Option<&Value>) -> Value {
@@ -513,9 +538,13 @@ impl Lines {
                 return Answer::Skip;
             }
             hs.probe = None;
-            return match m.get_mut("result").map(lenient_discover) {
-                Some(Err(why)) => Answer::Instead(Box::new(not_modern(why, id))),
-                _ => Answer::Parse(id),
+            let legacy = match m.get_mut("result") {
+                Some(result) => lenient_discover(result).err(),
+                None => m.get("error").and_then(supports_only_handshake_versions),
+            };
+            return match legacy {
+                Some(why) => Answer::Instead(Box::new(not_modern(why, id))),
+                None => Answer::Parse(id),
             };
         }
         if let Some(init) = &hs.initialize {
@@ -729,6 +758,26 @@ mod tests {
         // no version in common, and says so).
         let mut later = json!({"supportedVersions": ["2027-01-01"]});
         assert!(lenient_discover(&mut later).is_ok());
+    }
+
+    #[test]
+    fn an_unsupported_version_error_naming_only_old_versions_means_initialize() {
+        let e = |supported: Value| json!({"code": -32022, "message": "no", "data": {"supported": supported}});
+        assert!(
+            supports_only_handshake_versions(&e(json!(["2025-11-25", "2025-06-18"])))
+                .unwrap()
+                .contains("only versions of the initialize era (2025-11-25, 2025-06-18)")
+        );
+        // A modern version among them: rmcp retries with it, or says none is shared.
+        assert_eq!(
+            supports_only_handshake_versions(&e(json!(["2025-11-25", "2026-07-28"]))),
+            None
+        );
+        assert_eq!(supports_only_handshake_versions(&e(json!([]))), None);
+        assert_eq!(
+            supports_only_handshake_versions(&json!({"code": -32601, "message": "no"})),
+            None
+        );
     }
 
     #[test]
