@@ -26,6 +26,7 @@ mod hostile_runs;
 mod hostile_sandbox;
 mod lifecycle;
 mod man_examples;
+mod mcp_eras;
 mod parsers;
 mod policy;
 mod sandbox;

@@ -1,22 +1,30 @@
 //! The MCP client of `scriptgate run | tools | describe | mcp`: rmcp's (the
 //! official Rust SDK) over a server's stdio, with scriptgate's bounds on what a
-//! server sends: initialize, tools/list (all pages), tools/call, cancellation.
-//! It keeps tools as raw JSON so that every annotation the server publishes
-//! (readOnlyHint, destructiveHint, execution.taskSupport) is seen.
+//! server sends (`transport`). It reaches servers of both eras: it probes with
+//! `server/discover` (MCP 2026-07-28, per-request `_meta`, no handshake) and
+//! falls back to `initialize` (2024-11-05 to 2025-11-25) for a server that
+//! does not answer it as 2026-07-28 does, within `PROBE_TIMEOUT` (rmcp's
+//! `ClientLifecycleMode::Auto`, its wait shortened by the transport). Then
+//! tools/list (all pages) and tools/call, a call answered with a task driven to
+//! its end (`task`), cancellation. It keeps tools as raw JSON so that every
+//! annotation the server publishes (readOnlyHint, destructiveHint,
+//! execution.taskSupport) is seen.
 
-use crate::protocol::framing::{clip, parse_cost, resume_line, Line};
-use crate::protocol::rpc::max_parse_cost;
+mod task;
+mod transport;
+
+use crate::protocol::framing::clip;
 use crate::protocol::snapshot::{ToolClass, ToolSpec};
 use crate::protocol::ToolResult;
 use crate::script::engine::LinkError;
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientCapabilities,
-    ClientConfig, ClientJsonRpcMessage, ClientRequest, ElicitRequestParams, ElicitResult,
-    ElicitationCreateRequestMethod, Implementation, JsonRpcMessage, ListToolsRequest,
-    PaginatedRequestParams, ProtocolVersion, RequestId, ServerJsonRpcMessage, ServerNotification,
-    ServerResult,
+    CallToolRequest, CallToolRequestParams, CancelTaskParams, CancelTaskRequest,
+    CancelledNotificationParam, ClientCapabilities, ClientConfig, ClientRequest,
+    ElicitRequestParams, ElicitResult, ElicitationCreateRequestMethod, ErrorCode, GetTaskParams,
+    GetTaskRequest, Implementation, ListToolsRequest, PaginatedRequestParams, ProtocolVersion,
+    RequestId, ServerNotification, SubscriptionFilter,
 };
-// MCP's next version drops roots (SEP-2577); the servers of 2025-06-18 that
+// MCP 2026-07-28 drops roots (SEP-2577); the servers of 2025-06-18 that
 // scriptgate speaks to may still ask for them.
 #[allow(deprecated)]
 use rmcp::model::{ListRootsResult, Root};
@@ -24,22 +32,48 @@ use rmcp::service::{
     serve_client_with_lifecycle, ClientInitializeError, ClientLifecycleMode, NotificationContext,
     PeerRequestOptions, RequestContext, RoleClient, RunningService, ServiceError,
 };
-use rmcp::transport::Transport;
 use rmcp::ClientHandler;
 use serde_json::{json, Value};
-use std::collections::{HashMap, HashSet};
-use std::future::Future;
+use std::borrow::Cow;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
+use tokio::time::Instant;
+use transport::{Lines, Reader, Shared, HANDSHAKE_ASKS, HANDSHAKE_VERSIONS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum McpError {
-    #[error("MCP server {name}: {message}")]
+    #[error("MCP server {name}: {}", shown(message))]
     Server { name: String, message: String },
     #[error("--mcp {0:?}: expected NAME=COMMAND (NAME: letters, digits, _ and -)")]
     Spec(String),
+}
+
+/// Text from a server (its stderr, its errors) or the user's command line, as
+/// shown on a terminal: C0 and C1 controls, DEL, and the characters that
+/// reorder or hide text (bidi controls, zero-width characters, the line and
+/// paragraph separators) are written as `\u{…}`.
+pub fn shown(s: &str) -> Cow<'_, str> {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+    };
+    if !s.chars().any(hidden) {
+        return Cow::Borrowed(s);
+    }
+    Cow::Owned(
+        s.chars()
+            .map(|c| {
+                if hidden(c) {
+                    c.escape_unicode().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
 }
 
 /// A `--mcp NAME=COMMAND` argument.
@@ -74,6 +108,9 @@ impl std::str::FromStr for ServerSpec {
 /// The class of a tool from its MCP annotations, with the MCP spec's defaults:
 /// `execution.taskSupport: "required"` → long_task; `readOnlyHint: true` → read;
 /// otherwise `destructiveHint` (default true) → destructive; otherwise write.
+/// `execution` is MCP 2025-11-25's: `Server::list_tools` leaves it out of the
+/// tools of a server spoken to in 2026-07-28, whose calls may become tasks
+/// that are driven to their end.
 pub fn class_of(tool: &Value) -> ToolClass {
     if tool
         .pointer("/execution/taskSupport")
@@ -146,10 +183,6 @@ pub fn tool_spec(full: String, tool: &Value, class: ToolClass) -> (ToolSpec, Opt
     (spec, warning)
 }
 
-/// The longest line an MCP server may send (a `tools/list` page of a large
-/// server fits many times over); a longer one ends the connection.
-pub const MAX_LINE_BYTES: usize = 64 << 20;
-
 fn cursor_hash(c: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -164,324 +197,16 @@ pub const MAX_TOOLS: usize = 100_000;
 /// The most bytes of `tools/list` pages taken from one server (as re-serialised).
 pub const MAX_TOOLS_BYTES: usize = 256 << 20;
 
-/// The raw `result` of each answer to a `tools/list` or `tools/call` of ours,
-/// by request id, from when the answer is read until its caller takes it (or
-/// drops the call). rmcp parses every result into its model, whose `Tool` has no
-/// `execution` (MCP 2025-11-25's `taskSupport`, which makes a tool `long_task`,
-/// never callable): the raw page keeps every field a server publishes, and a
-/// call's result reaches `ToolResult::from_mcp` as the server wrote it.
-#[derive(Default)]
-struct Raw {
-    /// Requests written and not answered yet whose results are kept.
-    wanted: HashSet<RequestId>,
-    results: HashMap<RequestId, Value>,
-    /// Calls dropped before rmcp wrote them: not `wanted` when it does.
-    abandoned: HashSet<RequestId>,
-    /// Our `initialize`, whose answer is read leniently (`lenient_initialize`).
-    initialize: Option<RequestId>,
-}
+/// How long the era probe (`server/discover`) is waited for before the server
+/// is spoken to through `initialize`. rmcp's Auto mode waits 10 s; a server
+/// that answers the probe at all (with a result, or an error as servers of the
+/// handshake era do) is not waited for, so this is what a server costs that
+/// leaves the probe unanswered. One that answers later, being slow to start,
+/// is started again in the 2026-07-28 era (`Server::start`).
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Entries of `Raw::abandoned`, at most (they leave it when rmcp writes the
-/// request, which it does unless the connection ended).
-const MAX_ABANDONED: usize = 4096;
-
-/// What the transport and the calls share.
-struct Shared {
-    raw: Mutex<Raw>,
-    /// Why the transport ended the connection, when it was scriptgate's choice
-    /// (a line over a bound), for the errors of the calls that waited.
-    closed_with: Mutex<Option<String>>,
-    /// The server's requests handed to rmcp and not yet answered (by id).
-    owed: Mutex<HashSet<RequestId>>,
-    /// Those, and the other messages handed to the transport and not yet
-    /// written. The server's stdout is not read while there are `MAX_PENDING`:
-    /// a server that floods requests (`ping`) and never reads the answers does
-    /// not grow the CLI.
-    pending: tokio::sync::watch::Sender<usize>,
-}
-
-impl Shared {
-    /// The call was answered (or failed): its raw result, if it had one.
-    fn take(&self, id: &RequestId) -> Option<Value> {
-        let mut raw = self.raw.lock().unwrap();
-        raw.wanted.remove(id);
-        raw.results.remove(id)
-    }
-
-    /// The call was dropped: forget it, written or not.
-    fn abandon(&self, id: RequestId) {
-        let mut raw = self.raw.lock().unwrap();
-        if !raw.wanted.remove(&id) && raw.results.remove(&id).is_none() {
-            if raw.abandoned.len() >= MAX_ABANDONED {
-                raw.abandoned.clear();
-            }
-            raw.abandoned.insert(id);
-        }
-    }
-}
-
-/// The protocol versions scriptgate's client takes from a server's `initialize`
-/// answer: those of the `initialize` handshake (2026-07-28 has none, and rmcp
-/// would switch to its rules).
-const VERSIONS: [ProtocolVersion; 4] = [
-    ProtocolVersion::V_2024_11_05,
-    ProtocolVersion::V_2025_03_26,
-    ProtocolVersion::V_2025_06_18,
-    ProtocolVersion::V_2025_11_25,
-];
-
-/// The answer to our `initialize`, as the client before rmcp read it: only the
-/// `tools` capability counts, whatever its value (its `listChanged` if a
-/// boolean), a missing `protocolVersion` or `serverInfo` is no error, and the
-/// rest (`instructions`, other capabilities) is not kept. rmcp's model requires
-/// all three and refuses a malformed capability that scriptgate never uses.
-fn lenient_initialize(result: &mut Value) {
-    let Some(r) = result.as_object() else { return };
-    let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_string();
-    let tools = r.get("capabilities").and_then(|c| c.get("tools")).map(|t| {
-        match t.get("listChanged").and_then(Value::as_bool) {
-            Some(b) => json!({ "listChanged": b }),
-            None => json!({}),
-        }
-    });
-    let version = match r.get("protocolVersion").and_then(Value::as_str) {
-        Some(v) => v.to_string(),
-        None => ProtocolVersion::V_2025_06_18.to_string(),
-    };
-    let info = r.get("serverInfo");
-    *result = json!({
-        "protocolVersion": version,
-        "capabilities": tools.map(|t| json!({ "tools": t })).unwrap_or(json!({})),
-        "serverInfo": {
-            "name": text(info.and_then(|i| i.get("name"))),
-            "version": text(info.and_then(|i| i.get("version"))),
-        },
-    });
-}
-
-/// The server's requests not yet answered and messages not yet written to it,
-/// at most, before its stdout is read again.
-const MAX_PENDING: usize = 1024;
-
-/// rmcp's transport over the server's stdio: newline-delimited JSON-RPC with
-/// scriptgate's bounds. rmcp's own stdio transport drops a line over 16 MiB and
-/// reads on, so the request it answered waits for its timeout; here a line over
-/// `MAX_LINE_BYTES`, or one that would parse to too much memory, ends the
-/// connection and fails what waits with the reason.
-struct Lines {
-    read: tokio::io::BufReader<tokio::process::ChildStdout>,
-    /// The line being read: kept across calls, as rmcp may drop a `receive`
-    /// between two reads of one line.
-    buf: Vec<u8>,
-    write: Arc<tokio::sync::Mutex<Option<tokio::process::ChildStdin>>>,
-    shared: Arc<Shared>,
-}
-
-/// What `Lines::answer` made of a message.
-enum Answer {
-    /// Not an answer: for rmcp to parse.
-    Other,
-    /// An answer for rmcp to parse; if it cannot, its request fails at once.
-    Parse(RequestId),
-    /// An answer whose raw result is kept.
-    Kept(RequestId),
-    /// An answer before the answer to `initialize`: dropped.
-    Skip,
-}
-
-impl Lines {
-    /// A request of the server's is owed an answer until it is written, or
-    /// until the server cancels it (rmcp then answers nothing).
-    fn count_owed(&self, msg: &ServerJsonRpcMessage) {
-        let mut owed = self.shared.owed.lock().unwrap();
-        let changed = match msg {
-            JsonRpcMessage::Request(r) => owed.insert(r.id.clone()).then_some(1isize),
-            JsonRpcMessage::Notification(n) => match &n.notification {
-                ServerNotification::CancelledNotification(c) => c
-                    .params
-                    .request_id
-                    .as_ref()
-                    .and_then(|id| owed.remove(id).then_some(-1)),
-                _ => None,
-            },
-            _ => None,
-        };
-        if let Some(d) = changed {
-            self.shared
-                .pending
-                .send_modify(|n| *n = n.saturating_add_signed(d));
-        }
-    }
-
-    fn close_with(&self, why: String) {
-        *self.shared.closed_with.lock().unwrap() = Some(why);
-    }
-
-    /// An answer (a message with an id and no method): keep the raw result of
-    /// one to a request in `wanted` and hand rmcp an empty result in its place
-    /// (its model of the result is not used, and parsing it costs more than the
-    /// rest of a call); read the answer to `initialize` leniently, and drop
-    /// other answers until it came (rmcp's handshake takes any answer as its).
-    /// An `error` wins over a `result`, as before rmcp.
-    fn answer(&self, msg: &mut Value) -> Answer {
-        if msg.get("method").is_some() {
-            return Answer::Other;
-        }
-        let Some(id) = msg.get("id").cloned() else {
-            return Answer::Other;
-        };
-        let Ok(mut id) = serde_json::from_value::<RequestId>(id) else {
-            return Answer::Other;
-        };
-        // rmcp matches the id "3" to the request 3; so does this.
-        if let RequestId::String(s) = &id {
-            if let Ok(n) = s.parse::<i64>() {
-                id = RequestId::Number(n);
-            }
-        }
-        let Some(m) = msg.as_object_mut() else {
-            return Answer::Other;
-        };
-        if m.contains_key("error") {
-            m.remove("result");
-        }
-        let mut raw = self.shared.raw.lock().unwrap();
-        if let Some(init) = &raw.initialize {
-            if *init != id {
-                return Answer::Skip;
-            }
-            raw.initialize = None;
-            if let Some(result) = m.get_mut("result") {
-                lenient_initialize(result);
-            }
-            return Answer::Parse(id);
-        }
-        match m.get_mut("result") {
-            Some(result) if raw.wanted.remove(&id) => {
-                raw.results.insert(id.clone(), result.take());
-                Answer::Kept(id)
-            }
-            _ => Answer::Parse(id),
-        }
-    }
-}
-
-impl Transport<RoleClient> for Lines {
-    type Error = std::io::Error;
-
-    fn send(
-        &mut self,
-        item: ClientJsonRpcMessage,
-    ) -> impl Future<Output = Result<(), std::io::Error>> + Send + 'static {
-        if let JsonRpcMessage::Request(r) = &item {
-            let mut raw = self.shared.raw.lock().unwrap();
-            match r.request {
-                ClientRequest::ListToolsRequest(_) | ClientRequest::CallToolRequest(_)
-                    if !raw.abandoned.remove(&r.id) =>
-                {
-                    raw.wanted.insert(r.id.clone());
-                }
-                ClientRequest::InitializeRequest(_) => raw.initialize = Some(r.id.clone()),
-                _ => {}
-            }
-        }
-        let line = serde_json::to_vec(&item).map(|mut l| {
-            l.push(b'\n');
-            l
-        });
-        let (write, shared) = (self.write.clone(), self.shared.clone());
-        // An answer to the server's request was counted when the request was read.
-        let answers = match &item {
-            JsonRpcMessage::Response(r) => Some(&r.id),
-            JsonRpcMessage::Error(e) => e.id.as_ref(),
-            _ => None,
-        };
-        let owed = answers.is_some_and(|id| shared.owed.lock().unwrap().remove(id));
-        if !owed {
-            shared.pending.send_modify(|n| *n += 1);
-        }
-        async move {
-            let written = async {
-                let line = line?;
-                let mut w = write.lock().await;
-                let w = w.as_mut().ok_or(std::io::ErrorKind::BrokenPipe)?;
-                w.write_all(&line).await?;
-                w.flush().await
-            }
-            .await;
-            shared.pending.send_modify(|n| *n -= 1);
-            written
-        }
-    }
-
-    async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
-        loop {
-            let mut pending = self.shared.pending.subscribe();
-            let _ = pending.wait_for(|n| *n < MAX_PENDING).await;
-            match resume_line(&mut self.read, &mut self.buf, MAX_LINE_BYTES).await {
-                Ok(Line::Eof | Line::TimedOut) | Err(_) => return None,
-                Ok(Line::TooLong) => {
-                    self.close_with(format!(
-                        "a message longer than {} MiB; closing the connection",
-                        MAX_LINE_BYTES >> 20
-                    ));
-                    return None;
-                }
-                Ok(Line::Data) => {}
-            }
-            let line = std::mem::take(&mut self.buf);
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            // A line is bounded in what it parses to, too: a line of tiny
-            // objects parses to ~100 times its size.
-            let (cost, max) = (parse_cost(&line), max_parse_cost(MAX_LINE_BYTES));
-            if cost > max {
-                self.close_with(format!(
-                    "message too large once parsed (about {cost} bytes; at most {max}); closing the connection"
-                ));
-                return None;
-            }
-            // What is not JSON-RPC is skipped, as a client does.
-            let Ok(mut msg) = serde_json::from_slice::<Value>(&line) else {
-                continue;
-            };
-            drop(line);
-            let answer = self.answer(&mut msg);
-            let id = match answer {
-                Answer::Kept(id) => {
-                    return Some(ServerJsonRpcMessage::response(ServerResult::empty(()), id))
-                }
-                Answer::Skip => continue,
-                Answer::Parse(id) => Some(id),
-                Answer::Other => None,
-            };
-            match (serde_json::from_value::<ServerJsonRpcMessage>(msg), id) {
-                (Ok(msg), _) => {
-                    self.count_owed(&msg);
-                    return Some(msg);
-                }
-                // A malformed answer fails its request now, not at its timeout.
-                (Err(e), Some(id)) => {
-                    let e = rmcp::ErrorData::internal_error(
-                        format!("a malformed answer: {}", clip(&e.to_string(), 200)),
-                        None,
-                    );
-                    return Some(ServerJsonRpcMessage::error(e, Some(id)));
-                }
-                (Err(_), None) => {}
-            }
-        }
-    }
-
-    fn close(&mut self) -> impl Future<Output = Result<(), std::io::Error>> + Send {
-        let write = self.write.clone();
-        async move {
-            write.lock().await.take();
-            Ok(())
-        }
-    }
-}
+/// How long a server may take to start, its handshake included.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What scriptgate serves of a server's requests (`ping`, by rmcp, and
 /// `roots/list`) and notifications (`notifications/tools/list_changed`).
@@ -521,18 +246,19 @@ impl ClientHandler for Client {
         self.tools_changed.notify_one();
     }
 
-    /// No capability: no `roots` (see `Server::start`), no sampling, no
-    /// elicitation.
+    /// One capability: the tasks extension (`task`), declared in `initialize`
+    /// and, in 2026-07-28, on every request (rmcp's per-request `_meta`). No
+    /// `roots` (see `Server::start`), no sampling, no elicitation.
     fn get_info(&self) -> ClientConfig {
         ClientConfig::new(
-            ClientCapabilities::default(),
+            ClientCapabilities::builder().enable_tasks().build(),
             Implementation::new("scriptgate", env!("CARGO_PKG_VERSION")),
         )
-        .with_protocol_version(ProtocolVersion::V_2025_06_18)
+        .with_protocol_version(HANDSHAKE_ASKS)
     }
 }
 
-/// A call that is dropped unanswered (its script ended) is cancelled at the
+/// A request that is dropped unanswered (its script ended) is cancelled at the
 /// server too, as MCP's cancellation says, and its raw result is forgotten.
 struct Abandon<'a> {
     server: &'a Server,
@@ -541,7 +267,7 @@ struct Abandon<'a> {
 }
 
 impl Abandon<'_> {
-    /// The call was answered (or failed): take its raw result.
+    /// The request was answered (or failed): take its raw result.
     fn answered(mut self) -> Option<Value> {
         let id = self.id.take()?;
         self.server.shared.take(&id)
@@ -562,15 +288,52 @@ impl Drop for Abandon<'_> {
     }
 }
 
+/// A task given up before it ended (its call timed out or was dropped, or it
+/// asks for what scriptgate cannot give) is cancelled at the server with
+/// `tasks/cancel` (the extension's way; `notifications/cancelled` is not for
+/// tasks), by a task of its own as `Abandon`'s cancel is.
+struct CancelTask<'a> {
+    server: &'a Server,
+    id: Option<String>,
+}
+
+impl CancelTask<'_> {
+    /// The task ended at the server: nothing to cancel.
+    fn ended(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for CancelTask<'_> {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let peer = self.server.service.peer().clone();
+        self.server.cancels.spawn(async move {
+            let cancel =
+                ClientRequest::CancelTaskRequest(CancelTaskRequest::new(CancelTaskParams::new(id)));
+            let sent = peer
+                .send_request_with_option(cancel, PeerRequestOptions::no_options())
+                .await;
+            if let Ok(answer) = sent {
+                let _ = tokio::time::timeout(Duration::from_secs(5), answer.await_response()).await;
+            }
+        });
+    }
+}
+
 /// One running MCP server.
 pub struct Server {
     pub name: String,
     service: RunningService<RoleClient, Client>,
     shared: Arc<Shared>,
+    /// Spoken to in MCP 2026-07-28 (through `server/discover`), not through
+    /// `initialize`.
+    modern: bool,
     /// The server's stdin, closed at shutdown (rmcp's close waits on a write
     /// that a server which does not read never lets finish).
     stdin: Arc<tokio::sync::Mutex<Option<tokio::process::ChildStdin>>>,
-    /// The cancels of abandoned calls, sent before the server is shut down.
+    /// The cancels of abandoned calls and tasks, sent before the server is
+    /// shut down.
     cancels: tokio_util::task::TaskTracker,
     child: tokio::sync::Mutex<tokio::process::Child>,
     pgid: Option<i32>,
@@ -629,19 +392,105 @@ fn stderr_note(tail: &Mutex<Vec<u8>>) -> String {
     format!("; its stderr ends with: {}", last.join(" | "))
 }
 
+/// Why the handshake failed, in a few words.
+fn why_not_started(e: &ClientInitializeError) -> String {
+    match e {
+        ClientInitializeError::ConnectionClosed(_) => {
+            "the server exited (or closed its stdout)".into()
+        }
+        ClientInitializeError::TransportError { .. } => {
+            "the server exited (or closed its stdin)".into()
+        }
+        // The probe's answer said "an initialize-era server"; the fallback's
+        // failure is the one to tell.
+        ClientInitializeError::LegacyFallbackFailed { fallback, .. } => why_not_started(fallback),
+        ClientInitializeError::JsonRpcError(d) => format!(
+            "the server answered with the error {}: {}",
+            d.code.0,
+            clip(&d.message, 300)
+        ),
+        ClientInitializeError::NoCompatibleProtocolVersion {
+            server_supported, ..
+        } => {
+            let listed: Vec<&str> = server_supported.iter().map(|v| v.as_str()).collect();
+            format!(
+                "server/discover lists MCP versions {}, none of which scriptgate speaks \
+                 ({} through server/discover, {} to {} through initialize)",
+                clip(&listed.join(", "), 300),
+                ProtocolVersion::V_2026_07_28,
+                HANDSHAKE_VERSIONS[0],
+                HANDSHAKE_VERSIONS[HANDSHAKE_VERSIONS.len() - 1]
+            )
+        }
+        e => clip(&e.to_string(), 300),
+    }
+}
+
+/// `initialize` was refused with -32022 (unsupported protocol version): the
+/// server speaks 2026-07-28 (a dual-era server that read the probe first serves
+/// that era only from then on, as the official Python SDK's does).
+fn initialize_refused_as_modern(e: &ClientInitializeError) -> bool {
+    match e {
+        ClientInitializeError::LegacyFallbackFailed { fallback, .. } => {
+            initialize_refused_as_modern(fallback)
+        }
+        ClientInitializeError::JsonRpcError(d) => d.code == ErrorCode::UNSUPPORTED_PROTOCOL_VERSION,
+        _ => false,
+    }
+}
+
+/// An error answer's text; for -32021 (missing required client capability),
+/// with the capabilities the server named.
+fn error_text(e: &rmcp::ErrorData) -> String {
+    let message = clip(&e.message, 4096);
+    if e.code != ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY {
+        return message;
+    }
+    let mut names = Vec::new();
+    let required = e
+        .data
+        .as_ref()
+        .and_then(|d| d.get("requiredCapabilities"))
+        .and_then(Value::as_object);
+    for (k, v) in required.into_iter().flatten() {
+        match v.as_object() {
+            Some(ext) if k == "extensions" => names.extend(ext.keys().cloned()),
+            _ => names.push(k.clone()),
+        }
+    }
+    let names = if names.is_empty() {
+        "(none named)".to_string()
+    } else {
+        clip(&names.join(", "), 500)
+    };
+    format!(
+        "{message} (-32021: the tool needs client capabilities scriptgate does not have: {names})"
+    )
+}
+
 impl Server {
-    /// Start the server and run MCP's `initialize` handshake (rmcp's client).
-    /// No `roots` capability is advertised (a server such as server-filesystem
-    /// would then trade the directories on its command line for ours); `roots`
-    /// only answers a server that asks anyway.
+    /// Start the server and reach it in either era (rmcp's client, Auto mode):
+    /// `server/discover` first, `initialize` if it does not answer as a
+    /// 2026-07-28 server within `PROBE_TIMEOUT`. No `roots` capability is
+    /// advertised (a server such as server-filesystem would then trade the
+    /// directories on its command line for ours); `roots` only answers a
+    /// server that asks anyway. A failure names the command and the directory
+    /// it was started in, and ends with the server's last stderr lines.
     pub async fn start(
         spec: &ServerSpec,
         roots: Vec<String>,
         call_timeout: Duration,
     ) -> Result<Server, McpError> {
+        let cwd = match std::env::current_dir() {
+            Ok(d) => d.display().to_string(),
+            Err(e) => format!("a working directory that cannot be named ({e})"),
+        };
+        let command = shlex::try_join(spec.argv.iter().map(String::as_str))
+            .unwrap_or_else(|_| spec.argv.join(" "));
+        // What was run, and where: a relative path in it is relative to there.
         let err = |message: String| McpError::Server {
             name: spec.name.clone(),
-            message,
+            message: format!("started as `{command}` in {cwd}; {message}"),
         };
         let mut cmd = tokio::process::Command::new(&spec.argv[0]);
         cmd.args(&spec.argv[1..])
@@ -651,68 +500,84 @@ impl Server {
             .kill_on_drop(true);
         // Its own process group, so that shutdown also reaches what it spawned (npx → node).
         cmd.process_group(0);
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| err(format!("cannot start {:?}: {e}", spec.argv[0])))?;
+        let mut child = cmd.spawn().map_err(|e| McpError::Server {
+            name: spec.name.clone(),
+            message: format!("cannot start `{command}` in {cwd}: {e}"),
+        })?;
         let pgid = child.id().map(|p| p as i32);
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         let (stderr_tail, stderr_read) = keep_stderr_tail(child.stderr.take().expect("piped"));
-        let shared = Arc::new(Shared {
-            raw: Default::default(),
-            closed_with: Default::default(),
-            owed: Default::default(),
-            pending: tokio::sync::watch::Sender::new(0),
-        });
+        let shared = Shared::new(Some(PROBE_TIMEOUT));
+        let reader = Reader::new(stdout);
         let stdin = Arc::new(tokio::sync::Mutex::new(Some(stdin)));
-        let transport = Lines {
-            read: tokio::io::BufReader::with_capacity(64 * 1024, stdout),
-            buf: Vec::new(),
-            write: stdin.clone(),
-            shared: shared.clone(),
-        };
         let tools_changed = Arc::new(tokio::sync::Notify::new());
-        let client = Client {
-            roots,
+        let client = || Client {
+            roots: roots.clone(),
             tools_changed: tools_changed.clone(),
         };
-        let started = tokio::time::timeout(
-            Duration::from_secs(60),
-            serve_client_with_lifecycle(client, transport, ClientLifecycleMode::Initialize),
+        let lines = || Lines::new(reader.clone(), stdin.clone(), shared.clone());
+        let modern = || vec![ProtocolVersion::V_2026_07_28];
+        let deadline = Instant::now() + START_TIMEOUT;
+        let auto = ClientLifecycleMode::Auto {
+            preferred_versions: modern(),
+            legacy_version: Some(HANDSHAKE_ASKS),
+        };
+        let mut started = tokio::time::timeout_at(
+            deadline,
+            serve_client_with_lifecycle(client(), lines(), auto),
         )
         .await;
+        if let Ok(Err(e)) = &started {
+            // The probe was given up, and the server is modern all the same:
+            // slow to start, it answered the probe after `PROBE_TIMEOUT`, then
+            // refused the `initialize` that followed. Once more, in its era
+            // only (rmcp's Auto mode does not come back from its fallback).
+            let again = shared.closed_with().is_none()
+                && (shared.late_modern() || initialize_refused_as_modern(e));
+            if again {
+                shared.new_session(None);
+                let discover = ClientLifecycleMode::Discover {
+                    preferred_versions: modern(),
+                };
+                started = tokio::time::timeout_at(
+                    deadline,
+                    serve_client_with_lifecycle(client(), lines(), discover),
+                )
+                .await;
+            }
+        }
+        let phase = if shared.spoke_initialize() {
+            "initialize"
+        } else {
+            "server/discover"
+        };
         let service = match started {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
-                let why = shared.closed_with.lock().unwrap().clone();
-                let why = why.unwrap_or_else(|| match e {
-                    ClientInitializeError::ConnectionClosed(_) => {
-                        "the server exited (or closed its stdout)".into()
-                    }
-                    e => clip(&e.to_string(), 300),
-                });
+                let why = shared.closed_with().unwrap_or_else(|| why_not_started(&e));
                 end_group(pgid, stderr_read).await;
                 return Err(err(format!(
-                    "initialize failed: {why}{}",
+                    "{phase} failed: {why}{}",
                     stderr_note(&stderr_tail)
                 )));
             }
             Err(_) => {
                 end_group(pgid, stderr_read).await;
                 return Err(err(format!(
-                    "initialize failed: no answer within 60 s{}",
+                    "{phase} failed: no answer within {} s{}",
+                    START_TIMEOUT.as_secs(),
                     stderr_note(&stderr_tail)
                 )));
             }
         };
         let info = service.peer_info();
-        let offers_tools = info
-            .as_ref()
-            .is_some_and(|i| i.capabilities.tools.is_some());
+        let tools = info.as_ref().and_then(|i| i.capabilities.tools.clone());
         let version = info.map(|i| i.protocol_version.clone());
         let server = Server {
             name: spec.name.clone(),
             service,
+            modern: !shared.spoke_initialize(),
             shared,
             stdin,
             cancels: Default::default(),
@@ -722,31 +587,57 @@ impl Server {
             call_timeout,
             tools_changed,
         };
-        if let Some(v) = version.filter(|v| !VERSIONS.contains(v)) {
+        if let Some(v) = version.filter(|v| !server.modern && !HANDSHAKE_VERSIONS.contains(v)) {
             server.shutdown().await;
             return Err(err(format!(
                 "initialize: the server answered with MCP version {}, which scriptgate does not speak \
-                 (it asks for {}, and takes {} to {})",
+                 through initialize (it asks for {}, and takes {} to {}; {} has no initialize, \
+                 and this server did not answer server/discover as that version does)",
                 clip(v.as_str(), 100),
-                ProtocolVersion::V_2025_06_18,
-                VERSIONS[0],
-                VERSIONS[VERSIONS.len() - 1]
+                HANDSHAKE_ASKS,
+                HANDSHAKE_VERSIONS[0],
+                HANDSHAKE_VERSIONS[HANDSHAKE_VERSIONS.len() - 1],
+                ProtocolVersion::V_2026_07_28,
             )));
         }
-        if !offers_tools {
+        let Some(tools) = tools else {
             server.shutdown().await;
             return Err(err("the server offers no tools".into()));
+        };
+        if server.modern && tools.list_changed == Some(true) {
+            server.follow_tool_list();
         }
         Ok(server)
+    }
+
+    /// In 2026-07-28 a server tells of a changed tool list only on a
+    /// `subscriptions/listen` stream (rmcp's `Peer::listen`, its notifications
+    /// bounded by rmcp's channel of 64, past which the stream ends): opened
+    /// once, for the life of the connection. Servers of the handshake era send
+    /// the notification unasked (`Client::on_tool_list_changed`).
+    fn follow_tool_list(&self) {
+        let peer = self.service.peer().clone();
+        let changed = self.tools_changed.clone();
+        tokio::spawn(async move {
+            let filter = SubscriptionFilter::builder().tools_list_changed().build();
+            let Ok(mut stream) = peer.listen(filter).await else {
+                return;
+            };
+            while let Ok(Some(n)) = stream.next().await {
+                if matches!(n, ServerNotification::ToolListChangedNotification(_)) {
+                    changed.notify_one();
+                }
+            }
+        });
     }
 
     /// Send one request; its raw result.
     async fn request(&self, request: ClientRequest, timeout: Duration) -> Result<Value, LinkError> {
         let name = &self.name;
         let failed = |e: ServiceError| match e {
-            ServiceError::McpError(e) => format!("MCP server {name}: {}", clip(&e.message, 4096)),
+            ServiceError::McpError(e) => format!("MCP server {name}: {}", error_text(&e)),
             ServiceError::TransportClosed | ServiceError::TransportSend(_) => {
-                match self.shared.closed_with.lock().unwrap().clone() {
+                match self.shared.closed_with() {
                     Some(why) => format!("MCP server {name}: {why}"),
                     None => format!("MCP server {name} exited{}", stderr_note(&self.stderr_tail)),
                 }
@@ -784,7 +675,6 @@ impl Server {
             Err(e) => Err(LinkError::Answered(failed(e))),
         }
     }
-
     /// All tools, following `nextCursor` for at most `MAX_TOOL_PAGES` pages,
     /// `MAX_TOOLS` tools and `MAX_TOOLS_BYTES`: a server whose cursor never ends, or comes back to a
     /// page already read, gets an error, not a CLI that hangs or grows.
@@ -813,12 +703,23 @@ impl Server {
                     MAX_TOOLS_BYTES >> 20
                 )));
             }
-            out.extend(
-                r.get("tools")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default(),
-            );
+            let mut page = r
+                .get("tools")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            // 2026-07-28 has no `execution.taskSupport`: the server decides
+            // per call whether to answer with a task, and a task is driven to
+            // its end (`call`). What a dual-era server still lists there is of
+            // its other era, and does not make the tool `long_task` here.
+            if self.modern {
+                for tool in &mut page {
+                    if let Some(t) = tool.as_object_mut() {
+                        t.remove("execution");
+                    }
+                }
+            }
+            out.extend(page);
             if out.len() > MAX_TOOLS {
                 return Err(err(format!(
                     "tools/list: more than {MAX_TOOLS} tools; scriptgate takes at most that many from one server"
@@ -850,7 +751,10 @@ impl Server {
         )))
     }
 
+    /// Call a tool. A call the server answers with a task is driven to the
+    /// task's end within the call's timeout (`task`).
     pub async fn call(&self, tool: &str, arguments: Value) -> Result<ToolResult, LinkError> {
+        let deadline = Instant::now() + self.call_timeout;
         let mut params = CallToolRequestParams::new(tool.to_string());
         match arguments {
             Value::Object(a) => params = params.with_arguments(a),
@@ -867,7 +771,80 @@ impl Server {
                 self.call_timeout,
             )
             .await?;
-        Ok(ToolResult::from_mcp(&r))
+        let name = &self.name;
+        match task::reply(&r) {
+            task::Reply::Complete => Ok(ToolResult::from_mcp(&r)),
+            task::Reply::Task(id) => self.drive(tool, id, r, deadline).await,
+            task::Reply::InputRequired(what) => Err(LinkError::Answered(format!(
+                "MCP server {name}: {tool} asks for input scriptgate cannot give ({what})"
+            ))),
+            task::Reply::Unreadable(why) => Err(LinkError::Answered(format!(
+                "MCP server {name}: {tool}: {why}"
+            ))),
+        }
+    }
+
+    /// Poll the task the call became (`tasks/get`, at the server's
+    /// `pollIntervalMs`) until it ends or `deadline`; a task given up is
+    /// cancelled (`CancelTask`), also when the call is dropped.
+    async fn drive(
+        &self,
+        tool: &str,
+        id: String,
+        created: Value,
+        deadline: Instant,
+    ) -> Result<ToolResult, LinkError> {
+        let fail = |why: String| {
+            LinkError::Answered(format!(
+                "MCP server {}: {tool} (task {}): {why}",
+                self.name,
+                clip(&id, 100)
+            ))
+        };
+        let timed_out = || {
+            fail(format!(
+                "the task did not finish within {} s; cancelled",
+                self.call_timeout.as_secs()
+            ))
+        };
+        let cancel = CancelTask {
+            server: self,
+            id: Some(id.clone()),
+        };
+        let mut state = created;
+        loop {
+            match task::step(&state, &id) {
+                task::Step::Completed(result) => {
+                    cancel.ended();
+                    return Ok(ToolResult::from_mcp(result));
+                }
+                task::Step::Failed(why) => {
+                    cancel.ended();
+                    return Err(fail(why));
+                }
+                task::Step::InputRequired(what) => {
+                    return Err(fail(format!(
+                        "the task asks for input scriptgate cannot give ({what}); cancelled"
+                    )))
+                }
+                task::Step::Unreadable(why) => return Err(fail(format!("{why}; cancelled"))),
+                task::Step::Working(poll) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if poll >= left {
+                        tokio::time::sleep(left).await;
+                        return Err(timed_out());
+                    }
+                    tokio::time::sleep(poll).await;
+                }
+            }
+            let get = GetTaskRequest::new(GetTaskParams::new(id.clone()));
+            let left = deadline.saturating_duration_since(Instant::now());
+            state = match self.request(ClientRequest::GetTaskRequest(get), left).await {
+                Ok(s) => s,
+                Err(_) if Instant::now() >= deadline => return Err(timed_out()),
+                Err(e) => return Err(fail(format!("tasks/get: {e}; cancelled"))),
+            };
+        }
     }
 
     /// Send the cancels still owed, close stdin, give the server a moment, then
@@ -910,7 +887,7 @@ mod tests {
     #[test]
     fn the_shared_table_of_mcp_tools_maps_as_the_clients_do() {
         let table: Value =
-            serde_json::from_str(include_str!("../../tests/fixtures/mcp-tools.json")).unwrap();
+            serde_json::from_str(include_str!("../../../tests/fixtures/mcp-tools.json")).unwrap();
         let cases = table["cases"].as_array().unwrap();
         assert!(cases.len() >= 10);
         for c in cases {
@@ -1025,6 +1002,23 @@ mod tests {
         assert_eq!(r.text, "hello\n[image/png, 4 bytes]\n[resource link file:///x]\n[application/gzip, 3 bytes, mem://a]\ninline");
         assert_eq!(r.structured, Some(json!({"a": 1})));
         assert!(r.is_error);
+    }
+
+    #[test]
+    fn text_shown_to_people_has_its_controls_escaped() {
+        assert!(matches!(shown("plain: ok"), Cow::Borrowed(_)));
+        assert_eq!(
+            shown("a\x1b[2Jb\u{202e}c\u{200b}d\u{2028}e\u{7f}"),
+            "a\\u{1b}[2Jb\\u{202e}c\\u{200b}d\\u{2028}e\\u{7f}"
+        );
+        let e = McpError::Server {
+            name: "x".into(),
+            message: "its stderr ends with: \x1b]0;pwned\x07".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "MCP server x: its stderr ends with: \\u{1b}]0;pwned\\u{7}"
+        );
     }
 
     #[test]
