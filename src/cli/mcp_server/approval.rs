@@ -13,7 +13,7 @@
 
 use super::scripts::Principal;
 use crate::protocol::snapshot::PermissionMode;
-use rmcp::model::{ElicitRequestParams, InputRequest, InputRequiredResult, InputResponses};
+use rmcp::model::{InputRequest, InputRequiredResult, InputResponses};
 use rmcp::model::{RequestStateCodec, RequestStateError, SealOptions};
 use serde_json::{json, Value};
 use sha2::{Digest as _, Sha256};
@@ -147,7 +147,7 @@ impl Grants {
             .expect("a grant serializes");
         let request: InputRequest = serde_json::from_value(json!({
             "method": "elicitation/create",
-            "params": form_value(tools, description, code),
+            "params": super::ui::form_value(tools, description, code),
         }))
         .expect("the approval form is an elicitation request");
         InputRequiredResult::new(
@@ -238,42 +238,6 @@ pub(super) fn answer(responses: Option<&InputResponses>) -> Option<Result<(), St
 
 fn clip(s: &str) -> String {
     s.chars().take(40).collect()
-}
-
-/// The approval form, for `elicitation/create` (handshake era) and for the
-/// `InputRequiredResult` (2026-07-28): the tools, what the script is for, and
-/// the script with numbered lines; everything the script's author wrote is
-/// escaped.
-pub(super) fn form(
-    tools: &[(String, String)],
-    description: &str,
-    code: &str,
-) -> ElicitRequestParams {
-    serde_json::from_value(form_value(tools, description, code))
-        .expect("the approval form is well-formed")
-}
-
-fn form_value(tools: &[(String, String)], description: &str, code: &str) -> Value {
-    use crate::text::{escape, numbered_source};
-    let tools: Vec<String> = tools
-        .iter()
-        .map(|(name, class)| format!("{} ({class})", escape(name)))
-        .collect();
-    let message = format!(
-        "A script asks to use write tools, once: {}.\nWhat it is for: {}\n--- script ---\n{}--------------",
-        tools.join(", "),
-        escape(description),
-        numbered_source(code)
-    );
-    json!({
-        "mode": "form",
-        "message": message,
-        "requestedSchema": {
-            "type": "object",
-            "properties": {"allow": {"type": "boolean", "title": "Allow these write tools for this script", "default": false}},
-            "required": ["allow"]
-        }
-    })
 }
 
 fn hex(b: &[u8]) -> String {
@@ -392,25 +356,5 @@ mod tests {
             assert!(matches!(got, Some(Err(_))), "{bad}: {got:?}");
             assert!(!got.unwrap().unwrap_err().contains('\u{1b}'));
         }
-    }
-
-    #[test]
-    fn the_form_shows_escaped_text_and_numbered_lines() {
-        let f = form_value(
-            &[("srv__reboot_all".into(), "write".into())],
-            "status\u{202e}",
-            "tools.srv.reboot_all()  # \x1b[2K\x1b[1G   2 | print(tools.srv.get_status())\n",
-        );
-        let m = f["message"].as_str().unwrap();
-        assert!(m.contains("srv__reboot_all (write)"), "{m}");
-        assert!(m.contains("status\\u202e"), "{m}");
-        assert!(
-            m.contains("   1 | tools.srv.reboot_all()  # \\x1b[2K\\x1b[1G   2 | print"),
-            "{m}"
-        );
-        assert!(
-            !m.chars().any(|c| crate::text::is_unsafe(c) && c != '\n'),
-            "{m}"
-        );
     }
 }

@@ -71,7 +71,7 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
                 system: *system,
                 cfg: Box::new(cfg.clone()),
             };
-            let state = super::run::embedded_dirs(&cfg).0;
+            let state = super::run::embedded_dirs(&cfg, true)?.0;
             (w, cfg, base, state)
         }
     };

@@ -6,9 +6,11 @@
 use crate::cli::run::RunUi;
 use crate::protocol::rpc::BoxFuture;
 use crate::protocol::{ApprovalRequest, ScriptResult, ScriptStatus};
-use rmcp::model::{ElicitationAction, ProgressNotificationParam, ProgressToken};
+use rmcp::model::{
+    ElicitRequestParams, ElicitationAction, ProgressNotificationParam, ProgressToken,
+};
 use rmcp::service::{Peer, RoleServer};
-use serde_json::json;
+use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -168,7 +170,7 @@ impl RunUi for McpUi {
                 .iter()
                 .map(|t| (t.name.clone(), t.class.to_string()))
                 .collect();
-            let form = super::approval::form(&tools, &p.description, &p.code);
+            let form = form(&tools, &p.description, &p.code);
             match self.peer.create_elicitation(form).await {
                 Ok(r) => {
                     r.action == ElicitationAction::Accept
@@ -189,5 +191,66 @@ impl RunUi for McpUi {
             s.latest = Some(p.clone());
         }
         self.wake.notify_one();
+    }
+}
+
+/// The approval form, for `elicitation/create` (handshake era) and for the
+/// `InputRequiredResult` (2026-07-28): the tools, what the script is for, and
+/// the script with numbered lines; everything the script's author wrote is
+/// escaped.
+pub(super) fn form(
+    tools: &[(String, String)],
+    description: &str,
+    code: &str,
+) -> ElicitRequestParams {
+    serde_json::from_value(form_value(tools, description, code))
+        .expect("the approval form is well-formed")
+}
+
+pub(super) fn form_value(tools: &[(String, String)], description: &str, code: &str) -> Value {
+    use crate::text::{escape, numbered_source};
+    let tools: Vec<String> = tools
+        .iter()
+        .map(|(name, class)| format!("{} ({class})", escape(name)))
+        .collect();
+    let message = format!(
+        "A script asks to use write tools, once: {}.\nWhat it is for: {}\n--- script ---\n{}--------------",
+        tools.join(", "),
+        escape(description),
+        numbered_source(code)
+    );
+    json!({
+        "mode": "form",
+        "message": message,
+        "requestedSchema": {
+            "type": "object",
+            "properties": {"allow": {"type": "boolean", "title": "Allow these write tools for this script", "default": false}},
+            "required": ["allow"]
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_form_shows_escaped_text_and_numbered_lines() {
+        let f = form_value(
+            &[("srv__reboot_all".into(), "write".into())],
+            "status\u{202e}",
+            "tools.srv.reboot_all()  # \x1b[2K\x1b[1G   2 | print(tools.srv.get_status())\n",
+        );
+        let m = f["message"].as_str().unwrap();
+        assert!(m.contains("srv__reboot_all (write)"), "{m}");
+        assert!(m.contains("status\\u202e"), "{m}");
+        assert!(
+            m.contains("   1 | tools.srv.reboot_all()  # \\x1b[2K\\x1b[1G   2 | print"),
+            "{m}"
+        );
+        assert!(
+            !m.chars().any(|c| crate::text::is_unsafe(c) && c != '\n'),
+            "{m}"
+        );
     }
 }
