@@ -310,8 +310,10 @@ impl Daemon {
             loop {
                 tick.tick().await;
                 let Some(d) = weak.upgrade() else { break };
-                let changed = written.changed(d.live_counts());
-                match d.store.checkpoint_counts(changed.clone()).await {
+                let now = d.live_counts();
+                let alive = now.iter().map(|(id, _, _)| id.clone()).collect();
+                let changed = written.changed(now);
+                match d.store.checkpoint_counts(changed.clone(), alive).await {
                     Ok(()) => written.written(&changed),
                     Err(e) => tracing::warn!("{e}"),
                 }
