@@ -258,6 +258,9 @@ pub struct RunCmd {
     pub call_timeout: u64,
 }
 
+/// `scriptgate mcp`'s default `--call-timeout` (seconds).
+pub const MCP_CALL_TIMEOUT_S: u64 = 120;
+
 /// `scriptgate mcp`'s arguments.
 #[derive(Args, Debug)]
 pub struct McpCmd {
@@ -281,12 +284,17 @@ pub struct McpCmd {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Seconds an MCP server may take for one call before it counts as failed.
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, default_value_t = MCP_CALL_TIMEOUT_S)]
     pub call_timeout: u64,
     /// Speak MCP's Streamable HTTP at http://ADDR/mcp instead of stdio; loopback
     /// addresses only (127.0.0.1:PORT, [::1]:PORT; port 0 picks one, printed on stderr).
     #[arg(long, value_name = "ADDR")]
     pub http: Option<std::net::SocketAddr>,
+    /// Print the mcpServers entry that starts this server with these options, with
+    /// absolute paths (this binary; files named in the --mcp commands, --config,
+    /// --socket), for an MCP client's configuration; start nothing.
+    #[arg(long, conflicts_with = "http")]
+    pub print_config: bool,
 }
 
 #[derive(Args, Debug)]

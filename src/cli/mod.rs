@@ -6,6 +6,7 @@ pub mod args;
 pub mod completions;
 pub mod exit;
 pub mod mcp;
+pub mod mcp_config;
 pub mod mcp_server;
 pub mod run;
 pub mod table;
@@ -177,6 +178,7 @@ pub fn main() -> ExitCode {
                 c.config.as_deref(),
             )),
         ),
+        Cmd::Mcp(c) if c.print_config => done("mcp", mcp_config::print(&c)),
         Cmd::Mcp(c) => match runtime().block_on(mcp_server::serve(c)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(f) => done("mcp", Err(f)),
