@@ -360,3 +360,26 @@ def test_sigterm_records_every_running_script_cancelled_before_exit() -> None:
         assert [s for _, s in st.rows("sigterm")] == ["cancelled"]
     finally:
         c.close()
+
+
+def test_a_tool_list_change_reaches_a_subscription_and_the_list() -> None:
+    st = State()
+    log = st.dir / "m.log"
+    grow = f"m=python3 {REPO / 'tests' / 'fixtures' / 'mcp_2026_server.py'} {log}"
+    argv = [str(SCRIPTGATE), "mcp", "--embedded", "--config", str(st.config), "--passthrough", "--mcp", grow]
+    c = Raw(argv)
+    try:
+        names = lambda r: [t["name"] for t in r["result"]["tools"]]  # noqa: E731
+        listed = c.rpc("tools/list", {})
+        assert listed["result"]["ttlMs"] == 60000 and listed["result"]["cacheScope"] == "private", listed
+        assert "m__grow" in names(listed) and "m__extra" not in names(listed)
+        lid = c.send("subscriptions/listen", {"notifications": {"toolsListChanged": True}})
+        ack = c.wait_for(lambda m: m.get("method") == "notifications/subscriptions/acknowledged")
+        assert ack["params"]["notifications"] == {"toolsListChanged": True}, ack
+        r = c.rpc("tools/call", {"name": "m__grow", "arguments": {}})
+        assert not r["result"].get("isError"), r
+        n = c.wait_for(lambda m: m.get("method") == "notifications/tools/list_changed")
+        assert n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == lid, n
+        assert "m__extra" in names(c.rpc("tools/list", {}))
+    finally:
+        c.close()
