@@ -14,7 +14,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Mutex};
 
-const SCHEMA_VERSION: i64 = 6;
+const SCHEMA_VERSION: i64 = 7;
 
 /// Upper bounds of the script-duration histogram, in seconds.
 const DURATION_BOUNDS_S: [f64; 11] = [
@@ -130,7 +130,22 @@ const MIGRATIONS: &[&str] = &[
     // becomes `interrupted` with the time the script ran, not the time until
     // the next start.
     "ALTER TABLE scripts ADD COLUMN seen_at INTEGER;",
+    // v7: the project quota id of each workspace the daemon bounded
+    // (`scripts.disk_max_bytes`, crate::daemon::disk), by the directory's
+    // (device, inode): never two workspaces with one id.
+    "CREATE TABLE projects (
+        projid INTEGER PRIMARY KEY,
+        dev INTEGER NOT NULL,
+        ino INTEGER NOT NULL,
+        at INTEGER NOT NULL,
+        UNIQUE (dev, ino)
+     );",
 ];
+
+/// The first project quota id the daemon gives a workspace
+/// (`Store::project_for`): `SG` in its high bytes, far from the small ids
+/// administrators give by hand.
+pub const FIRST_PROJECT: u32 = 0x5347_0000;
 
 /// Keep at most `bound` revocations of each scope, the newest (insertion order,
 /// rowid): what a store of before v4 held past the bound. Returns how many were
@@ -782,6 +797,39 @@ impl Store {
         }
         self.write("forget workspaces", move |c| forget_rows(c, &paths))
             .await
+    }
+
+    /// The project quota id of the workspace directory `(dev, ino)`: the one it
+    /// was given before, or the next free one.
+    pub async fn project_for(&self, dev: u64, ino: u64) -> Result<u32, StoreError> {
+        self.write("give a workspace its project id", move |c| {
+            let tx = c.transaction()?;
+            let known: Option<i64> = tx
+                .query_row(
+                    "SELECT projid FROM projects WHERE dev = ?1 AND ino = ?2",
+                    params![dev as i64, ino as i64],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let id = match known {
+                Some(id) => id,
+                None => {
+                    let next: i64 = tx.query_row(
+                        "SELECT COALESCE(MAX(projid) + 1, ?1) FROM projects",
+                        [FIRST_PROJECT as i64],
+                        |r| r.get(0),
+                    )?;
+                    tx.execute(
+                        "INSERT INTO projects (projid, dev, ino, at) VALUES (?1, ?2, ?3, ?4)",
+                        params![next, dev as i64, ino as i64, now_ms()],
+                    )?;
+                    next
+                }
+            };
+            tx.commit()?;
+            Ok(id as u32)
+        })
+        .await
     }
 
     fn read<T>(
@@ -1489,6 +1537,18 @@ mod tests {
         assert_eq!(ended as u64, dur("a"));
     }
 
+    #[tokio::test]
+    async fn each_workspace_keeps_its_own_project_id() {
+        let d = tempfile::tempdir().unwrap();
+        let (s, _) = Store::open(&d.path().join("a.db"), None).unwrap();
+        let a = s.project_for(1, 10).await.unwrap();
+        let b = s.project_for(1, 11).await.unwrap();
+        let c = s.project_for(2, 10).await.unwrap();
+        assert_eq!(a, FIRST_PROJECT);
+        assert_eq!((b, c), (FIRST_PROJECT + 1, FIRST_PROJECT + 2));
+        assert_eq!(s.project_for(1, 10).await.unwrap(), a, "again: the same");
+    }
+
     /// Two embedded daemons of one user share a store: the second to open it
     /// leaves the first's running row alone while the first (here a child that
     /// holds the store open, as the row's peer) lives, and recovers it once
@@ -1611,6 +1671,7 @@ mod tests {
                      ALTER TABLE scripts DROP COLUMN scope;
                      ALTER TABLE scripts DROP COLUMN trace_id;
                      ALTER TABLE scripts DROP COLUMN seen_at;
+                     DROP TABLE projects;
                      CREATE TABLE revoked_runs (run_id TEXT PRIMARY KEY, at INTEGER NOT NULL);
                      PRAGMA user_version = 1;",
                 )
@@ -1800,6 +1861,7 @@ mod tests {
             tx.execute_batch(
                 "DROP INDEX revocations_scope; ALTER TABLE scripts DROP COLUMN trace_id;
                  ALTER TABLE scripts DROP COLUMN seen_at;
+                 DROP TABLE projects;
                  PRAGMA user_version = 3;",
             )?;
             tx.commit()

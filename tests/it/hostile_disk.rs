@@ -296,3 +296,22 @@ print("kept size", os.fstat(fd).st_size, "blocks", os.fstat(fd).st_blocks * 512)
         .unwrap_or(u64::MAX);
     assert!(blocks <= 1 << 20, "the file holds {blocks} bytes: {out}");
 }
+
+/// `scripts.disk_max_bytes` where the workspace's filesystem has no project
+/// quotas (this host's kernel has none: the bound itself is tested in the
+/// booted guests, tests/vm): the script runs, and its result says why the
+/// bound is not in force.
+#[test]
+#[ignore = "needs root: the rig's scripts run as nobody"]
+fn a_disk_bound_that_cannot_be_in_force_says_why() {
+    require_root("the rig's scripts run as nobody");
+    let rig = Rig::with_config("[scripts]\ndisk_max_bytes = 67108864\n");
+    let e = rig.engine();
+    let r = e.run(&rig.token(&rig.snapshot("auto")), "print('ran')", &[]);
+    assert_eq!(r["status"], "ok", "{r}");
+    let notes = r["backend_notes"].to_string();
+    assert!(
+        notes.contains("scripts.disk_max_bytes not in force") && notes.contains("project quotas"),
+        "{r}"
+    );
+}
