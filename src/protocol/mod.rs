@@ -1223,6 +1223,9 @@ impl ScriptResult {
 // The script channel on fd 3/4, in its own file.
 pub mod script;
 
+// The numbers of a script's request as it wrote them: which would be altered.
+pub mod numbers;
+
 #[cfg(test)]
 mod tests {
     use super::*;
