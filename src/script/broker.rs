@@ -516,10 +516,12 @@ impl Broker {
     /// more, e.g. `resultType`): counted, and logged once per script at debug.
     fn ignored_keys(&self, tool: &str, keys: &[String]) {
         if self.ignored_answers.fetch_add(1, Ordering::Relaxed) == 0 {
+            // The keys are the engine's (an MCP server's): escaped and bounded
+            // as the journal's entries are.
             tracing::debug!(
                 script_id = %self.script_id,
                 "{tool}: the engine's CallToolResult carried keys scriptgate ignores: {} (logged once per script)",
-                keys.join(", ")
+                crate::audit::journal::field(&keys.join(", "), MAX_MESSAGE_BYTES)
             );
         }
     }
@@ -531,7 +533,8 @@ impl Broker {
         {
             tracing::warn!(
                 script_id = %self.script_id,
-                "{tool}: {e} (the call failed with ToolError `engine`; logged once per script)"
+                "{tool}: {} (the call failed with ToolError `engine`; logged once per script)",
+                crate::audit::journal::field(&e.to_string(), MAX_MESSAGE_BYTES)
             );
         }
         let text = match e {
