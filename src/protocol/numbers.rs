@@ -622,18 +622,10 @@ impl Decimal {
 }
 
 /// Room for one f64 as serde_json writes it (its shortest form, by zmij: at most 24 bytes).
+#[derive(Default)]
 struct Buf {
     bytes: [u8; 32],
     len: usize,
-}
-
-impl Default for Buf {
-    fn default() -> Buf {
-        Buf {
-            bytes: [0; 32],
-            len: 0,
-        }
-    }
 }
 
 impl std::io::Write for Buf {

@@ -2375,7 +2375,8 @@ fn survives(tok: &str) -> bool {
         return false;
     };
     if !tok.contains(['.', 'e', 'E']) {
-        return (v.is_i64() || v.is_u64()) && v.to_string() == tok;
+        let written = v.to_string();
+        return (v.is_i64() || v.is_u64()) && written == tok;
     }
     v.is_f64() && decimal_value(&v.to_string()) == decimal_value(tok)
 }
