@@ -149,7 +149,7 @@ fn text_of(bytes: &[u8], clipped: bool) -> String {
 }
 
 /// One page of `r` (a calls.jsonl): from line `offset`, at most `limit` lines
-/// (at most [`CALLS_PAGE_MAX_LINES`]) and [`CALLS_PAGE_MAX_BYTES`] of text
+/// (at most [`CALLS_PAGE_MAX_LINES`]; 0 is refused, -32602) and [`CALLS_PAGE_MAX_BYTES`] of text
 /// (at least one line), each clipped to [`CALLS_LINE_MAX_BYTES`]; at most
 /// [`CALLS_SCAN_MAX_BYTES`] read.
 pub fn page(
@@ -170,9 +170,19 @@ fn page_within(
     cap: u64,
 ) -> Result<CallsPage, RpcError> {
     let io_err = |e: io::Error| RpcError::internal(format!("calls.jsonl of {script_id}: {e}"));
-    let limit = limit
-        .unwrap_or(CALLS_PAGE_MAX_LINES)
-        .clamp(1, CALLS_PAGE_MAX_LINES);
+    // A page of no lines would name itself as the next (a pager that follows
+    // `next_offset` would ask for it forever): refused, as a page that holds
+    // more than asked would break "at most `limit`".
+    let limit = match limit {
+        Some(0) => {
+            return Err(RpcError::invalid_params(format!(
+                "limit 0: a page of calls.jsonl holds 1 to {CALLS_PAGE_MAX_LINES} lines \
+                 (leave limit out for {CALLS_PAGE_MAX_LINES})"
+            )))
+        }
+        Some(n) => n.min(CALLS_PAGE_MAX_LINES),
+        None => CALLS_PAGE_MAX_LINES,
+    };
     let mut r = BufReader::with_capacity(64 * 1024, r);
     let (mut buf, mut scanned, mut n) = (Vec::new(), 0u64, 0u64);
     let beyond = || {
@@ -267,8 +277,11 @@ mod tests {
         assert_eq!(p.next_offset, None, "exactly at the end");
         let p = page("s", text.as_bytes(), 99, None).unwrap();
         assert!(p.lines.is_empty() && p.next_offset.is_none());
-        let p = page("s", text.as_bytes(), 0, Some(0)).unwrap();
-        assert_eq!(p.lines.len(), 1, "a page holds one line at least");
+        let e = page("s", text.as_bytes(), 0, Some(0)).unwrap_err();
+        assert_eq!(e.code, crate::protocol::code::INVALID_PARAMS, "{e}");
+        assert!(e.message.starts_with("limit 0: "), "{e}");
+        let p = page("s", text.as_bytes(), 0, Some(1)).unwrap();
+        assert_eq!((lines_of(&p), p.next_offset), (vec![(0, "a")], Some(1)));
     }
 
     #[test]

@@ -708,7 +708,7 @@ pub const CALLS_SCAN_MAX_BYTES: u64 = 64 << 20;
 
 /// Params of `admin.calls`: a page of a script's calls.jsonl, from line
 /// `offset` (0-based), at most `limit` lines (default and most
-/// [`CALLS_PAGE_MAX_LINES`]).
+/// [`CALLS_PAGE_MAX_LINES`]; 0 is refused with -32602).
 ///
 /// ```json
 /// {"script_id": "4f1c9e0a2b3d5e6f", "offset": 200, "limit": 100}
@@ -1249,6 +1249,9 @@ impl ScriptResult {
 
 // The script channel on fd 3/4, in its own file.
 pub mod script;
+
+// The numbers of a script's request as it wrote them: which would be altered.
+pub mod numbers;
 
 #[cfg(test)]
 mod tests {

@@ -18,6 +18,11 @@ can call (the fd-3 `tools` request): one attribute per server, then one function
 per tool, whose keyword arguments, types and docstring come from the tool's
 input schema and description. The daemon spells the names (a tool without a
 `server__` prefix sits on `tools` itself; see scriptgate-protocol(7)).
+
+Numbers reach the tool exactly as given: every float, and every int from -2**63
+to 2**64-1. A call whose arguments hold a larger int, float("nan") or
+float("inf") fails with ToolError invalid_arguments naming it (nothing is
+sent); pass such a value as a string.
 """
 
 import inspect

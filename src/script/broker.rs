@@ -10,6 +10,7 @@
 
 use crate::policy::{Budget, CallRefusal, Policy};
 use crate::protocol::framing::{read_line, skip_line, Line};
+use crate::protocol::numbers::{self, Altered, Scan};
 use crate::protocol::script::{CallLogFull, CallLogLine, CallResult, ErrorReply, Outcome, Reply};
 use crate::protocol::{ToolCall, ToolResult};
 use crate::script::engine::{Abandoned, CallEnd, EngineLink, LinkError};
@@ -31,8 +32,9 @@ use crate::protocol::Progress;
 
 /// Bytes of a refusal message sent back to the script.
 pub const MAX_MESSAGE_BYTES: usize = 1024;
-/// Bytes of a call's arguments kept in its calls.jsonl line.
-pub const MAX_LOGGED_ARGS_BYTES: usize = 4096;
+/// Bytes of a call's arguments kept in its calls.jsonl line (as much as the
+/// scan of numbers keeps of the text of arguments that hold an altered one).
+pub const MAX_LOGGED_ARGS_BYTES: usize = numbers::ARGS_TEXT_MAX_BYTES;
 /// What one request costs against the request budget beyond its bytes: a
 /// stream of tiny requests is bounded in number too.
 const REQUEST_OVERHEAD: usize = 4096;
@@ -185,7 +187,7 @@ impl Drop for AtEngine<'_> {
             self.broker.record(
                 self.clock,
                 self.tool,
-                self.arguments,
+                Logged::Value(self.arguments),
                 None,
                 self.started.elapsed().as_millis() as u64,
                 self.span_id.take(),
@@ -306,10 +308,28 @@ impl Broker {
                 ch.replies.send(reply.line()).await && skip_line(&mut ch.reader).await.is_ok()
             }
             Ok(Line::Data) => {
+                // The numbers as the script wrote them, before serde_json reads
+                // (and rounds) them: the calls that hold one it would alter are
+                // refused (`protocol::numbers`).
+                let scan = numbers::scan(&ch.buf);
+                if scan.too_deep {
+                    let reply = bad_request_reply(BadRequest {
+                        id: crate::protocol::script::request_id(&ch.buf),
+                        code: "invalid_request",
+                        message: format!(
+                            "request nested deeper than {} levels",
+                            numbers::MAX_DEPTH
+                        ),
+                    });
+                    return ch.replies.send(reply.line()).await;
+                }
                 // What the request will hold once parsed, not only its bytes: the
                 // budget bounds the daemon's memory, and a request that alone
-                // would exceed it is refused unparsed.
-                let cost = crate::protocol::framing::parse_cost(&ch.buf) + REQUEST_OVERHEAD;
+                // would exceed it is refused unparsed. What the scan keeps of
+                // arguments is held as long and counts too.
+                let cost = crate::protocol::framing::parse_cost(&ch.buf)
+                    + REQUEST_OVERHEAD
+                    + scan.held_bytes();
                 if cost > self.max_line + REQUEST_OVERHEAD {
                     let reply = bad_request_reply(BadRequest {
                         id: crate::protocol::script::request_id(&ch.buf),
@@ -325,6 +345,11 @@ impl Broker {
                 let Ok(permit) = ch.budget.clone().acquire_many_owned(cost as u32).await else {
                     return false;
                 };
+                if scan.not_json {
+                    // NaN, Infinity, 1e400: `0` in their place, so that the rest of
+                    // the line is served; the calls that held them are refused.
+                    numbers::patch(&mut ch.buf);
+                }
                 let req = match parse_request(&ch.buf) {
                     Ok(r) => r,
                     Err(b) => return ch.replies.send(bad_request_reply(b).line()).await,
@@ -345,7 +370,7 @@ impl Broker {
                     let line = crate::protocol::script::tools_reply_line(id, tools);
                     return ch.replies.send(line).await;
                 }
-                self.start(req, permit, ch, clock);
+                self.start(req, scan, permit, ch, clock);
                 true
             }
         }
@@ -355,6 +380,7 @@ impl Broker {
     fn start(
         self: &Arc<Self>,
         req: Request,
+        scan: Scan,
         permit: tokio::sync::OwnedSemaphorePermit,
         ch: &mut Channel,
         clock: &Arc<dyn Clock>,
@@ -366,8 +392,9 @@ impl Broker {
             // Answered in serve_one.
             Request::Tools { .. } => {}
             Request::Call { id, tool, args } => {
+                let altered = scan.args;
                 ch.tasks.spawn(async move {
-                    let outcome = this.call(&*clock, &tool, &args).await;
+                    let outcome = this.call(&*clock, &tool, &args, altered.as_ref()).await;
                     tx.send(Reply::One { id, outcome }.line()).await;
                     drop(permit);
                 });
@@ -377,9 +404,18 @@ impl Broker {
                 tool,
                 args_list,
             } => {
+                let mut altered: Vec<Option<Altered>> = vec![None; args_list.len()];
+                for (i, a) in scan.items {
+                    if let Some(slot) = altered.get_mut(i) {
+                        *slot = Some(a);
+                    }
+                }
                 ch.tasks.spawn(async move {
                     // All items start at once; the semaphore admits max_concurrency.
-                    let calls = args_list.iter().map(|a| this.call(&*clock, &tool, a));
+                    let calls = args_list
+                        .iter()
+                        .zip(&altered)
+                        .map(|(a, n)| this.call(&*clock, &tool, a, n.as_ref()));
                     let results = futures::future::join_all(calls).await;
                     tx.send(Reply::Many { id, results }.line()).await;
                     drop(permit);
@@ -395,14 +431,31 @@ impl Broker {
     }
 
     /// One call from the script: checked, then (if allowed) sent to the engine.
-    async fn call(&self, clock: &dyn Clock, tool: &str, args: &Value) -> Outcome {
+    /// `altered`: a number in `args` that serde_json did not read as the
+    /// script wrote it (`protocol::numbers`), which refuses the call.
+    async fn call(
+        &self,
+        clock: &dyn Clock,
+        tool: &str,
+        args: &Value,
+        altered: Option<&Altered>,
+    ) -> Outcome {
         let started = Instant::now();
-        let merged = match self.check(clock, tool, args) {
+        let merged = match self.check(clock, tool, args, altered) {
             Ok(m) => m,
             Err(r) => {
                 let reply = refusal(r);
                 let ms = started.elapsed().as_millis() as u64;
-                self.record(clock, tool, args, Some(&reply), ms, None);
+                // Arguments that hold an altered number are logged as the
+                // script sent them: their parsed value holds it rounded.
+                let logged = match altered {
+                    Some(a) => Logged::Text {
+                        text: &a.text,
+                        bytes: a.bytes,
+                    },
+                    None => Logged::Value(args),
+                };
+                self.record(clock, tool, logged, Some(&reply), ms, None);
                 return reply;
             }
         };
@@ -451,7 +504,7 @@ impl Broker {
         self.record(
             clock,
             tool,
-            &merged,
+            Logged::Value(&merged),
             Some(&reply),
             ms,
             at_engine.span_id.take(),
@@ -463,10 +516,12 @@ impl Broker {
     /// more, e.g. `resultType`): counted, and logged once per script at debug.
     fn ignored_keys(&self, tool: &str, keys: &[String]) {
         if self.ignored_answers.fetch_add(1, Ordering::Relaxed) == 0 {
+            // The keys are the engine's (an MCP server's): escaped and bounded
+            // as the journal's entries are.
             tracing::debug!(
                 script_id = %self.script_id,
                 "{tool}: the engine's CallToolResult carried keys scriptgate ignores: {} (logged once per script)",
-                keys.join(", ")
+                crate::audit::journal::field(&keys.join(", "), MAX_MESSAGE_BYTES)
             );
         }
     }
@@ -478,7 +533,8 @@ impl Broker {
         {
             tracing::warn!(
                 script_id = %self.script_id,
-                "{tool}: {e} (the call failed with ToolError `engine`; logged once per script)"
+                "{tool}: {} (the call failed with ToolError `engine`; logged once per script)",
+                crate::audit::journal::field(&e.to_string(), MAX_MESSAGE_BYTES)
             );
         }
         let text = match e {
@@ -493,9 +549,17 @@ impl Broker {
         result_outcome(r, Some("engine"))
     }
 
-    /// Revocation, expiry (by `clock`), policy, budget: the merged arguments, or
-    /// why the call is refused.
-    fn check(&self, clock: &dyn Clock, tool: &str, args: &Value) -> Result<Value, CallRefusal> {
+    /// Revocation, expiry (by `clock`), policy, numbers, budget: the merged
+    /// arguments, or why the call is refused. A number that would be altered
+    /// is named rather than a schema's verdict on its rounded value; a call
+    /// the table denies stays denied.
+    fn check(
+        &self,
+        clock: &dyn Clock,
+        tool: &str,
+        args: &Value,
+        altered: Option<&Altered>,
+    ) -> Result<Value, CallRefusal> {
         if self.revoked.read().unwrap().contains(&self.run_key) {
             return Err(CallRefusal {
                 code: "revoked",
@@ -508,7 +572,16 @@ impl Broker {
                 message: format!("the run token of run {} expired", self.run_id),
             });
         }
-        let merged = self.policy.check_call(tool, args)?;
+        let checked = self.policy.check_call(tool, args);
+        if let Some(a) = altered {
+            if !matches!(&checked, Err(r) if r.code != "invalid_arguments") {
+                return Err(CallRefusal {
+                    code: "invalid_arguments",
+                    message: numbers::refusal_message(tool, a),
+                });
+            }
+        }
+        let merged = checked?;
         self.budget.lock().unwrap().take(tool)?;
         Ok(merged)
     }
@@ -519,7 +592,7 @@ impl Broker {
         &self,
         clock: &dyn Clock,
         tool: &str,
-        arguments: &Value,
+        arguments: Logged<'_>,
         outcome: Option<&Outcome>,
         duration_ms: u64,
         span_id: Option<String>,
@@ -539,17 +612,23 @@ impl Broker {
         let n = self.logged.fetch_add(1, Ordering::Relaxed);
         let ts = crate::time::rfc3339(clock.now_ms());
         let text = if n < self.max_log_lines {
-            let args = arguments.to_string();
-            let clipped = args.len() > MAX_LOGGED_ARGS_BYTES;
+            let (arguments, arguments_bytes) = match arguments {
+                Logged::Value(v) => {
+                    let args = v.to_string();
+                    if args.len() > MAX_LOGGED_ARGS_BYTES {
+                        let clipped = clip(&args, MAX_LOGGED_ARGS_BYTES);
+                        (Value::String(clipped), Some(args.len()))
+                    } else {
+                        (v.clone(), None)
+                    }
+                }
+                Logged::Text { text, bytes } => (Value::String(text.to_string()), Some(bytes)),
+            };
             let line = CallLogLine {
                 ts,
                 tool: tool.to_string(),
-                arguments: if clipped {
-                    Value::String(clip(&args, MAX_LOGGED_ARGS_BYTES))
-                } else {
-                    arguments.clone()
-                },
-                arguments_bytes: clipped.then_some(args.len()),
+                arguments,
+                arguments_bytes,
                 duration_ms,
                 is_error,
                 summary,
@@ -608,6 +687,14 @@ impl Broker {
         self.live.dirty.store(true, Ordering::Relaxed);
         self.live.changed.notify_one();
     }
+}
+
+/// A call's arguments as its calls.jsonl line keeps them: the value (its JSON
+/// text when longer than `MAX_LOGGED_ARGS_BYTES`), or, for arguments that
+/// hold a number no parsed value keeps, the text the script sent.
+enum Logged<'a> {
+    Value(&'a Value),
+    Text { text: &'a str, bytes: usize },
 }
 
 /// A write error as the record's note says it; a full filesystem or quota is
@@ -749,12 +836,12 @@ mod tests {
         let b = broker(1_000, std::fs::File::create(&log).unwrap());
         let clock = FakeClock::at_ms(999_000);
         let args = serde_json::json!({});
-        let Outcome::Result(r) = b.call(&clock, "t", &args).await else {
+        let Outcome::Result(r) = b.call(&clock, "t", &args, None).await else {
             panic!("refused before expiry")
         };
         assert_eq!((r.text.as_str(), r.is_error, r.code), ("ok 1", false, None));
         clock.advance_ms(1_000);
-        let Outcome::Error(e) = b.call(&clock, "t", &args).await else {
+        let Outcome::Error(e) = b.call(&clock, "t", &args, None).await else {
             panic!("served after expiry")
         };
         assert_eq!(e.code, "revoked");

@@ -1320,3 +1320,32 @@ fn a_hostile_state_directory_is_refused_with_the_reason() {
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
     assert_eq!(std::fs::read_dir(&home3).unwrap().count(), 0);
 }
+
+/// `admin.calls` with `limit: 0`: refused (-32602, naming the limit), as
+/// scriptgate-protocol(7) says; it used to answer one line, more than asked.
+/// `limit: 1` is one line and the next page's offset.
+#[test]
+#[ignore = "needs root: an administrator (cargo test --test it admin:: -- --include-ignored)"]
+fn a_page_of_no_calls_is_refused() {
+    require_root("root is an administrator");
+    let rig = Rig::new();
+    let e = rig.engine();
+    let code = "import agent_tools\n\
+                for i in range(3):\n    agent_tools.call('fleet__get_device_status', {'sn': 'SN%d' % i})\n";
+    let r = e.run(&rig.token(&rig.snapshot("auto")), code, &[]);
+    assert_eq!(r["status"], "ok", "{r}");
+    let id = r["script_id"].as_str().unwrap();
+    let err = e
+        .request("admin.calls", json!({"script_id": id, "limit": 0}))
+        .expect_err("a page of no lines");
+    assert_eq!(err["code"], -32602, "{err}");
+    assert!(
+        err["message"].as_str().unwrap().starts_with("limit 0: "),
+        "{err}"
+    );
+    let p = e
+        .request("admin.calls", json!({"script_id": id, "limit": 1}))
+        .unwrap();
+    assert_eq!(p["lines"].as_array().unwrap().len(), 1, "{p}");
+    assert_eq!(p["next_offset"], 1, "{p}");
+}

@@ -27,6 +27,7 @@ mod hostile_sandbox;
 mod lifecycle;
 mod man_examples;
 mod mcp_eras;
+mod numbers;
 mod parsers;
 mod policy;
 mod sandbox;

@@ -84,3 +84,21 @@ fn the_documented_refusal_is_the_daemons() {
     assert_eq!(e.message, documented["message"].as_str().unwrap());
     assert_eq!(e.data.as_ref(), Some(&documented["data"]));
 }
+
+/// The refusal the page shows for `call("fleet__query_logs", {"since": 2**64})`
+/// is the daemon's, word for word (NUMBERS).
+#[test]
+fn the_documented_number_refusal_is_the_daemons() {
+    use scriptgate::protocol::numbers;
+    let documented = examples()
+        .into_iter()
+        .find(|v| v["error"]["code"] == "invalid_arguments" && v["id"] == 8)
+        .expect("the number refusal example");
+    let line = br#"{"id": 8, "op": "call", "tool": "fleet__query_logs", "args": {"since": 18446744073709551616}}"#;
+    let scan = numbers::scan(line);
+    let altered = scan.args.expect("2**64 is flagged");
+    assert_eq!(
+        documented["error"]["message"],
+        numbers::refusal_message("fleet__query_logs", &altered)
+    );
+}

@@ -2175,3 +2175,401 @@ fn allocation_worst_cases() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// 4. The numbers of an fd-3 line: protocol::numbers::scan
+// ---------------------------------------------------------------------------
+//
+// The oracle is serde_json itself: a number survives when serde_json, reading
+// it, writes back the same decimal value (an integer as the same digits, still
+// an integer). The scan must flag exactly the calls whose arguments hold a
+// number that does not survive, and name the first of them where it is.
+
+/// A JSON document whose numbers are kept as the tokens they were written as.
+#[derive(Debug, Clone)]
+enum Doc {
+    Num(String),
+    Str(String),
+    Arr(Vec<Doc>),
+    Obj(Vec<(String, Doc)>),
+}
+
+impl Doc {
+    fn text(&self) -> String {
+        match self {
+            Doc::Num(t) => t.clone(),
+            Doc::Str(s) => Value::String(s.clone()).to_string(),
+            Doc::Arr(items) => {
+                let items: Vec<String> = items.iter().map(Doc::text).collect();
+                format!("[{}]", items.join(", "))
+            }
+            Doc::Obj(fields) => {
+                let fields: Vec<String> = fields
+                    .iter()
+                    .map(|(k, v)| format!("{}: {}", Value::String(k.clone()), v.text()))
+                    .collect();
+                format!("{{{}}}", fields.join(","))
+            }
+        }
+    }
+
+    /// Every number token, in document order, with its JSON Pointer (raw keys).
+    fn numbers(&self, at: &mut Vec<String>, out: &mut Vec<(Vec<String>, String)>) {
+        match self {
+            Doc::Num(t) => out.push((at.clone(), t.clone())),
+            Doc::Str(_) => {}
+            Doc::Arr(items) => {
+                for (i, d) in items.iter().enumerate() {
+                    at.push(i.to_string());
+                    d.numbers(at, out);
+                    at.pop();
+                }
+            }
+            Doc::Obj(fields) => {
+                for (k, d) in fields {
+                    at.push(k.clone());
+                    d.numbers(at, out);
+                    at.pop();
+                }
+            }
+        }
+    }
+}
+
+const NUMBER_KEYS: &[&str] = &["a", "n", "~", "/", "x/y~z", "é", "\u{1b}[2J", "args", "0"];
+
+impl Gen {
+    fn number_token(&mut self) -> String {
+        let digits = |g: &mut Gen, n: u64| -> String {
+            let mut s = String::new();
+            for i in 0..n {
+                let d = if i == 0 { 1 + g.below(9) } else { g.below(10) };
+                s.push(char::from(b'0' + d as u8));
+            }
+            s
+        };
+        let sign = |g: &mut Gen| if g.below(3) == 0 { "-" } else { "" };
+        match self.below(7) {
+            0 => {
+                let n = 1 + self.below(25);
+                format!("{}{}", sign(self), digits(self, n))
+            }
+            1 => self
+                .pick(&[
+                    "0",
+                    "-0",
+                    "9007199254740992",
+                    "9007199254740993",
+                    "-9007199254740993",
+                    "9223372036854775807",
+                    "9223372036854775808",
+                    "-9223372036854775808",
+                    "-9223372036854775809",
+                    "18446744073709551615",
+                    "18446744073709551616",
+                    "-18446744073709551615",
+                ])
+                .to_string(),
+            // A float as Python writes it (its repr is serde_json's), with
+            // Python's `e+` half the time.
+            2 => {
+                let f = f64::from_bits(self.next());
+                let t = if f.is_finite() {
+                    serde_json::to_string(&f).unwrap()
+                } else {
+                    "1.5".into()
+                };
+                if self.below(2) == 0 && t.contains('e') && !t.contains(['-', '+']) {
+                    t.replace('e', "e+")
+                } else {
+                    t
+                }
+            }
+            // Any decimal, up to 25 digits, exponents to ±400.
+            3 => {
+                let n = 1 + self.below(25);
+                let mut m = digits(self, n);
+                if n > 1 && self.below(2) == 0 {
+                    let p = 1 + self.below(n - 1) as usize;
+                    m.insert(p, '.');
+                }
+                let e = if self.below(2) == 0 {
+                    format!("e{}", self.below(801) as i64 - 400)
+                } else {
+                    String::new()
+                };
+                let t = format!("{}{m}{e}", sign(self));
+                if t.contains(['.', 'e']) {
+                    t
+                } else {
+                    t + ".0"
+                }
+            }
+            4 => self.pick(&["NaN", "Infinity", "-Infinity"]).to_string(),
+            5 => self
+                .pick(&["0.5", "1.25e-3", "-0.0", "100.0", "1E5", "2.50", "0.0"])
+                .to_string(),
+            _ => format!("{}{}", digits(self, 320), ".5e-1"),
+        }
+    }
+
+    fn number_doc(&mut self, depth: u32) -> Doc {
+        match self.below(if depth == 0 { 2 } else { 6 }) {
+            0 => Doc::Num(self.number_token()),
+            1 => Doc::Str(self.pick(&["18446744073709551616", "NaN", "x"]).to_string()),
+            2 | 3 => Doc::Arr(
+                (0..self.below(4))
+                    .map(|_| self.number_doc(depth - 1))
+                    .collect(),
+            ),
+            _ => {
+                let mut keys: Vec<&str> = Vec::new();
+                for _ in 0..self.below(4) {
+                    let k = self.pick(NUMBER_KEYS);
+                    if !keys.contains(&k) {
+                        keys.push(k);
+                    }
+                }
+                Doc::Obj(
+                    keys.into_iter()
+                        .map(|k| (k.to_string(), self.number_doc(depth - 1)))
+                        .collect(),
+                )
+            }
+        }
+    }
+
+    /// A call or call_many line, its units (the arguments of each call), and a
+    /// decoy field outside them.
+    fn number_request(&mut self) -> (String, bool, Vec<Doc>, Doc) {
+        let many = self.below(2) == 0;
+        let units: Vec<Doc> = (0..if many { self.below(6) } else { 1 })
+            .map(|_| self.number_doc(3))
+            .collect();
+        let decoy = self.number_doc(1);
+        let body = if many {
+            let items: Vec<String> = units.iter().map(Doc::text).collect();
+            format!("\"args_list\": [{}]", items.join(","))
+        } else {
+            format!("\"args\": {}", units[0].text())
+        };
+        let op = if many { "call_many" } else { "call" };
+        let line = if self.below(2) == 0 {
+            format!(
+                r#"{{"id": 7, "op": "{op}", "tool": "t", {body}, "args_x": {}}}"#,
+                decoy.text()
+            )
+        } else {
+            format!(
+                r#"{{"\u0061rgs_y": {}, {body}, "op": "{op}", "id": 7}}"#,
+                decoy.text()
+            )
+        };
+        (line, many, units, decoy)
+    }
+}
+
+/// The oracle: serde_json writes back the decimal value it read.
+fn survives(tok: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<Value>(tok) else {
+        return false;
+    };
+    if !tok.contains(['.', 'e', 'E']) {
+        let written = v.to_string();
+        return (v.is_i64() || v.is_u64()) && written == tok;
+    }
+    v.is_f64() && decimal_value(&v.to_string()) == decimal_value(tok)
+}
+
+/// Sign, significant digits, exponent of the last one; zero has no digits.
+fn decimal_value(t: &str) -> (bool, String, i128) {
+    let (neg, t) = match t.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, t),
+    };
+    let (m, e) = match t.find(['e', 'E']) {
+        Some(i) => (&t[..i], t[i + 1..].parse::<i128>().unwrap()),
+        None => (t, 0),
+    };
+    let (a, b) = m.split_once('.').unwrap_or((m, ""));
+    let all = format!("{a}{b}");
+    let lead = all.trim_start_matches('0');
+    let sig = lead.trim_end_matches('0');
+    if sig.is_empty() {
+        return (neg, String::new(), 0);
+    }
+    (
+        neg,
+        sig.to_string(),
+        e - b.len() as i128 + (lead.len() - sig.len()) as i128,
+    )
+}
+
+fn shown_pointer(at: &[String]) -> String {
+    at.iter()
+        .map(|k| {
+            format!(
+                "/{}",
+                k.replace('~', "~0")
+                    .replace('/', "~1")
+                    .replace('\u{1b}', "\\x1b")
+            )
+        })
+        .collect()
+}
+
+fn check_numbers(line: &str, many: bool, units: &[Doc], decoy: &Doc) -> Result<(), TestCaseError> {
+    let (scan, peak) = alloc::peak(|| numbers::scan(line.as_bytes()));
+    // What the scan keeps is what it copies of the arguments (at most their
+    // text) plus its frames and the names it quotes.
+    prop_assert!(
+        peak <= 2 * line.len() + (64 << 10),
+        "{peak} bytes for a {}-byte line",
+        line.len()
+    );
+    prop_assert!(!scan.too_deep);
+    let mut any_not_json = false;
+    let mut all = vec![];
+    decoy.numbers(&mut vec![], &mut all);
+    for (i, unit) in units.iter().enumerate() {
+        let mut found = vec![];
+        unit.numbers(&mut vec![], &mut found);
+        let altered: Vec<&(Vec<String>, String)> =
+            found.iter().filter(|(_, t)| !survives(t)).collect();
+        let got = if many {
+            scan.item(i)
+        } else {
+            scan.args.as_ref()
+        };
+        match (altered.first(), got) {
+            (None, None) => {}
+            (Some((at, tok)), Some(a)) => {
+                let shown = if tok.len() <= numbers::NUMBER_SHOWN_MAX {
+                    tok.clone()
+                } else {
+                    format!(
+                        "{}… ({} characters)",
+                        &tok[..numbers::NUMBER_SHOWN_MAX],
+                        tok.len()
+                    )
+                };
+                prop_assert_eq!(&a.number, &shown);
+                prop_assert_eq!(&a.at, &shown_pointer(at));
+                prop_assert_eq!(a.more, altered.len() - 1);
+                let text = unit.text();
+                if text.len() <= numbers::ARGS_TEXT_MAX_BYTES {
+                    prop_assert_eq!(&a.text, &text);
+                }
+                prop_assert_eq!(a.bytes, text.len());
+            }
+            (want, got) => prop_assert!(false, "unit {i}: want {want:?}, got {got:?}\n{line}"),
+        }
+        all.extend(found);
+    }
+    prop_assert!(scan.items.iter().all(|(i, _)| *i < units.len()));
+    for (_, t) in &all {
+        any_not_json |= serde_json::from_str::<Value>(t).is_err();
+    }
+    prop_assert_eq!(scan.not_json, any_not_json, "{}", line);
+    // Patched, the line parses, and every call without an altered number
+    // holds each of its numbers as written.
+    let mut bytes = line.as_bytes().to_vec();
+    numbers::patch(&mut bytes);
+    prop_assert_eq!(bytes.len(), line.len());
+    let parsed = parse_request(&bytes);
+    let args: Vec<Value> = match parsed {
+        Ok(Request::Call { args, .. }) => vec![args],
+        Ok(Request::CallMany { args_list, .. }) => args_list,
+        other => return Err(TestCaseError::fail(format!("{other:?}\n{line}"))),
+    };
+    prop_assert_eq!(args.len(), units.len());
+    for (i, (unit, v)) in units.iter().zip(&args).enumerate() {
+        let clean = if many {
+            scan.item(i).is_none()
+        } else {
+            scan.args.is_none()
+        };
+        if !clean {
+            continue;
+        }
+        let mut found = vec![];
+        unit.numbers(&mut vec![], &mut found);
+        for (at, tok) in found {
+            let pointer: String = at
+                .iter()
+                .map(|k| format!("/{}", k.replace('~', "~0").replace('/', "~1")))
+                .collect();
+            let n = v.pointer(&pointer).expect("in the parsed arguments");
+            prop_assert_eq!(
+                decimal_value(&n.to_string()),
+                decimal_value(&tok),
+                "{} at {}",
+                tok,
+                pointer
+            );
+            prop_assert_eq!(n.is_f64(), tok.contains(['.', 'e', 'E']), "{}", tok);
+        }
+    }
+    Ok(())
+}
+
+use scriptgate::protocol::numbers;
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Generated calls whose arguments hold every kind of number: the scan
+    /// flags exactly the calls serde_json would alter, naming the first.
+    #[test]
+    fn numbers_flagged_are_those_serde_alters(req in seeded(Gen::number_request)) {
+        let (line, many, units, decoy) = req;
+        check_numbers(&line, many, &units, &decoy)?;
+    }
+
+    /// Any bytes: no panic, bounded, and a patched line has its length.
+    #[test]
+    fn numbers_scan_any_bytes(s in prop_oneof![text(64), soup(), hostile_json()], raw in vec(any::<u8>(), 0..128)) {
+        for line in [s.as_bytes(), &raw[..]] {
+            let (_, peak) = alloc::peak(|| numbers::scan(line));
+            prop_assert!(peak <= 2 * line.len() + (64 << 10));
+            let mut b = line.to_vec();
+            numbers::patch(&mut b);
+            prop_assert_eq!(b.len(), line.len());
+        }
+    }
+}
+
+/// The most a scan keeps: 50 items, each altered, each past the text it keeps,
+/// and a line as deep as it follows.
+#[test]
+fn numbers_scan_worst_cases() {
+    let item = format!(
+        "{{\"s\": \"{}\", \"n\": 18446744073709551616}}",
+        "x".repeat(8 << 10)
+    );
+    let line = format!(
+        r#"{{"op":"call_many","args_list":[{}]}}"#,
+        vec![item; 50].join(",")
+    );
+    let (scan, peak) = alloc::peak(|| numbers::scan(line.as_bytes()));
+    assert_eq!(scan.items.len(), 50);
+    assert!(peak <= 50 * (numbers::ARGS_TEXT_MAX_BYTES + 1024), "{peak}");
+    assert!(
+        scan.held_bytes() >= peak / 2,
+        "held_bytes counts what is kept"
+    );
+    let deep = format!(
+        r#"{{"args":{}18446744073709551616{}}}"#,
+        "[".repeat(numbers::MAX_DEPTH - 1),
+        "]".repeat(numbers::MAX_DEPTH - 1)
+    );
+    let (scan, peak) = alloc::peak(|| numbers::scan(deep.as_bytes()));
+    assert!(!scan.too_deep);
+    assert_eq!(
+        scan.args.as_ref().unwrap().at.len(),
+        numbers::AT_MAX_BYTES + "…".len()
+    );
+    assert!(peak <= 64 << 10, "{peak}");
+    let deeper = format!("[{deep}]");
+    assert!(numbers::scan(deeper.as_bytes()).too_deep);
+}

@@ -12,6 +12,7 @@ import {
   connectError,
   type RpcErrorObject,
 } from "./errors.js";
+import { parseJson, stringifyJson } from "./json.js";
 import { SPAN_ERROR, SPAN_OK, formatTraceparent, loadOtel, parseTraceparent, type OtelApi, type OtelSpan } from "./otel.js";
 import type {
   ApprovalDecision,
@@ -208,10 +209,10 @@ export function describeThrown(e: unknown): string {
   if (typeof e === "string") return e;
   if (e !== null && typeof e === "object") {
     try {
-      const j = JSON.stringify(e);
+      const j = stringifyJson(e);
       if (j !== undefined && j !== "{}") return j;
     } catch {
-      // circular, a BigInt: fall through
+      // circular: fall through
     }
     return inspect(e, { depth: 4, breakLength: Infinity });
   }
@@ -256,7 +257,7 @@ export function checkToolAnswer(r: unknown): { answer: unknown } | { problem: st
     if (typeof v === "string") text = v;
     else {
       try {
-        text = JSON.stringify(v) ?? "null";
+        text = stringifyJson(v) ?? "null";
       } catch (e) {
         return { problem: `toolResult cannot be sent as JSON: ${errorMessage(e)}` };
       }
@@ -648,7 +649,8 @@ export class ScriptgateClient extends EventEmitter {
     if (text === "") return;
     let msg: Message;
     try {
-      const v: unknown = JSON.parse(text);
+      // Integers past 2^53 - 1 as exact bigints (json.ts): JSON.parse would round them.
+      const v: unknown = parseJson(text);
       if (!isObject(v)) throw new Error("not a JSON object");
       msg = v as Message;
     } catch (e) {
@@ -944,7 +946,7 @@ export class ScriptgateClient extends EventEmitter {
   private send(msg: unknown): boolean {
     let line: string;
     try {
-      line = JSON.stringify(msg);
+      line = stringifyJson(msg) as string;
     } catch {
       return false;
     }

@@ -64,5 +64,6 @@ export {
   type ScriptgateClientEvents,
 } from "./client.js";
 export type { OtelApi } from "./otel.js";
+export { parseJson, stringifyJson } from "./json.js";
 export * from "./protocol.js";
 export { prepareWorkspace, scriptOwner, defaultRunAs, lookupUser, type Owner, type WorkspaceOptions } from "./workspace.js";

@@ -97,7 +97,13 @@ export interface ToolCall {
   /** Unique within the script. */
   call_id: string;
   tool: string;
-  /** The script's arguments with the frozen ones merged in. */
+  /**
+   * The script's arguments with the frozen ones merged in, every number exactly as
+   * the script wrote it: an integer outside `Number.MAX_SAFE_INTEGER` (2^53 - 1,
+   * up to the 64 bits the daemon passes) is a `bigint`, any other number a
+   * `number`. `JSON.stringify` throws on a `bigint`: pass the arguments on with
+   * {@link stringifyJson}, or convert them as the tool needs.
+   */
   arguments: { [key: string]: unknown };
   /** With a `traceparent` at `script.start`: `00-<trace id>-<the start's span id>-<flags>`. */
   traceparent?: string;
