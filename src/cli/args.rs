@@ -311,8 +311,13 @@ pub struct McpCmd {
     pub task_after: u64,
     /// Speak MCP's Streamable HTTP at http://ADDR/mcp instead of stdio; loopback
     /// addresses only (127.0.0.1:PORT, [::1]:PORT; port 0 picks one, printed on stderr).
+    /// Every request needs the bearer token printed at start.
     #[arg(long, value_name = "ADDR")]
     pub http: Option<std::net::SocketAddr>,
+    /// --http's bearer token is in this file (made, mode 0600, if missing)
+    /// instead of mcp-http.token in the state directory.
+    #[arg(long, value_name = "PATH", requires = "http")]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
