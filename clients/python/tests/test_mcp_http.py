@@ -460,6 +460,23 @@ def test_32_parallel_4mib_requests_stay_under_the_memory_bound() -> None:
             assert set(statuses) <= ok, statuses
             assert grown < MEMORY_BOUND_MIB, f"peak RSS grew by {grown:.0f} MiB"
             print(f"{len(body)} bytes x 32: peak RSS +{grown:.1f} MiB")
+        # A body over 4 MiB: refused as soon as it says so, or, chunked, as it passes.
+        with socket.create_connection(("127.0.0.1", s.port), timeout=30) as raw:
+            raw.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{s.port}\r\nAuthorization: Bearer {s.token}\r\n"
+                        f"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+                        f"Content-Length: {(4 << 20) + 1}\r\n\r\n".encode())
+            assert raw.recv(64).startswith(b"HTTP/1.1 413 ")
+        with socket.create_connection(("127.0.0.1", s.port), timeout=30) as raw:
+            raw.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{s.port}\r\nAuthorization: Bearer {s.token}\r\n"
+                        f"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+                        f"Transfer-Encoding: chunked\r\n\r\n".encode())
+            chunk = b"%x\r\n%s\r\n" % (1 << 20, b" " * (1 << 20))
+            try:
+                for _ in range(5):
+                    raw.sendall(chunk)
+            except OSError:
+                pass  # closed once past the bound
+            assert raw.recv(64).startswith(b"HTTP/1.1 413 ")
         # Then a small request is served.
         c, r = post(s, init_body(), s.auth())
         assert r.status == 200
@@ -534,6 +551,11 @@ def test_listen_names_the_accepted_task_ids_and_tasks_outlive_a_restart() -> Non
             done = next(m for m in got if m.get("method") == "notifications/tasks")
             c.close()
             assert done["params"]["taskId"] == task and done["params"]["status"] == "completed", done
+            # A listen names at most 256 task ids: one past them is not taken.
+            c, r = modern(s, "subscriptions/listen", {"notifications": {"taskIds": ["x"] * 256 + [task]}}, i=3)
+            ack = next(events(r))
+            c.close()
+            assert ack["params"]["notifications"]["taskIds"] == [], ack
         # Restarted with the same token file: the same principal, so the task is still its.
         with server("--token-file", str(token_file), home=home) as s:
             c, r = modern(s, "tasks/get", {"taskId": task}, name=task, caps={"extensions": {TASKS: {}}})
