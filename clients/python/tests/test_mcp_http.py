@@ -281,7 +281,7 @@ print(json.dumps(out))
 
 
 def test_with_the_token_both_eras_work_through_the_sdk() -> None:
-    mcp = pytest.importorskip("mcp", reason="the mcp SDK (Python 3.10+) is not installed in the test venv")
+    pytest.importorskip("mcp", reason="the mcp SDK (Python 3.10+) is not installed in the test venv")
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
@@ -309,8 +309,16 @@ def test_with_the_token_both_eras_work_through_the_sdk() -> None:
         async def without() -> None:
             async with Client(s.url, mode="auto") as c:
                 await c.list_tools()
-        with pytest.raises(BaseException):
+        # Without the token, the SDK's client gets an error response (it does not
+        # say which: 401) and nothing else.
+        with pytest.raises(BaseException) as refused:
             asyncio.run(asyncio.wait_for(without(), 60))
+
+        def leaves(e: BaseException) -> List[BaseException]:
+            inner = getattr(e, "exceptions", None)
+            return [x for i in inner for x in leaves(i)] if inner else [e]
+        from mcp.shared.exceptions import MCPError
+        assert all(isinstance(e, MCPError) and "error response" in str(e) for e in leaves(refused.value)), refused.value
 
 
 def test_other_users_slow_headers_and_bodies_cannot_hold_the_slots() -> None:
