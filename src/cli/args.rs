@@ -314,6 +314,7 @@ pub struct McpCmd {
     pub task_after: u64,
     /// Speak MCP's Streamable HTTP at http://ADDR/mcp instead of stdio; loopback
     /// addresses only (127.0.0.1:PORT, [::1]:PORT; port 0 picks one, printed on stderr).
+    /// Every request needs the bearer token printed at start.
     #[arg(long, value_name = "ADDR")]
     pub http: Option<std::net::SocketAddr>,
     /// Print the mcpServers entry that starts this server with these options, with
@@ -321,6 +322,10 @@ pub struct McpCmd {
     /// --socket), for an MCP client's configuration; start nothing.
     #[arg(long, conflicts_with = "http")]
     pub print_config: bool,
+    /// --http's bearer token is in this file (made, mode 0600, if missing)
+    /// instead of mcp-http.token in the state directory.
+    #[arg(long, value_name = "PATH", requires = "http")]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -6,7 +6,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -28,25 +28,40 @@ async function codeMode({ elicit, extra = [] } = {}) {
   return client;
 }
 
-/** `scriptgate mcp --http 127.0.0.1:0`, and an SDK Client over Streamable HTTP. */
+/**
+ * `scriptgate mcp --http 127.0.0.1:0` with a state directory of its own (its records and
+ * its bearer token), and an SDK Client over Streamable HTTP that sends the token.
+ */
 async function codeModeHttp({ elicit } = {}) {
-  const child = spawn(SCRIPTGATE, ["mcp", "--embedded", "--http", "127.0.0.1:0", "--mcp", `everything=${process.execPath} ${EVERYTHING} stdio`], {
+  const dir = mkdtempSync(join(tmpdir(), "sg-mcp-http-"));
+  chmodSync(dir, 0o755); // scripts run as nobody when this is root
+  const config = join(dir, "scriptgate.toml");
+  writeFileSync(config, `[state]\ndir = "${join(dir, "state")}"\n`);
+  const child = spawn(SCRIPTGATE, ["mcp", "--embedded", "--config", config, "--http", "127.0.0.1:0", "--mcp", `everything=${process.execPath} ${EVERYTHING} stdio`], {
     stdio: ["ignore", "ignore", "pipe"],
   });
   let err = "";
-  const url = await new Promise((resolve, reject) => {
+  const [url, token] = await new Promise((resolve, reject) => {
     child.stderr.on("data", (d) => {
       err += d;
-      const m = /Streamable HTTP at (http:\/\/\S+)/.exec(err);
-      if (m) resolve(m[1]);
+      const u = /Streamable HTTP at (http:\/\/\S+)/.exec(err);
+      const t = /"Authorization: Bearer (\S+)"/.exec(err);
+      if (u && t) resolve([u[1], t[1]]);
     });
     child.on("exit", (code) => reject(new Error(`scriptgate mcp exited ${code}: ${err}`)));
   });
+  const auth = { authorization: `Bearer ${token}` };
   const { StreamableHTTPClientTransport } = await import(new URL("@modelcontextprotocol/sdk/dist/esm/client/streamableHttp.js", `file://${MCP_MODULES}`).href);
   const client = new sdk.Client({ name: "scriptgate-mcp-http-test", version: "1.0.0" }, { capabilities: elicit ? { elicitation: {} } : {} });
   if (elicit) client.setRequestHandler(types.ElicitRequestSchema, (req) => elicit(req.params));
-  await client.connect(new StreamableHTTPClientTransport(new URL(url)));
-  return { client, url, stop: async () => { await client.close(); child.kill("SIGTERM"); } };
+  await client.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers: auth } }));
+  const stop = async () => {
+    await client.close();
+    child.kill("SIGTERM");
+    await new Promise((resolve) => (child.exitCode === null ? child.on("exit", resolve) : resolve()));
+    rmSync(dir, { recursive: true, force: true });
+  };
+  return { client, url, auth, stop };
 }
 
 const textOf = (r) => r.content.filter((c) => c.type === "text").map((c) => c.text).join("");
@@ -181,9 +196,9 @@ test("an aborted call cancels its script, with an upstream call in flight", T, a
   }
 });
 
-test("--http: Streamable HTTP with the SDK's client: 200 calls with progress, an approval, a cancel; a foreign Origin is refused", T, async () => {
+test("--http: Streamable HTTP with the SDK's client: 200 calls with progress, an approval, a cancel; a foreign Origin is refused; no token, no service", T, async () => {
   const asked = [];
-  const { client, url, stop } = await codeModeHttp({
+  const { client, url, auth, stop } = await codeModeHttp({
     elicit: (params) => {
       asked.push(params);
       return { action: "accept", content: { allow: true } };
@@ -218,8 +233,11 @@ test("--http: Streamable HTTP with the SDK's client: 200 calls with progress, an
     const init = { jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "x", version: "1" } } };
     const post = (headers) =>
       fetch(url, { method: "POST", headers: { "content-type": "application/json", accept: "application/json, text/event-stream", ...headers }, body: JSON.stringify(init) });
-    assert.equal((await post({ origin: "http://evil.example" })).status, 403);
-    assert.equal((await post({})).status, 200);
+    assert.equal((await post({ ...auth, origin: "http://evil.example" })).status, 403);
+    assert.equal((await post(auth)).status, 200);
+    // Without the bearer token, or with another: 401.
+    assert.equal((await post({})).status, 401);
+    assert.equal((await post({ authorization: "Bearer not-the-token" })).status, 401);
   } finally {
     await stop();
   }
@@ -253,10 +271,10 @@ test("the MCP Inspector's CLI lists run_script and calls it", { timeout: 120_000
 });
 
 test("--http: at most 32 sessions at once; ending one (DELETE) makes room", T, async () => {
-  const { client, url, stop } = await codeModeHttp();
+  const { client, url, auth, stop } = await codeModeHttp();
   try {
     const init = { jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "x", version: "1" } } };
-    const headers = { "content-type": "application/json", accept: "application/json, text/event-stream" };
+    const headers = { "content-type": "application/json", accept: "application/json, text/event-stream", ...auth };
     const open = () => fetch(url, { method: "POST", headers, body: JSON.stringify(init) });
     // The SDK client holds one; 31 more fill the bound.
     const ids = [];
@@ -269,7 +287,7 @@ test("--http: at most 32 sessions at once; ending one (DELETE) makes room", T, a
     const over = await open();
     assert.notEqual(over.status, 200);
     assert.match(await over.text(), /too many MCP sessions at once \(at most 32\)/);
-    const end = await fetch(url, { method: "DELETE", headers: { "mcp-session-id": ids[0] } });
+    const end = await fetch(url, { method: "DELETE", headers: { "mcp-session-id": ids[0], ...auth } });
     assert.ok(end.status < 300, `DELETE: ${end.status}`);
     const again = await open();
     assert.equal(again.status, 200);

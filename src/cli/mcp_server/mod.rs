@@ -20,6 +20,7 @@ use std::time::Duration;
 
 mod approval;
 mod http;
+mod peer;
 mod result;
 mod scripts;
 mod secret;
@@ -120,10 +121,16 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
             cfg.clone(),
         ));
     }
+    // `--http`'s bearer token: the same across restarts (tasks are bound to
+    // the principal it names, and outlive a restart).
+    let token_file = o
+        .token_file
+        .clone()
+        .unwrap_or_else(|| state.join("mcp-http.token"));
     let served = async {
         match o.http {
             None => serve_stdio(server).await,
-            Some(addr) => serve_http(server, addr).await,
+            Some(addr) => serve_http(server, addr, &token_file).await,
         }
     };
     let r = tokio::select! {
