@@ -1334,3 +1334,46 @@ fn describe_listing(
         left_out,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, class: ToolClass, schema: Option<Value>) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            class,
+            enabled: true,
+            input_schema: schema,
+            frozen: Default::default(),
+            description: None,
+        }
+    }
+
+    /// The last guard of `Tools::refresh`: a list the daemon would refuse is
+    /// not taken (each tool was admitted on its own already).
+    #[test]
+    fn a_list_the_daemon_would_refuse_is_refused_here() {
+        let schema = || Some(serde_json::json!({"type": "object", "x": [0, 0]}));
+        let good = [
+            spec("a__r", ToolClass::Read, schema()),
+            spec("a__d", ToolClass::Destructive, None),
+        ];
+        assert_eq!(check_as_a_snapshot(&good), Ok(()));
+        let twice = [
+            spec("a__r", ToolClass::Read, schema()),
+            spec("a__r", ToolClass::Read, schema()),
+        ];
+        assert!(check_as_a_snapshot(&twice)
+            .unwrap_err()
+            .contains("listed twice"));
+        let spaced = [spec("a__r x", ToolClass::Read, schema())];
+        assert!(check_as_a_snapshot(&spaced)
+            .unwrap_err()
+            .contains("1..128 visible characters"));
+        let bare = [spec("a__r", ToolClass::Read, None)];
+        assert!(check_as_a_snapshot(&bare)
+            .unwrap_err()
+            .contains("has no input_schema"));
+    }
+}

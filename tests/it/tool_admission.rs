@@ -169,43 +169,65 @@ fn the_other_tools_work_in_scriptgate_run() {
     no_hidden_characters(&err);
 }
 
-/// `scriptgate mcp --passthrough` over the odd server, whose first list is
-/// good. It changes (a call of `odd__flip`) to one with a new good tool and
-/// the odd ones: the good ones are offered and work, in `run_script` too, and
-/// the odd ones are named as not offered. Then it changes to a list that
-/// cannot be read: the one before stays in force, and scripts go on calling
-/// its tools.
-#[test]
-fn a_changed_list_keeps_the_good_tools_and_one_not_taken_keeps_the_old() {
-    let mut child = cli_command(["mcp", "--embedded", "--passthrough", "--mcp"])
-        .arg(server("later"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let lines = |r: Box<dyn std::io::Read + Send>| {
-        let (tx, rx) = mpsc::channel::<String>();
-        std::thread::spawn(move || {
-            for line in BufReader::new(r).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
+/// A `scriptgate mcp --embedded --passthrough` over one server, driven over
+/// its stdio as an MCP client of the handshake era (initialized), its stdout
+/// and stderr read by threads of their own.
+struct Session {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    out: mpsc::Receiver<String>,
+    err: mpsc::Receiver<String>,
+    id: u64,
+}
+
+fn lines_of(r: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
             }
-        });
-        rx
-    };
-    let out = lines(Box::new(child.stdout.take().unwrap()));
-    let err = lines(Box::new(child.stderr.take().unwrap()));
-    let mut send = move |v: Value| {
+        }
+    });
+    rx
+}
+
+impl Session {
+    fn start(server: String) -> Session {
+        let mut child = cli_command(["mcp", "--embedded", "--passthrough", "--mcp"])
+            .arg(server)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut s = Session {
+            stdin: child.stdin.take(),
+            out: lines_of(child.stdout.take().unwrap()),
+            err: lines_of(child.stderr.take().unwrap()),
+            child,
+            id: 0,
+        };
+        s.request(
+            "initialize",
+            serde_json::json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                               "clientInfo": {"name": "test", "version": "1"}}),
+        );
+        s.send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        s
+    }
+
+    fn send(&mut self, v: Value) {
+        let stdin = self.stdin.as_mut().unwrap();
         writeln!(stdin, "{v}").unwrap();
         stdin.flush().unwrap();
-    };
-    // Each message until `until` says so, waiting at most a minute for each.
-    let wait_for = |until: &dyn Fn(&Value) -> bool| -> Value {
+    }
+
+    /// Each message until `until` says so, waiting at most a minute for each.
+    fn wait_for(&self, until: impl Fn(&Value) -> bool) -> Value {
         loop {
-            let line = out
+            let line = self
+                .out
                 .recv_timeout(Duration::from_secs(60))
                 .expect("scriptgate mcp said nothing more");
             if let Ok(v) = serde_json::from_str::<Value>(&line) {
@@ -214,24 +236,36 @@ fn a_changed_list_keeps_the_good_tools_and_one_not_taken_keeps_the_old() {
                 }
             }
         }
-    };
-    send(
-        serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "test", "version": "1"}}}),
-    );
-    wait_for(&|v| v["id"] == 0);
-    send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-    let mut id = 0;
-    let mut request = move |method: &str, params: Value| -> Value {
-        id += 1;
-        let n = id;
-        send(serde_json::json!({"jsonrpc": "2.0", "id": n, "method": method, "params": params}));
-        let v = wait_for(&|v| v["id"] == n);
+    }
+
+    /// The first line on stderr, from now, that has `what` in it.
+    fn stderr_with(&self, what: &str) -> String {
+        loop {
+            let line = self
+                .err
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|e| panic!("scriptgate mcp wrote no line with {what:?}: {e}"));
+            if line.contains(what) {
+                return line;
+            }
+        }
+    }
+
+    /// A request's result (an error fails the test).
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        self.id += 1;
+        let n = self.id;
+        self.send(
+            serde_json::json!({"jsonrpc": "2.0", "id": n, "method": method, "params": params}),
+        );
+        let v = self.wait_for(|v| v["id"] == n);
         assert!(v.get("error").is_none(), "{method}: {v}");
         v["result"].clone()
-    };
-    let listed = |r: &Value| -> (Vec<String>, String) {
+    }
+
+    /// The tools offered, by name, and `run_script`'s description.
+    fn tools(&mut self) -> (Vec<String>, String) {
+        let r = self.request("tools/list", serde_json::json!({}));
         let tools = r["tools"].as_array().unwrap();
         let names = tools
             .iter()
@@ -244,26 +278,81 @@ fn a_changed_list_keeps_the_good_tools_and_one_not_taken_keeps_the_old() {
             .unwrap()
             .to_string();
         (names, describe)
-    };
-    let (names, describe) = listed(&request("tools/list", serde_json::json!({})));
+    }
+
+    /// `run_script` of `code`, which must end `ok`: its output.
+    fn script(&mut self, code: &str) -> String {
+        let r = self.request(
+            "tools/call",
+            serde_json::json!({"name": "run_script", "arguments": {"code": code}}),
+        );
+        assert_eq!(r["structuredContent"]["status"], "ok", "{r}");
+        r["structuredContent"]["output"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// A direct call of an upstream tool: its text.
+    fn call(&mut self, tool: &str, q: &str) -> String {
+        let r = self.request(
+            "tools/call",
+            serde_json::json!({"name": tool, "arguments": {"q": q}}),
+        );
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// Its stdin closed, it ends, and well.
+    fn close(mut self) {
+        self.stdin.take();
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+/// `scriptgate mcp` over a server that lists odd tools from the start: the
+/// other tools are offered, and `run_script`'s first description names the
+/// odd ones as not offered, escaped.
+#[test]
+fn scriptgate_mcp_names_the_odd_tools_from_its_first_description() {
+    let mut s = Session::start(server(""));
+    let (names, describe) = s.tools();
+    assert_eq!(names, ["run_script", "odd__ok", "odd__flip"]);
+    let not_offered: String = LEFT_OUT
+        .iter()
+        .map(|(name, why)| format!("    {name} ({why})\n"))
+        .collect();
+    assert!(describe.ends_with(&not_offered), "{describe}");
+    no_hidden_characters(&describe);
+    assert_eq!(
+        s.script("from agent_tools import tools\nprint(tools.odd.ok(q='a'))\n"),
+        "ok got a\n"
+    );
+    s.close();
+}
+
+/// `scriptgate mcp` over the odd server, whose first list is good. It
+/// changes (a call of `odd__flip`) to one with a new good tool and the odd
+/// ones: the good ones are offered and work, in `run_script` too, and the odd
+/// ones are named as not offered. Then it changes to a list that cannot be
+/// read: the one before stays in force, and scripts go on calling its tools.
+#[test]
+fn a_changed_list_keeps_the_good_tools_and_one_not_taken_keeps_the_old() {
+    let mut s = Session::start(server("later"));
+    let (names, describe) = s.tools();
     assert_eq!(names, ["run_script", "odd__ok", "odd__flip"]);
     assert!(!describe.contains("Not offered"), "{describe}");
     assert_eq!(
-        script(
-            &mut request,
-            "from agent_tools import tools\nprint(tools.odd.ok(q='a'))\n"
-        ),
+        s.script("from agent_tools import tools\nprint(tools.odd.ok(q='a'))\n"),
         "ok got a\n"
     );
 
-    // A new list with a new good tool and a new odd one.
-    let flipped = request(
-        "tools/call",
-        serde_json::json!({"name": "odd__flip", "arguments": {"q": "1"}}),
-    );
-    assert_eq!(flipped["content"][0]["text"], "flip got 1", "{flipped}");
-    wait_for(&|v| v["method"] == "notifications/tools/list_changed");
-    let (names, describe) = listed(&request("tools/list", serde_json::json!({})));
+    // A new list with a new good tool and the odd ones.
+    assert_eq!(s.call("odd__flip", "1"), "flip got 1");
+    s.wait_for(|v| v["method"] == "notifications/tools/list_changed");
+    let (names, describe) = s.tools();
     assert_eq!(names, ["run_script", "odd__ok", "odd__flip", "odd__new"]);
     let not_offered: String = [("odd__bad name 2", LEFT_OUT[0].1)]
         .iter()
@@ -273,58 +362,24 @@ fn a_changed_list_keeps_the_good_tools_and_one_not_taken_keeps_the_old() {
     assert!(describe.ends_with(&not_offered), "{describe}");
     no_hidden_characters(&describe);
     assert_eq!(
-        script(
-            &mut request,
+        s.script(
             "from agent_tools import tools\nprint(tools.odd.ok(q='b'), tools.odd.new(q='c'))\n"
         ),
         "ok got b new got c\n"
     );
 
     // A list that cannot be read: not taken.
-    request(
-        "tools/call",
-        serde_json::json!({"name": "odd__flip", "arguments": {"q": "2"}}),
-    );
-    let said = loop {
-        let line = err
-            .recv_timeout(Duration::from_secs(60))
-            .expect("scriptgate mcp said nothing of the new list");
-        if line.contains("the tool list changed") {
-            break line;
-        }
-    };
+    assert_eq!(s.call("odd__flip", "2"), "flip got 2");
+    let said = s.stderr_with("the tool list changed");
     assert!(
         said.contains("go round in a circle") && said.ends_with("; the one before stays in force"),
         "{said}"
     );
-    let (after, _) = listed(&request("tools/list", serde_json::json!({})));
-    assert_eq!(after, names);
+    assert_eq!(s.tools(), (names, describe));
     assert_eq!(
-        script(
-            &mut request,
-            "from agent_tools import tools\nprint(tools.odd.new(q='d'))\n"
-        ),
+        s.script("from agent_tools import tools\nprint(tools.odd.new(q='d'))\n"),
         "new got d\n"
     );
-    let direct = request(
-        "tools/call",
-        serde_json::json!({"name": "odd__ok", "arguments": {"q": "e"}}),
-    );
-    assert_eq!(direct["content"][0]["text"], "ok got e", "{direct}");
-    // Its stdin closed, it ends.
-    drop(request);
-    assert!(child.wait().unwrap().success());
-}
-
-/// `run_script` of `code`, which must end `ok`: its output.
-fn script(request: &mut dyn FnMut(&str, Value) -> Value, code: &str) -> String {
-    let r = request(
-        "tools/call",
-        serde_json::json!({"name": "run_script", "arguments": {"code": code}}),
-    );
-    assert_eq!(r["structuredContent"]["status"], "ok", "{r}");
-    r["structuredContent"]["output"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    assert_eq!(s.call("odd__ok", "e"), "ok got e");
+    s.close();
 }
