@@ -351,12 +351,9 @@ impl List {
             None | Some(Value::Null) => {}
             Some(Value::String(d)) => {
                 if d.len() > MAX_DESCRIPTION_BYTES {
-                    let mut end = MAX_DESCRIPTION_BYTES;
-                    while !d.is_char_boundary(end) {
-                        end -= 1;
-                    }
-                    d.truncate(end);
-                    d.push('…');
+                    // A new buffer: a string cut in place keeps its whole one.
+                    *d = crate::protocol::framing::clip(d, MAX_DESCRIPTION_BYTES);
+                    d.shrink_to_fit();
                 }
             }
             Some(_) => return leave("its description is not text".into()),
@@ -574,6 +571,13 @@ mod tests {
         let kept = l.admit(long).unwrap().unwrap();
         let d = kept["description"].as_str().unwrap();
         assert!(d.len() <= MAX_DESCRIPTION_BYTES + 3 && d.ends_with('…'));
+        let Value::String(d) = &kept["description"] else {
+            unreachable!()
+        };
+        assert!(
+            d.capacity() < MAX_DESCRIPTION_BYTES + 8,
+            "the buffer goes too"
+        );
         let why: Vec<(&str, &str)> = l
             .left_out
             .named
