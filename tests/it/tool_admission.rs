@@ -100,6 +100,26 @@ fn odd_tools_are_left_out_with_a_warning_and_listed_as_not_offered() {
     );
 }
 
+/// `--class` for a tool left out says so, and why.
+#[test]
+fn a_class_for_a_tool_left_out_says_why_it_is_not_there() {
+    let o = cli([
+        "tools",
+        "--class",
+        "odd__bad name=write",
+        "--mcp",
+        &server(""),
+    ]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "--class odd__bad name: that tool is not offered: its name has white space in it"
+        ),
+        "{err}"
+    );
+}
+
 /// A server that lists many odd tools: the first 32 are named, the others
 /// counted, in the warnings and in `scriptgate tools`.
 #[test]
