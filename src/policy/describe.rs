@@ -433,7 +433,7 @@ No network. The working directory is the workspace, {}; files the script writes 
                 Some(path) => typed_signature(t, path),
                 None => signature(t),
             };
-            d.push_str(&format!("    {sig}  # {}\n", escape(&t.name)));
+            d.push_str(&format!("    {}  # {}\n", escape(&sig), escape(&t.name)));
             about(d, t);
         }
     };
