@@ -10,6 +10,7 @@ use super::exit::Failure;
 use crate::cli::mcp::{self, ServerSpec};
 use crate::config::{BackendChoice, Config};
 use crate::daemon::{Access, Daemon, PeerGroups};
+use crate::policy::admit::LeftOut;
 use crate::protocol::rpc::BoxFuture;
 use crate::protocol::rpc::{self, Bounds, CallError};
 use crate::protocol::snapshot::{PermissionMode, Snapshot, SnapshotLimits, ToolClass, ToolSpec};
@@ -34,11 +35,13 @@ pub struct Tools {
     refreshing: tokio::sync::Mutex<()>,
 }
 
-/// What the servers' tool lists say: each tool's spec, and where to call it.
+/// What the servers' tool lists say: each tool's spec, where to call it, and
+/// the tools listed that are not offered, with why.
 #[derive(Default)]
 struct Catalog {
     route: HashMap<String, (Arc<mcp::Server>, String)>,
     specs: Vec<ToolSpec>,
+    left_out: LeftOut,
 }
 
 impl Tools {
@@ -80,10 +83,20 @@ impl Tools {
             return Err(e);
         }
         for (n, _) in overrides {
-            if !t.catalog().route.contains_key(n) {
-                t.shutdown().await;
-                return Err(Failure::usage(format!("--class {n}: no such tool")));
+            if t.catalog().route.contains_key(n) {
+                continue;
             }
+            let not_offered = t
+                .catalog()
+                .left_out
+                .named
+                .iter()
+                .find(|(name, _)| name == n)
+                .map(|(_, why)| format!("--class {n}: that tool is not offered: {why}"));
+            t.shutdown().await;
+            return Err(Failure::usage(
+                not_offered.unwrap_or_else(|| format!("--class {n}: no such tool")),
+            ));
         }
         Ok(t)
     }
@@ -93,16 +106,21 @@ impl Tools {
     }
 
     /// List every server's tools again (at start, and when a server says its list
-    /// changed).
+    /// changed). A tool a server lists that cannot be offered (`policy::admit`)
+    /// is left out with a warning, and the others are offered; a list that
+    /// cannot be read, is over its bounds, or that the daemon would refuse
+    /// is not taken at all: the one before stays in force (`scriptgate mcp`
+    /// goes on serving it), and the error says why.
     pub async fn refresh(&self) -> Result<(), Failure> {
         let _one = self.refreshing.lock().await;
         let mut c = Catalog::default();
         for server in &self.servers {
-            let listed = server
+            let listing = server
                 .list_tools()
                 .await
                 .map_err(|e| Failure::setup(e.to_string()))?;
-            for tool in listed {
+            warn_left_out(&server.name, &listing.left_out);
+            for tool in listing.tools {
                 let Some(name) = tool.get("name").and_then(Value::as_str) else {
                     continue;
                 };
@@ -117,13 +135,39 @@ impl Tools {
                     .insert(full.clone(), (server.clone(), name.to_string()));
                 let (tool_spec, warning) = mcp::tool_spec(full, &tool, class);
                 if let Some(w) = warning {
-                    eprintln!("scriptgate: warning: {w}");
+                    eprintln!("scriptgate: warning: {}", crate::text::escape(&w));
                 }
                 c.specs.push(tool_spec);
             }
+            c.left_out.append(listing.left_out);
         }
+        // Checked as the daemon checks a token's snapshot: a list every run
+        // would be refused with is not taken.
+        check_as_a_snapshot(&c.specs).map_err(|e| {
+            Failure::setup(format!(
+                "the MCP servers' tools would make a snapshot the daemon refuses: {e}"
+            ))
+        })?;
         *self.catalog.write().unwrap_or_else(|p| p.into_inner()) = c;
         Ok(())
+    }
+
+    /// The `describe` text (scriptgate-protocol(7) §7) for the tools offered,
+    /// naming those left out too.
+    pub fn describe(
+        &self,
+        cfg: &Config,
+        mode: PermissionMode,
+        read_only: bool,
+        never: crate::policy::describe::NeverCallable,
+    ) -> Result<String, Failure> {
+        let c = self.catalog();
+        describe_listing(cfg, &c.specs, &c.left_out, mode, read_only, never)
+    }
+
+    /// The tools the servers listed that are not offered, and why.
+    pub fn left_out(&self) -> LeftOut {
+        self.catalog().left_out.clone()
     }
 
     /// Every tool, as a snapshot lists it.
@@ -151,6 +195,46 @@ impl Tools {
             s.shutdown().await;
         }
     }
+}
+
+/// A warning on stderr for each tool a server's list left out, its name
+/// escaped (the server wrote it), and one for those beyond the ones named.
+fn warn_left_out(server: &str, left_out: &LeftOut) {
+    for (name, why) in &left_out.named {
+        eprintln!(
+            "scriptgate: warning: MCP server {server}: tool \"{}\" is not offered: {why}",
+            crate::text::escape(name)
+        );
+    }
+    if left_out.more > 0 {
+        eprintln!(
+            "scriptgate: warning: MCP server {server}: {} more of its tools are not offered (the first {} are named)",
+            left_out.more,
+            crate::policy::admit::MAX_LEFT_OUT_NAMED
+        );
+    }
+}
+
+/// `Ok` when a snapshot of these tools is one the daemon takes, and why not
+/// otherwise: `parse_snapshot`'s verdict (names, duplicates, a schema for
+/// every tool a script can call), given the tools without what it does not
+/// read of them (it does not compile schemas, the policy does: see
+/// `mcp::tool_spec`), so that no copy of the schemas is made.
+fn check_as_a_snapshot(specs: &[ToolSpec]) -> Result<(), String> {
+    let tools: Vec<Value> = specs
+        .iter()
+        .map(|t| {
+            let mut v = serde_json::json!({"name": t.name, "class": t.class, "enabled": t.enabled});
+            if t.input_schema.is_some() {
+                v["input_schema"] = serde_json::json!({});
+            }
+            v
+        })
+        .collect();
+    let snap = serde_json::json!({"workspace": "/", "permission_mode": "auto", "tools": tools});
+    crate::protocol::snapshot::parse_snapshot(snap)
+        .map(drop)
+        .map_err(|e| e.message().to_string())
 }
 
 /// How a run asks for its one approval and shows its progress: the terminal
@@ -1122,7 +1206,24 @@ struct ToolLine<'a> {
     input_schema: &'a Option<Value>,
 }
 
-/// `scriptgate tools`: NAME, CLASS, Python signature.
+/// One tool not offered in `scriptgate tools --json`: its name, exact, and why.
+#[derive(serde::Serialize)]
+struct LeftOutLine<'a> {
+    name: &'a str,
+    not_offered: &'a str,
+}
+
+/// A line of `scriptgate tools --json`: the tools offered, then those not.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum JsonLine<'a> {
+    Offered(ToolLine<'a>),
+    NotOffered(LeftOutLine<'a>),
+}
+
+/// `scriptgate tools`: NAME, CLASS, Python signature; then the tools not
+/// offered, with why. Names and signatures are shown escaped (a server wrote
+/// them); `--json` gives them exact.
 pub async fn list_tools(
     mcp: &[ServerSpec],
     class: &[(String, ToolClass)],
@@ -1130,31 +1231,48 @@ pub async fn list_tools(
 ) -> Result<String, Failure> {
     let tools = Tools::start(mcp, vec![], class, Duration::from_secs(60)).await?;
     let specs = tools.specs();
+    let left_out = tools.left_out();
+    tools.shutdown().await;
     let out = if json_out {
-        let v: Vec<ToolLine> = specs
-            .iter()
-            .map(|t| ToolLine {
+        let offered = specs.iter().map(|t| {
+            JsonLine::Offered(ToolLine {
                 name: &t.name,
                 class: t.class,
                 signature: crate::policy::describe::signature(t),
                 input_schema: &t.input_schema,
             })
-            .collect();
+        });
+        let not_offered = left_out.named.iter().map(|(name, why)| {
+            JsonLine::NotOffered(LeftOutLine {
+                name,
+                not_offered: why,
+            })
+        });
+        let v: Vec<JsonLine> = offered.chain(not_offered).collect();
         serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
     } else {
         let rows: Vec<Vec<String>> = specs
             .iter()
             .map(|t| {
                 vec![
-                    t.name.clone(),
+                    crate::text::escape(&t.name).into_owned(),
                     t.class.as_str().to_string(),
-                    crate::policy::describe::signature(t),
+                    crate::text::escape(&crate::policy::describe::signature(t)).into_owned(),
                 ]
             })
             .collect();
-        super::table::table(&["NAME", "CLASS", "SIGNATURE"], &rows)
+        let mut out = super::table::table(&["NAME", "CLASS", "SIGNATURE"], &rows);
+        if !left_out.is_empty() {
+            out.push_str("\nNot offered (what the server lists of them cannot be used):\n");
+            for (name, why) in &left_out.named {
+                out.push_str(&format!("  {}: {why}\n", crate::text::escape(name)));
+            }
+            if left_out.more > 0 {
+                out.push_str(&format!("  and {} more\n", left_out.more));
+            }
+        }
+        out
     };
-    tools.shutdown().await;
     Ok(out)
 }
 
@@ -1169,9 +1287,8 @@ pub async fn describe(
     let cfg = embedded_config(config)?;
     let tools = Tools::start(mcp, vec![], class, Duration::from_secs(60)).await?;
     tools.shutdown().await;
-    describe_text(
+    tools.describe(
         &cfg,
-        &tools.specs(),
         mode,
         read_only,
         crate::policy::describe::NeverCallable::OfferedDirectly,
@@ -1186,6 +1303,18 @@ pub(super) fn describe_text(
     read_only: bool,
     never: crate::policy::describe::NeverCallable,
 ) -> Result<String, Failure> {
+    describe_listing(cfg, specs, &LeftOut::default(), mode, read_only, never)
+}
+
+/// `describe_text`, naming the tools left out of the servers' lists too.
+fn describe_listing(
+    cfg: &Config,
+    specs: &[ToolSpec],
+    left_out: &LeftOut,
+    mode: PermissionMode,
+    read_only: bool,
+    never: crate::policy::describe::NeverCallable,
+) -> Result<String, Failure> {
     let snap = Snapshot {
         workspace: "/".into(),
         read_only,
@@ -1195,17 +1324,56 @@ pub(super) fn describe_text(
         limits: SnapshotLimits::default(),
     };
     // Checked as the daemon checks a token's snapshot.
-    let snap = serde_json::to_value(&snap)
-        .map_err(|e| e.to_string())
-        .and_then(|v| {
-            crate::protocol::snapshot::parse_snapshot(v).map_err(|e| e.message().to_string())
-        })
-        .map_err(Failure::setup)?;
+    check_as_a_snapshot(specs).map_err(Failure::setup)?;
     let limits = crate::policy::Limits::effective(&cfg.scripts, &snap.limits);
     Ok(crate::policy::describe::describe_for(
         &snap,
         &limits,
         cfg.scripts.return_max_chars,
         never,
+        left_out,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, class: ToolClass, schema: Option<Value>) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            class,
+            enabled: true,
+            input_schema: schema,
+            frozen: Default::default(),
+            description: None,
+        }
+    }
+
+    /// The last guard of `Tools::refresh`: a list the daemon would refuse is
+    /// not taken (each tool was admitted on its own already).
+    #[test]
+    fn a_list_the_daemon_would_refuse_is_refused_here() {
+        let schema = || Some(serde_json::json!({"type": "object", "x": [0, 0]}));
+        let good = [
+            spec("a__r", ToolClass::Read, schema()),
+            spec("a__d", ToolClass::Destructive, None),
+        ];
+        assert_eq!(check_as_a_snapshot(&good), Ok(()));
+        let twice = [
+            spec("a__r", ToolClass::Read, schema()),
+            spec("a__r", ToolClass::Read, schema()),
+        ];
+        assert!(check_as_a_snapshot(&twice)
+            .unwrap_err()
+            .contains("listed twice"));
+        let spaced = [spec("a__r x", ToolClass::Read, schema())];
+        assert!(check_as_a_snapshot(&spaced)
+            .unwrap_err()
+            .contains("1..128 visible characters"));
+        let bare = [spec("a__r", ToolClass::Read, None)];
+        assert!(check_as_a_snapshot(&bare)
+            .unwrap_err()
+            .contains("has no input_schema"));
+    }
 }

@@ -2,8 +2,10 @@
 //! `agent_tools`, the limits, and which tools it may call, as Python-style
 //! signatures taken from their JSON schemas. Pure.
 
+use crate::policy::admit::LeftOut;
 use crate::policy::Limits;
 use crate::protocol::snapshot::{PermissionMode, Snapshot, ToolClass, ToolSpec};
+use crate::text::escape;
 use serde_json::Value;
 
 fn py_type(schema: &Value) -> String {
@@ -363,14 +365,19 @@ pub fn describe(snap: &Snapshot, limits: &Limits, return_max_chars: usize) -> St
         limits,
         return_max_chars,
         NeverCallable::OfferedDirectly,
+        &LeftOut::default(),
     )
 }
 
+/// The description for `snap`'s tools; `left_out` are the tools an MCP
+/// server listed that are not offered at all (`policy::admit`), named last
+/// with why. Tool names are shown escaped, as descriptions are.
 pub fn describe_for(
     snap: &Snapshot,
     limits: &Limits,
     return_max_chars: usize,
     never: NeverCallable,
+    left_out: &LeftOut,
 ) -> String {
     let enabled = || snap.tools.iter().filter(|t| t.enabled);
     let reads: Vec<_> = enabled().filter(|t| t.class == ToolClass::Read).collect();
@@ -426,7 +433,7 @@ No network. The working directory is the workspace, {}; files the script writes 
                 Some(path) => typed_signature(t, path),
                 None => signature(t),
             };
-            d.push_str(&format!("    {sig}  # {}\n", t.name));
+            d.push_str(&format!("    {}  # {}\n", escape(&sig), escape(&t.name)));
             about(d, t);
         }
     };
@@ -461,8 +468,19 @@ No network. The working directory is the workspace, {}; files the script writes 
             } else {
                 "runs as a long task"
             };
-            d.push_str(&format!("    {} ({why})\n", t.name));
+            d.push_str(&format!("    {} ({why})\n", escape(&t.name)));
             about(&mut d, t);
+        }
+    }
+    if !left_out.is_empty() {
+        d.push_str(
+            "\nNot offered at all, and not callable from a script (what their server lists of them cannot be used):\n",
+        );
+        for (name, why) in &left_out.named {
+            d.push_str(&format!("    {} ({why})\n", escape(name)));
+        }
+        if left_out.more > 0 {
+            d.push_str(&format!("    and {} more\n", left_out.more));
         }
     }
     d
@@ -678,6 +696,26 @@ mod tests {
         );
     }
 
+    fn left_out() -> LeftOut {
+        LeftOut {
+            named: vec![
+                (
+                    "fs__bad name".into(),
+                    "its name has white space in it".into(),
+                ),
+                (
+                    "fs__x\u{202e}y".into(),
+                    "its name has a control, invisible or reordering character (\\u202e)".into(),
+                ),
+                (
+                    "fs__big".into(),
+                    "its input schema is 1024 KiB; at most 256 KiB is taken".into(),
+                ),
+            ],
+            more: 2,
+        }
+    }
+
     /// The description is what the model reads: any change to it is reviewed as a
     /// diff of `tests/fixtures/describe*.txt`.
     #[test]
@@ -685,5 +723,58 @@ mod tests {
         let l = Limits::effective(&Scripts::default(), &Default::default());
         crate::golden::check("describe.txt", &describe(&snap(false), &l, 20000));
         crate::golden::check("describe-read-only.txt", &describe(&snap(true), &l, 20000));
+        // `scriptgate mcp`'s, whose servers listed tools it cannot offer.
+        let not_offered = describe_for(
+            &snap(false),
+            &l,
+            20000,
+            NeverCallable::NotOffered,
+            &left_out(),
+        );
+        crate::golden::check("describe-not-offered.txt", &not_offered);
+    }
+
+    #[test]
+    fn tools_left_out_are_named_last_escaped_with_why() {
+        let l = Limits::effective(&Scripts::default(), &Default::default());
+        let d = describe_for(
+            &snap(false),
+            &l,
+            20000,
+            NeverCallable::OfferedDirectly,
+            &left_out(),
+        );
+        let tail = d
+            .split_once("\nNot offered at all")
+            .map(|(_, t)| t)
+            .unwrap();
+        assert_eq!(
+            tail,
+            ", and not callable from a script (what their server lists of them cannot be used):\n    \
+             fs__bad name (its name has white space in it)\n    \
+             fs__x\\u202ey (its name has a control, invisible or reordering character (\\u202e))\n    \
+             fs__big (its input schema is 1024 KiB; at most 256 KiB is taken)\n    \
+             and 2 more\n"
+        );
+        assert!(!d.contains('\u{202e}'));
+        let none = describe(&snap(false), &l, 20000);
+        assert!(!none.contains("Not offered at all"));
+    }
+
+    /// A name a snapshot takes may still hide or reorder text (an engine's
+    /// snapshot is not held to the CLI's rules): it is shown escaped.
+    #[test]
+    fn tool_names_are_shown_escaped() {
+        let s = parse_snapshot(
+            json!({"workspace": "/w", "permission_mode": "auto", "tools": [
+            {"name": "a__r\u{202e}x", "class": "read", "input_schema": {"type": "object"}},
+            {"name": "a__w\u{200b}y", "class": "destructive"}]}),
+        )
+        .unwrap();
+        let l = Limits::effective(&Scripts::default(), &Default::default());
+        let d = describe(&s, &l, 20000);
+        assert!(d.contains("  # a__r\\u202ex\n"), "{d}");
+        assert!(d.contains("    a__w\\u200by (destructive"), "{d}");
+        assert!(!d.contains('\u{202e}') && !d.contains('\u{200b}'));
     }
 }

@@ -1,6 +1,7 @@
 //! Pure policy decisions (protocol §3): what a run may start with and what each call
 //! from a script may do. No I/O, no syscalls, no clocks: callers pass everything in.
 
+pub(crate) mod admit;
 pub(crate) mod auth;
 pub(crate) mod describe;
 pub(crate) mod runs;
@@ -219,6 +220,20 @@ impl Policy {
     }
 }
 
+/// A tool's input schema compiled as its calls are checked: the author's
+/// schema must compile as it is (so that a refusal never blames our rewrite),
+/// and then its closed copy (`closed_schema`) is the one used. The CLI admits
+/// an MCP tool's schema with this too, so that a schema it offers is one
+/// every snapshot that lists it compiles.
+pub fn compile_schema(
+    s: &Value,
+) -> Result<jsonschema::Validator, jsonschema::ValidationError<'static>> {
+    jsonschema::draft202012::options().build(s)?;
+    jsonschema::draft202012::options()
+        .should_validate_formats(true)
+        .build(&closed_schema(s))
+}
+
 impl Tool {
     /// Compile the `i`th tool of the snapshot.
     fn compile(i: usize, t: &ToolSpec) -> Result<Tool, Refused> {
@@ -234,15 +249,7 @@ impl Tool {
                     )
                     .field(format!("tools[{i}].input_schema"))
                 };
-                // The author's schema must compile as it is; only then is the
-                // closed copy built (so a refusal never blames our rewrite).
-                jsonschema::draft202012::options()
-                    .build(s)
-                    .map_err(|e| invalid(&e))?;
-                let v = jsonschema::draft202012::options()
-                    .should_validate_formats(true)
-                    .build(&closed_schema(s))
-                    .map_err(|e| invalid(&e))?;
+                let v = compile_schema(s).map_err(|e| invalid(&e))?;
                 let mut args = top_level_arguments(s);
                 args.retain(|a| !t.frozen.contains_key(a));
                 (Some(v), args)

@@ -16,6 +16,11 @@ use std::process::Stdio;
 /// `notools` with no capabilities, `future` with MCP 2026-07-28. `strid` answers
 /// with string ids and lists a read-only tool that requires a task; `reqres`
 /// lists it too, after a `ping` request that carries a result listing `fake`.
+/// `inflate` gives 32 pages of one read-only tool each, whose `inputSchema`
+/// carries a 1 MiB array of zeros, under a key that is no keyword (`x-pad`,
+/// odd pages) or under `examples` (even pages): 32 MiB that would parse to
+/// 16 times that. `wide` lists 10 tools whose schemas declare 9,000
+/// properties each, within the bound of one tool but not of a list.
 /// `preinit` sends answers to ids 1 to 3 before its answer to `initialize`;
 /// `orphan` starts a child in its process group (`sleep 299.125`) and closes
 /// its stdout instead of answering; `lastwords` closes its stdout, writes 20 MB
@@ -73,6 +78,23 @@ for line in sys.stdin:
         for _ in range(20):
             sys.stdout.write("{}," * (1 << 20))
         sys.stdout.write('{}]}}\n')
+        sys.stdout.flush()
+        continue
+    elif m == "tools/list" and mode == "inflate":
+        page += 1
+        zeros = "[" + ",".join(["0"] * (512 * 1024)) + "]"
+        key = "x-pad" if page % 2 else "examples"
+        more = ',"nextCursor":"p%d"' % page if page < 32 else ""
+        sys.stdout.write('{"jsonrpc":"2.0","id":%d,"result":{"tools":[{"name":"t%d",'
+                         '"annotations":{"readOnlyHint":true},"inputSchema":{"type":"object","%s":%s}}]%s}}\n'
+                         % (i, page, key, zeros, more))
+        sys.stdout.flush()
+        continue
+    elif m == "tools/list" and mode == "wide":
+        props = ",".join('"p%d":{"type":"integer"}' % n for n in range(9000))
+        tools = ",".join('{"name":"w%d","annotations":{"readOnlyHint":true},'
+                         '"inputSchema":{"type":"object","properties":{%s}}}' % (n, props) for n in range(10))
+        sys.stdout.write('{"jsonrpc":"2.0","id":%d,"result":{"tools":[%s]}}\n' % (i, tools))
         sys.stdout.flush()
         continue
     elif m == "tools/list" and mode == "flood":
@@ -179,6 +201,9 @@ fn an_endless_next_cursor_is_an_error_not_a_hang() {
     );
 }
 
+/// 256 MiB of pages of 8 MiB descriptions: what is read is bounded, and of
+/// each description 16 KiB is kept (kept whole, they were all held until the
+/// bound; 77 MiB now).
 #[test]
 fn pages_are_bounded_in_bytes_too() {
     let r = tools("fat");
@@ -190,7 +215,71 @@ fn pages_are_bounded_in_bytes_too() {
         r.stderr
     );
     assert!(
-        r.max_rss_kib < 1024 * 1024,
+        r.max_rss_kib < 160 * 1024,
+        "peak RSS {} MiB",
+        r.max_rss_kib / 1024
+    );
+}
+
+/// 32 MiB of pages whose schemas inflate 16 times once parsed (the CLI
+/// reached 1,120 MiB before their cost once parsed was bounded): a key that
+/// is no keyword is dropped from what is kept, so those tools are offered;
+/// a schema over its bound leaves its tool out, named with why. The CLI holds
+/// one page at a time, whatever the number of pages (97 MiB for 8, 32 or
+/// 128).
+#[test]
+fn schemas_that_inflate_once_parsed_do_not_grow_the_cli() {
+    let r = tools("inflate");
+    eprintln!("peak RSS {} MiB", r.max_rss_kib / 1024);
+    assert!(r.ok, "{}", r.stderr);
+    let offered: Vec<&str> = r
+        .stdout
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let odd: Vec<String> = (1..=32).step_by(2).map(|n| format!("evil__t{n}")).collect();
+    assert_eq!(offered, odd, "{}", r.stdout);
+    for n in (2..=32).step_by(2) {
+        let warning = format!(
+            "scriptgate: warning: MCP server evil: tool \"evil__t{n}\" is not offered: \
+             its input schema is 1024 KiB; at most 256 KiB is taken"
+        );
+        assert!(
+            r.stderr.lines().any(|l| l == warning),
+            "{warning}\n{}",
+            r.stderr
+        );
+        let listed =
+            format!("  evil__t{n}: its input schema is 1024 KiB; at most 256 KiB is taken");
+        assert!(r.stdout.lines().any(|l| l == listed), "{}", r.stdout);
+    }
+    assert!(
+        r.max_rss_kib < 160 * 1024,
+        "peak RSS {} MiB",
+        r.max_rss_kib / 1024
+    );
+}
+
+/// A list whose tools are each within their bounds but together over the
+/// list's, once parsed: the start fails and says why (a list of 2.3 MiB of
+/// text whose schemas parse to some 75 MiB).
+#[test]
+fn a_list_over_its_total_once_parsed_fails_the_start() {
+    let r = tools("wide");
+    eprintln!("peak RSS {} MiB", r.max_rss_kib / 1024);
+    assert!(!r.ok, "scriptgate tools succeeded: {}", r.stdout);
+    assert!(
+        r.stderr.contains(
+            "MCP server evil: tools/list: the tools kept come to more than 8 MiB of text \
+             or 32 MiB once parsed; scriptgate keeps at most that much of one server's list"
+        ),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.max_rss_kib < 192 * 1024,
         "peak RSS {} MiB",
         r.max_rss_kib / 1024
     );

@@ -13,6 +13,7 @@
 mod task;
 mod transport;
 
+use crate::policy::admit::{self, LeftOut};
 use crate::protocol::framing::clip;
 use crate::protocol::snapshot::{ToolClass, ToolSpec};
 use crate::protocol::ToolResult;
@@ -142,7 +143,9 @@ pub fn class_of(tool: &Value) -> ToolClass {
 /// - no `inputSchema` (the MCP spec requires one): the tool declares no arguments, so
 ///   it gets `{"type": "object", "properties": {}}` and scripts may call it with `{}`
 ///   only;
-/// - an `inputSchema` that does not compile as JSON Schema 2020-12: the arguments
+/// - an `inputSchema` that does not compile as JSON Schema 2020-12 (or whose
+///   closed copy does not: `policy::compile_schema`, as every snapshot's
+///   tools are compiled): the arguments
 ///   cannot be checked, so a `read` or `write` tool is switched off for scripts
 ///   (`enabled: false`); a `destructive` or `long_task` tool, never called from a
 ///   script anyway, just goes without a schema.
@@ -157,7 +160,7 @@ pub fn tool_spec(full: String, tool: &Value, class: ToolClass) -> (ToolSpec, Opt
                 format!("{full}: the server gives no input schema; scripts may call it with no arguments only")
             }),
         ),
-        Some(s) => match jsonschema::draft202012::new(s) {
+        Some(s) => match crate::policy::compile_schema(s) {
             Ok(_) => (Some(s.clone()), true, None),
             Err(e) if callable => (
                 None,
@@ -181,6 +184,49 @@ pub fn tool_spec(full: String, tool: &Value, class: ToolClass) -> (ToolSpec, Opt
             .map(str::to_string),
     };
     (spec, warning)
+}
+
+/// A server's tool list as scriptgate keeps it: the tools offered, each
+/// reduced to what is read of it, and those left out, with why.
+pub struct Listing {
+    pub tools: Vec<Value>,
+    pub left_out: LeftOut,
+}
+
+/// What scriptgate reads of a listed tool, kept in place and the rest dropped
+/// (an `outputSchema`, `title`, icons, `_meta`, ...): its name, description
+/// and input schema, its boolean `readOnlyHint` and `destructiveHint`, and
+/// `execution.taskSupport` "required" (`class_of`). 2026-07-28 has no
+/// `execution.taskSupport`: the server decides per call whether to answer
+/// with a task, and a task is driven to its end (`call`); what a dual-era
+/// server still lists there is of its other era, and does not make the tool
+/// `long_task` (`modern`).
+fn reduce(tool: &mut Value, modern: bool) {
+    let task_required = !modern
+        && tool
+            .pointer("/execution/taskSupport")
+            .and_then(Value::as_str)
+            == Some("required");
+    let Some(t) = tool.as_object_mut() else {
+        return;
+    };
+    let hints: serde_json::Map<String, Value> = match t.get("annotations") {
+        Some(Value::Object(a)) => a
+            .iter()
+            .filter(|(k, v)| {
+                matches!(k.as_str(), "readOnlyHint" | "destructiveHint") && v.is_boolean()
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        _ => Default::default(),
+    };
+    t.retain(|k, _| matches!(k.as_str(), "name" | "description" | "inputSchema"));
+    if !hints.is_empty() {
+        t.insert("annotations".into(), Value::Object(hints));
+    }
+    if task_required {
+        t.insert("execution".into(), json!({"taskSupport": "required"}));
+    }
 }
 
 fn cursor_hash(c: &str) -> u64 {
@@ -676,62 +722,67 @@ impl Server {
         }
     }
     /// All tools, following `nextCursor` for at most `MAX_TOOL_PAGES` pages,
-    /// `MAX_TOOLS` tools and `MAX_TOOLS_BYTES`: a server whose cursor never ends, or comes back to a
-    /// page already read, gets an error, not a CLI that hangs or grows.
-    pub async fn list_tools(&self) -> Result<Vec<Value>, McpError> {
+    /// `MAX_TOOLS` tools and `MAX_TOOLS_BYTES`: a server whose cursor never
+    /// ends, or comes back to a page already read, gets an error, not a CLI
+    /// that hangs or grows. Each page is taken apart as it comes: a tool is
+    /// reduced to what is read of it (`reduce`), then kept or left out by
+    /// `policy::admit` (its name, its description, its schema's size once its
+    /// unknown keywords are dropped), and what is kept is bounded in total.
+    pub async fn list_tools(&self) -> Result<Listing, McpError> {
         let err = |message: String| McpError::Server {
             name: self.name.clone(),
             message,
         };
+        let mut list = admit::List::new(&self.name);
         let mut out = Vec::new();
-        let mut bytes = 0usize;
+        let (mut bytes, mut listed) = (0usize, 0usize);
         let mut seen = std::collections::HashSet::new();
         let mut cursor: Option<String> = None;
         for _ in 0..MAX_TOOL_PAGES {
             let params = PaginatedRequestParams::default().with_cursor(cursor.take());
-            let r = self
+            let mut r = self
                 .request(
                     ClientRequest::ListToolsRequest(ListToolsRequest::with_param(params)),
                     Duration::from_secs(60),
                 )
                 .await
                 .map_err(|e| err(format!("tools/list: {e}")))?;
-            bytes += r.to_string().len();
+            bytes += admit::json_len(&r);
             if bytes > MAX_TOOLS_BYTES {
                 return Err(err(format!(
                     "tools/list: more than {} MiB of pages; scriptgate takes at most that much from one server",
                     MAX_TOOLS_BYTES >> 20
                 )));
             }
-            let mut page = r
-                .get("tools")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            // 2026-07-28 has no `execution.taskSupport`: the server decides
-            // per call whether to answer with a task, and a task is driven to
-            // its end (`call`). What a dual-era server still lists there is of
-            // its other era, and does not make the tool `long_task` here.
-            if self.modern {
-                for tool in &mut page {
-                    if let Some(t) = tool.as_object_mut() {
-                        t.remove("execution");
-                    }
-                }
-            }
-            out.extend(page);
-            if out.len() > MAX_TOOLS {
+            let page = match r.get_mut("tools").map(Value::take) {
+                Some(Value::Array(page)) => page,
+                _ => Vec::new(),
+            };
+            listed += page.len();
+            if listed > MAX_TOOLS {
                 return Err(err(format!(
                     "tools/list: more than {MAX_TOOLS} tools; scriptgate takes at most that many from one server"
                 )));
             }
+            for mut tool in page {
+                reduce(&mut tool, self.modern);
+                if let Some(kept) = list.admit(tool).map_err(err)? {
+                    out.push(kept);
+                }
+            }
             match r.get("nextCursor").filter(|c| !c.is_null()) {
-                None => return Ok(out),
+                None => {
+                    return Ok(Listing {
+                        tools: out,
+                        left_out: list.left_out,
+                    })
+                }
                 Some(Value::String(c)) => {
                     // Kept as hashes: a server's cursors may be long.
                     if !seen.insert(cursor_hash(c)) {
                         return Err(err(format!(
-                            "tools/list: nextCursor {c:?} came back after {} pages; the server's pages go round in a circle",
+                            "tools/list: nextCursor {:?} came back after {} pages; the server's pages go round in a circle",
+                            clip(c, 200),
                             seen.len()
                         )));
                     }
@@ -746,8 +797,7 @@ impl Server {
             }
         }
         Err(err(format!(
-            "tools/list: nextCursor did not end within {MAX_TOOL_PAGES} pages ({} tools so far); scriptgate reads at most that many pages",
-            out.len()
+            "tools/list: nextCursor did not end within {MAX_TOOL_PAGES} pages ({listed} tools so far); scriptgate reads at most that many pages"
         )))
     }
 

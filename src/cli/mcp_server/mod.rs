@@ -188,31 +188,48 @@ fn describe_text(
 
 /// Each `notifications/tools/list_changed` of an upstream server: list the tools
 /// again, make the description again, and tell the clients with the same
-/// notification. Ends with the process.
-async fn follow_tool_list(changed: Arc<tokio::sync::Notify>, server: CodeMode, cfg: Config) {
-    loop {
-        changed.notified().await;
-        if let Err(e) = server.tools.refresh().await {
-            eprintln!(
-                "scriptgate mcp: the tool list changed and could not be read again: {}",
-                e.message
-            );
-            continue;
-        }
-        match describe_text(&cfg, &server.tools.specs(), server.mode, false) {
+/// notification. Ends with the process. A new list that is not taken
+/// (`Tools::refresh`: it cannot be read, is over its bounds) leaves the one
+/// before in force, with its description. The description made here also
+/// names the tools the servers' lists leave out (`Tools::describe`), which the
+/// first one, made from the specs alone, does not: it is made again when this
+/// is called, before anything is served, and the loop then runs in the
+/// future returned.
+fn follow_tool_list(
+    changed: Arc<tokio::sync::Notify>,
+    server: CodeMode,
+    cfg: Config,
+) -> impl std::future::Future<Output = ()> {
+    fn describe(server: &CodeMode, cfg: &Config) {
+        let never = crate::policy::describe::NeverCallable::NotOffered;
+        match server.tools.describe(cfg, server.mode, false, never) {
             Ok(d) => *server.describe.write().unwrap_or_else(|p| p.into_inner()) = d,
             Err(e) => eprintln!("scriptgate mcp: the new tool list: {}", e.message),
         }
-        // Subscribers of 2026-07-28 (subscriptions/listen), then the clients
-        // of the handshake era.
-        server.tools_changed.send_modify(|n| *n += 1);
-        let clients = server
-            .clients
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        for c in clients {
-            let _ = c.notify_tool_list_changed().await;
+    }
+    describe(&server, &cfg);
+    async move {
+        loop {
+            changed.notified().await;
+            if let Err(e) = server.tools.refresh().await {
+                eprintln!(
+                    "scriptgate mcp: the tool list changed and the new one is not taken: {}; the one before stays in force",
+                    e.message
+                );
+                continue;
+            }
+            describe(&server, &cfg);
+            // Subscribers of 2026-07-28 (subscriptions/listen), then the clients
+            // of the handshake era.
+            server.tools_changed.send_modify(|n| *n += 1);
+            let clients = server
+                .clients
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            for c in clients {
+                let _ = c.notify_tool_list_changed().await;
+            }
         }
     }
 }
