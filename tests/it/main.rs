@@ -33,6 +33,7 @@ mod sandbox;
 mod sandbox_init;
 mod systemd;
 mod systemd_limits;
+mod terminal;
 mod transport;
 mod typed_api;
 mod users;
