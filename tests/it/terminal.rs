@@ -379,6 +379,8 @@ const DISGUISES: &[(&str, &str)] = &[
 /// `reboot_all`: what was shown is what ran.
 #[test]
 fn the_approval_shows_the_call_that_runs() {
+    // What went wrong with each disguise, all of them said at the end.
+    let mut wrong: Vec<String> = vec![];
     for (name, line) in DISGUISES {
         let r = Run::new();
         let code = format!("from agent_tools import tools\n{line}\n");
@@ -386,25 +388,24 @@ fn the_approval_shows_the_call_that_runs() {
         let pane = Pane::start(r.dir.path(), &argv);
         let title = pane.title();
         let screen = pane.wait_for("Allow once? [y/N]");
-        assert!(
-            screen.contains("  write tools: srv__reboot_all (write)"),
-            "{name}:\n{screen}"
-        );
-        let second = screen
+        let mut bad = |what: &str| wrong.push(format!("{name}: {what}:\n{screen}\n"));
+        if !screen.contains("\n  write tools: srv__reboot_all (write)\n") {
+            bad("the header does not name the write tool");
+        }
+        let second = screen.lines().find(|l| l.starts_with("   2 | "));
+        if !second.is_some_and(|l| l.starts_with("   2 | tools.srv.reboot_all()")) {
+            bad("line 2 does not show the call");
+        }
+        if screen
             .lines()
-            .find(|l| l.starts_with("   2 | "))
-            .unwrap_or_else(|| panic!("{name}: no line 2 on the screen:\n{screen}"));
-        assert!(
-            second.starts_with("   2 | tools.srv.reboot_all()"),
-            "{name}: the screen hides the call:\n{screen}"
-        );
-        assert!(
-            !screen
-                .lines()
-                .any(|l| l.starts_with("   2 | print(") || l.starts_with("   1 | print(")),
-            "{name}: a faked line passes for a numbered one:\n{screen}"
-        );
-        assert_eq!(pane.title(), title, "{name}: the script set the title");
+            .any(|l| l.starts_with("   2 | print(") || l.starts_with("   1 | print("))
+        {
+            bad("a faked line passes for a numbered one");
+        }
+        if pane.title() != title {
+            bad(&format!("the script set the title to {:?}", pane.title()));
+        }
+        // The person answers as they would: yes.
         pane.tmux(&["send-keys", "-t", "t", "y", "Enter"]);
         assert_eq!(pane.wait_exit(), 0, "{name}:\n{}", pane.screen());
         assert!(
@@ -412,9 +413,15 @@ fn the_approval_shows_the_call_that_runs() {
             "{name}: {}",
             r.calls()
         );
-        let bytes = pane.bytes_until("run_script ok");
-        assert_clean(name, &others(&bytes));
+        let sent = others(&pane.bytes_until("run_script ok"));
+        let (n, esc) = count_hidden(&sent);
+        if n > 0 {
+            wrong.push(format!(
+                "{name}: {n} raw control or reordering characters ({esc} ESC) reached the terminal"
+            ));
+        }
     }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 /// A carriage return in the prompt's description, the tools' names and the
