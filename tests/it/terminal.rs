@@ -424,8 +424,10 @@ fn the_approval_shows_the_call_that_runs() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
-/// A carriage return in the prompt's description, the tools' names and the
-/// script all show escaped, and the lines are numbered as Python reads them.
+/// The prompt's description (HOSTILE) shows escaped on its one line, and the
+/// script's lines are numbered as Python reads them: the call after a lone
+/// carriage return (which ends a line for Python) is on a line of its own.
+/// The person answers `n`: nothing reaches the server, exit 8.
 #[test]
 fn the_approval_numbers_the_lines_python_runs() {
     let r = Run::new();
