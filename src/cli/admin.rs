@@ -918,27 +918,16 @@ pub fn show_calls(
     Ok(out)
 }
 
-/// One calls.jsonl line for people: when, tool, arguments, outcome, summary;
-/// a line that is not one the daemon writes, as it is.
-/// One logged call for a terminal. What the engine, the tools and the script
-/// wrote is printed with its control characters escaped (`\u{1b}`), so that no
-/// line of it can drive the admin's terminal.
+/// One logged call for a terminal, on one line. What the engine, the tools
+/// and the script wrote is printed escaped (`text::Untrusted::line`: `\x1b`,
+/// newlines included), so that no line of it can drive the admin's terminal
+/// or pass for another call.
 fn call_line(text: &str) -> String {
-    let line = call_line_raw(text);
-    if !line.chars().any(char::is_control) {
-        return line;
-    }
-    line.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_unicode().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
+    crate::text::Untrusted::line(&call_line_raw(text)).to_string()
 }
 
+/// One calls.jsonl line for people: when, tool, arguments, outcome, summary;
+/// a line that is not one the daemon writes, as it is.
 fn call_line_raw(text: &str) -> String {
     let Ok(v) = serde_json::from_str::<Value>(text) else {
         return format!("(not JSON) {text}");
@@ -1026,22 +1015,25 @@ pub fn show(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, Failure> {
         };
         rows.push(vec![k.to_string(), shown]);
     }
-    rows.push(vec![
-        "artifacts".into(),
-        artifacts.join("\n").replace('\n', &format!("\n{:19}", "")),
-    ]);
+    // One path a line, under the first (each row's cell is one line).
+    for (i, a) in artifacts.iter().enumerate() {
+        let name = if i == 0 { "artifacts" } else { "" };
+        rows.push(vec![name.into(), a.clone()]);
+    }
+    // Every value is a cell, shown as one line escaped (`table::pairs`); the
+    // script is shown as its approval showed it, its lines numbered as Python
+    // reads them (`text::numbered_source`); the result text is lines, escaped
+    // but for its newlines.
     let mut out = pairs(&rows);
     out.push_str("--- script ---\n");
-    out.push_str(row["code"].as_str().unwrap_or(""));
-    if !out.ends_with('\n') {
-        out.push('\n');
-    }
+    out.push_str(&crate::text::numbered_source(
+        row["code"].as_str().unwrap_or(""),
+    ));
     out.push_str("--- result text ---\n");
-    out.push_str(
-        row["result"]["text"]
-            .as_str()
-            .unwrap_or("(still running)\n"),
-    );
+    let text = row["result"]["text"]
+        .as_str()
+        .unwrap_or("(still running)\n");
+    out.push_str(&crate::text::Untrusted::lines(text).to_string());
     Ok(out)
 }
 
@@ -1402,11 +1394,14 @@ mod tests {
     #[test]
     fn a_logged_call_cannot_drive_the_terminal() {
         let line = call_line(
-            r#"{"ts":"t","tool":"a__b","arguments":{"x":"\u001b[2J"},"is_error":false,"duration_ms":1,"summary":"\u001b]0;owned\u0007"}"#,
+            r#"{"ts":"t","tool":"a__b","arguments":{"x":"\u001b[2J"},"is_error":false,"duration_ms":1,"summary":"\u001b]0;owned\u0007\n#2 fake\u202e"}"#,
         );
-        assert!(!line.chars().any(char::is_control), "{line:?}");
-        assert!(line.contains("\\u{1b}]0;owned\\u{7}"), "{line:?}");
-        assert_eq!(call_line("plain\u{1b}"), "(not JSON) plain\\u{1b}");
+        assert!(!line.chars().any(crate::text::is_unsafe), "{line:?}");
+        assert!(
+            line.ends_with(": \\x1b]0;owned\\x07\\x0a#2 fake\\u202e"),
+            "{line:?}"
+        );
+        assert_eq!(call_line("plain\u{1b}"), "(not JSON) plain\\x1b");
     }
 
     use super::*;

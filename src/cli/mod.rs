@@ -12,6 +12,7 @@ pub mod run;
 pub mod table;
 pub mod target;
 
+use crate::text::Untrusted;
 use args::*;
 use clap::Parser;
 use exit::Failure;
@@ -31,7 +32,11 @@ fn admin_cmd(
     a: &AdminArgs,
     f: impl FnOnce(&admin::Ctx) -> Result<String, Failure>,
 ) -> ExitCode {
-    done(name, admin::Ctx::records(a).and_then(|ctx| f(&ctx)))
+    done(
+        name,
+        Form::json(a.json),
+        admin::Ctx::records(a).and_then(|ctx| f(&ctx)),
+    )
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -41,22 +46,63 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-/// Print the output, or the failure and its exit status.
-fn done(cmd: &str, r: Result<String, Failure>) -> ExitCode {
-    match r {
-        Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
-        Err(f) => {
-            eprintln!("scriptgate {cmd}: {}", f.message);
-            ExitCode::from(f.code)
+/// What a command prints on stdout, and so how: text for a person, or a
+/// machine format that a program reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// Escaped where it is printed (`text::Untrusted::lines`: its newlines
+    /// kept): whatever a script, an engine or a server wrote reaches the
+    /// terminal escaped, whichever path it took into the text. Tables have
+    /// escaped their cells already (`table::table`), and escaping is
+    /// idempotent (a backslash is left as it is).
+    Text,
+    /// Exact: `--json`, a token, metrics, an MCP client's configuration.
+    Exact,
+}
+
+impl Form {
+    fn json(json: bool) -> Form {
+        match json {
+            true => Form::Exact,
+            false => Form::Text,
         }
     }
 }
 
-/// `scriptgate run`: the result's text (or JSON), and its status as the exit status.
+/// Print a command's output on stdout in its form (the one place where the
+/// CLI's stdout is written, but for `scriptgate run`'s result text, which
+/// `run_cmd` prints, and `completions`).
+fn print_out(form: Form, out: &str) {
+    match form {
+        Form::Text => print!("{}", Untrusted::lines(out)),
+        Form::Exact => print!("{out}"),
+    }
+}
+
+/// A failure on stderr, its text escaped (it may quote a server, an engine or
+/// the daemon), and its exit status.
+fn fail(cmd: &str, f: Failure) -> ExitCode {
+    eprintln!("scriptgate {cmd}: {}", Untrusted::lines(&f.message));
+    ExitCode::from(f.code)
+}
+
+/// Print the output, or the failure and its exit status.
+fn done(cmd: &str, form: Form, r: Result<String, Failure>) -> ExitCode {
+    match r {
+        Ok(out) => {
+            print_out(form, &out);
+            ExitCode::SUCCESS
+        }
+        Err(f) => fail(cmd, f),
+    }
+}
+
+/// `scriptgate run`: the result's text (or JSON), and its status as the exit
+/// status. The result text (the summary line and what the script printed) is
+/// the run's product: exact when stdout is a file or a pipe, escaped as lines
+/// when it is a terminal (the script wrote it, and a person reads it there).
 fn run_cmd(c: RunCmd) -> ExitCode {
+    use std::io::IsTerminal;
     let json = c.json;
     let rt = runtime();
     let r = rt.block_on(run::run(c));
@@ -68,19 +114,21 @@ fn run_cmd(c: RunCmd) -> ExitCode {
                     "{}",
                     serde_json::to_string_pretty(&result).unwrap_or_default()
                 );
+            } else if std::io::stdout().is_terminal() {
+                print_out(Form::Text, &result.text);
             } else {
-                print!("{}", result.text);
+                print_out(Form::Exact, &result.text);
             }
             ExitCode::from(exit::for_status(result.status))
         }
-        Err(f) => done("run", Err(f)),
+        Err(f) => fail("run", f),
     }
 }
 
 fn audit_cmd(c: AuditCmd) -> ExitCode {
     if let Some(crate::cli::args::AuditAction::Backup { file, config }) = &c.action {
         let r = admin::Ctx::load(None, config.clone()).and_then(|ctx| admin::backup(&ctx, file));
-        return done("audit backup", r);
+        return done("audit backup", Form::Text, r);
     }
     admin_cmd("audit", &c.a, |ctx| {
         let uid = match (&c.uid, &c.user) {
@@ -107,10 +155,10 @@ fn prune_cmd(c: PruneCmd) -> ExitCode {
         .and_then(|ctx| admin::prune(&ctx, c.dry_run));
     match r {
         Ok((out, code)) => {
-            print!("{out}");
+            print_out(Form::Text, &out);
             ExitCode::from(code)
         }
-        Err(f) => done("prune", Err(f)),
+        Err(f) => fail("prune", f),
     }
 }
 
@@ -135,7 +183,9 @@ fn metrics_cmd(c: MetricsCmd) -> ExitCode {
                 .map_err(|e| Failure::setup(format!("{}: {e}", p.display()))),
         }
     });
-    done("metrics", r)
+    // The text format, for a scraper (its label values are escaped as the
+    // format wants, and are statuses and reasons).
+    done("metrics", Form::Exact, r)
 }
 
 /// `scriptgate token mint`: the token on stdout.
@@ -154,7 +204,11 @@ fn mint_cmd(
         crate::protocol::token::mint(&key, &run_id, runner.as_deref(), &snap, ttl)
             .map_err(|e| e.message)
     })();
-    done("token mint", r.map(|t| t + "\n").map_err(Failure::usage))
+    done(
+        "token mint",
+        Form::Exact,
+        r.map(|t| t + "\n").map_err(Failure::usage),
+    )
 }
 
 pub fn main() -> ExitCode {
@@ -163,10 +217,12 @@ pub fn main() -> ExitCode {
         Cmd::Run(c) => run_cmd(c),
         Cmd::Tools(c) => done(
             "tools",
+            Form::json(c.json),
             runtime().block_on(run::list_tools(&c.servers.mcp, &c.servers.class, c.json)),
         ),
         Cmd::Describe(c) => done(
             "describe",
+            Form::Text,
             runtime().block_on(run::describe(
                 &c.servers.mcp,
                 &c.servers.class,
@@ -175,7 +231,7 @@ pub fn main() -> ExitCode {
                 c.config.as_deref(),
             )),
         ),
-        Cmd::Mcp(c) if c.print_config => done("mcp", mcp_config::print(&c)),
+        Cmd::Mcp(c) if c.print_config => done("mcp", Form::Exact, mcp_config::print(&c)),
         Cmd::Mcp(c) => {
             let rt = runtime();
             let r = rt.block_on(mcp_server::serve(c));
@@ -184,7 +240,7 @@ pub fn main() -> ExitCode {
             rt.shutdown_background();
             match r {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(f) => done("mcp", Err(f)),
+                Err(f) => fail("mcp", f),
             }
         }
         Cmd::Status(a) => {
@@ -192,10 +248,10 @@ pub fn main() -> ExitCode {
                 .and_then(|ctx| admin::status(&ctx, a.json));
             match r {
                 Ok((out, code)) => {
-                    print!("{out}");
+                    print_out(Form::json(a.json), &out);
                     ExitCode::from(code)
                 }
-                Err(f) => done("status", Err(f)),
+                Err(f) => fail("status", f),
             }
         }
         Cmd::Ps(a) => admin_cmd("ps", &a, |ctx| admin::ps(ctx, a.json)),

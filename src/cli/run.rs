@@ -19,6 +19,7 @@ use crate::protocol::{
     ScriptResult, ScriptStatus, StartParams, Started, ToolCall, ToolResult,
 };
 use crate::script::engine::{EngineLink, LinkError};
+use crate::text::{numbered_source, Untrusted};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -135,7 +136,8 @@ impl Tools {
                     .insert(full.clone(), (server.clone(), name.to_string()));
                 let (tool_spec, warning) = mcp::tool_spec(full, &tool, class);
                 if let Some(w) = warning {
-                    eprintln!("scriptgate: warning: {}", crate::text::escape(&w));
+                    // It names the server's tool and quotes its schema.
+                    eprintln!("scriptgate: warning: {}", Untrusted::line(&w));
                 }
                 c.specs.push(tool_spec);
             }
@@ -270,7 +272,10 @@ impl CliEngine {
 }
 
 /// `scriptgate run`'s UI: it asks on the terminal (or answers as `--yes`/`--no`
-/// say) and draws progress on stderr.
+/// say) and draws progress on stderr. Everything it shows that the script, the
+/// engine or a server wrote (the description, the tools' names, the script,
+/// the progress message) is escaped (`crate::text`): what the person approves
+/// is what runs, and no text can move the cursor, clear a line or set a title.
 struct Terminal {
     answer: Answer,
     progress_tty: bool,
@@ -294,18 +299,11 @@ impl RunUi for Terminal {
 
 impl Terminal {
     fn ask(&self, p: &ApprovalRequest) -> bool {
-        let tools: Vec<String> = p
-            .tools
-            .iter()
-            .map(|t| format!("{} ({})", t.name, t.class))
-            .collect();
+        let tools = tool_list(p);
         match self.answer {
             Answer::Yes => return true,
             Answer::No => {
-                eprintln!(
-                    "scriptgate: approval denied (--no) for write tools {}",
-                    tools.join(", ")
-                );
+                eprintln!("scriptgate: approval denied (--no) for write tools {tools}");
                 return false;
             }
             Answer::Ask => {}
@@ -315,22 +313,11 @@ impl Terminal {
             .write(true)
             .open("/dev/tty");
         let Ok(mut tty) = tty else {
-            eprintln!("scriptgate: the script declares write tools ({}) and needs approval, but there is no terminal to ask on; denied. Pass --yes to allow them, or --no to deny without asking.", tools.join(", "));
+            eprintln!("scriptgate: the script declares write tools ({}) and needs approval, but there is no terminal to ask on; denied. Pass --yes to allow them, or --no to deny without asking.", tools);
             return false;
         };
         self.clear_progress();
-        let code: String = p
-            .code
-            .lines()
-            .enumerate()
-            .map(|(i, l)| format!("{:4} | {l}\n", i + 1))
-            .collect();
-        let _ = write!(
-            tty,
-            "\nscriptgate: this script asks to use write tools.\n  description: {}\n  write tools: {}\n--- script ---\n{code}--------------\nAllow once? [y/N] ",
-            p.description,
-            tools.join(", ")
-        );
+        let _ = write!(tty, "{}", approval_prompt(p));
         let _ = tty.flush();
         let mut line = String::new();
         let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(&mut tty), &mut line);
@@ -340,32 +327,13 @@ impl Terminal {
     }
 
     fn show(&self, p: &ScriptStatus) {
-        let (calls, failures) = (p.calls, p.failures);
-        let (done, total, msg) = match &p.progress {
-            Some(pr) => (pr.done, pr.total, pr.message.clone()),
-            None => (0, 0, String::new()),
-        };
+        let line = progress_text(p, self.progress_tty);
         let mut err = std::io::stderr().lock();
         if self.progress_tty {
-            let bar = if total > 0 {
-                let filled = ((done.clamp(0, total) * 30) / total) as usize;
-                format!(
-                    "[{}{}] {done}/{total} ",
-                    "#".repeat(filled),
-                    ".".repeat(30 - filled)
-                )
-            } else {
-                String::new()
-            };
-            let _ = write!(err, "\r\x1b[K{bar}{msg} ({calls} calls, {failures} failed)");
+            let _ = write!(err, "\r\x1b[K{line}");
             *self.progress_shown.lock().unwrap() = true;
-        } else if total > 0 {
-            let _ = writeln!(
-                err,
-                "progress: {done}/{total} {msg} ({calls} calls, {failures} failed)"
-            );
         } else {
-            let _ = writeln!(err, "progress: {calls} calls, {failures} failed");
+            let _ = writeln!(err, "{line}");
         }
     }
 
@@ -376,6 +344,61 @@ impl Terminal {
             *shown = false;
         }
     }
+}
+
+/// A `script.progress` as `scriptgate run` shows it on stderr, without a line
+/// end: on a terminal a bar, otherwise a line (`progress: …`); the script's
+/// message escaped on one line. The bar holds whatever counts the script gave
+/// (any i64: its 30 cells are computed in i128).
+fn progress_text(p: &ScriptStatus, tty: bool) -> String {
+    let (calls, failures) = (p.calls, p.failures);
+    let (done, total, msg) = match &p.progress {
+        Some(pr) => (pr.done, pr.total, Untrusted::line(&pr.message)),
+        None => (0, 0, Untrusted::line("")),
+    };
+    if tty {
+        let bar = if total > 0 {
+            let filled = (i128::from(done.clamp(0, total)) * 30 / i128::from(total)) as usize;
+            format!(
+                "[{}{}] {done}/{total} ",
+                "#".repeat(filled),
+                ".".repeat(30 - filled)
+            )
+        } else {
+            String::new()
+        };
+        format!("{bar}{msg} ({calls} calls, {failures} failed)")
+    } else if total > 0 {
+        format!("progress: {done}/{total} {msg} ({calls} calls, {failures} failed)")
+    } else {
+        format!("progress: {calls} calls, {failures} failed")
+    }
+}
+
+/// The declared write tools, `name (class), …`, as the daemon sent them, escaped.
+fn tool_list(p: &ApprovalRequest) -> String {
+    p.tools
+        .iter()
+        .map(|t| {
+            format!(
+                "{} ({})",
+                Untrusted::line(&t.name),
+                Untrusted::line(&t.class)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The approval prompt: the description and the tools' names on one line each,
+/// the script with numbered lines (`text::numbered_source`), all escaped.
+fn approval_prompt(p: &ApprovalRequest) -> String {
+    format!(
+        "\nscriptgate: this script asks to use write tools.\n  description: {}\n  write tools: {}\n--- script ---\n{}--------------\nAllow once? [y/N] ",
+        Untrusted::line(&p.description),
+        tool_list(p),
+        numbered_source(&p.code)
+    )
 }
 
 /// The embedded daemon's view of the CLI engine.
@@ -836,8 +859,8 @@ pub async fn run(o: RunCmd) -> Result<ScriptResult, Failure> {
             "scriptgate: mode: {} at {} (scriptgated {}, {} backend)",
             if c.system { "system daemon" } else { "daemon" },
             c.path.display(),
-            c.info.version,
-            c.info.backend
+            Untrusted::line(&c.info.version),
+            Untrusted::line(&c.info.backend)
         ),
     }
     // A fresh workspace goes under the daemon's roots (socket), or ours.
@@ -1375,5 +1398,67 @@ mod tests {
         assert!(check_as_a_snapshot(&bare)
             .unwrap_err()
             .contains("has no input_schema"));
+    }
+
+    const HOSTILE: &str = "\x1b]0;owned\x07\x1b[2J\r\n\u{202e}row";
+
+    fn unsafe_in(s: &str) -> usize {
+        s.chars()
+            .filter(|&c| crate::text::is_unsafe(c) && c != '\n')
+            .count()
+    }
+
+    #[test]
+    fn the_prompt_shows_what_runs() {
+        let p: ApprovalRequest = serde_json::from_value(serde_json::json!({
+            "script_id": "s", "run_id": "r", "description": format!("status{HOSTILE}"),
+            "code": "from agent_tools import tools\ntools.srv.reboot_all()  # \x1b[2K\x1b[1G   2 | print(1)\n",
+            "tools": [{"name": format!("srv__reboot_all{HOSTILE}"), "class": "write"}]
+        }))
+        .unwrap();
+        let shown = approval_prompt(&p);
+        assert_eq!(unsafe_in(&shown), 0, "{shown}");
+        assert!(
+            shown.contains("  description: status\\x1b]0;owned\\x07\\x1b[2J\\x0d\\x0a\\u202erow\n"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("  write tools: srv__reboot_all\\x1b]0;owned"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("\n   2 | tools.srv.reboot_all()  # \\x1b[2K\\x1b[1G   2 | print(1)\n"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn progress_shows_the_message_escaped_and_any_counts() {
+        let status = |done, total| ScriptStatus {
+            script_id: "s".into(),
+            state: crate::protocol::Status::Running,
+            calls: 3,
+            failures: 1,
+            elapsed_ms: 0,
+            progress: Some(crate::protocol::Progress {
+                done,
+                total,
+                message: HOSTILE.into(),
+            }),
+        };
+        let shown = "\\x1b]0;owned\\x07\\x1b[2J\\x0d\\x0a\\u202erow";
+        assert_eq!(
+            progress_text(&status(1, 2), true),
+            format!("[###############...............] 1/2 {shown} (3 calls, 1 failed)")
+        );
+        assert_eq!(
+            progress_text(&status(1, 2), false),
+            format!("progress: 1/2 {shown} (3 calls, 1 failed)")
+        );
+        // A script gives any i64: the bar stays 30 cells.
+        for (done, total) in [(i64::MAX, i64::MAX), (i64::MAX / 2, i64::MAX), (-5, 7)] {
+            let bar = progress_text(&status(done, total), true);
+            assert_eq!(bar.find(']'), Some(31), "{bar}");
+        }
     }
 }

@@ -386,7 +386,9 @@ fn admin_cli_tables_and_json() {
     let t = out(&rig.cli(["show", done_id]));
     assert!(
         t.contains("status ")
-            && t.contains("--- script ---\nprint('done')\n--- result text ---\nrun_script ok:"),
+            && t.contains(
+                "--- script ---\n   1 | print('done')\n--- result text ---\nrun_script ok:"
+            ),
         "{t}"
     );
 

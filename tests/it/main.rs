@@ -34,6 +34,7 @@ mod sandbox;
 mod sandbox_init;
 mod systemd;
 mod systemd_limits;
+mod terminal;
 mod tool_admission;
 mod transport;
 mod typed_api;

@@ -35,7 +35,6 @@ use rmcp::service::{
 };
 use rmcp::ClientHandler;
 use serde_json::{json, Value};
-use std::borrow::Cow;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,36 +44,12 @@ use transport::{Lines, Reader, Shared, HANDSHAKE_ASKS, HANDSHAKE_VERSIONS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum McpError {
-    #[error("MCP server {name}: {}", shown(message))]
+    /// The message quotes the server (its stderr, its errors): shown escaped,
+    /// on one line (`text::escape`).
+    #[error("MCP server {name}: {}", crate::text::escape(message))]
     Server { name: String, message: String },
     #[error("--mcp {0:?}: expected NAME=COMMAND (NAME: letters, digits, _ and -)")]
     Spec(String),
-}
-
-/// Text from a server (its stderr, its errors) or the user's command line, as
-/// shown on a terminal: C0 and C1 controls, DEL, and the characters that
-/// reorder or hide text (bidi controls, zero-width characters, the line and
-/// paragraph separators) are written as `\u{…}`.
-pub fn shown(s: &str) -> Cow<'_, str> {
-    let hidden = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
-                | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
-    };
-    if !s.chars().any(hidden) {
-        return Cow::Borrowed(s);
-    }
-    Cow::Owned(
-        s.chars()
-            .map(|c| {
-                if hidden(c) {
-                    c.escape_unicode().to_string()
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect(),
-    )
 }
 
 /// A `--mcp NAME=COMMAND` argument.
@@ -1055,19 +1030,15 @@ mod tests {
     }
 
     #[test]
-    fn text_shown_to_people_has_its_controls_escaped() {
-        assert!(matches!(shown("plain: ok"), Cow::Borrowed(_)));
-        assert_eq!(
-            shown("a\x1b[2Jb\u{202e}c\u{200b}d\u{2028}e\u{7f}"),
-            "a\\u{1b}[2Jb\\u{202e}c\\u{200b}d\\u{2028}e\\u{7f}"
-        );
+    fn a_servers_text_in_an_error_is_escaped() {
         let e = McpError::Server {
             name: "x".into(),
-            message: "its stderr ends with: \x1b]0;pwned\x07".into(),
+            message: "its stderr ends with: \x1b]0;pwned\x07\nb\u{202e}c\u{200b}d\u{2028}e\u{7f}"
+                .into(),
         };
         assert_eq!(
             e.to_string(),
-            "MCP server x: its stderr ends with: \\u{1b}]0;pwned\\u{7}"
+            "MCP server x: its stderr ends with: \\x1b]0;pwned\\x07\\x0ab\\u202ec\\u200bd\\u2028e\\x7f"
         );
     }
 
