@@ -2,7 +2,8 @@
 `scriptgate mcp --task-after 0` over stdio, with the hosts that declare tasks: the
 official Python SDK's Client (mcp 2.3.0, mode="auto") with fastmcp-tasks 4.1.4's
 TasksClientExtension, and fastmcp 4.1.4's Client (which registers that extension
-itself) through its explicit task handle (call_tool_task). A call declaring the
+itself) through its explicit task handle (call_tool_task), and pydantic-ai 2.68 on
+that fastmcp, at its defaults, with a FunctionModel. A call declaring the
 extension is answered with a task; tasks/get polls it to the same result the call
 would have had; tasks/cancel ends the script, whose record says cancelled."""
 
@@ -149,3 +150,43 @@ def test_fastmcp_s_task_handle_waits_for_the_result_and_cancels() -> None:
             assert (await h.wait_record(description))["status"] == "cancelled"
 
     run(go())
+
+
+def test_pydantic_ai_with_fastmcp_tasks_hands_its_model_the_summary_of_a_task() -> None:
+    """pydantic-ai's MCPToolset at its defaults (prefer_tasks), fastmcp-tasks installed:
+    the call is answered with a task, which it polls to the result its FunctionModel
+    is handed."""
+    from pydantic_ai import Agent
+    from pydantic_ai.mcp import MCPToolset
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import FunctionModel
+
+    returned: List[Any] = []
+
+    def model(messages: Any, info: Any) -> ModelResponse:
+        back = [p for p in messages[-1].parts if isinstance(p, ToolReturnPart)]
+        if back:
+            returned.extend(back)
+            return ModelResponse(parts=[TextPart("done")])
+        return ModelResponse(parts=[ToolCallPart("run_script", {"code": h.SUMMARY_CODE,
+                                                                "description": h.unique("pydantic-ai-task")})])
+
+    sent: List[str] = []
+
+    async def go() -> None:
+        toolset = MCPToolset(StdioTransport(command=str(h.SCRIPTGATE), args=h.mcp_args("--task-after", "0")))
+        agent = Agent(FunctionModel(model), toolsets=[toolset])
+        async with agent:
+            session = toolset.client.session
+            send = session.send_request
+
+            async def spy(request: Any, *a: Any, **kw: Any) -> Any:
+                sent.append(getattr(request, "method", type(request).__name__))
+                return await send(request, *a, **kw)
+
+            session.send_request = spy
+            assert (await agent.run("check the fleet")).output == "done"
+
+    run(go())
+    assert "tasks/get" in sent, f"no task was polled: {sent}"
+    assert len(returned) == 1 and returned[0].content["output"] == h.expected_summary() + "\n", returned
