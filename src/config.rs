@@ -146,6 +146,10 @@ pub struct Scripts {
     /// backend; past it a write fails with EFBIG; 0: no bound). Bounds each
     /// file, not the total (extension).
     pub file_max_bytes: u64,
+    /// The most a workspace may hold while its scripts run, where its
+    /// filesystem enforces project quotas (0: no bound; extension,
+    /// crate::daemon::disk).
+    pub disk_max_bytes: u64,
     /// RLIMIT_NOFILE of every process of a script, on every backend (the unit
     /// raises the daemon's own to 65536, which scripts would otherwise inherit).
     pub nofile_max: u64,
@@ -164,6 +168,7 @@ impl Default for Scripts {
             python: "/usr/bin/python3".into(),
             cpu_quota_percent: 100,
             file_max_bytes: 1 << 30,
+            disk_max_bytes: 0,
             nofile_max: 1024,
         }
     }

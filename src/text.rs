@@ -31,13 +31,6 @@ pub fn escape(s: &str) -> Cow<'_, str> {
     escape_keeping(s, |_| false)
 }
 
-/// Untrusted text of several lines: as [`escape`], but newlines and tabs stay.
-/// A carriage return is escaped, so no line can be made to start anywhere but
-/// after a newline.
-pub fn escape_lines(s: &str) -> Cow<'_, str> {
-    escape_keeping(s, |c| c == '\n' || c == '\t')
-}
-
 fn escape_keeping(s: &str, keep: impl Fn(char) -> bool) -> Cow<'_, str> {
     if !s.chars().any(|c| is_unsafe(c) && !keep(c)) {
         return Cow::Borrowed(s);
@@ -82,7 +75,6 @@ mod tests {
             "x\\u200by\\u2066z\\u2069"
         );
         assert_eq!(escape("l1\u{2028}l2\u{feff}"), "l1\\u2028l2\\ufeff");
-        assert_eq!(escape_lines("a\n\tb\rc\x1b"), "a\n\tb\\x0dc\\x1b");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Mutex};
 
-const SCHEMA_VERSION: i64 = 5;
+const SCHEMA_VERSION: i64 = 7;
 
 /// Upper bounds of the script-duration histogram, in seconds.
 const DURATION_BOUNDS_S: [f64; 11] = [
@@ -125,7 +125,27 @@ const MIGRATIONS: &[&str] = &[
     // v5: the W3C trace id of the engine's span that started the script
     // (`script.start`'s `traceparent`; crate::protocol::trace).
     "ALTER TABLE scripts ADD COLUMN trace_id TEXT;",
+    // v6: when the daemon last saw a running script running (set at its start,
+    // then every checkpoint tick), so that a row a dead daemon left `running`
+    // becomes `interrupted` with the time the script ran, not the time until
+    // the next start.
+    "ALTER TABLE scripts ADD COLUMN seen_at INTEGER;",
+    // v7: the project quota id of each workspace the daemon bounded
+    // (`scripts.disk_max_bytes`, crate::daemon::disk), by the directory's
+    // (device, inode): never two workspaces with one id.
+    "CREATE TABLE projects (
+        projid INTEGER PRIMARY KEY,
+        dev INTEGER NOT NULL,
+        ino INTEGER NOT NULL,
+        at INTEGER NOT NULL,
+        UNIQUE (dev, ino)
+     );",
 ];
+
+/// The first project quota id the daemon gives a workspace
+/// (`Store::project_for`): `SG` in its high bytes, far from the small ids
+/// administrators give by hand.
+pub const FIRST_PROJECT: u32 = 0x5347_0000;
 
 /// Keep at most `bound` revocations of each scope, the newest (insertion order,
 /// rowid): what a store of before v4 held past the bound. Returns how many were
@@ -617,8 +637,8 @@ impl Store {
             )?;
             bump(&tx, "started", "", 1.0)?;
             tx.execute(
-                "UPDATE scripts SET scope = ?2, trace_id = ?3 WHERE script_id = ?1",
-                params![r.script_id, r.scope, r.trace_id],
+                "UPDATE scripts SET scope = ?2, trace_id = ?3, seen_at = ?4 WHERE script_id = ?1",
+                params![r.script_id, r.scope, r.trace_id, r.started_at_ms],
             )?;
             match r.vouched {
                 Some((dev, ino)) => {
@@ -663,12 +683,19 @@ impl Store {
     }
 
     /// Keep running scripts' counters current (one transaction for all of them),
-    /// so that a daemon killed mid-script leaves the counts it had, not 0. Only
-    /// rows still `running` are touched: a finished row keeps its final counts.
-    pub async fn checkpoint_counts(&self, rows: Vec<(String, u64, u64)>) -> Result<(), StoreError> {
-        if rows.is_empty() {
+    /// so that a daemon killed mid-script leaves the counts it had, not 0, and
+    /// mark every script of `alive` seen running now (`seen_at`: a killed
+    /// daemon's rows then say how long they ran). Only rows still `running` are
+    /// touched: a finished row keeps its final counts.
+    pub async fn checkpoint_counts(
+        &self,
+        rows: Vec<(String, u64, u64)>,
+        alive: Vec<String>,
+    ) -> Result<(), StoreError> {
+        if rows.is_empty() && alive.is_empty() {
             return Ok(());
         }
+        let now = now_ms();
         self.write("checkpoint running scripts' counts", move |c| {
             let tx = c.transaction()?;
             {
@@ -677,6 +704,12 @@ impl Store {
                 )?;
                 for (id, calls, failures) in &rows {
                     s.execute(params![id, *calls as i64, *failures as i64])?;
+                }
+                let mut s = tx.prepare_cached(
+                    "UPDATE scripts SET seen_at = ?2 WHERE script_id = ?1 AND status = 'running'",
+                )?;
+                for id in &alive {
+                    s.execute(params![id, now])?;
                 }
             }
             tx.commit()
@@ -764,6 +797,39 @@ impl Store {
         }
         self.write("forget workspaces", move |c| forget_rows(c, &paths))
             .await
+    }
+
+    /// The project quota id of the workspace directory `(dev, ino)`: the one it
+    /// was given before, or the next free one.
+    pub async fn project_for(&self, dev: u64, ino: u64) -> Result<u32, StoreError> {
+        self.write("give a workspace its project id", move |c| {
+            let tx = c.transaction()?;
+            let known: Option<i64> = tx
+                .query_row(
+                    "SELECT projid FROM projects WHERE dev = ?1 AND ino = ?2",
+                    params![dev as i64, ino as i64],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let id = match known {
+                Some(id) => id,
+                None => {
+                    let next: i64 = tx.query_row(
+                        "SELECT COALESCE(MAX(projid) + 1, ?1) FROM projects",
+                        [FIRST_PROJECT as i64],
+                        |r| r.get(0),
+                    )?;
+                    tx.execute(
+                        "INSERT INTO projects (projid, dev, ino, at) VALUES (?1, ?2, ?3, ?4)",
+                        params![next, dev as i64, ino as i64, now_ms()],
+                    )?;
+                    next
+                }
+            };
+            tx.commit()?;
+            Ok(id as u32)
+        })
+        .await
     }
 
     fn read<T>(
@@ -1262,7 +1328,7 @@ fn recover_interrupted(c: &mut Connection, path: &Path) -> rusqlite::Result<Vec<
     let mut out = Vec::new();
     {
         let mut s = tx.prepare(
-            "SELECT script_id, run_id, started_at, details_dir, calls, failures, runner, run_uid, workspace, peer_pid FROM scripts WHERE status = 'running'",
+            "SELECT script_id, run_id, started_at, details_dir, calls, failures, runner, run_uid, workspace, peer_pid, seen_at FROM scripts WHERE status = 'running'",
         )?;
         let rows = s.query_map([], |r| {
             Ok((
@@ -1274,10 +1340,9 @@ fn recover_interrupted(c: &mut Connection, path: &Path) -> rusqlite::Result<Vec<
                 r.get::<_, i64>(5)?,
                 (r.get::<_, Option<String>>(6)?, r.get::<_, Option<i64>>(7)?),
                 r.get::<_, String>(8)?,
-                r.get::<_, Option<i64>>(9)?,
+                (r.get::<_, Option<i64>>(9)?, r.get::<_, Option<i64>>(10)?),
             ))
         })?;
-        let now = now_ms();
         let me = std::process::id();
         for row in rows {
             let (
@@ -1289,7 +1354,7 @@ fn recover_interrupted(c: &mut Connection, path: &Path) -> rusqlite::Result<Vec<
                 failures,
                 (runner, run_uid),
                 workspace,
-                peer_pid,
+                (peer_pid, seen_at),
             ) = row?;
             // This process has recorded nothing yet: a row naming its pid is an
             // older process's.
@@ -1299,7 +1364,9 @@ fn recover_interrupted(c: &mut Connection, path: &Path) -> rusqlite::Result<Vec<
             if holder.is_some_and(|p| live::held_by(Path::new("/proc"), p, path, started)) {
                 continue;
             }
-            let duration_ms = (now - started).max(0) as u64;
+            // It ran until the daemon last saw it running (within a checkpoint
+            // tick); a store of before v6 knows only its start.
+            let duration_ms = (seen_at.unwrap_or(started) - started).max(0) as u64;
             let error = "the daemon stopped while the script ran".to_string();
             out.push(Recovered {
                 workspace,
@@ -1330,8 +1397,8 @@ fn recover_interrupted(c: &mut Connection, path: &Path) -> rusqlite::Result<Vec<
     for r in out.iter().map(|r| &r.result) {
         count_finished(&tx, r.status.as_str(), r.calls, r.failures, r.duration_ms)?;
         tx.execute(
-            "UPDATE scripts SET status = 'interrupted', ended_at = ?2, duration_ms = ?3, result = ?4 WHERE script_id = ?1",
-            params![r.script_id, now_ms(), r.duration_ms as i64, serde_json::to_string(r).unwrap_or_default()],
+            "UPDATE scripts SET status = 'interrupted', ended_at = started_at + ?2, duration_ms = ?2, result = ?3 WHERE script_id = ?1",
+            params![r.script_id, r.duration_ms as i64, serde_json::to_string(r).unwrap_or_default()],
         )?;
     }
     tx.commit()?;
@@ -1433,6 +1500,53 @@ mod tests {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(v, SCHEMA_VERSION);
+    }
+
+    /// A row a dead daemon left `running` is `interrupted` with the time the
+    /// script was last seen running (its start, then each checkpoint), not the
+    /// time until the store is opened again.
+    #[tokio::test]
+    async fn an_interrupted_row_lasts_until_it_was_last_seen_running() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.db");
+        {
+            let (s, _) = Store::open(&p, None).unwrap();
+            let (mut a, mut b) = (row("a"), row("b"));
+            a.started_at_ms = now_ms() - 60_000;
+            b.started_at_ms = now_ms() - 60_000;
+            s.insert_started(a).await.unwrap();
+            s.insert_started(b).await.unwrap();
+            s.checkpoint_counts(vec![], vec!["a".into()]).await.unwrap();
+            // A minute later, "a" was still seen; "b" never after its start.
+        }
+        let (s, rec) = Store::open(&p, None).unwrap();
+        assert_eq!(rec.len(), 2);
+        let dur = |id: &str| s.run_of(id).unwrap().unwrap().0.duration_ms;
+        assert!((59_000..61_000).contains(&dur("a")), "{}", dur("a"));
+        assert_eq!(dur("b"), 0, "seen only at its start");
+        let ended: i64 = s
+            .reader
+            .lock()
+            .unwrap()
+            .query_row(
+                "SELECT ended_at - started_at FROM scripts WHERE script_id = 'a'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(ended as u64, dur("a"));
+    }
+
+    #[tokio::test]
+    async fn each_workspace_keeps_its_own_project_id() {
+        let d = tempfile::tempdir().unwrap();
+        let (s, _) = Store::open(&d.path().join("a.db"), None).unwrap();
+        let a = s.project_for(1, 10).await.unwrap();
+        let b = s.project_for(1, 11).await.unwrap();
+        let c = s.project_for(2, 10).await.unwrap();
+        assert_eq!(a, FIRST_PROJECT);
+        assert_eq!((b, c), (FIRST_PROJECT + 1, FIRST_PROJECT + 2));
+        assert_eq!(s.project_for(1, 10).await.unwrap(), a, "again: the same");
     }
 
     /// Two embedded daemons of one user share a store: the second to open it
@@ -1556,6 +1670,8 @@ mod tests {
                     "DROP TABLE metrics; DROP TABLE revocations; DROP TABLE workspaces;
                      ALTER TABLE scripts DROP COLUMN scope;
                      ALTER TABLE scripts DROP COLUMN trace_id;
+                     ALTER TABLE scripts DROP COLUMN seen_at;
+                     DROP TABLE projects;
                      CREATE TABLE revoked_runs (run_id TEXT PRIMARY KEY, at INTEGER NOT NULL);
                      PRAGMA user_version = 1;",
                 )
@@ -1744,6 +1860,8 @@ mod tests {
             }
             tx.execute_batch(
                 "DROP INDEX revocations_scope; ALTER TABLE scripts DROP COLUMN trace_id;
+                 ALTER TABLE scripts DROP COLUMN seen_at;
+                 DROP TABLE projects;
                  PRAGMA user_version = 3;",
             )?;
             tx.commit()

@@ -398,6 +398,10 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
             ),
         ],
     ];
+    let mut rows = rows;
+    if let Some(d) = &info.disk {
+        rows.push(vec!["disk".into(), crate::daemon::disk::summary(d)]);
+    }
     Ok((pairs(&rows), state.code))
 }
 

@@ -280,6 +280,9 @@ pub struct RunCmd {
     pub call_timeout: u64,
 }
 
+/// `scriptgate mcp`'s default `--call-timeout` (seconds).
+pub const MCP_CALL_TIMEOUT_S: u64 = 120;
+
 /// `scriptgate mcp`'s arguments.
 #[derive(Args, Debug)]
 pub struct McpCmd {
@@ -303,7 +306,7 @@ pub struct McpCmd {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Seconds an MCP server may take for one call before it counts as failed.
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, default_value_t = MCP_CALL_TIMEOUT_S)]
     pub call_timeout: u64,
     /// Seconds a call waits for its script before answering with an MCP task,
     /// where the request declares the tasks extension (2026-07-28); 0: at once.
@@ -313,6 +316,11 @@ pub struct McpCmd {
     /// addresses only (127.0.0.1:PORT, [::1]:PORT; port 0 picks one, printed on stderr).
     #[arg(long, value_name = "ADDR")]
     pub http: Option<std::net::SocketAddr>,
+    /// Print the mcpServers entry that starts this server with these options, with
+    /// absolute paths (this binary; files named in the --mcp commands, --config,
+    /// --socket), for an MCP client's configuration; start nothing.
+    #[arg(long, conflicts_with = "http")]
+    pub print_config: bool,
 }
 
 #[derive(Args, Debug)]

@@ -6,6 +6,7 @@ pub mod args;
 pub mod completions;
 pub mod exit;
 pub mod mcp;
+pub mod mcp_config;
 pub mod mcp_server;
 pub mod run;
 pub mod table;
@@ -174,6 +175,7 @@ pub fn main() -> ExitCode {
                 c.config.as_deref(),
             )),
         ),
+        Cmd::Mcp(c) if c.print_config => done("mcp", mcp_config::print(&c)),
         Cmd::Mcp(c) => {
             let rt = runtime();
             let r = rt.block_on(mcp_server::serve(c));

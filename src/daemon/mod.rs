@@ -8,6 +8,7 @@
 //! slot, create the record, then make the broker and supervise the script.
 
 pub(crate) mod calls;
+pub(crate) mod disk;
 pub(crate) mod prune;
 pub mod ratelimit;
 pub(crate) mod registry;
@@ -215,6 +216,8 @@ struct Record {
     /// The code the sandbox runs (`script::Launch::script_code`).
     script_code: std::os::fd::OwnedFd,
     limits: Limits,
+    /// Why `scripts.disk_max_bytes` is not in force for this script, if it is not.
+    disk_note: Option<String>,
 }
 
 impl Daemon {
@@ -310,8 +313,10 @@ impl Daemon {
             loop {
                 tick.tick().await;
                 let Some(d) = weak.upgrade() else { break };
-                let changed = written.changed(d.live_counts());
-                match d.store.checkpoint_counts(changed.clone()).await {
+                let now = d.live_counts();
+                let alive = now.iter().map(|(id, _, _)| id.clone()).collect();
+                let changed = written.changed(now);
+                match d.store.checkpoint_counts(changed.clone(), alive).await {
                     Ok(()) => written.written(&changed),
                     Err(e) => tracing::warn!("{e}"),
                 }
@@ -394,6 +399,11 @@ impl Daemon {
                 self.backend.kind.as_str(),
             ),
             running: self.running_count(),
+            disk: Some(disk::info(
+                s.disk_max_bytes,
+                &self.cfg.workspace.roots,
+                true,
+            )),
             limits: DaemonLimits {
                 max_calls: s.max_calls,
                 max_concurrency: s.max_concurrency,
@@ -719,11 +729,20 @@ impl Daemon {
         // 3. A max_running slot, held until the script's end is recorded.
         self.check_not_stopping()?;
         let slot = self.registry.reserve_slot()?;
-        // 4. The record directory and the audit row, before anything runs.
-        let record = self
+        // 4. The workspace's disk bound, before the record: its files are the
+        //    workspace's project's too (crate::daemon::disk).
+        let disk_note = disk::bound(
+            &self.store,
+            &admitted.workspace,
+            self.cfg.scripts.disk_max_bytes,
+        )
+        .await;
+        // 5. The record directory and the audit row, before anything runs.
+        let mut record = self
             .create_record(&script_id, peer, &p, &admitted, approval)
             .await?;
-        // 5. Start it; answer once it runs.
+        record.disk_note = disk_note;
+        // 6. Start it; answer once it runs.
         self.supervise(script_id, peer, engine, admitted, record, slot)
             .await
     }
@@ -1021,6 +1040,7 @@ impl Daemon {
             stderr_file,
             script_code,
             limits: Limits::effective(&self.cfg.scripts, &a.claims.snapshot.limits),
+            disk_note: None,
         })
     }
 
@@ -1121,6 +1141,7 @@ impl Daemon {
             stdout_file: rec.stdout_file,
             stderr_file: rec.stderr_file,
             script_code: rec.script_code,
+            notes: rec.disk_note.into_iter().collect(),
         };
         let launch = Launch::new(&self.host, run);
         (broker, launch)

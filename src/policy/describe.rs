@@ -309,14 +309,16 @@ pub fn script_tools(tools: &[ToolSpec]) -> Value {
 /// The most characters of a tool's description that `describe` gives.
 pub const DESCRIPTION_MAX_CHARS: usize = 500;
 
-/// A tool's description on one line (whitespace runs made one space), at most
-/// `DESCRIPTION_MAX_CHARS` characters; `None` when it has none.
+/// A tool's description on one line (whitespace runs made one space, control
+/// and reordering characters escaped: an upstream server wrote it, and a model
+/// and a person read it), at most `DESCRIPTION_MAX_CHARS` characters; `None`
+/// when it has none.
 fn one_line(description: Option<&str>) -> Option<String> {
     let words: Vec<&str> = description?.split_whitespace().collect();
     if words.is_empty() {
         return None;
     }
-    let line = words.join(" ");
+    let line = crate::text::escape(&words.join(" ")).into_owned();
     Some(if line.chars().count() > DESCRIPTION_MAX_CHARS {
         line.chars()
             .take(DESCRIPTION_MAX_CHARS - 1)
@@ -530,6 +532,14 @@ mod tests {
         );
         let ro = describe(&snap(true), &l, 20000);
         assert!(!ro.contains("fs__mkdir") && ro.contains("read-only"));
+    }
+
+    #[test]
+    fn a_description_shows_hidden_characters_escaped() {
+        assert_eq!(
+            one_line(Some("read\u{202e}eliF a\x1b[2J \u{200b}x")).as_deref(),
+            Some("read\\u202eeliF a\\x1b[2J \\u200bx")
+        );
     }
 
     #[test]

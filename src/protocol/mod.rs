@@ -584,6 +584,33 @@ pub struct DaemonInfo {
     /// processes of that uid can do to them: plain sentences (extension).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub same_uid: Vec<String>,
+    /// `scripts.disk_max_bytes` and, for each workspace root, whether it can be
+    /// in force there (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskInfo>,
+}
+
+/// `daemon.info`'s `disk`: the bound on what a workspace holds while its scripts
+/// run (project quotas), and where it is in force.
+///
+/// ```json
+/// {"max_bytes": 1073741824,
+///  "roots": [{"root": "/srv/ws", "in_force": true, "why": null}]}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiskInfo {
+    /// 0: no bound.
+    pub max_bytes: u64,
+    pub roots: Vec<DiskRoot>,
+}
+
+/// One workspace root of [`DiskInfo`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiskRoot {
+    pub root: String,
+    pub in_force: bool,
+    /// Why not, when it is not.
+    pub why: Option<String>,
 }
 
 /// `daemon.info`'s `sandbox`: can bwrap make a sandbox here, as the script uid.

@@ -28,10 +28,17 @@
 //!    flags only; ENOSYS makes glibc (and Python) fall back to `clone` and
 //!    `openat`, which part 2 checks (Flatpak does the same for clone3).
 //!
+//! 5. `fallocate` with `FALLOC_FL_KEEP_SIZE` (alone, or with the modes that need
+//!    it) fails with EOPNOTSUPP, as on a filesystem without it: it allocates
+//!    blocks past the end of the file, which `RLIMIT_FSIZE`
+//!    (`scripts.file_max_bytes`) does not count, so a file of size 0 could hold
+//!    any amount of disk. Plain `fallocate` (mode 0, `posix_fallocate`) grows the
+//!    file and is bounded like a write.
+//!
 //! Parts 2 and 4 are what keep a script from making a user namespace where bwrap's
 //! `--disable-userns` cannot be used (a read-only `/proc/sys`, see `preflight`).
 //!
-//! seccompiler compiles parts 2, 3 and 4 (one match action per filter, so one filter
+//! seccompiler compiles parts 2 to 5 (one match action per filter, so one filter
 //! each); `then` joins them and the guard is prepended. Classic BPF jumps are
 //! relative to the next instruction and only go forward, and seccompiler's
 //! programs end every path with a return, so a program can be prefixed, and its
@@ -357,6 +364,24 @@ fn no_clone3() -> Result<BpfProgram, SeccompError> {
     compile(rules, SeccompAction::Errno(libc::ENOSYS as u32))
 }
 
+/// Part 5: `fallocate` that allocates past the end of the file, EOPNOTSUPP (see
+/// the module comment). The mode is argument 1; the kernel reads an int.
+fn no_keep_size() -> Result<BpfProgram, SeccompError> {
+    let keep = libc::FALLOC_FL_KEEP_SIZE as u64;
+    let c = SeccompCondition::new(
+        1,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::MaskedEq(keep),
+        keep,
+    )
+    .map_err(SeccompError::Condition)?;
+    let rule = SeccompRule::new(vec![c]).map_err(SeccompError::Rule)?;
+    compile(
+        BTreeMap::from([(libc::SYS_fallocate, vec![rule])]),
+        SeccompAction::Errno(libc::EOPNOTSUPP as u32),
+    )
+}
+
 /// Part 3: `socket`/`socketpair` of a family not in ALLOWED_FAMILIES, EAFNOSUPPORT.
 /// The kernel reads the family as an `int`, so only the low 32 bits of the
 /// argument are compared (`Dword`): high bits can neither smuggle a family in nor
@@ -380,7 +405,10 @@ fn families() -> Result<BpfProgram, SeccompError> {
 /// The whole filter as instructions.
 fn instructions() -> Result<BpfProgram, SeccompError> {
     let mut prog = x32_guard();
-    prog.extend(then(then(denylist()?, families()?), no_clone3()?));
+    prog.extend(then(
+        then(then(denylist()?, families()?), no_clone3()?),
+        no_keep_size()?,
+    ));
     within_bound(prog)
 }
 

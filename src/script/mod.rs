@@ -91,6 +91,9 @@ pub struct Run {
     pub stdout_file: std::fs::File,
     pub stderr_file: std::fs::File,
     pub script_code: OwnedFd,
+    /// What the daemon knows before the start of this script's limits not in
+    /// force (the disk bound); they join the result's `backend_notes`.
+    pub notes: Vec<String>,
 }
 
 impl Launch {
@@ -123,6 +126,7 @@ impl Launch {
             require_enforced_limits: host.require_enforced_limits,
             file_max_bytes: host.file_max_bytes,
             script_code: run.script_code,
+            notes: run.notes,
         }
     }
 }
@@ -150,6 +154,8 @@ pub struct Launch {
     /// it to `SCRIPT_MOUNT`, so the sandbox runs the code the audit row holds,
     /// and nothing in the workspace is opened again (the engine owns that tree).
     pub script_code: OwnedFd,
+    /// Limits known not to be in force before the start (`Run::notes`).
+    pub notes: Vec<String>,
 }
 
 /// What the supervisor observed; the daemon turns it into the result object.
@@ -405,7 +411,8 @@ pub async fn run(
         launch.require_enforced_limits,
     )
     .await;
-    let backend_notes = placed.notes.clone();
+    let mut backend_notes = launch.notes.clone();
+    backend_notes.extend(placed.notes.iter().cloned());
 
     // 6. Wait for the end, or make it: the timeout counts from here, once the
     //    script can run.

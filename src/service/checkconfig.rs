@@ -161,6 +161,18 @@ fn settings(out: &mut String, f: &Findings, cfg: &Config) {
         }
     ));
     out.push_str(&format!(
+        "disk           {}\n",
+        crate::daemon::disk::summary(&crate::daemon::disk::info(
+            s.disk_max_bytes,
+            &cfg.workspace.roots,
+            false
+        )) + if s.disk_max_bytes > 0 {
+            " (the service needs CAP_SYS_ADMIN for it: scriptgated(8), DISK)"
+        } else {
+            ""
+        }
+    ));
+    out.push_str(&format!(
         "stopping       running scripts may finish for {} s (server.drain_s)\n",
         cfg.server.drain_s
     ));

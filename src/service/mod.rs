@@ -197,7 +197,7 @@ async fn run(
         Err(e) => return fail(&format!("listening socket: {e}")),
     };
     // 3. From here on only what scripts need.
-    if let Err(e) = crate::sys::drop_daemon_capabilities() {
+    if let Err(e) = crate::sys::drop_daemon_capabilities(daemon.cfg.scripts.disk_max_bytes > 0) {
         tracing::warn!("could not drop capabilities: {e}");
     }
     // 4. Ready: `systemctl start` returns now, and the status line begins.

@@ -11,6 +11,8 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
+pub mod quota;
+
 /// A uid/gid pair a script runs as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity {
@@ -525,10 +527,12 @@ impl PidFd {
 
 /// Keep only the capabilities the daemon needs, when it runs as root: switching to
 /// the script's uid, owning its record files, writing into workspaces it does not
-/// own, and killing sandboxes. (bwrap needs none: it builds the sandbox in a user
-/// namespace of its own, as the script's uid.) The unit's CapabilityBoundingSet
-/// is the same list.
-pub fn drop_daemon_capabilities() -> Result<(), CapabilityError> {
+/// own, and killing sandboxes; with `quotas` (`scripts.disk_max_bytes` set),
+/// CAP_SYS_ADMIN too, which setting a project quota's limit takes
+/// (`quota::set_project_limit`). (bwrap needs none: it builds the sandbox in a
+/// user namespace of its own, as the script's uid.) The unit's
+/// CapabilityBoundingSet is the same list.
+pub fn drop_daemon_capabilities(quotas: bool) -> Result<(), CapabilityError> {
     use caps::{CapSet, Capability as C};
     if !Uid::effective().is_root() {
         return Ok(());
@@ -543,6 +547,7 @@ pub fn drop_daemon_capabilities() -> Result<(), CapabilityError> {
         C::CAP_KILL,
     ]
     .into_iter()
+    .chain(quotas.then_some(C::CAP_SYS_ADMIN))
     .collect();
     let have = caps::read(None, CapSet::Permitted).map_err(CapabilityError::Read)?;
     let keep: caps::CapsHashSet = keep.intersection(&have).copied().collect();

@@ -692,3 +692,190 @@ fn a_script_cut_short_cancels_its_mcp_call_at_the_server() {
         );
     }
 }
+
+/// Lines from a child's stdout, as they come.
+fn lines_of(out: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// `scriptgate mcp --print-config`: the entry for the README's fleet server, with
+/// this binary's and the server script's absolute paths, starts from a working
+/// directory that is not the checkout (here `/`, as a client's may be): it
+/// answers `initialize` and lists `run_script`, whose description names the
+/// fleet's tools.
+#[test]
+fn print_config_gives_an_entry_that_starts_from_elsewhere() {
+    use std::io::Write;
+    let repo = std::fs::canonicalize(env!("CARGO_MANIFEST_DIR")).unwrap();
+    let o = cli_with(
+        [
+            "mcp",
+            "--print-config",
+            "--embedded",
+            "--mcp",
+            "fleet=python3 examples/fleet/fleet_server.py",
+        ],
+        |c| {
+            c.current_dir(&repo);
+        },
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let entry = &v["mcpServers"]["fleet"];
+    let exe = std::fs::canonicalize(CLI).unwrap();
+    assert_eq!(entry["command"], exe.to_str().unwrap(), "{v}");
+    let server = repo.join("examples/fleet/fleet_server.py");
+    let want = serde_json::json!([
+        "mcp",
+        "--mcp",
+        format!("fleet=python3 {}", server.display()),
+        "--embedded"
+    ]);
+    assert_eq!(entry["args"], want, "{v}");
+
+    let args: Vec<String> = entry["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    let mut child = Command::new(entry["command"].as_str().unwrap())
+        .args(&args)
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let lines = lines_of(child.stdout.take().unwrap());
+    let mut send = |m: Value| writeln!(&mut stdin, "{m}").unwrap();
+    let answer = |id: u64| loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("no answer to request {id}: {e}"));
+        let m: Value = serde_json::from_str(&line).unwrap();
+        if m["id"] == id {
+            break m;
+        }
+    };
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "print-config-test", "version": "1"}}}),
+    );
+    let init = answer(1);
+    assert!(init["result"]["serverInfo"].is_object(), "{init}");
+    send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
+    let list = answer(2);
+    let tools = list["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{list}"));
+    let run_script = tools
+        .iter()
+        .find(|t| t["name"] == "run_script")
+        .unwrap_or_else(|| panic!("{list}"));
+    assert!(
+        run_script["description"]
+            .as_str()
+            .unwrap()
+            .contains("get_device_status"),
+        "{run_script}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// `--print-config` makes absolute what names a file or directory here (quoted
+/// where it must be), leaves options, bare program names and words that name
+/// nothing as they are, and passes the other options on.
+#[test]
+fn print_config_makes_paths_absolute_and_keeps_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = std::fs::canonicalize(dir.path()).unwrap();
+    std::fs::write(d.join("my server.py"), "").unwrap();
+    std::fs::write(d.join("tool.sh"), "").unwrap();
+    std::fs::create_dir(d.join("data")).unwrap();
+    let o = cli_with(
+        [
+            "mcp",
+            "--print-config",
+            "--mcp",
+            "a=python3 'my server.py' --root data missing -v",
+            "--mcp",
+            "b=./tool.sh .",
+            "--mode",
+            "auto",
+            "--passthrough",
+            "--config",
+            "cfg.toml",
+            "--call-timeout",
+            "30",
+        ],
+        |c| {
+            c.current_dir(&d);
+        },
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let args = v["mcpServers"]["scriptgate"]["args"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"));
+    let at = |s: &str| d.join(s).display().to_string();
+    let words = |a: &Value| -> Vec<String> {
+        let (_, cmd) = a.as_str().unwrap().split_once('=').unwrap();
+        shlex::split(cmd).unwrap()
+    };
+    assert_eq!(args[0], "mcp");
+    assert_eq!(
+        words(&args[2]),
+        [
+            "python3",
+            &at("my server.py"),
+            "--root",
+            &at("data"),
+            "missing",
+            "-v"
+        ],
+        "{v}"
+    );
+    assert_eq!(
+        words(&args[4]),
+        [at("tool.sh"), d.display().to_string()],
+        "{v}"
+    );
+    let rest: Vec<&str> = args[5..].iter().map(|a| a.as_str().unwrap()).collect();
+    let cfg = at("cfg.toml");
+    assert_eq!(
+        rest,
+        [
+            "--mode",
+            "auto",
+            "--passthrough",
+            "--config",
+            &cfg,
+            "--call-timeout",
+            "30"
+        ],
+        "{v}"
+    );
+    let o = cli([
+        "mcp",
+        "--print-config",
+        "--http",
+        "127.0.0.1:0",
+        "--mcp",
+        "a=x",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "--http has no mcpServers entry");
+}

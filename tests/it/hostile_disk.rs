@@ -256,6 +256,21 @@ print("size", os.path.getsize("big.bin"))
 # A child that does not ignore SIGXFSZ itself: ignored all the same.
 status = os.system("exec 2>/dev/null; head -c 2000000 /dev/zero > big2.bin")
 print("child", os.waitstatus_to_exitcode(status))
+# Blocks past the end of a file, which the size limit does not count: refused.
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+fd = os.open("kept.bin", os.O_CREAT | os.O_WRONLY, 0o600)
+for mode, name in ((1, "keep_size"), (3, "punch_hole")):
+    rc = libc.fallocate(fd, mode, 0, 200 << 20)
+    print(name, rc, errno.errorcode.get(ctypes.get_errno()), os.fstat(fd).st_blocks * 512)
+# Plain fallocate grows the file, bounded as a write is.
+try:
+    os.posix_fallocate(fd, 0, 2 << 20)
+    print("posix_fallocate grew it")
+except OSError as e:
+    print("posix_fallocate:", errno.errorcode[e.errno])
+print("kept size", os.fstat(fd).st_size, "blocks", os.fstat(fd).st_blocks * 512)
 "#;
     let e = rig.engine();
     let r = e.run(&rig.token(&rig.snapshot("auto")), code, &[]);
@@ -267,5 +282,36 @@ print("child", os.waitstatus_to_exitcode(status))
     assert!(
         !out.contains("child -25"),
         "the shell's child was killed by SIGXFSZ: {out}"
+    );
+    // 200 MiB held by a file of size 0 (KEEP_SIZE) was possible before.
+    // (Python names errno 95 ENOTSUP, which is EOPNOTSUPP on Linux.)
+    assert!(out.contains("keep_size -1 ENOTSUP 0"), "{out}");
+    assert!(out.contains("punch_hole -1 ENOTSUP 0"), "{out}");
+    assert!(out.contains("posix_fallocate: EFBIG"), "{out}");
+    let blocks: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("kept size "))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(blocks <= 1 << 20, "the file holds {blocks} bytes: {out}");
+}
+
+/// `scripts.disk_max_bytes` where the workspace's filesystem has no project
+/// quotas (this host's kernel has none: the bound itself is tested in the
+/// booted guests, tests/vm): the script runs, and its result says why the
+/// bound is not in force.
+#[test]
+#[ignore = "needs root: the rig's scripts run as nobody"]
+fn a_disk_bound_that_cannot_be_in_force_says_why() {
+    require_root("the rig's scripts run as nobody");
+    let rig = Rig::with_config("[scripts]\ndisk_max_bytes = 67108864\n");
+    let e = rig.engine();
+    let r = e.run(&rig.token(&rig.snapshot("auto")), "print('ran')", &[]);
+    assert_eq!(r["status"], "ok", "{r}");
+    let notes = r["backend_notes"].to_string();
+    assert!(
+        notes.contains("scripts.disk_max_bytes not in force") && notes.contains("project quotas"),
+        "{r}"
     );
 }

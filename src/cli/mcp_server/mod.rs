@@ -111,7 +111,7 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
         task_after: Duration::from_secs(o.task_after),
         describe: Arc::new(std::sync::RwLock::new(describe)),
         clients: Arc::default(),
-        tools_changed: Arc::default(),
+        tools_changed: Arc::new(tokio::sync::watch::channel(0).0),
     };
     for upstream in tools.servers() {
         tokio::spawn(follow_tool_list(
@@ -198,7 +198,7 @@ async fn follow_tool_list(changed: Arc<tokio::sync::Notify>, server: CodeMode, c
         }
         // Subscribers of 2026-07-28 (subscriptions/listen), then the clients
         // of the handshake era.
-        server.tools_changed.notify_waiters();
+        server.tools_changed.send_modify(|n| *n += 1);
         let clients = server
             .clients
             .lock()

@@ -158,6 +158,10 @@ pub(super) struct Scripts {
     map: Mutex<HashMap<String, Arc<Script>>>,
     /// The id of each script as it finishes (task notifications listen here).
     finished: broadcast::Sender<String>,
+    /// Starts under way.
+    starting: watch::Sender<usize>,
+    /// The process is stopping: a start that ends now is cancelled.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Scripts {
@@ -166,6 +170,8 @@ impl Scripts {
             runs_in,
             map: Mutex::default(),
             finished: broadcast::channel(256).0,
+            starting: watch::channel(0).0,
+            stopping: Default::default(),
         }
     }
 
@@ -202,6 +208,27 @@ impl Scripts {
     /// running; its approval asked on the way), or with why not. It then runs
     /// on in a task of its own until it finishes or is cancelled.
     pub(super) async fn start(self: &Arc<Self>, l: Launch) -> Result<Arc<Script>, Failure> {
+        // The start runs in a task of its own: a call dropped meanwhile (its
+        // client gone) leaves no recorded script unsupervised, and the exit
+        // waits for it (`cancel_all`).
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let me = self.clone();
+        self.starting.send_modify(|n| *n += 1);
+        tokio::spawn(async move {
+            let r = me.start_here(l).await;
+            if let Ok(s) = &r {
+                if me.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                    s.cancel();
+                }
+            }
+            me.starting.send_modify(|n| *n -= 1);
+            let _ = tx.send(r);
+        });
+        rx.await
+            .unwrap_or_else(|_| Err(Failure::setup("the script's start was abandoned")))
+    }
+
+    async fn start_here(self: &Arc<Self>, l: Launch) -> Result<Arc<Script>, Failure> {
         let Launch {
             workspace,
             snap,
@@ -308,14 +335,21 @@ impl Scripts {
     /// Cancel every running script and wait until each has finished (its record
     /// written), for at most `limit`. Answers how many were still running then.
     pub(super) async fn cancel_all(&self, limit: Duration) -> usize {
-        let running = self.running();
-        for s in &running {
-            s.cancel();
-        }
-        let all = futures::future::join_all(running.iter().map(|s| s.wait()));
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let all = async {
+            // Starts under way end first (each then cancelled as it ends).
+            let mut starting = self.starting.subscribe();
+            let _ = starting.wait_for(|n| *n == 0).await;
+            let running = self.running();
+            for s in &running {
+                s.cancel();
+            }
+            futures::future::join_all(running.iter().map(|s| s.wait())).await;
+        };
         match tokio::time::timeout(limit, all).await {
-            Ok(_) => 0,
-            Err(_) => self.running().len(),
+            Ok(()) => 0,
+            Err(_) => self.running().len() + *self.starting.borrow(),
         }
     }
 }

@@ -88,8 +88,9 @@ pub(super) struct CodeMode {
     /// are dropped whenever one connects, so it holds at most the open sessions
     /// and one closed one.
     pub(super) clients: Arc<Mutex<Vec<Peer<RoleServer>>>>,
-    /// Woken when the tools change: each `subscriptions/listen` stream waits here.
-    pub(super) tools_changed: Arc<tokio::sync::Notify>,
+    /// Counts the tool list's changes: each `subscriptions/listen` stream
+    /// watches it (a change between two waits is not lost).
+    pub(super) tools_changed: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// `run_script` as `run.describe` gives it to engines (the same input schema), with
@@ -274,6 +275,7 @@ impl ServerHandler for CodeMode {
             .0;
         let tools = context.accepted().tools_list_changed == Some(true);
         let mut finished = self.scripts.subscribe();
+        let mut changes = self.tools_changed.subscribe();
         // Tasks already finished when the stream opens are told at once.
         for id in &task_ids {
             self.tell_task(&context, &who, id).await;
@@ -281,7 +283,7 @@ impl ServerHandler for CodeMode {
         loop {
             tokio::select! {
                 () = context.cancelled() => return Ok(()),
-                () = self.tools_changed.notified(), if tools => {
+                Ok(()) = changes.changed(), if tools => {
                     if context.sink().notify_tool_list_changed().await.is_err() {
                         return Ok(());
                     }

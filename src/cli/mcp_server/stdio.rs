@@ -92,8 +92,11 @@ pub(super) fn listen_task_ids(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A request id as the acknowledgement's `_meta` spells it.
 fn key(id: &RequestId) -> String {
-    serde_json::to_string(id).unwrap_or_default()
+    serde_json::to_value(id)
+        .map(|v| v.to_string())
+        .unwrap_or_default()
 }
 
 /// The acknowledgement of a listen request with its accepted task ids added.
@@ -111,24 +114,22 @@ impl Transport<RoleServer> for Stdio {
         &mut self,
         item: ServerJsonRpcMessage,
     ) -> impl Future<Output = Result<(), std::io::Error>> + Send + 'static {
-        let ids = match &item {
-            JsonRpcMessage::Notification(n) => match &n.notification {
-                ServerNotification::SubscriptionsAcknowledgedNotification(a) => a
-                    .params
-                    .meta
-                    .as_ref()
-                    .and_then(|m| m.subscription_id())
-                    .and_then(|id| {
-                        self.acks
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .remove(&key(&id))
-                    }),
-                _ => None,
-            },
-            _ => None,
-        };
+        let is_ack = matches!(
+            &item,
+            JsonRpcMessage::Notification(n)
+                if matches!(n.notification, ServerNotification::SubscriptionsAcknowledgedNotification(_))
+        );
         let line = serde_json::to_value(&item).map(|v| {
+            // rmcp puts the subscription id in `_meta` as it serializes.
+            let ids = is_ack
+                .then(|| v.pointer("/params/_meta/io.modelcontextprotocol~1subscriptionId"))
+                .flatten()
+                .and_then(|id| {
+                    self.acks
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id.to_string())
+                });
             let v = match &ids {
                 Some(ids) => with_task_ids(v, ids),
                 None => v,

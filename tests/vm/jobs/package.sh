@@ -69,7 +69,7 @@ expect() {
   fi
 }
 # The config: the packaged one with [scripts] and [sandbox] replaced.
-write_conf() { # BACKEND MEMORY TASKS CPU_PERCENT TIMEOUT
+write_conf() { # BACKEND MEMORY TASKS CPU_PERCENT TIMEOUT (env ROOTS, DISK)
   cat >"$conf" <<EOF
 [auth]
 token_key_file = "/etc/scriptgate/token.key"
@@ -81,9 +81,10 @@ user = "tester"
 token_key_file = "/etc/scriptgate/keys/tester.key"
 
 [workspace]
-roots = ["/var/lib/scriptgate/workspaces"]
+roots = [${ROOTS:-"/var/lib/scriptgate/workspaces"}]
 
 [scripts]
+disk_max_bytes = ${DISK:-0}
 max_calls = 2000
 max_concurrency = 4
 timeout_s = $5
@@ -122,6 +123,29 @@ b = bytearray(300 * 1024 * 1024)
 for i in range(0, len(b), 4096):
     b[i] = 1
 print("allocated 300 MiB: not limited")
+EOF
+cat >"$work/fill.py" <<'EOF'
+import errno, os
+n = 0
+try:
+    with open("fill.bin", "wb") as f:
+        while n < 200:
+            f.write(b"\0" * (1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+            n += 1
+    print("wrote", n, "MiB")
+except OSError as e:
+    print("stopped", errno.errorcode[e.errno], "after", n, "MiB")
+EOF
+cat >"$work/fill32.py" <<'EOF'
+import os
+with open("fill.bin", "wb") as f:
+    for _ in range(32):
+        f.write(b"\0" * (1 << 20))
+    f.flush()
+    os.fsync(f.fileno())
+print("wrote 32 MiB")
 EOF
 cat >"$work/tasks.py" <<'EOF'
 import threading
@@ -421,6 +445,46 @@ restart cgroup timeout
 run cg_timeout "$work/sleep.py"
 expect cg_timeout 3 timeout
 check "the timeout left no process behind" sh -c "! pgrep -u scriptgate-script -f 'sleep 600'"
+
+section "disk bound: project quotas on an ext4 workspace root (scripts.disk_max_bytes)"
+# A 192 MiB ext4 with project quotas, mounted prjquota, as the only workspace root;
+# each workspace may hold 64 MiB while its scripts run.
+pq=/srv/pq
+if truncate -s 192M /var/tmp/pq.img && mkfs.ext4 -q -O quota,project -E quotatype=prjquota /var/tmp/pq.img &&
+  mkdir -p $pq && mount -o loop,prjquota /var/tmp/pq.img $pq && chmod 0755 $pq; then
+  ROOTS="\"$pq\"" DISK=67108864 write_conf cgroup 268435456 16 100 120
+  restart disk
+  status=$(scriptgate status 2>&1)
+  check "status: the bound is not in force without CAP_SYS_ADMIN, and says why" \
+    grep -qE "^disk +at most 64 MiB per workspace.*$pq: NOT in force, the daemon lacks CAP_SYS_ADMIN" <<<"$status"
+  run pq_nocap "$work/fill32.py"
+  expect pq_nocap 0 ok "wrote 32 MiB"
+  check "the result says the bound is not in force" grep -q "scripts.disk_max_bytes not in force" "$work/pq_nocap.json"
+  # The drop-in scriptgated(8) gives for it.
+  mkdir -p /etc/systemd/system/scriptgate.service.d
+  printf '[Service]\nCapabilityBoundingSet=CAP_SYS_ADMIN\n' >/etc/systemd/system/scriptgate.service.d/quota.conf
+  systemctl daemon-reload
+  restart disk with CAP_SYS_ADMIN
+  status=$(scriptgate status 2>&1)
+  check "status: the bound is in force on $pq" grep -qE "^disk +at most 64 MiB per workspace.*$pq: in force" <<<"$status"
+  run pq_fill "$work/fill.py"
+  expect pq_fill 0 ok "stopped EDQUOT after"
+  got=$(jget "$work/pq_fill.json" output | sed -n 's/.*after \([0-9]*\) MiB.*/\1/p')
+  echo "figure disk_bound_filled_mib ${got:-none}"
+  check "the script stopped at its workspace's 64 MiB (${got:-none} MiB written)" \
+    python3 -c "import sys; sys.exit(0 if 56 <= int('${got:-0}') <= 64 else 1)"
+  check "its result says nothing of a bound not in force" bash -c '! grep -q "not in force" "$1"' _ "$work/pq_fill.json"
+  # Another workspace on the same filesystem is not touched by the first one's 64 MiB.
+  run pq_other "$work/fill32.py"
+  expect pq_other 0 ok "wrote 32 MiB"
+  rm -f /etc/systemd/system/scriptgate.service.d/quota.conf
+  systemctl daemon-reload
+  write_conf cgroup 134217728 16 20 60
+  restart after disk
+  umount $pq && rm -f /var/tmp/pq.img
+else
+  bad "an ext4 with project quotas could be made and mounted" "$(dmesg | tail -5)"
+fi
 
 section "the unit"
 score=$(systemd-analyze security scriptgate.service 2>/dev/null | sed -n 's/.*Overall exposure level for scriptgate.service: \([0-9.]*\).*/\1/p')
