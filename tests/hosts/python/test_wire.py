@@ -158,11 +158,6 @@ def test_listen_with_task_ids_tells_a_tasks_completion(wire: Any) -> None:
     assert got["result"]["structuredContent"]["output"] == h.expected_summary() + "\n"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "scriptgate bug: the acknowledgement does not list the task ids accepted (the tasks extension: the server "
-    "includes the task ids it agreed to notify): stdio.rs looks for the subscription id in the acknowledgement's "
-    "params.meta, but rmcp (SubscriptionContext::establish) puts it in the notification's extensions, so the "
-    "accepted ids are never added"))
 def test_the_acknowledgement_lists_the_task_ids_accepted(wire: Any) -> None:
     w = wire("--task-after", "0", caps={"extensions": {TASKS: {}}})
     task_id = task_of(w.call({"code": h.SLEEP_CODE, "description": h.unique("wire-ack")}))
