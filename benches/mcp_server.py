@@ -1,86 +1,180 @@
 #!/usr/bin/env python3
-"""scriptgate mcp, timed from the client: an empty script's tools/call to its
-result through `scriptgate mcp` (one server, many calls, the official MCP Python
-SDK's client over stdio), beside `scriptgate run` on the same script (a process,
-its MCP server and an embedded daemon per run). Both run the embedded daemon, so
-the difference is what one long-lived server saves per script. Then a cancel: from
-the client's cancelling a running script's call (the SDK sends
-notifications/cancelled) to the script's record saying it ended (`ended_at`,
-written once its sandbox is gone).
+"""scriptgate mcp, timed from the client, side by side in one run (one machine, one
+build, one load):
 
-usage: benches/mcp_server.py [N]   (the MCP SDK: clients/python/.venv/bin/python)
+- an empty script's tools/call to its result, through one `scriptgate mcp` (the
+  official MCP Python SDK's Client over stdio), in each protocol era: mode="legacy"
+  (initialize, 2025-11-25) and mode="auto" (server/discover, 2026-07-28);
+- beside `scriptgate run` on the same script (a process, its MCP server and an
+  embedded daemon per run): what one long-lived server saves per script;
+- the same script as an MCP task (`--task-after 0`, a request that declares the tasks
+  extension; raw JSON-RPC lines): tools/call to the task handle, and to the client's
+  knowing it completed, by polling tasks/get as often as the task asks
+  (pollIntervalMs), or by a notifications/tasks on subscriptions/listen with
+  notifications.taskIds;
+- a cancel: from the client's cancelling a running script's call (the SDK sends
+  notifications/cancelled) to the script's record saying it ended (`ended_at`,
+  written once its sandbox is gone).
+
+All of it runs the embedded daemon with a state directory of its own (removed at
+the end). Nothing is asserted: the figures are printed.
+
+usage: benches/mcp_server.py [N]
+  (a Python with the MCP SDK 2.x: tests/hosts/venv/bin/python after tests/hosts/install,
+  or clients/python/.venv/bin/python; $SCRIPTGATE, default target/release/scriptgate)
 """
 import asyncio
+import json
 import os
+import queue
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTGATE = os.environ.get("SCRIPTGATE") or str(REPO / "target" / "release" / "scriptgate")
 FLEET = f"fleet=python3 {REPO / 'examples' / 'fleet' / 'fleet_server.py'}"
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+STATE = Path(tempfile.mkdtemp(prefix="sg-bench-"))
+STATE.chmod(0o755)  # the sandbox's user reaches the interpreter kept under it
+CONFIG = STATE / "scriptgate.toml"
+CONFIG.write_text(f'[state]\ndir = "{STATE}"\n')
+MCP = ["mcp", "--embedded", "--config", str(CONFIG), "--mcp", FLEET]
+V = "2026-07-28"
 
 
-async def through_mcp() -> list:
-    params = StdioServerParameters(command=SCRIPTGATE, args=["mcp", "--embedded", "--mcp", FLEET])
+def params(*extra: str) -> StdioServerParameters:
+    return StdioServerParameters(command=SCRIPTGATE, args=[*MCP, *extra])
+
+
+async def through_mcp(mode: str) -> list:
     times = []
-    async with stdio_client(params, errlog=open(os.devnull, "w")) as (r, w):
-        async with ClientSession(r, w) as s:
-            await s.initialize()
-            await s.call_tool("run_script", {"code": "pass", "description": "warm-up"})
-            for _ in range(N):
-                t = time.perf_counter()
-                res = await s.call_tool("run_script", {"code": "pass", "description": "empty"})
-                times.append(time.perf_counter() - t)
-                assert not res.is_error, res
+    async with Client(stdio_client(params(), errlog=open(os.devnull, "w")), mode=mode) as c:
+        await c.call_tool("run_script", {"code": "pass", "description": "warm-up"})
+        for _ in range(N):
+            t = time.perf_counter()
+            res = await c.call_tool("run_script", {"code": "pass", "description": "empty"})
+            times.append(time.perf_counter() - t)
+            assert not res.is_error, res
     return times
 
 
+class Wire:
+    """`scriptgate mcp` over its stdin and stdout, raw JSON-RPC lines (2026-07-28, the
+    tasks extension declared)."""
+
+    def __init__(self, *extra: str) -> None:
+        self.p = subprocess.Popen([SCRIPTGATE, *MCP, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True)
+        self.got: "queue.Queue[dict]" = queue.Queue()
+        self.id = 0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            self.got.put(json.loads(line))
+
+    def send(self, method: str, params: dict, notification: bool = False) -> int:
+        meta = {"io.modelcontextprotocol/protocolVersion": V,
+                "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}
+        m = {"jsonrpc": "2.0", "method": method, "params": {**params, "_meta": meta}}
+        if not notification:
+            self.id += 1
+            m["id"] = self.id
+        self.p.stdin.write(json.dumps(m) + "\n")
+        self.p.stdin.flush()
+        return self.id
+
+    def wait(self, match) -> dict:
+        while True:
+            m = self.got.get(timeout=60)
+            if match(m):
+                return m
+
+    def answer(self, rid: int) -> dict:
+        return self.wait(lambda m: m.get("id") == rid and "method" not in m)["result"]
+
+    def close(self) -> None:
+        self.p.stdin.close()
+        try:
+            self.p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.p.terminate()
+            self.p.wait()
+
+
+def tasks() -> tuple:
+    """Per run: tools/call -> task handle; -> completion known by tasks/get polled every
+    pollIntervalMs; -> completion known by notifications/tasks on listen."""
+    handle, polled, told = [], [], []
+    w = Wire("--task-after", "0")
+    try:
+        call = {"name": "run_script", "arguments": {"code": "pass", "description": "task"}}
+        w.answer(w.send("tools/call", call))  # warm-up
+        for i in range(2 * N):
+            t = time.perf_counter()
+            r = w.answer(w.send("tools/call", call))
+            assert r["resultType"] == "task", r
+            handle.append(time.perf_counter() - t)
+            task = r["taskId"]
+            if i % 2 == 0:
+                while True:
+                    time.sleep(r["pollIntervalMs"] / 1000)
+                    r = w.answer(w.send("tasks/get", {"taskId": task}))
+                    if r["status"] in ("completed", "failed", "cancelled"):
+                        break
+                polled.append(time.perf_counter() - t)
+            else:
+                listen = w.send("subscriptions/listen", {"notifications": {"taskIds": [task]}})
+                n = w.wait(lambda m: m.get("method") == "notifications/tasks" and m["params"]["taskId"] == task)
+                told.append(time.perf_counter() - t)
+                assert n["params"]["status"] == "completed", n
+                w.send("notifications/cancelled", {"requestId": listen}, notification=True)
+    finally:
+        w.close()
+    return handle, polled, told
+
+
 async def cancels() -> list:
-    import json
-    state = "/var/lib/scriptgate/cli" if os.geteuid() == 0 else os.path.expanduser("~/.local/state/scriptgate")
-    with tempfile.TemporaryDirectory() as d:
-        config = Path(d) / "audit.toml"
-        config.write_text(f'[state]\ndir = "{state}"\n')
-        params = StdioServerParameters(command=SCRIPTGATE, args=["mcp", "--embedded", "--mcp", FLEET])
-        out = []
-        async with stdio_client(params, errlog=open(os.devnull, "w")) as (r, w):
-            async with ClientSession(r, w) as s:
-                await s.initialize()
-                for i in range(N):
-                    up = asyncio.Event()
+    out = []
+    async with stdio_client(params(), errlog=open(os.devnull, "w")) as (r, w):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            for i in range(N):
+                up = asyncio.Event()
 
-                    async def progress(*_a) -> None:
-                        up.set()
+                async def progress(*_a) -> None:
+                    up.set()
 
-                    description = f"bench-cancel-{os.getpid()}-{i}"
-                    code = "import agent_tools, time\nagent_tools.progress(1, 2, 'x')\ntime.sleep(600)\n"
-                    call = asyncio.ensure_future(s.call_tool("run_script", {"code": code, "description": description},
-                                                            progress_callback=progress))
-                    await up.wait()
-                    t0 = time.time()
-                    call.cancel()
-                    try:
-                        await call
-                    except asyncio.CancelledError:
-                        pass
-                    while True:
-                        rows = json.loads(subprocess.run(
-                            [SCRIPTGATE, "audit", "--json", "--limit", "5", "--config", str(config), "--socket",
-                             str(Path(d) / "none")], capture_output=True, text=True, check=True).stdout)
-                        mine = [row for row in rows if row["description"] == description and row["status"] != "running"]
-                        if mine:
-                            assert mine[0]["status"] == "cancelled", mine[0]["status"]
-                            out.append(mine[0]["ended_at"] / 1000 - t0)
-                            break
-                        await asyncio.sleep(0.05)
-        return out
+                description = f"bench-cancel-{os.getpid()}-{i}"
+                code = "import agent_tools, time\nagent_tools.progress(1, 2, 'x')\ntime.sleep(600)\n"
+                call = asyncio.ensure_future(s.call_tool("run_script", {"code": code, "description": description},
+                                                        progress_callback=progress))
+                await up.wait()
+                t0 = time.time()
+                call.cancel()
+                try:
+                    await call
+                except asyncio.CancelledError:
+                    pass
+                while True:
+                    rows = json.loads(subprocess.run(
+                        [SCRIPTGATE, "audit", "--embedded", "--json", "--limit", "5", "--config", str(CONFIG)],
+                        capture_output=True, text=True, check=True).stdout)
+                    mine = [row for row in rows if row["description"] == description and row["status"] != "running"]
+                    if mine:
+                        assert mine[0]["status"] == "cancelled", mine[0]["status"]
+                        out.append(mine[0]["ended_at"] / 1000 - t0)
+                        break
+                    await asyncio.sleep(0.05)
+    return out
 
 
 def through_run() -> list:
@@ -90,21 +184,29 @@ def through_run() -> list:
         times = []
         for _ in range(N + 1):
             t = time.perf_counter()
-            subprocess.run([SCRIPTGATE, "run", "--embedded", "--mcp", FLEET, f.name], check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run([SCRIPTGATE, "run", "--embedded", "--config", str(CONFIG), "--mcp", FLEET, f.name],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             times.append(time.perf_counter() - t)
         return times[1:]
 
 
 def line(name: str, t: list) -> float:
     med = statistics.median(t)
-    print(f"{name:38} median {med * 1000:7.1f} ms   min {min(t) * 1000:7.1f}   max {max(t) * 1000:7.1f}   (n={len(t)})")
+    print(f"{name:50} median {med * 1000:7.1f} ms   min {min(t) * 1000:7.1f}   max {max(t) * 1000:7.1f}   (n={len(t)})")
     return med
 
 
 if __name__ == "__main__":
-    print(f"{SCRIPTGATE}, an empty script, {N} times each")
-    m = line("scriptgate mcp: tools/call -> result", asyncio.run(through_mcp()))
-    r = line("scriptgate run (process per script)", through_run())
-    print(f"ratio run / mcp: {r / m:.1f}x")
-    line("cancel -> the script's record ended", asyncio.run(cancels()))
+    try:
+        print(f"{SCRIPTGATE}, an empty script, {N} times each")
+        legacy = line("scriptgate mcp 2025-11-25: tools/call -> result", asyncio.run(through_mcp("legacy")))
+        modern = line("scriptgate mcp 2026-07-28: tools/call -> result", asyncio.run(through_mcp("auto")))
+        r = line("scriptgate run (process per script)", through_run())
+        print(f"ratio run / mcp (2025-11-25): {r / legacy:.1f}x; 2026-07-28 / 2025-11-25: {modern / legacy:.2f}")
+        handle, polled, told = tasks()
+        line("task: tools/call -> task handle", handle)
+        line("task: -> completed, tasks/get every pollIntervalMs", polled)
+        line("task: -> completed, notifications/tasks (listen)", told)
+        line("cancel -> the script's record ended", asyncio.run(cancels()))
+    finally:
+        shutil.rmtree(STATE, ignore_errors=True)
