@@ -240,13 +240,15 @@ impl Scripts {
         } = l;
         enum Started {
             Embedded(String),
-            Socket(crate::cli::run::SocketScript),
+            Socket(Box<crate::cli::run::SocketScript>),
         }
         let started = match &self.runs_in {
             Where::Embedded(d) => Started::Embedded(d.start_script(snap, params, engine).await?),
             Where::Socket { path, system, cfg } => {
                 let c = crate::cli::run::connect(path, *system, cfg).await?;
-                Started::Socket(crate::cli::run::start_socket(c, cfg, snap, params, engine).await?)
+                Started::Socket(Box::new(
+                    crate::cli::run::start_socket(c, cfg, snap, params, engine).await?,
+                ))
             }
         };
         let id = match &started {
