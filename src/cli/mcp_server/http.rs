@@ -15,7 +15,7 @@
 
 use super::scripts::Principal;
 use super::server::{CodeMode, ListenTaskIds, Origin};
-use super::stdio::{listen_task_ids, with_task_ids};
+use super::stdio::{listen_refusal, listen_task_ids, with_task_ids};
 use super::tasks::Tasks;
 use crate::cli::exit::Failure;
 use crate::protocol::framing::parse_cost;
@@ -28,6 +28,7 @@ use rmcp::transport::streamable_http_server::session::local::{
 use rmcp::transport::streamable_http_server::{
     SessionManager, StreamableHttpServerConfig, StreamableHttpService,
 };
+use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
@@ -304,9 +305,11 @@ impl Gate {
         };
         let mut ack = None;
         if is_listen(&bytes) {
-            let ids = serde_json::from_slice(&bytes)
-                .map(|v| listen_task_ids(&v))
-                .unwrap_or_default();
+            let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let ids = listen_task_ids(&v);
+            if let Some(e) = listen_refusal(&v, &ids) {
+                return json(StatusCode::BAD_REQUEST, &e);
+            }
             if !ids.is_empty() {
                 let accepted: Vec<String> = ids
                     .iter()
@@ -468,6 +471,21 @@ fn is_listen(body: &[u8]) -> bool {
     }
     serde_json::from_slice::<Peek>(body)
         .is_ok_and(|p| p.method.as_deref() == Some("subscriptions/listen"))
+}
+
+/// A JSON-RPC error the transport answers itself.
+fn json(status: StatusCode, body: &Value) -> Response<Reply> {
+    let mut r = Response::new(Reply::new(
+        Box::pin(Once(Some(Bytes::from(body.to_string())))),
+        None,
+        None,
+    ));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 /// A refusal, which closes the connection (its body, if any, is not read).

@@ -236,10 +236,13 @@ fn follow_tool_list(
 
 async fn serve_stdio(server: CodeMode) -> Result<(), Failure> {
     let (transport, _stdin_closed) = stdio::Stdio::new(server.tasks.clone());
-    let running = server
-        .serve(transport)
-        .await
-        .map_err(|e| Failure::setup(format!("MCP client: {e}")))?;
+    let running = match server.serve(transport).await {
+        Ok(r) => r,
+        // The client hung up before a session began: a 2026-07-28 client
+        // that only asked server/discover (a probe), or one that sent nothing.
+        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => return Ok(()),
+        Err(e) => return Err(Failure::setup(format!("MCP client: {e}"))),
+    };
     running
         .waiting()
         .await

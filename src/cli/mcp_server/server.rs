@@ -274,6 +274,9 @@ impl ServerHandler for CodeMode {
             .unwrap_or_default()
             .0;
         let tools = context.accepted().tools_list_changed == Some(true);
+        // The client gone (stdin closed, its connection dropped): the stream
+        // ends now, not when rmcp gives up on the requests in flight.
+        let gone = origin(rc).map(|o| o.gone).unwrap_or_default();
         let mut finished = self.scripts.subscribe();
         let mut changes = self.tools_changed.subscribe();
         // Tasks already finished when the stream opens are told at once.
@@ -283,6 +286,7 @@ impl ServerHandler for CodeMode {
         loop {
             tokio::select! {
                 () = context.cancelled() => return Ok(()),
+                () = gone.cancelled() => return Ok(()),
                 Ok(()) = changes.changed(), if tools => {
                     if context.sink().notify_tool_list_changed().await.is_err() {
                         return Ok(());

@@ -92,6 +92,29 @@ pub(super) fn listen_task_ids(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The error answering a `subscriptions/listen` that names task ids while its
+/// `_meta` does not declare the tasks extension, which the extension requires
+/// of every request that uses it (-32021, MissingRequiredClientCapability);
+/// `None` when it may be served.
+pub(super) fn listen_refusal(v: &Value, ids: &[String]) -> Option<Value> {
+    let declared = v
+        .pointer("/params/_meta/io.modelcontextprotocol~1clientCapabilities/extensions")
+        .and_then(Value::as_object)
+        .is_some_and(|e| e.contains_key(rmcp::model::TASKS_EXTENSION_ID));
+    if ids.is_empty() || declared {
+        return None;
+    }
+    Some(serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": v.get("id").cloned().unwrap_or(Value::Null),
+        "error": {
+            "code": -32021,
+            "message": "Missing required client capability: taskIds need the tasks extension (io.modelcontextprotocol/tasks) declared in this request's clientCapabilities",
+            "data": {"requiredCapabilities": {"extensions": {rmcp::model::TASKS_EXTENSION_ID: {}}}},
+        },
+    }))
+}
+
 /// A request id as the acknowledgement's `_meta` spells it.
 fn key(id: &RequestId) -> String {
     serde_json::to_value(id)
@@ -192,6 +215,12 @@ impl Transport<RoleServer> for Stdio {
                 } else {
                     vec![]
                 };
+            if let Some(e) = listen_refusal(&v, &task_ids) {
+                let mut l = e.to_string().into_bytes();
+                l.push(b'\n');
+                self.write_line(l).await.ok()?;
+                continue;
+            }
             let is_notification = v.get("id").is_none()
                 && v.get("method")
                     .and_then(Value::as_str)
@@ -234,5 +263,35 @@ impl Transport<RoleServer> for Stdio {
 
     async fn close(&mut self) -> Result<(), std::io::Error> {
         self.write.lock().await.flush().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_ids_without_the_tasks_extension_are_refused() {
+        let listen = |caps: Value| {
+            serde_json::json!({"jsonrpc": "2.0", "id": 7, "method": "subscriptions/listen", "params": {
+                "notifications": {"taskIds": ["t1", 5, "t2"]},
+                "_meta": {"io.modelcontextprotocol/clientCapabilities": caps}}})
+        };
+        let undeclared = listen(serde_json::json!({}));
+        let ids = listen_task_ids(&undeclared);
+        assert_eq!(ids, ["t1", "t2"]);
+        let e = listen_refusal(&undeclared, &ids).expect("refused");
+        assert_eq!(
+            (e["id"].clone(), e["error"]["code"].clone()),
+            (7.into(), (-32021).into())
+        );
+        assert!(e["error"]["data"]["requiredCapabilities"]["extensions"]
+            .get(rmcp::model::TASKS_EXTENSION_ID)
+            .is_some());
+        let declared =
+            listen(serde_json::json!({"extensions": {rmcp::model::TASKS_EXTENSION_ID: {}}}));
+        assert_eq!(listen_refusal(&declared, &ids), None);
+        // No task ids: nothing of the extension is used.
+        assert_eq!(listen_refusal(&undeclared, &[]), None);
     }
 }

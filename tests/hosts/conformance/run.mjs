@@ -34,6 +34,7 @@ const REVISIONS = process.argv.slice(2).length ? process.argv.slice(2) : ["2025-
 const scratch = mkdtempSync(join(tmpdir(), "sg-conformance-"));
 const state = process.env.SCRIPTGATE_HOSTS_STATE || join(scratch, "state");
 const config = join(state, "scriptgate.toml");
+const tokenFile = join(scratch, "mcp-http.token");
 
 /** The not-applicable entries of a baseline file: "scenario:check" lines under server:. */
 function baseline(revision) {
@@ -46,11 +47,11 @@ function baseline(revision) {
   return { file, entries };
 }
 
-/** `scriptgate mcp --http 127.0.0.1:0`: its URL, and the bearer token if it asks for one. */
+/** `scriptgate mcp --http 127.0.0.1:0 --token-file F`: its URL, and F, where it keeps its bearer token. */
 function startServer() {
   const child = spawn(
     SCRIPTGATE,
-    ["mcp", "--embedded", "--config", config, "--http", "127.0.0.1:0", "--mcp", `fleet=python3 ${join(REPO, "examples", "fleet", "fleet_server.py")}`],
+    ["mcp", "--embedded", "--config", config, "--http", "127.0.0.1:0", "--token-file", tokenFile, "--mcp", `fleet=python3 ${join(REPO, "examples", "fleet", "fleet_server.py")}`],
     { stdio: ["ignore", "ignore", "pipe"] },
   );
   let err = "";
@@ -58,13 +59,7 @@ function startServer() {
     child.stderr.on("data", (d) => {
       err += d;
       const m = /Streamable HTTP at (http:\/\/\S+)/.exec(err);
-      if (m) {
-        // A server that authenticates names its token file on stderr (the line
-        // that says where the token is): the suite cannot send a token, so a proxy
-        // here adds it.
-        const t = /token[^\n]*?(\/[^\s,;:)'"]+)/i.exec(err);
-        resolve({ child, url: m[1], tokenFile: t && existsSync(t[1]) ? t[1] : null, stderr: () => err });
-      }
+      if (m) resolve({ child, url: m[1], stderr: () => err });
     });
     child.on("exit", (code) => reject(new Error(`scriptgate mcp exited ${code}: ${err}`)));
   });
@@ -139,13 +134,9 @@ async function main() {
     writeFileSync(config, `[state]\ndir = "${state}"\n`);
   }
   const srv = await startServer();
-  let url = srv.url;
-  let front = null;
-  if (srv.tokenFile) {
-    front = await proxy(srv.url, readFileSync(srv.tokenFile, "utf8").trim());
-    url = front.url;
-    console.log(`# scriptgate mcp asks for a bearer token (${srv.tokenFile}): the suite reaches it through a proxy that adds it`);
-  }
+  // The suite cannot send a bearer token: a proxy here adds it.
+  const front = await proxy(srv.url, readFileSync(tokenFile, "utf8").trim());
+  const url = front.url;
   const tally = { pass: 0, fail: 0, skipped: 0 };
   const lines = [];
   let failed = false;
@@ -202,7 +193,7 @@ async function main() {
     }
   } finally {
     srv.child.kill("SIGTERM");
-    front?.server.close();
+    front.server.close();
     if (!process.env.SG_KEEP) rmSync(scratch, { recursive: true, force: true });
     else console.log(`# results kept in ${scratch}`);
   }

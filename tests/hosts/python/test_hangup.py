@@ -29,16 +29,11 @@ def send(stdin: IO[str], m: Dict[str, Any]) -> None:
     stdin.flush()
 
 
-LISTEN_HOLDS_THE_EXIT = (
-    "scriptgate bug: with a subscriptions/listen stream open, scriptgate mcp exits 5 s after its stdin closes "
-    "(its scripts are recorded cancelled at once): rmcp drains the requests in flight for up to 5 s, and the "
-    "listen handler (server.rs) ends only when rmcp cancels it, not when the client's stdin closes")
-
 
 @pytest.mark.parametrize("era,listen", [
     ("2025-11-25", False),
     ("2026-07-28", False),
-    pytest.param("2026-07-28", True, marks=pytest.mark.xfail(strict=True, reason=LISTEN_HOLDS_THE_EXIT)),
+    ("2026-07-28", True),
 ])
 def test_a_stdio_hang_up_records_every_script_cancelled_within_1s_and_exits_before_sigterm(
         era: str, listen: bool) -> None:
@@ -94,11 +89,6 @@ def test_a_stdio_hang_up_records_every_script_cancelled_within_1s_and_exits_befo
             p.wait()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "scriptgate bug: a session that ends after server/discover alone (the TypeScript SDK v2's mode 'auto' probes "
-    "on a sibling process it then closes) makes scriptgate mcp exit 10 with 'MCP client: connection closed: "
-    "initialize request': rmcp's serve() ends with ServerInitializeError::ConnectionClosed, which mod.rs's "
-    "serve_stdio reports as a set-up failure"))
 def test_a_probe_that_only_discovers_then_hangs_up_is_a_clean_end() -> None:
     p = subprocess.Popen([str(h.SCRIPTGATE), *h.mcp_args()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)

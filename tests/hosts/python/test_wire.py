@@ -13,6 +13,7 @@ import json
 import queue
 import re
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
@@ -165,9 +166,6 @@ def test_the_acknowledgement_lists_the_task_ids_accepted(wire: Any) -> None:
     assert ack["params"]["notifications"].get("taskIds") == [task_id], ack
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "scriptgate bug: a listen request for taskIds from a client that does not declare the tasks extension is "
-    "served (acknowledged, then notified) instead of refused with -32021, which the tasks extension requires"))
 def test_task_notifications_need_the_tasks_extension_declared(wire: Any) -> None:
     w = wire("--task-after", "0", caps={"extensions": {TASKS: {}}})
     task_id = task_of(w.call({"code": h.SLEEP_CODE, "description": h.unique("wire-undeclared")}))
@@ -230,27 +228,23 @@ def test_listen_tells_an_upstream_tool_list_change(wire: Any, tmp_path: Path) ->
 
 
 def http_server(*extra: str) -> Any:
-    """`scriptgate mcp --http 127.0.0.1:0`: the process, its port, and the bearer token
-    if its stderr names a token file (the header every request then carries)."""
-    p = subprocess.Popen([str(h.SCRIPTGATE), *h.mcp_args(*extra, "--http", "127.0.0.1:0")], stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    """`scriptgate mcp --http 127.0.0.1:0 --token-file F`: the process, its port, and
+    the bearer token every request carries (F's, made by the server)."""
+    token_file = Path(tempfile.mkdtemp(prefix="sg-http-")) / "token"
+    p = subprocess.Popen([str(h.SCRIPTGATE), *h.mcp_args(*extra, "--http", "127.0.0.1:0", "--token-file",
+                                                           str(token_file))],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert p.stderr
     said = ""
     for line in p.stderr:
         said += line
         m = re.search(r"Streamable HTTP at http://127\.0\.0\.1:(\d+)/", said)
         if m:
-            t = re.search(r"token[^\n]*?(/[^\s,;:)'\"]+)", said, re.I)
-            token = Path(t.group(1)).read_text().strip() if t and Path(t.group(1)).is_file() else None
             threading.Thread(target=p.stderr.read, daemon=True).start()
-            return p, int(m.group(1)), token
+            return p, int(m.group(1)), token_file.read_text().strip()
     raise AssertionError(f"scriptgate mcp --http said: {said}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "scriptgate bug: over --http a listen request's taskIds are dropped (rmcp's SubscriptionFilter does not model "
-    "them, and http.rs, unlike stdio.rs, does not put them in the request's extensions as ListenTaskIds), so no "
-    "notifications/tasks is ever sent"))
 def test_listen_over_http_tells_a_tasks_completion() -> None:
     p, port, token = http_server("--task-after", "0")
     try:
@@ -261,7 +255,7 @@ def test_listen_over_http_tells_a_tasks_completion() -> None:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=wait)
             headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
                        "MCP-Protocol-Version": V, "Mcp-Method": method, **({"Mcp-Name": name} if name else {}),
-                       **({"Authorization": f"Bearer {token}"} if token else {})}
+                       "Authorization": f"Bearer {token}"}
             c.request("POST", "/mcp", json.dumps({"jsonrpc": "2.0", "id": rid, "method": method,
                                                   "params": {**params, "_meta": meta}}), headers)
             r = c.getresponse()
