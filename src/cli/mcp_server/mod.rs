@@ -204,7 +204,10 @@ fn follow_tool_list(
         let never = crate::policy::describe::NeverCallable::NotOffered;
         match server.tools.describe(cfg, server.mode, false, never) {
             Ok(d) => *server.describe.write().unwrap_or_else(|p| p.into_inner()) = d,
-            Err(e) => eprintln!("scriptgate mcp: the new tool list: {}", e.message),
+            Err(e) => eprintln!(
+                "scriptgate mcp: the new tool list: {}",
+                crate::text::Untrusted::line(&e.message)
+            ),
         }
     }
     describe(&server, &cfg);
@@ -214,7 +217,7 @@ fn follow_tool_list(
             if let Err(e) = server.tools.refresh().await {
                 eprintln!(
                     "scriptgate mcp: the tool list changed and the new one is not taken: {}; the one before stays in force",
-                    e.message
+                    crate::text::Untrusted::line(&e.message)
                 );
                 continue;
             }

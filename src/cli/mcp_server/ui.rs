@@ -177,7 +177,11 @@ impl RunUi for McpUi {
                         && r.content.as_ref().and_then(|c| c.get("allow")) == Some(&json!(true))
                 }
                 Err(e) => {
-                    eprintln!("scriptgate mcp: the approval could not be asked: {e}; denied");
+                    // The client's error quotes what the client said.
+                    eprintln!(
+                        "scriptgate mcp: the approval could not be asked: {}; denied",
+                        crate::text::Untrusted::line(&e.to_string())
+                    );
                     false
                 }
             }
