@@ -1015,7 +1015,7 @@ impl EmbeddedDaemon {
         script_id: String,
         cancelled: impl std::future::Future<Output = ()>,
     ) -> Result<ScriptResult, Failure> {
-        let who = Access::Conn(1, None, self.me.uid);
+        let who = Access::Conn(1, None, self.me.uid());
         let script = script_ref(script_id);
         let wait = self.daemon.wait(who, script.clone());
         let result = tokio::select! {

@@ -29,14 +29,60 @@ use tokio::sync::watch;
 /// Why the supervisor should stop a script early.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Stop {
+    /// `script.cancel`, an administrator's cancel, or a revocation: the words
+    /// say which.
     Cancel(String),
+    /// The connection that started it closed: no engine serves its calls.
+    EngineLost,
+    /// The daemon stops.
     Interrupt,
+}
+
+impl Stop {
+    /// Why a cancelled script was cancelled, as its result's `error` says.
+    fn why(&self) -> Option<String> {
+        match self {
+            Stop::Cancel(why) => Some(why.clone()),
+            Stop::EngineLost => Some("engine disconnected".into()),
+            Stop::Interrupt => None,
+        }
+    }
+}
+
+/// Why a script's sandbox could not be started. Cloned: the daemon's answer to
+/// `script.start` and the script's result each say it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SpawnError {
+    /// Its descriptors or pipes could not be made, or its streams not served.
+    #[error("{0}")]
+    Setup(Arc<std::io::Error>),
+    /// bwrap (behind its gate) could not be spawned.
+    #[error("{}: {source}", program.display())]
+    Spawn {
+        program: PathBuf,
+        source: Arc<std::io::Error>,
+    },
+}
+
+impl SpawnError {
+    /// The system's error, without the program's name (a result's `error`).
+    pub fn cause(&self) -> &std::io::Error {
+        match self {
+            SpawnError::Setup(e) | SpawnError::Spawn { source: e, .. } => e,
+        }
+    }
+}
+
+impl From<std::io::Error> for SpawnError {
+    fn from(e: std::io::Error) -> SpawnError {
+        SpawnError::Setup(Arc::new(e))
+    }
 }
 
 /// What every script's launch takes from the daemon: its settings and what it
 /// found at start. Made once, by `Daemon::new`; each script adds its [`Run`].
 #[derive(Clone)]
-pub struct Host {
+pub struct Settings {
     pub bwrap: PathBuf,
     /// Where `agent_tools.py` is (mounted read-only in every sandbox).
     pub runtime_dir: PathBuf,
@@ -52,14 +98,14 @@ pub struct Host {
     pub file_max_bytes: u64,
 }
 
-impl Host {
+impl Settings {
     pub fn new(
         cfg: &crate::config::Config,
         runtime_dir: PathBuf,
         disable_userns: bool,
         backend: Backend,
-    ) -> Host {
-        Host {
+    ) -> Settings {
+        Settings {
             bwrap: cfg.sandbox.bwrap.clone(),
             runtime_dir,
             python: cfg.scripts.python.clone(),
@@ -98,7 +144,7 @@ pub struct Run {
 
 impl Launch {
     /// The launch of `run` on `host`.
-    pub fn new(host: &Host, run: Run) -> Launch {
+    pub fn new(host: &Settings, run: Run) -> Launch {
         Launch {
             bwrap: host.bwrap.clone(),
             sandbox: SandboxSpec {
@@ -182,6 +228,25 @@ pub struct Ended {
     /// The record files (output.txt, stderr.txt) the daemon could not write in
     /// full, each with why.
     pub record_incomplete: Vec<String>,
+}
+
+impl Ended {
+    /// A script whose sandbox could not be started: an error not of its doing.
+    pub fn not_started(e: &SpawnError) -> Ended {
+        Ended {
+            status: Status::Error,
+            exit_code: None,
+            duration_ms: 0,
+            output: String::new(),
+            output_truncated: false,
+            error: Some(format!("the sandbox could not start: {}", e.cause())),
+            memory_peak_bytes: None,
+            cpu_usec: None,
+            backend_notes: vec![],
+            setup_failed: true,
+            record_incomplete: vec![],
+        }
+    }
 }
 
 /// How much of stderr is kept for the result's `error`.
@@ -370,8 +435,8 @@ pub async fn run(
     launch: Launch,
     broker: Arc<Broker>,
     mut stop: watch::Receiver<Option<Stop>>,
-    started: tokio::sync::oneshot::Sender<Result<(), String>>,
-) -> Result<Ended, std::io::Error> {
+    started: tokio::sync::oneshot::Sender<Result<(), SpawnError>>,
+) -> Result<Ended, SpawnError> {
     let t0 = Instant::now();
     let script_id = broker.script_id.clone();
     let mut launch = launch;
@@ -517,8 +582,8 @@ async fn exec_only_or_warn(launch: &mut Launch, script_id: &str) {
 async fn spawn_sandbox(
     spawner: &Spawner,
     launch: &Launch,
-    started: tokio::sync::oneshot::Sender<Result<(), String>>,
-) -> std::io::Result<(Sandbox, OurEnds)> {
+    started: tokio::sync::oneshot::Sender<Result<(), SpawnError>>,
+) -> Result<(Sandbox, OurEnds), SpawnError> {
     let (child_ends, ours) = open_fds(launch)?;
     let ChildEnds {
         fixed,
@@ -529,7 +594,11 @@ async fn spawn_sandbox(
     let sandbox = match spawn_supervised(spawner, cmd).await {
         Ok(s) => s,
         Err(e) => {
-            let _ = started.send(Err(format!("{}: {e}", launch.bwrap.display())));
+            let e = SpawnError::Spawn {
+                program: launch.bwrap.clone(),
+                source: Arc::new(e),
+            };
+            let _ = started.send(Err(e.clone()));
             return Err(e);
         }
     };
@@ -1092,7 +1161,9 @@ pub fn forced(e: &Ending, limits: &Limits, unit: &str) -> Option<(Status, String
                 ),
             ))
         }
-        Some(Cut::Stopped(Stop::Cancel(why))) => return Some((Status::Cancelled, why.clone())),
+        Some(Cut::Stopped(stop @ (Stop::Cancel(_) | Stop::EngineLost))) => {
+            return Some((Status::Cancelled, stop.why().unwrap_or_default()))
+        }
         Some(Cut::Stopped(Stop::Interrupt)) => {
             return Some((
                 Status::Interrupted,
@@ -1191,7 +1262,7 @@ mod tests {
         let failed = exited(Some(1), None);
         let killed = exited(None, Some(9));
         let unit = "scriptgate-ab.scope";
-        let cancel = Some(Cut::Stopped(Stop::Cancel("engine disconnected".into())));
+        let cancel = Some(Cut::Stopped(Stop::EngineLost));
         let table: Vec<(&str, Ending, Status, Option<&str>)> = vec![
             (
                 "exit 0",

@@ -704,7 +704,7 @@ impl Gate {
                 let gate = self.clone();
                 tokio::spawn(async move {
                     let d = gate.daemon.clone();
-                    let engines = !d.engines.is_empty();
+                    let engines = d.has_engine_entries();
                     let g = tokio::task::spawn_blocking(move || {
                         look_up(key.0, key.1, &d.cfg.auth, engines)
                     })
@@ -999,19 +999,19 @@ impl Session {
     /// methods, and only then are the params parsed (-32602).
     async fn dispatch(&self, method: &str, params: Value) -> Result<Value, RpcError> {
         let method = Method::from_name(method)?;
-        if method.admin_only() && !self.peer.admin {
+        if method.admin_only() && !self.peer.admin() {
             return Err(RpcError::not_admin());
         }
         if self.admin_only && !method.admin_only() && method != Method::DaemonInfo {
             return Err(
-                admin_only_peer(self.peer.uid, &self.daemon.cfg.auth.allowed_groups).into(),
+                admin_only_peer(self.peer.uid(), &self.daemon.cfg.auth.allowed_groups).into(),
             );
         }
-        let engine = self.peer.engine;
+        let engine = self.peer.engine();
         let (d, conn, who) = (
             &self.daemon,
             &self.conn,
-            Access::Conn(self.conn.id, engine, self.peer.uid),
+            Access::Conn(self.conn.id, engine, self.peer.uid()),
         );
         match EngineRequest::parse(method, params)? {
             EngineRequest::ScriptStart(sp) => {
@@ -1039,7 +1039,7 @@ impl Session {
                 })
             }
             EngineRequest::AdminCancel(r) => {
-                let why = format!("cancelled by an administrator (uid {})", self.peer.uid);
+                let why = format!("cancelled by an administrator (uid {})", self.peer.uid());
                 to_value(d.cancel(Access::Admin, r, &why).await?)
             }
             EngineRequest::AdminCalls(p) => {
