@@ -61,8 +61,8 @@ impl Daemon {
 
     /// A connection is served: its answers count in [`Daemon::answers_written`]
     /// until [`Daemon::served`].
-    pub fn serving(&self, conn: u64, peer: crate::protocol::rpc::Endpoint) {
-        self.answering.lock().unwrap().insert(conn, peer);
+    pub fn serving(&self, conn: u64, endpoint: crate::protocol::rpc::Endpoint) {
+        self.answering.lock().unwrap().insert(conn, endpoint);
     }
 
     /// The connection is done: its last answers were written, or given up.

@@ -99,7 +99,7 @@ impl Daemon {
     /// A refused start: a journal entry and an audit row, unless refusals come
     /// faster than the rate limit; then they are counted and summarised.
     async fn record_refusal(&self, e: &Refused, run: Option<RunRef>, peer: Peer) {
-        let verdict = self.refusals.lock().unwrap().admit(now_ms(), e.reason());
+        let verdict = self.refusals.lock().unwrap().observe(now_ms(), e.reason());
         if verdict == Verdict::Count {
             return;
         }

@@ -5,6 +5,7 @@ pub(crate) mod engine;
 
 use crate::limits::{Backend, Placement, UnitEnd};
 use crate::policy::Limits;
+use crate::protocol::script::ToolErrorCode;
 use crate::protocol::Status;
 use crate::sandbox::abi::{
     FD_AGENT, FD_GATE, FD_INFO, FD_REPLIES, FD_REQUESTS, FD_SCRIPT, FD_SECCOMP, FD_USAGE,
@@ -432,29 +433,28 @@ async fn read_usage(fd: std::os::fd::OwnedFd) -> Option<u64> {
 // `Env::run` is the model).
 pub async fn run(
     spawner: &Spawner,
-    launch: Launch,
+    mut launch: Launch,
     broker: Arc<Broker>,
     mut stop: watch::Receiver<Option<Stop>>,
     started: tokio::sync::oneshot::Sender<Result<(), SpawnError>>,
 ) -> Result<Ended, SpawnError> {
     let t0 = Instant::now();
     let script_id = broker.script_id.clone();
-    let mut launch = launch;
 
     // 0. The execute-only interpreter and init, when the script runs as another
     //    uid than a root daemon (`with_exec_only`).
     exec_only_or_warn(&mut launch, &script_id).await;
     // 1.–3. The descriptors, the command, the spawn (`spawn_sandbox`).
     let (mut sandbox, ours) = spawn_sandbox(spawner, &launch, started).await?;
-    broker
-        .live
-        .sandbox_pid
-        .store(sandbox.pid, std::sync::atomic::Ordering::Relaxed);
+    broker.live.set_sandbox_pid(sandbox.pid);
     // Our copies of the workspace's descriptors go: bwrap has its own.
     drop((launch.workspace_dir, launch.agent_dir));
 
-    // 4. Serve fd 3/4 and drain stdout/stderr before the script can run: a full
-    //    pipe would block it.
+    // 4. Serve fd 3/4 and drain stdout/stderr, before step 5: its "go" lets the
+    //    script run, and from its first instruction on its calls must be
+    //    answered and a full pipe would block it. Nothing comes through before
+    //    (bwrap waits behind the gate), so serving early costs nothing, and a
+    //    script whose placement fails ends with EOF on every stream.
     let streams = Streams::start(
         broker.clone(),
         ours.streams,
@@ -492,10 +492,7 @@ pub async fn run(
     )
     .await;
     // Exited (or being reaped): its pid is no longer the script's to read.
-    broker
-        .live
-        .sandbox_pid
-        .store(0, std::sync::atomic::Ordering::Relaxed);
+    broker.live.set_sandbox_pid(0);
 
     // 7. Collect what the ending left: the init's report and the unit's counters
     //    (read while the keeper still holds the scope); then the output and the
@@ -1209,11 +1206,12 @@ pub fn judge(e: &Ending, limits: &Limits, unit: &str) -> (Status, Option<String>
     if e.exit.and_then(|x| x.code) == Some(0) {
         return (Status::Ok, None);
     }
-    let status = if e.uncaught.as_deref() == Some("limit") {
-        Status::Limit
-    } else {
-        Status::Error
-    };
+    let status =
+        if e.uncaught.as_deref().and_then(ToolErrorCode::from_wire) == Some(ToolErrorCode::Limit) {
+            Status::Limit
+        } else {
+            Status::Error
+        };
     let error = if !e.stderr_tail.is_empty() {
         e.stderr_tail.clone()
     } else {
