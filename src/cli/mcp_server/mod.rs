@@ -81,7 +81,7 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
         cfg.state.dir.join("scriptgate.db"),
         cfg.audit.retain_days,
     )?;
-    let grants = approval::Grants::new().map_err(Failure::setup)?;
+    let grants = approval::Grants::new().map_err(|e| Failure::setup(e.to_string()))?;
     let identity = super::run::script_identity(&cfg)?;
     let tools = Tools::start(
         &o.servers.mcp,
