@@ -11,7 +11,7 @@ pub mod daemon;
 pub(crate) mod limits;
 pub(crate) mod policy;
 pub mod protocol;
-pub mod sandbox;
+pub(crate) mod sandbox;
 pub mod script;
 pub(crate) mod service;
 #[allow(unsafe_code)]

@@ -8,7 +8,7 @@
 //!   and run scope;
 //! - `start`: [`Daemon::start`], the steps of a start in their order, and the
 //!   refusals' audit; the steps themselves are `admission` (step 1, with no store
-//!   and no root: [`admission::Admission`]), `approval` (2), `record` (4) and
+//!   and no root: `admission::Admission`), `approval` (2), `record` (4) and
 //!   `supervise` (5, the script's life to its recorded end);
 //! - `lookup`: finding a script for a connection (`script.wait`, `status`,
 //!   `cancel`), `run.revoke` and `run.describe`;

@@ -11,7 +11,7 @@ use crate::sys::Identity;
 use std::path::PathBuf;
 
 /// Who is on the other end of a connection (from SO_PEERCRED), as
-/// [`Peers::identify`] decided it: made nowhere else, read by its accessors.
+/// `Peers::identify` decided it: made nowhere else, read by its accessors.
 #[derive(Debug, Clone, Copy)]
 pub struct Peer {
     uid: u32,

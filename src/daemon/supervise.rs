@@ -11,7 +11,7 @@ use crate::protocol::refusal::{Reason, Refused};
 use crate::protocol::{Notification, ScriptResult, Started, Status};
 use crate::script::broker::{Broker, BrokerSpec, Live};
 use crate::script::engine::EngineLink;
-use crate::script::{Ended, Launch, SpawnError, Stop};
+use crate::script::{Ended, Launch, Run, RunRecord, RunWorkspace, SpawnError, Stop};
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -119,20 +119,23 @@ impl Daemon {
             max_line: self.cfg.server.max_message_bytes,
             trace: a.trace.clone(),
         });
-        let run = crate::script::Run {
-            workspace: a.workspace.path.clone(),
-            workspace_dir: a.workspace.dir,
-            read_only: a.claims.snapshot.read_only,
-            script: rec.art.path.join("script.py"),
-            agent_dir: rec.art.agent,
-            identity: (nix::unistd::Uid::effective().as_raw() != a.identity.uid)
-                .then_some(a.identity),
-            limits: a.limits,
-            stdout_file: rec.stdout_file,
-            stderr_file: rec.stderr_file,
-            script_code: rec.script_code,
-            notes: rec.disk_note.into_iter().collect(),
-        };
+        let workspace = RunWorkspace::new(
+            a.workspace.path.clone(),
+            a.workspace.dir,
+            a.claims.snapshot.read_only,
+        );
+        let record = RunRecord::new(
+            rec.art.path.join("script.py"),
+            rec.art.agent,
+            rec.stdout_file,
+            rec.stderr_file,
+            rec.script_code,
+        );
+        // No identity to switch to when it is the daemon's own.
+        let identity =
+            (nix::unistd::Uid::effective().as_raw() != a.identity.uid).then_some(a.identity);
+        let notes = rec.disk_note.into_iter().collect();
+        let run = Run::new(workspace, record, identity, a.limits, notes);
         (broker, Launch::new(&self.settings, run))
     }
 
