@@ -179,37 +179,41 @@ pub async fn serve(
                 }
             });
         })?;
-    let idle = async {
-        let Some(d) = idle_exit else {
-            return std::future::pending().await;
-        };
-        // Quiet since: the last wake-up here (a script ended, a connection
-        // closed) or the last connection the gate let go, whichever is later.
-        let mut woken = std::time::Instant::now();
-        loop {
-            let now = std::time::Instant::now();
-            let quiet = now
-                .saturating_duration_since(woken)
-                .min(live.quiet_for(now));
-            let idle = live.conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0;
-            if idle && quiet >= d {
-                return;
-            }
-            // Busy: woken when a served connection ends, and every `d` anyway
-            // (the last one to go may have been refused, which wakes nobody).
-            let wait = if idle { d - quiet } else { d };
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = live.activity.notified() => woken = std::time::Instant::now(),
-                _ = daemon.changed() => woken = std::time::Instant::now(),
-            }
-        }
-    };
+    let idle = idle_for(&daemon, &live, idle_exit);
     tokio::select! {
         e = failed => Err(e.unwrap_or_else(|_| std::io::Error::other("the gate thread ended"))),
         _ = idle => {
             tracing::info!("idle for {:?} with no connection and no script; exiting", idle_exit.unwrap_or_default());
             Ok(())
+        }
+    }
+}
+
+/// Resolves once the daemon has had no connection and no running script for
+/// `idle_exit` (never without one).
+async fn idle_for(daemon: &Daemon, live: &Liveness, idle_exit: Option<Duration>) {
+    let Some(d) = idle_exit else {
+        return std::future::pending().await;
+    };
+    // Quiet since: the last wake-up here (a script ended, a connection
+    // closed) or the last connection the gate let go, whichever is later.
+    let mut woken = std::time::Instant::now();
+    loop {
+        let now = std::time::Instant::now();
+        let quiet = now
+            .saturating_duration_since(woken)
+            .min(live.quiet_for(now));
+        let idle = live.conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0;
+        if idle && quiet >= d {
+            return;
+        }
+        // Busy: woken when a served connection ends, and every `d` anyway
+        // (the last one to go may have been refused, which wakes nobody).
+        let wait = if idle { d - quiet } else { d };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = live.activity.notified() => woken = std::time::Instant::now(),
+            _ = daemon.changed() => woken = std::time::Instant::now(),
         }
     }
 }
