@@ -465,6 +465,15 @@ pub struct RefusalRow {
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
+/// The daemon's audit store, `scriptgate.db` in the state directory (SQLite,
+/// write-ahead log): one row per script (written before it runs, finished when
+/// it ends, its counts checkpointed while it runs), the refusals, the revoked
+/// runs, the workspaces retention may remove and their project ids, and the
+/// metrics' counters. Every write goes through one writer thread, in the order
+/// it was queued (`write`); reads use a connection of their own. A reserve file
+/// beside it keeps room to record scripts' ends on a full filesystem.
+/// Opened by [`Store::open`], which migrates the schema and marks what a dead
+/// daemon left running `interrupted`.
 pub struct Store {
     path: PathBuf,
     tx: mpsc::Sender<Job>,

@@ -85,8 +85,8 @@ pub fn libgcc_s_candidates() -> Vec<PathBuf> {
 }
 
 /// The sandbox's PID 1 is the daemon's own binary in its init mode
-/// (`sandbox_init`, which says what it does), bound read-only at
-/// `sandbox_init::MOUNT` and started as `MOUNT --sandbox-init REPORT_FD PROGRAM
+/// (`sandbox::init`, which says what it does), bound read-only at
+/// `sandbox::init::MOUNT` and started as `MOUNT --sandbox-init REPORT_FD PROGRAM
 /// ARGS...`.
 pub use crate::sandbox::init::{ARG as INIT_ARG, MOUNT as INIT_MOUNT};
 
@@ -112,7 +112,7 @@ pub struct SandboxSpec {
     /// and bwrap before 0.8 does not know it; `preflight` then turns it off, and the
     /// seccomp filter alone keeps the script from making a user namespace.
     disable_userns: bool,
-    /// The sandbox's init: this binary (`sandbox_init::exe()`), bound read-only.
+    /// The sandbox's init: this binary (`sandbox::init::exe()`), bound read-only.
     init: PathBuf,
     /// `scripts.nofile_max`: RLIMIT_NOFILE of the sandbox's processes.
     nofile_max: u64,
@@ -309,7 +309,7 @@ fn isolation(a: &mut Vec<OsString>, disable_userns: bool) {
             &"--clearenv",
         ],
     );
-    // No bwrap process inside the sandbox: its PID 1 is our init (`sandbox_init`).
+    // No bwrap process inside the sandbox: its PID 1 is our init (`sandbox::init`).
     // bwrap then waits for that child itself, so nothing of the sandbox outlives
     // the outer bwrap (bwrap's own init was left behind, a zombie of whoever
     // inherited it, and its rusage never reached the daemon).
@@ -579,7 +579,7 @@ fn exec_only_copy(src: &Path, dir: &Path) -> std::io::Result<PathBuf> {
     Ok(dest)
 }
 
-/// Parse the init's report (see `sandbox_init`): the largest resident set of any process
+/// Parse the init's report (see `sandbox::init`): the largest resident set of any process
 /// of the script's tree, in bytes.
 pub fn parse_usage_report(bytes: &[u8]) -> Option<u64> {
     let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;

@@ -260,7 +260,7 @@ pub struct Launch {
     /// it to `SCRIPT_MOUNT`, so the sandbox runs the code the audit row holds,
     /// and nothing in the workspace is opened again (the engine owns that tree).
     script_code: OwnedFd,
-    /// Limits known not to be in force before the start (`Run::notes`).
+    /// Limits known not to be in force before the start (`Run::new`'s `notes`).
     notes: Vec<String>,
 }
 
@@ -468,7 +468,7 @@ fn keeper(identity: Option<Identity>) -> std::process::Command {
     k
 }
 
-/// Read the sandbox init's usage report (see `sandbox_init`). Only the init holds
+/// Read the sandbox init's usage report (see `sandbox::init`). Only the init holds
 /// the write end, so EOF comes when it exits; it writes nothing when it is killed.
 async fn read_usage(fd: std::os::fd::OwnedFd) -> Option<u64> {
     let mut r = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok()?;
