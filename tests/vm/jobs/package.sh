@@ -70,6 +70,8 @@ expect() {
 }
 # The config: the packaged one with [scripts] and [sandbox] replaced.
 write_conf() { # BACKEND MEMORY TASKS CPU_PERCENT TIMEOUT (env ROOTS, DISK)
+  # (A default with quotes is set here: inside a here-document, ${X:-"y"} loses them.)
+  local roots=${ROOTS:-'"/var/lib/scriptgate/workspaces"'}
   cat >"$conf" <<EOF
 [auth]
 token_key_file = "/etc/scriptgate/token.key"
@@ -81,7 +83,7 @@ user = "tester"
 token_key_file = "/etc/scriptgate/keys/tester.key"
 
 [workspace]
-roots = [${ROOTS:-"/var/lib/scriptgate/workspaces"}]
+roots = [$roots]
 
 [scripts]
 disk_max_bytes = ${DISK:-0}
