@@ -88,6 +88,10 @@ fn not_enforced(q: ProjectQuotas, path: &Path) -> String {
             "the filesystem of {} accounts project quotas but does not enforce them (mount it with prjquota)",
             path.display()
         ),
+        ProjectQuotas::Refused => format!(
+            "this process may not ask the filesystem of {} about project quotas (quotactl_fd refused: a SystemCallFilter= without quotactl_fd?)",
+            path.display()
+        ),
         _ => format!(
             "the filesystem of {} has no project quotas (ext4 made with -O project,quota and mounted with prjquota, or XFS mounted with prjquota)",
             path.display()
