@@ -28,6 +28,8 @@ pub enum Unbound {
     AccountedOnly(PathBuf),
     #[error("the filesystem of {} has no project quotas (ext4 made with -O project,quota and mounted with prjquota, or XFS mounted with prjquota)", .0.display())]
     NoProjectQuotas(PathBuf),
+    #[error("this process may not ask the filesystem of {} about project quotas (quotactl_fd refused: a SystemCallFilter= without quotactl_fd?)", .0.display())]
+    QuotactlRefused(PathBuf),
     #[error("the daemon lacks CAP_SYS_ADMIN, which setting a project's limit takes (the unit drops it: add `CapabilityBoundingSet=CAP_SYS_ADMIN` in a drop-in, scriptgated(8) DISK; an embedded daemon cannot)")]
     NoCapability,
     #[error("{}: {source}", path.display())]
@@ -95,7 +97,8 @@ fn may_bound(q: ProjectQuotas, path: &Path, caps: bool) -> Result<(), Unbound> {
     match q {
         ProjectQuotas::Enforced => {}
         ProjectQuotas::AccountedOnly => return Err(Unbound::AccountedOnly(path.to_path_buf())),
-        _ => return Err(Unbound::NoProjectQuotas(path.to_path_buf())),
+        ProjectQuotas::Refused => return Err(Unbound::QuotactlRefused(path.to_path_buf())),
+        ProjectQuotas::Off => return Err(Unbound::NoProjectQuotas(path.to_path_buf())),
     }
     if caps && !quota::may_set_limits() {
         return Err(Unbound::NoCapability);

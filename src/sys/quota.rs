@@ -95,14 +95,20 @@ pub enum ProjectQuotas {
     AccountedOnly,
     /// None: the filesystem or the kernel has no project quotas.
     Off,
+    /// Not known: this process may not ask (`quotactl_fd` refused with EPERM,
+    /// as a seccomp filter without it does).
+    Refused,
 }
 
 /// Whether project quotas are on for the filesystem of `dir`.
 pub fn project_quotas(dir: BorrowedFd) -> ProjectQuotas {
     // `struct fs_quota_stat` is 80 bytes; its flags are the u16 at offset 2.
     let mut stat = [0u8; 128];
-    if quotactl(dir, Q_XGETQSTAT, 0, stat.as_mut_ptr().cast()).is_err() {
-        return ProjectQuotas::Off;
+    // Q_XGETQSTAT needs no capability: EPERM is a filter's.
+    match quotactl(dir, Q_XGETQSTAT, 0, stat.as_mut_ptr().cast()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => return ProjectQuotas::Refused,
+        Err(_) => return ProjectQuotas::Off,
     }
     let flags = u16::from_ne_bytes([stat[2], stat[3]]);
     match (

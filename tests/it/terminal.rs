@@ -592,14 +592,23 @@ fn tools_and_describe_show_a_servers_text_escaped() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let out = text(&o.stdout);
     assert_clean("tools", &out);
-    assert_eq!(out.lines().count(), 4, "a header and three tools: {out}");
+    // A header, the two tools offered, then the one whose name hides characters,
+    // not offered and said why.
+    assert_eq!(
+        out.lines().count(),
+        6,
+        "two tools and one not offered: {out}"
+    );
     assert!(
         out.contains(&format!(
             "srv__get_status(verbose{HOSTILE_SHOWN}: bool = None)"
         )),
         "{out}"
     );
-    assert!(out.contains("srv__peek\\u202e\\u200bkeep"), "{out}");
+    assert!(
+        out.contains("\n  srv__peek\\u202e\\u200bkeep: its name has a control, invisible or reordering character (\\u202e)\n"),
+        "{out}"
+    );
     let o = piped(&args(&["tools", "--json", "--mcp", &server]));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v[2]["name"], "srv__peek\u{202e}\u{200b}keep", "exact: {v}");
@@ -607,12 +616,16 @@ fn tools_and_describe_show_a_servers_text_escaped() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let out = text(&o.stdout);
     assert_clean("describe", &out);
-    assert!(out.contains("# srv__peek\\u202e\\u200bkeep"), "{out}");
+    assert!(
+        out.contains("    srv__peek\\u202e\\u200bkeep (its name has"),
+        "{out}"
+    );
 }
 
-/// Errors quote a server: shown escaped on stderr. A server that fails at
-/// start with HOSTILE on its stderr (`tools`, `run`), and one whose list names
-/// a tool twice, a name with reordering characters (`describe`, `run`).
+/// Errors and warnings quote a server: shown escaped on stderr. A server that
+/// fails at start with HOSTILE on its stderr (`tools`, `run`: exit 10), and one
+/// whose list names a tool with reordering characters, twice (`describe`,
+/// `run`: the tool left out with a warning, the rest offered).
 #[test]
 fn errors_show_a_servers_text_escaped() {
     let r = Run::new();
@@ -636,18 +649,21 @@ fn errors_show_a_servers_text_escaped() {
             &script,
         ])
     };
-    for (argv, says) in [
-        (args(&["tools", "--mcp", &failing]), "cannot start: "),
-        (run(&failing), "cannot start: "),
-        (args(&["describe", "--mcp", &twice]), "is listed twice"),
-        (run(&twice), "is listed twice"),
+    let left_out = r#"tool "srv__peek\u202e\u200bkeep" is not offered: its name has a control, invisible or reordering character (\u202e)"#;
+    for (argv, code, says) in [
+        (args(&["tools", "--mcp", &failing]), 10, "cannot start: "),
+        (run(&failing), 10, "cannot start: "),
+        (args(&["describe", "--mcp", &twice]), 0, left_out),
+        (run(&twice), 0, left_out),
     ] {
         let o = piped(&argv);
-        assert_eq!(o.status.code(), Some(10), "{argv:?}: {}", text(&o.stderr));
+        assert_eq!(o.status.code(), Some(code), "{argv:?}: {}", text(&o.stderr));
         let err = text(&o.stderr);
         assert!(err.contains(says), "{argv:?}: {err}");
-        assert_clean(&format!("{argv:?}'s error"), &err);
-        assert!(o.stdout.is_empty());
+        assert_clean(&format!("{argv:?}'s stderr"), &err);
+        let out = text(&o.stdout);
+        assert_clean(&format!("{argv:?}'s stdout"), &out);
+        assert_eq!(code == 10, out.is_empty(), "{argv:?}: {out}");
     }
 }
 

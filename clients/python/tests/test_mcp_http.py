@@ -550,7 +550,13 @@ def test_listen_names_the_accepted_task_ids_and_tasks_outlive_a_restart() -> Non
             assert handle["resultType"] == "task", handle
             task = handle["taskId"]
             altered = task[:-2] + ("AA" if not task.endswith("AA") else "BB")
-            c, r = modern(s, "subscriptions/listen", {"notifications": {"taskIds": [task, altered, "made-up"]}}, i=2)
+            ids = {"notifications": {"taskIds": [task, altered, "made-up"]}}
+            # Task ids need the tasks extension declared in the listen's own _meta.
+            c, r = modern(s, "subscriptions/listen", ids, i=2)
+            refused = json.loads(r.read())
+            c.close()
+            assert (r.status, refused["id"], refused["error"]["code"]) == (400, 2, -32021), refused
+            c, r = modern(s, "subscriptions/listen", ids, i=2, caps={"extensions": {TASKS: {}}})
             assert r.status == 200
             got = events(r)
             ack = next(got)
@@ -560,7 +566,8 @@ def test_listen_names_the_accepted_task_ids_and_tasks_outlive_a_restart() -> Non
             c.close()
             assert done["params"]["taskId"] == task and done["params"]["status"] == "completed", done
             # A listen names at most 256 task ids: one past them is not taken.
-            c, r = modern(s, "subscriptions/listen", {"notifications": {"taskIds": ["x"] * 256 + [task]}}, i=3)
+            c, r = modern(s, "subscriptions/listen", {"notifications": {"taskIds": ["x"] * 256 + [task]}}, i=3,
+                          caps={"extensions": {TASKS: {}}})
             ack = next(events(r))
             c.close()
             assert ack["params"]["notifications"]["taskIds"] == [], ack

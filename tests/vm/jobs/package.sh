@@ -42,6 +42,8 @@ check() {
   shift
   if out=$("$@" 2>&1); then ok "$name"; else bad "$name" "$out"; fi
 }
+# says REGEX TEXT: TEXT has a line matching REGEX (else TEXT is shown).
+says() { grep -qE "$1" <<<"$2" || { printf '%s\n' "$2"; return 1; }; }
 # A field of a JSON file (python3 is in the guest; jq is not).
 jget() { python3 -c 'import json,sys; v=json.load(open(sys.argv[1])).get(sys.argv[2]); print("" if v is None else v)' "$1" "$2"; }
 # run NAME SCRIPT [ARGS...]: scriptgate run --json, as the caller; result in
@@ -70,6 +72,8 @@ expect() {
 }
 # The config: the packaged one with [scripts] and [sandbox] replaced.
 write_conf() { # BACKEND MEMORY TASKS CPU_PERCENT TIMEOUT (env ROOTS, DISK)
+  # (A default with quotes is set here: inside a here-document, ${X:-"y"} loses them.)
+  local roots=${ROOTS:-'"/var/lib/scriptgate/workspaces"'}
   cat >"$conf" <<EOF
 [auth]
 token_key_file = "/etc/scriptgate/token.key"
@@ -81,7 +85,7 @@ user = "tester"
 token_key_file = "/etc/scriptgate/keys/tester.key"
 
 [workspace]
-roots = [${ROOTS:-"/var/lib/scriptgate/workspaces"}]
+roots = [$roots]
 
 [scripts]
 disk_max_bytes = ${DISK:-0}
@@ -452,11 +456,16 @@ section "disk bound: project quotas on an ext4 workspace root (scripts.disk_max_
 pq=/srv/pq
 if truncate -s 192M /var/tmp/pq.img && mkfs.ext4 -q -O quota,project -E quotatype=prjquota /var/tmp/pq.img &&
   mkdir -p $pq && mount -o loop,prjquota /var/tmp/pq.img $pq && chmod 0755 $pq; then
+  # A workspace root apart from the packaged one is written through a drop-in
+  # (ProtectSystem=strict), as scriptgated(8) says.
+  mkdir -p /etc/systemd/system/scriptgate.service.d
+  printf '[Service]\nReadWritePaths=%s\n' "$pq" >/etc/systemd/system/scriptgate.service.d/roots.conf
+  systemctl daemon-reload
   ROOTS="\"$pq\"" DISK=67108864 write_conf cgroup 268435456 16 100 120
   restart disk
   status=$(scriptgate status 2>&1)
   check "status: the bound is not in force without CAP_SYS_ADMIN, and says why" \
-    grep -qE "^disk +at most 64 MiB per workspace.*$pq: NOT in force, the daemon lacks CAP_SYS_ADMIN" <<<"$status"
+    says "^ *disk +at most 64 MiB per workspace.*$pq: NOT in force, the daemon lacks CAP_SYS_ADMIN" "$status"
   run pq_nocap "$work/fill32.py"
   expect pq_nocap 0 ok "wrote 32 MiB"
   check "the result says the bound is not in force" grep -q "scripts.disk_max_bytes not in force" "$work/pq_nocap.json"
@@ -466,7 +475,7 @@ if truncate -s 192M /var/tmp/pq.img && mkfs.ext4 -q -O quota,project -E quotatyp
   systemctl daemon-reload
   restart disk with CAP_SYS_ADMIN
   status=$(scriptgate status 2>&1)
-  check "status: the bound is in force on $pq" grep -qE "^disk +at most 64 MiB per workspace.*$pq: in force" <<<"$status"
+  check "status: the bound is in force on $pq" says "^ *disk +at most 64 MiB per workspace.*$pq: in force" "$status"
   run pq_fill "$work/fill.py"
   expect pq_fill 0 ok "stopped EDQUOT after"
   got=$(jget "$work/pq_fill.json" output | sed -n 's/.*after \([0-9]*\) MiB.*/\1/p')
@@ -477,7 +486,7 @@ if truncate -s 192M /var/tmp/pq.img && mkfs.ext4 -q -O quota,project -E quotatyp
   # Another workspace on the same filesystem is not touched by the first one's 64 MiB.
   run pq_other "$work/fill32.py"
   expect pq_other 0 ok "wrote 32 MiB"
-  rm -f /etc/systemd/system/scriptgate.service.d/quota.conf
+  rm -f /etc/systemd/system/scriptgate.service.d/quota.conf /etc/systemd/system/scriptgate.service.d/roots.conf
   systemctl daemon-reload
   write_conf cgroup 134217728 16 20 60
   restart after disk
