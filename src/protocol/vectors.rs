@@ -395,7 +395,7 @@ fn the_daemon_reads_each_engine_vector() {
                 .unwrap();
                 assert!(same(&back, &sent), "{}: {back} is not {sent}", v.name);
             }
-            ("answer", Incoming::Response { result, .. }) => match v.method.as_deref() {
+            (kind @ ("answer" | "error"), Incoming::Response { result, .. }) => match v.method.as_deref() {
                 Some("tool.call") => match result {
                     Ok(r) => {
                         let a = ToolResult::from_answer(&r)
@@ -405,6 +405,7 @@ fn the_daemon_reads_each_engine_vector() {
                         assert_eq!(a.result, expected, "{}", v.name);
                     }
                     Err(e) => {
+                        assert_eq!(kind, "error", "{}", v.name);
                         // A JSON-RPC error answer: a failed call, its message the text.
                         assert_eq!(Some(&json!(e.code)), v.wire()["error"].get("code"));
                         assert!(!e.message.is_empty(), "{}", v.name);
