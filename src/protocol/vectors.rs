@@ -395,29 +395,31 @@ fn the_daemon_reads_each_engine_vector() {
                 .unwrap();
                 assert!(same(&back, &sent), "{}: {back} is not {sent}", v.name);
             }
-            (kind @ ("answer" | "error"), Incoming::Response { result, .. }) => match v.method.as_deref() {
-                Some("tool.call") => match result {
-                    Ok(r) => {
-                        let a = ToolResult::from_answer(&r)
-                            .unwrap_or_else(|e| panic!("{}: {e}", v.name));
-                        let expected: ToolResult =
-                            serde_json::from_value(v.record["daemon_reads"].clone()).unwrap();
-                        assert_eq!(a.result, expected, "{}", v.name);
+            (kind @ ("answer" | "error"), Incoming::Response { result, .. }) => {
+                match v.method.as_deref() {
+                    Some("tool.call") => match result {
+                        Ok(r) => {
+                            let a = ToolResult::from_answer(&r)
+                                .unwrap_or_else(|e| panic!("{}: {e}", v.name));
+                            let expected: ToolResult =
+                                serde_json::from_value(v.record["daemon_reads"].clone()).unwrap();
+                            assert_eq!(a.result, expected, "{}", v.name);
+                        }
+                        Err(e) => {
+                            assert_eq!(kind, "error", "{}", v.name);
+                            // A JSON-RPC error answer: a failed call, its message the text.
+                            assert_eq!(Some(&json!(e.code)), v.wire()["error"].get("code"));
+                            assert!(!e.message.is_empty(), "{}", v.name);
+                        }
+                    },
+                    Some("approval.request") => {
+                        let a: ApprovalAnswer = serde_json::from_value(result.unwrap()).unwrap();
+                        let expected = v.wire()["result"]["decision"].as_str().unwrap();
+                        assert_eq!(serde_json::to_value(a.decision).unwrap(), json!(expected));
                     }
-                    Err(e) => {
-                        assert_eq!(kind, "error", "{}", v.name);
-                        // A JSON-RPC error answer: a failed call, its message the text.
-                        assert_eq!(Some(&json!(e.code)), v.wire()["error"].get("code"));
-                        assert!(!e.message.is_empty(), "{}", v.name);
-                    }
-                },
-                Some("approval.request") => {
-                    let a: ApprovalAnswer = serde_json::from_value(result.unwrap()).unwrap();
-                    let expected = v.wire()["result"]["decision"].as_str().unwrap();
-                    assert_eq!(serde_json::to_value(a.decision).unwrap(), json!(expected));
+                    m => panic!("{}: an answer to {m:?}", v.name),
                 }
-                m => panic!("{}: an answer to {m:?}", v.name),
-            },
+            }
             (kind, other) => panic!("{}: a {kind} vector parsed as {other:?}", v.name),
         }
     }
