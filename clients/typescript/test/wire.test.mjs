@@ -8,7 +8,11 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createServer } from "node:net";
 import { once } from "node:events";
-import { readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { execFile } from "node:child_process";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import * as sg from "../dist/index.js";
 import { CallCancelledError, ScriptgateClient, ScriptgateError } from "../dist/index.js";
 
@@ -351,6 +355,59 @@ for (const v of of(DAEMON, "error").filter((v) => v.method === null)) {
     assert.equal(reported[0], e);
   });
 }
+
+// ---- the declared types --------------------------------------------------------
+
+/** The client's declared type of each message (its wire types, protocol.ts); the admin extension has none. */
+function declaredType(v, direction) {
+  if (v.kind === "error") return ["RpcErrorObject", v.wire.error];
+  if (direction === "engine") {
+    if (v.kind === "request" && v.method === "script.start") return ["StartParams", v.wire.params];
+    if (v.kind === "answer" && v.method === "tool.call") return ["ToolAnswer", v.wire.result];
+    return undefined;
+  }
+  const answers = {
+    "script.start": "StartResult", "script.wait": "ScriptResult", "script.status": "ScriptState",
+    "script.cancel": "CancelResult", "admin.cancel": "CancelResult", "run.revoke": "RevokeResult",
+    "run.describe": "DescribeResult", "daemon.info": "DaemonInfo",
+  };
+  const others = {
+    "tool.call": "ToolCall", "approval.request": "ApprovalRequest",
+    "script.progress": "ScriptState", "script.finished": "ScriptResult", "tool.cancelled": "ToolCancelled",
+  };
+  if (v.kind === "answer") return answers[v.method] && [answers[v.method], v.wire.result];
+  return [others[v.method], v.wire.params];
+}
+
+// Each message as an object literal that `satisfies` the client's declared type: a field
+// the type lacks, a required field the message lacks, or a value of another type fails
+// to compile. (At run time the client hands answers on as they came; its types are its
+// reading of the wire.)
+test("every message fits the client's declared type, exactly", { timeout: 120_000 }, async () => {
+  const dir = mkdtempSync(join(tmpdir(), "sg-wire-types-"));
+  try {
+    const lines = [];
+    const used = new Set();
+    let n = 0;
+    for (const [direction, records] of [["engine", ENGINE], ["daemon", DAEMON]]) {
+      for (const v of records) {
+        const t = declaredType(v, direction);
+        if (!t || !t[0]) continue;
+        used.add(t[0]);
+        lines.push(`// ${direction}: ${v.name}\nexport const v${n++} = (${JSON.stringify(t[1])}) satisfies ${t[0]};`);
+      }
+    }
+    const dist = fileURLToPath(new URL("../dist/index.js", import.meta.url));
+    writeFileSync(join(dir, "vectors.ts"), `import type { ${[...used].join(", ")} } from ${JSON.stringify(dist)};\n${lines.join("\n")}\n`);
+    const tsc = fileURLToPath(new URL("../node_modules/typescript/bin/tsc", import.meta.url));
+    const args = [tsc, "--noEmit", "--strict", "--target", "ES2022", "--module", "NodeNext", "--moduleResolution", "NodeNext", "--types", "node", "--typeRoots", fileURLToPath(new URL("../node_modules/@types", import.meta.url)), join(dir, "vectors.ts")];
+    const out = await new Promise((res) => execFile(process.execPath, args, (e, stdout, stderr) => res(e ? `${stdout}${stderr}` : "")));
+    assert.equal(out, "", out);
+    assert.ok(n >= 40, `${n} messages typed`);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
 
 // ---- the error classes --------------------------------------------------------
 
