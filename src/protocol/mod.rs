@@ -1254,6 +1254,9 @@ pub mod script;
 pub mod numbers;
 
 #[cfg(test)]
+mod vectors;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
