@@ -369,6 +369,27 @@ pub fn describe(snap: &Snapshot, limits: &Limits, return_max_chars: usize) -> St
     )
 }
 
+/// How a script calls the tools: the text that opens every description.
+const HOW_TO_CALL: &str = "run_script: run one Python 3 script that calls this run's tools, in loops if need be. \
+Only what the script prints comes back to you, so use it when a task needs many tool calls \
+(tens to thousands) and print a short summary, not raw data.\n\n\
+Inside the script, each tool is a function of its arguments, by keyword (its signature below):\n    \
+    from agent_tools import tools, ToolError\n    \
+    tools.srv.get_item(id=7)                # structured result (dict) if the tool gives one, else its text; raises ToolError\n    \
+    tools.srv.get_item.many([{\"id\": 7}, {\"id\": 8}], return_errors=False)  # one call per args dict, run in parallel, results in input order\n    \
+    tools.srv.get_item.raw(id=7)            # {\"text\", \"structured\", \"is_error\"}; a tool's own error comes back as is_error, refusals and engine failures raise ToolError\n    \
+    help(tools.srv.get_item)                # its description and arguments; dir(tools), dir(tools.srv) list them\n\
+An unknown or missing argument raises ToolError invalid_arguments before anything is sent. \
+Tool srv__get_item is tools.srv.get_item (one without a server__ prefix is on tools itself); \
+names that are not Python identifiers are spelled as the signatures below show.\n\
+The same calls by the tool's full name, args a dict:\n    \
+    import agent_tools\n    \
+    agent_tools.call(tool, args)            # e.g. agent_tools.call(\"srv__get_item\", {\"id\": 7})\n    \
+    agent_tools.call_many(tool, args_list, return_errors=False)\n    \
+    agent_tools.call_raw(tool, args)\n    \
+    agent_tools.progress(done, total, message=\"\")  # report progress\n    \
+    agent_tools.ToolError                   # .tool, .code (denied, invalid_arguments, limit, tool_error, revoked, engine), .message\n\n";
+
 /// The description for `snap`'s tools; `left_out` are the tools an MCP
 /// server listed that are not offered at all (`policy::admit`), named last
 /// with why. Tool names are shown escaped, as descriptions are.
@@ -387,61 +408,14 @@ pub fn describe_for(
     let direct: Vec<_> = enabled()
         .filter(|t| matches!(t.class, ToolClass::Destructive | ToolClass::LongTask))
         .collect();
-    let mut d = String::new();
-    d.push_str(
-        "run_script: run one Python 3 script that calls this run's tools, in loops if need be. \
-Only what the script prints comes back to you, so use it when a task needs many tool calls \
-(tens to thousands) and print a short summary, not raw data.\n\n\
-Inside the script, each tool is a function of its arguments, by keyword (its signature below):\n    \
-    from agent_tools import tools, ToolError\n    \
-    tools.srv.get_item(id=7)                # structured result (dict) if the tool gives one, else its text; raises ToolError\n    \
-    tools.srv.get_item.many([{\"id\": 7}, {\"id\": 8}], return_errors=False)  # one call per args dict, run in parallel, results in input order\n    \
-    tools.srv.get_item.raw(id=7)            # {\"text\", \"structured\", \"is_error\"}; a tool's own error comes back as is_error, refusals and engine failures raise ToolError\n    \
-    help(tools.srv.get_item)                # its description and arguments; dir(tools), dir(tools.srv) list them\n\
-An unknown or missing argument raises ToolError invalid_arguments before anything is sent. \
-Tool srv__get_item is tools.srv.get_item (one without a server__ prefix is on tools itself); \
-names that are not Python identifiers are spelled as the signatures below show.\n\
-The same calls by the tool's full name, args a dict:\n    \
-    import agent_tools\n    \
-    agent_tools.call(tool, args)            # e.g. agent_tools.call(\"srv__get_item\", {\"id\": 7})\n    \
-    agent_tools.call_many(tool, args_list, return_errors=False)\n    \
-    agent_tools.call_raw(tool, args)\n    \
-    agent_tools.progress(done, total, message=\"\")  # report progress\n    \
-    agent_tools.ToolError                   # .tool, .code (denied, invalid_arguments, limit, tool_error, revoked, engine), .message\n\n",
-    );
-    d.push_str(&format!(
-        "Limits: at most {} tool calls per script ({} at a time), {} s, {} MiB of memory; the first {} characters of output come back, all of it is kept in the workspace. \
-No network. The working directory is the workspace, {}; files the script writes there stay.\n",
-        limits.max_calls,
-        limits.max_concurrency,
-        limits.timeout_s,
-        limits.memory_max_bytes >> 20,
-        return_max_chars,
-        if snap.read_only { "read-only" } else { "read-write" },
-    ));
-    let about = |d: &mut String, t: &ToolSpec| {
-        if let Some(line) = one_line(t.description.as_deref()) {
-            d.push_str("        ");
-            d.push_str(&line);
-            d.push('\n');
-        }
-    };
     let paths = typed_paths(&snap.tools);
-    let list = |d: &mut String, tools: &[&ToolSpec]| {
-        for t in tools {
-            let sig = match paths.get(&t.name) {
-                Some(path) => typed_signature(t, path),
-                None => signature(t),
-            };
-            d.push_str(&format!("    {}  # {}\n", escape(&sig), escape(&t.name)));
-            about(d, t);
-        }
-    };
+    let mut d = String::from(HOW_TO_CALL);
+    d.push_str(&limits_line(snap, limits, return_max_chars));
     d.push_str("\nTools the script can call directly:\n");
     if reads.is_empty() {
         d.push_str("    (none)\n");
     }
-    list(&mut d, &reads);
+    list_callable(&mut d, &reads, &paths);
     if !writes.is_empty() {
         let how = if snap.permission_mode == PermissionMode::Approval {
             "the user approves them once before the script runs"
@@ -451,39 +425,89 @@ No network. The working directory is the workspace, {}; files the script writes 
         d.push_str(&format!(
             "\nWrite tools: the script may call these only if you name them in run_script's `tools` argument ({how}):\n"
         ));
-        list(&mut d, &writes);
+        list_callable(&mut d, &writes, &paths);
     }
     if !direct.is_empty() {
-        d.push_str(match never {
-            NeverCallable::OfferedDirectly => {
-                "\nNever callable from a script; call these directly as tools:\n"
-            }
-            NeverCallable::NotOffered => {
-                "\nNever callable from a script, and not offered here (ask the user to use them another way):\n"
-            }
-        });
-        for t in &direct {
-            let why = if t.class == ToolClass::Destructive {
-                "destructive, confirmed one call at a time"
-            } else {
-                "runs as a long task"
-            };
-            d.push_str(&format!("    {} ({why})\n", escape(&t.name)));
-            about(&mut d, t);
-        }
+        list_never_callable(&mut d, &direct, never);
     }
     if !left_out.is_empty() {
-        d.push_str(
-            "\nNot offered at all, and not callable from a script (what their server lists of them cannot be used):\n",
-        );
-        for (name, why) in &left_out.named {
-            d.push_str(&format!("    {} ({why})\n", escape(name)));
-        }
-        if left_out.more > 0 {
-            d.push_str(&format!("    and {} more\n", left_out.more));
-        }
+        list_left_out(&mut d, left_out);
     }
     d
+}
+
+/// The limits a script runs under, and where it runs, as one paragraph.
+fn limits_line(snap: &Snapshot, limits: &Limits, return_max_chars: usize) -> String {
+    format!(
+        "Limits: at most {} tool calls per script ({} at a time), {} s, {} MiB of memory; the first {} characters of output come back, all of it is kept in the workspace. \
+No network. The working directory is the workspace, {}; files the script writes there stay.\n",
+        limits.max_calls,
+        limits.max_concurrency,
+        limits.timeout_s,
+        limits.memory_max_bytes >> 20,
+        return_max_chars,
+        if snap.read_only { "read-only" } else { "read-write" },
+    )
+}
+
+/// A tool's description on the lines under its name, indented, if it has one.
+fn about(d: &mut String, t: &ToolSpec) {
+    if let Some(line) = one_line(t.description.as_deref()) {
+        d.push_str("        ");
+        d.push_str(&line);
+        d.push('\n');
+    }
+}
+
+/// Tools a script may call: each one's signature (typed where it has a path in
+/// `paths`), its name, and its description.
+fn list_callable(
+    d: &mut String,
+    tools: &[&ToolSpec],
+    paths: &std::collections::HashMap<String, Vec<String>>,
+) {
+    for t in tools {
+        let sig = match paths.get(&t.name) {
+            Some(path) => typed_signature(t, path),
+            None => signature(t),
+        };
+        d.push_str(&format!("    {}  # {}\n", escape(&sig), escape(&t.name)));
+        about(d, t);
+    }
+}
+
+/// The destructive and long-task tools, which no script may call, with why.
+fn list_never_callable(d: &mut String, direct: &[&ToolSpec], never: NeverCallable) {
+    d.push_str(match never {
+        NeverCallable::OfferedDirectly => {
+            "\nNever callable from a script; call these directly as tools:\n"
+        }
+        NeverCallable::NotOffered => {
+            "\nNever callable from a script, and not offered here (ask the user to use them another way):\n"
+        }
+    });
+    for t in direct {
+        let why = if t.class == ToolClass::Destructive {
+            "destructive, confirmed one call at a time"
+        } else {
+            "runs as a long task"
+        };
+        d.push_str(&format!("    {} ({why})\n", escape(&t.name)));
+        about(d, t);
+    }
+}
+
+/// The tools an MCP server listed that are not offered at all, with why.
+fn list_left_out(d: &mut String, left_out: &LeftOut) {
+    d.push_str(
+        "\nNot offered at all, and not callable from a script (what their server lists of them cannot be used):\n",
+    );
+    for (name, why) in &left_out.named {
+        d.push_str(&format!("    {} ({why})\n", escape(name)));
+    }
+    if left_out.more > 0 {
+        d.push_str(&format!("    and {} more\n", left_out.more));
+    }
 }
 
 #[cfg(test)]
