@@ -388,7 +388,7 @@ The same calls by the tool's full name, args a dict:\n    \
     agent_tools.call_many(tool, args_list, return_errors=False)\n    \
     agent_tools.call_raw(tool, args)\n    \
     agent_tools.progress(done, total, message=\"\")  # report progress\n    \
-    agent_tools.ToolError                   # .tool, .code (denied, invalid_arguments, limit, tool_error, revoked, engine), .message\n\n";
+    agent_tools.ToolError                   # .tool, .code (denied, invalid_arguments, limit, tool_error, revoked, expired, engine), .message\n\n";
 
 /// The description for `snap`'s tools; `left_out` are the tools an MCP
 /// server listed that are not offered at all (`policy::admit`), named last
@@ -718,6 +718,29 @@ mod tests {
             (listing[1]["more"].clone(), listing[2]["more"].clone()),
             (json!(true), json!(false))
         );
+    }
+
+    #[test]
+    fn the_tool_error_codes_named_are_those_a_script_can_be_given() {
+        let d = describe(
+            &snap(false),
+            &Limits::effective(&Scripts::default(), &Default::default()),
+            100,
+        );
+        let listed = d
+            .split_once(".code (")
+            .and_then(|(_, rest)| rest.split_once(')'))
+            .map(|(codes, _)| codes.split(", ").collect::<Vec<_>>())
+            .expect("the ToolError line names its codes");
+        // Every code but invalid_request, which only a malformed request line
+        // (never agent_tools') is given; in the man page's order.
+        let codes: Vec<&str> = crate::protocol::script::ToolErrorCode::ALL
+            .iter()
+            .filter(|c| **c != crate::protocol::script::ToolErrorCode::InvalidRequest)
+            .map(|c| c.as_str())
+            .collect();
+        assert_eq!(listed, codes);
+        assert!(listed.contains(&"expired"));
     }
 
     fn left_out() -> LeftOut {
