@@ -8,6 +8,7 @@ pub(crate) mod runs;
 
 use crate::config::Scripts;
 use crate::protocol::refusal::{Reason, Refused};
+use crate::protocol::script::ToolErrorCode;
 use crate::protocol::snapshot::{
     missing_schema_error, PermissionMode, Snapshot, SnapshotLimits, ToolClass, ToolSpec,
 };
@@ -51,25 +52,24 @@ pub struct StartPlan {
     pub declared: Vec<(String, ToolClass)>,
 }
 
-/// Why a call from a script is refused; becomes `ToolError(code, message)`.
+/// Why a call from a script is refused before it reaches the engine (the call
+/// table, the closed schema, the budget here; revocation, expiry and altered
+/// numbers in the broker): the script's `ToolError(code, message)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallRefusal {
-    pub code: &'static str,
+    pub code: ToolErrorCode,
     pub message: String,
 }
 
 impl CallRefusal {
+    pub fn new(code: ToolErrorCode, message: String) -> Self {
+        CallRefusal { code, message }
+    }
     fn denied(message: String) -> Self {
-        CallRefusal {
-            code: "denied",
-            message,
-        }
+        CallRefusal::new(ToolErrorCode::Denied, message)
     }
     fn invalid(message: String) -> Self {
-        CallRefusal {
-            code: "invalid_arguments",
-            message,
-        }
+        CallRefusal::new(ToolErrorCode::InvalidArguments, message)
     }
 }
 
@@ -803,14 +803,14 @@ impl Budget {
     }
     pub fn take(&mut self, tool: &str) -> Result<(), CallRefusal> {
         if self.used >= self.max {
-            return Err(CallRefusal {
-                code: "limit",
-                message: format!(
+            return Err(CallRefusal::new(
+                ToolErrorCode::Limit,
+                format!(
                     "{tool}: call budget of {} calls for this script is used up; \
                      do fewer calls per script (aggregate, or split the work over several scripts)",
                     self.max
                 ),
-            });
+            ));
         }
         self.used += 1;
         Ok(())
@@ -927,7 +927,7 @@ mod tests {
             call(false, &[], "t__write", json!({"sn": "A1"}))
                 .unwrap_err()
                 .code,
-            "denied"
+            ToolErrorCode::Denied
         );
         assert_eq!(
             call(false, &["t__write"], "t__write", json!({"sn": "A1"})).unwrap(),
@@ -936,13 +936,13 @@ mod tests {
         // destructive and long_task: never.
         for t in ["t__destroy", "t__long"] {
             let r = call(false, &[], t, json!({})).unwrap_err();
-            assert_eq!(r.code, "denied");
+            assert_eq!(r.code, ToolErrorCode::Denied);
             assert!(r.message.contains("call it directly"), "{}", r.message);
         }
         // disabled tools and unknown tools: not provided.
         for t in ["t__off", "t__nope"] {
             let r = call(false, &[], t, json!({})).unwrap_err();
-            assert_eq!(r.code, "denied");
+            assert_eq!(r.code, ToolErrorCode::Denied);
             assert!(r.message.contains("not available"));
         }
         // write tools in a read-only run: not provided, even if (wrongly) listed.
@@ -955,18 +955,18 @@ mod tests {
     #[test]
     fn arguments_are_checked_after_the_frozen_merge() {
         let r = call(false, &[], "t__read", json!({})).unwrap_err();
-        assert_eq!(r.code, "invalid_arguments");
+        assert_eq!(r.code, ToolErrorCode::InvalidArguments);
         assert!(r.message.contains("sn"), "{}", r.message);
         let r = call(false, &[], "t__read", json!({"sn": "A", "extra": 1})).unwrap_err();
-        assert_eq!(r.code, "invalid_arguments");
+        assert_eq!(r.code, ToolErrorCode::InvalidArguments);
         let r = call(false, &[], "t__read", json!({"sn": 5})).unwrap_err();
         assert!(r.message.contains("/sn"), "{}", r.message);
         let r = call(false, &["t__write"], "t__write", json!({"tenant": "evil"})).unwrap_err();
-        assert_eq!(r.code, "invalid_arguments");
+        assert_eq!(r.code, ToolErrorCode::InvalidArguments);
         assert!(r.message.contains("fixed by the run"));
         assert_eq!(
             call(false, &[], "t__read", json!(["A"])).unwrap_err().code,
-            "invalid_arguments"
+            ToolErrorCode::InvalidArguments
         );
     }
 
@@ -982,7 +982,7 @@ mod tests {
     /// The refusal message, asserting that it is an `invalid_arguments` refusal.
     fn refused(schema: Value, args: Value) -> String {
         let r = check(schema, json!({}), args.clone()).expect_err(&args.to_string());
-        assert_eq!(r.code, "invalid_arguments", "{}", r.message);
+        assert_eq!(r.code, ToolErrorCode::InvalidArguments, "{}", r.message);
         r.message
     }
 
@@ -1350,7 +1350,10 @@ mod tests {
         for class in ["destructive", "long_task"] {
             let s = snap(json!({"name": "x", "class": class})).unwrap();
             let (p, _) = Policy::plan(&s, &[]).unwrap();
-            assert_eq!(p.check_call("x", &json!({})).unwrap_err().code, "denied");
+            assert_eq!(
+                p.check_call("x", &json!({})).unwrap_err().code,
+                ToolErrorCode::Denied
+            );
         }
         // A Snapshot built in code is held to the same rule by `plan`.
         let mut s = snap(json!({"name": "x", "class": "destructive"})).unwrap();
@@ -1383,8 +1386,8 @@ mod tests {
         let mut b = Budget::new(2);
         assert!(b.take("t").is_ok());
         assert!(b.take("t").is_ok());
-        assert_eq!(b.take("t").unwrap_err().code, "limit");
-        assert_eq!(b.take("t").unwrap_err().code, "limit");
+        assert_eq!(b.take("t").unwrap_err().code, ToolErrorCode::Limit);
+        assert_eq!(b.take("t").unwrap_err().code, ToolErrorCode::Limit);
     }
 
     #[test]

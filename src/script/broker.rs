@@ -169,31 +169,7 @@ impl Broker {
     }
 }
 
-/// Why a call is refused before it reaches the engine.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Refusal {
-    code: ToolErrorCode,
-    message: String,
-}
-
-impl Refusal {
-    fn new(code: ToolErrorCode, message: String) -> Refusal {
-        Refusal { code, message }
-    }
-}
-
-impl From<CallRefusal> for Refusal {
-    /// A refusal of `policy` (the call table, the schema, the budget), whose
-    /// codes are `ToolError` codes by their wire names (a test holds every one
-    /// of them to this).
-    fn from(r: CallRefusal) -> Refusal {
-        let code = ToolErrorCode::from_wire(r.code);
-        debug_assert!(code.is_some(), "policy refused with {:?}", r.code);
-        Refusal::new(code.unwrap_or(ToolErrorCode::Denied), r.message)
-    }
-}
-
-fn refusal(r: Refusal) -> Outcome {
+fn refusal(r: CallRefusal) -> Outcome {
     Outcome::Error(ErrorReply {
         code: r.code,
         message: clip(&r.message, MAX_MESSAGE_BYTES),
@@ -586,23 +562,23 @@ impl Broker {
         tool: &str,
         args: &Value,
         altered: Option<&Altered>,
-    ) -> Result<Value, Refusal> {
+    ) -> Result<Value, CallRefusal> {
         if self.revoked.read().unwrap().contains(&self.run_key) {
-            return Err(Refusal::new(
+            return Err(CallRefusal::new(
                 ToolErrorCode::Revoked,
                 format!("run {} was revoked; no further tool calls", self.run_id),
             ));
         }
         if clock.now_unix() >= self.token_exp {
-            return Err(Refusal::new(
+            return Err(CallRefusal::new(
                 ToolErrorCode::Expired,
                 format!("the run token of run {} expired", self.run_id),
             ));
         }
-        let checked = self.policy.check_call(tool, args).map_err(Refusal::from);
+        let checked = self.policy.check_call(tool, args);
         if let Some(a) = altered {
             if !matches!(&checked, Err(r) if r.code != ToolErrorCode::InvalidArguments) {
-                return Err(Refusal::new(
+                return Err(CallRefusal::new(
                     ToolErrorCode::InvalidArguments,
                     numbers::refusal_message(tool, a),
                 ));
@@ -795,33 +771,6 @@ fn summarize(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn the_policys_refusals_are_tool_error_codes() {
-        use crate::policy::Budget;
-        let snap = crate::protocol::snapshot::parse_snapshot(serde_json::json!({
-            "workspace": "/w", "permission_mode": "auto",
-            "limits": {"max_calls": 1},
-            "tools": [{"name": "t__read", "class": "read",
-                       "input_schema": {"type": "object", "additionalProperties": false}}]}))
-        .unwrap();
-        let (policy, _) = Policy::plan(&snap, &[]).unwrap();
-        let denied = policy
-            .check_call("t__nope", &serde_json::json!({}))
-            .unwrap_err();
-        assert_eq!(super::Refusal::from(denied).code, ToolErrorCode::Denied);
-        let invalid = policy
-            .check_call("t__read", &serde_json::json!({"x": 1}))
-            .unwrap_err();
-        assert_eq!(
-            super::Refusal::from(invalid).code,
-            ToolErrorCode::InvalidArguments
-        );
-        let mut budget = Budget::new(1);
-        budget.take("t__read").unwrap();
-        let limit = budget.take("t__read").unwrap_err();
-        assert_eq!(super::Refusal::from(limit).code, ToolErrorCode::Limit);
-    }
-
     use super::*;
     use crate::protocol::rpc::BoxFuture;
     use crate::protocol::{ApprovalRequest, Notification};
@@ -948,10 +897,10 @@ mod tests {
         );
         let many = Reply::Many {
             id: "a".into(),
-            results: vec![refusal(Refusal::from(CallRefusal {
-                code: "denied",
-                message: "no".into(),
-            }))],
+            results: vec![refusal(CallRefusal::new(
+                ToolErrorCode::Denied,
+                "no".into(),
+            ))],
         };
         let v: serde_json::Value = serde_json::from_str(&many.line()).unwrap();
         assert_eq!(
