@@ -12,7 +12,7 @@ pub(crate) mod limits;
 pub(crate) mod policy;
 pub mod protocol;
 pub(crate) mod sandbox;
-pub mod script;
+pub(crate) mod script;
 pub(crate) mod service;
 #[allow(unsafe_code)]
 pub(crate) mod sys;
