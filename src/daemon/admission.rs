@@ -692,16 +692,20 @@ mod tests {
     #[test]
     fn code_longer_than_a_message_is_refused() {
         let rig = Rig::new();
-        let p = StartParams {
-            code: "x".repeat(1001),
+        let code = |len: usize| StartParams {
+            code: "x".repeat(len),
             ..params()
         };
         let e = rig
-            .admit_as(rig.peer(), &rig.snapshot("ws"), p)
+            .admit_as(rig.peer(), &rig.snapshot("ws"), code(1001))
             .err()
             .unwrap();
         assert_eq!(e.reason(), Reason::InvalidParams);
         assert!(e.message().contains("max_message_bytes"));
+        // max_message_bytes (1000) itself is no longer than a message.
+        assert!(rig
+            .admit_as(rig.peer(), &rig.snapshot("ws"), code(1000))
+            .is_ok());
     }
 
     #[test]
@@ -719,6 +723,27 @@ mod tests {
             "{}",
             e.message()
         );
+    }
+
+    #[test]
+    fn a_root_engine_names_any_per_uid_directory_and_needs_writes_only_read_write() {
+        let rig = Rig::new();
+        let root = Peer::for_test(0, 0);
+        // In the rig's uid's per-uid directory, not writable by the script
+        // (run_as nobody).
+        let ws = format!("{}/ro", rig.uid);
+        rig.dir(&ws, 0o500);
+        let mut snap = rig.snapshot(&ws);
+        snap["read_only"] = json!(true);
+        let a = rig.admit_as(root, &snap, params()).unwrap();
+        assert_eq!(a.run_key, RunKey::new(Scope::Shared(0), "run-1"));
+        // Read-write, its script must be able to write it.
+        let e = rig
+            .admit_as(root, &rig.snapshot(&ws), params())
+            .err()
+            .unwrap();
+        assert_eq!(e.reason(), Reason::NotWritable);
+        assert!(e.message().contains("sandbox.run_as"), "{}", e.message());
     }
 
     #[test]
