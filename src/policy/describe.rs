@@ -547,6 +547,48 @@ mod tests {
     }
 
     #[test]
+    fn python_types_and_defaults_of_schemas() {
+        let t = |s: Value| py_type(&s);
+        assert_eq!(t(json!({"type": "string"})), "str");
+        assert_eq!(t(json!({"type": "integer"})), "int");
+        assert_eq!(t(json!({"type": "number"})), "float");
+        assert_eq!(t(json!({"type": "boolean"})), "bool");
+        assert_eq!(t(json!({"type": "object"})), "dict");
+        assert_eq!(t(json!({"type": "null"})), "None");
+        assert_eq!(t(json!({"type": "array"})), "list");
+        assert_eq!(
+            t(json!({"type": "array", "items": {"type": "integer"}})),
+            "list[int]"
+        );
+        assert_eq!(t(json!({"type": "array", "items": {}})), "list[Any]");
+        assert_eq!(t(json!({"type": "tuple"})), "Any");
+        assert_eq!(t(json!({})), "Any");
+        // A list of types is a union, each spelled alone.
+        assert_eq!(
+            t(json!({"type": ["array", "object", "null"]})),
+            "list | dict | None"
+        );
+        assert_eq!(
+            t(json!({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]})),
+            "str | list[str]"
+        );
+        assert_eq!(
+            t(json!({"oneOf": [{"type": "boolean"}, {"enum": [1]}]})),
+            "bool | Literal[1]"
+        );
+        // An enum: its first six values.
+        assert_eq!(
+            t(json!({"enum": ["a", 2, "c", "d", "e", "f", "g"]})),
+            "Literal['a', 2, 'c', 'd', 'e', 'f']"
+        );
+        let d = |v: Value| py_default(&v);
+        assert_eq!(
+            [json!(null), json!(true), json!(false), json!("x y"), json!(2.5)].map(d),
+            ["None", "True", "False", "'x y'", "2.5"]
+        );
+    }
+
+    #[test]
     fn description_lists_what_is_callable_and_how() {
         let l = Limits::effective(&Scripts::default(), &Default::default());
         let d = describe(&snap(false), &l, 20000);
