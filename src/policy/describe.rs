@@ -569,7 +569,9 @@ mod tests {
             "list | dict | None"
         );
         assert_eq!(
-            t(json!({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]})),
+            t(
+                json!({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]})
+            ),
             "str | list[str]"
         );
         assert_eq!(
@@ -583,7 +585,14 @@ mod tests {
         );
         let d = |v: Value| py_default(&v);
         assert_eq!(
-            [json!(null), json!(true), json!(false), json!("x y"), json!(2.5)].map(d),
+            [
+                json!(null),
+                json!(true),
+                json!(false),
+                json!("x y"),
+                json!(2.5)
+            ]
+            .map(d),
             ["None", "True", "False", "'x y'", "2.5"]
         );
     }
@@ -678,6 +687,10 @@ mod tests {
             ("None", "None_"),
             ("match", "match"),
             ("__init__", "__init___"),
+            ("__a__", "__a___"),
+            // No name between the underscores: no dunder.
+            ("____", "____"),
+            ("--", "__"),
             ("_private", "_private"),
             ("über", "_ber"),
             ("-", "_"),

@@ -238,6 +238,23 @@ mod tests {
             assert_eq!(Scope::from_db(&s.to_db()), Some(s));
         }
         assert_eq!(Scope::from_db("uid:x"), None);
+        assert_eq!(Scope::from_db("entry"), None);
+        // As messages name a scope.
+        assert_eq!(
+            [
+                Scope::Entry(label.clone()),
+                Scope::Shared(0),
+                Scope::Shared(1006),
+                Scope::AnyShared,
+            ]
+            .map(|s| s.to_string()),
+            [
+                label.as_str(),
+                "root (auth.token_key_file)",
+                "uid 1006 (auth.token_key_file)",
+                "every peer of auth.token_key_file",
+            ]
+        );
     }
 
     #[test]

@@ -401,9 +401,7 @@ mod tests {
                 &EncodingKey::from_secret(KEY),
             )
             .unwrap();
-            let e = verify(&t, KEY, true)
-                .map_err(RpcError::from)
-                .unwrap_err();
+            let e = verify(&t, KEY, true).map_err(RpcError::from).unwrap_err();
             assert_eq!(
                 (e.reason(), e.data.as_ref().unwrap()["field"].as_str()),
                 (Some("malformed"), Some("run_id")),
