@@ -598,6 +598,35 @@ mod tests {
     }
 
     #[test]
+    fn a_schema_takes_more_than_its_properties_when_open_or_unread() {
+        let more = |s: Value| takes_more(Some(&s));
+        assert!(!takes_more(None));
+        assert!(takes_more(Some(&json!(true))), "a schema that is no object");
+        assert!(!more(json!({"type": "object", "properties": {"a": {}}})));
+        assert!(!more(
+            json!({"additionalProperties": false, "unevaluatedProperties": false})
+        ));
+        for open in [json!(true), json!({"type": "string"})] {
+            assert!(more(json!({"additionalProperties": open})));
+            assert!(more(json!({"unevaluatedProperties": open})));
+        }
+        for k in [
+            "patternProperties",
+            "allOf",
+            "anyOf",
+            "oneOf",
+            "$ref",
+            "$dynamicRef",
+            "if",
+            "dependentSchemas",
+        ] {
+            let mut s = json!({"additionalProperties": false});
+            s[k] = json!({});
+            assert!(more(s), "{k}");
+        }
+    }
+
+    #[test]
     fn description_lists_what_is_callable_and_how() {
         let l = Limits::effective(&Scripts::default(), &Default::default());
         let d = describe(&snap(false), &l, 20000);
