@@ -672,6 +672,9 @@ mod tests {
         assert!(line.ends_with('…'));
         assert_eq!(one_line(Some(" \n\t")), None);
         assert_eq!(one_line(None), None);
+        // One of DESCRIPTION_MAX_CHARS is whole.
+        let full = "x".repeat(DESCRIPTION_MAX_CHARS);
+        assert_eq!(one_line(Some(&full)).as_ref(), Some(&full));
     }
 
     #[test]
@@ -890,6 +893,22 @@ mod tests {
         assert!(!d.contains('\u{202e}'));
         let none = describe(&snap(false), &l, 20000);
         assert!(!none.contains("Not offered at all"));
+        // Only named ones: no "and 0 more".
+        let named = LeftOut {
+            more: 0,
+            ..left_out()
+        };
+        let d = describe_for(
+            &snap(false),
+            &l,
+            20000,
+            NeverCallable::OfferedDirectly,
+            &named,
+        );
+        assert!(
+            d.ends_with("(its input schema is 1024 KiB; at most 256 KiB is taken)\n"),
+            "{d}"
+        );
     }
 
     /// A name a snapshot takes may still hide or reorder text (an engine's
