@@ -381,7 +381,7 @@ mod tests {
         let d = tmp.path();
         let (a, b) = (key_file(d, "a", 1), key_file(d, "b", 2));
         let refused = |engines: Vec<EngineAuth>, global: Option<&[u8]>, why: &str| {
-            let e = load(engines, global).err().expect(why);
+            let e = load(engines, global).expect_err(why);
             assert!(e.contains(why), "{why}: {e}");
         };
         refused(
