@@ -616,6 +616,21 @@ mod tests {
         let mut l = List::new("s");
         l.admit(tool(&long, json!({}))).unwrap();
         assert!(l.left_out.named[0].0.len() < MAX_NAME_BYTES + 40);
+        // Two servers' lists: the second's after the first's, each bounded
+        // on its own, the counts added.
+        let left_out = |server: &str, n: usize| {
+            let mut l = List::new(server);
+            for i in 0..n {
+                l.admit(tool(&format!("bad {i}"), json!({}))).unwrap();
+            }
+            l.left_out
+        };
+        let mut all = left_out("a", MAX_LEFT_OUT_NAMED + 3);
+        all.append(left_out("b", MAX_LEFT_OUT_NAMED + 4));
+        assert_eq!(all.named.len(), 2 * MAX_LEFT_OUT_NAMED);
+        assert_eq!(all.named[0].0, "a__bad 0");
+        assert_eq!(all.named[MAX_LEFT_OUT_NAMED].0, "b__bad 0");
+        assert_eq!(all.more, 7);
     }
 
     #[test]

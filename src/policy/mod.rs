@@ -940,16 +940,27 @@ mod tests {
             assert!(r.message.contains("call it directly"), "{}", r.message);
         }
         // disabled tools and unknown tools: not provided.
-        for t in ["t__off", "t__nope"] {
+        for (t, why) in [
+            ("t__off", "it is switched off for this run"),
+            ("t__nope", "no tool of that name is provided to this run"),
+        ] {
             let r = call(false, &[], t, json!({})).unwrap_err();
             assert_eq!(r.code, ToolErrorCode::Denied);
             assert!(r.message.contains("not available"));
+            assert!(r.message.ends_with(why), "{}", r.message);
         }
         // write tools in a read-only run: not provided, even if (wrongly) listed.
         let (p, _) = Policy::plan(&snapshot("auto", true), &[]).unwrap();
         let r = p.check_call("t__write", &json!({})).unwrap_err();
         assert!(r.message.contains("read-only"), "{}", r.message);
         assert!(p.check_call("t__read", &json!({"sn": "x"})).is_ok());
+    }
+
+    #[test]
+    fn the_typed_api_lists_the_enabled_read_and_write_tools_in_snapshot_order() {
+        let (p, _) = Policy::plan(&snapshot("auto", false), &[]).unwrap();
+        let listed: Vec<&str> = p.callable_specs().iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(listed, ["t__read", "t__write", "t__session_write"]);
     }
 
     #[test]
