@@ -615,7 +615,11 @@ mod tests {
         let long = "n".repeat(10_000);
         let mut l = List::new("s");
         l.admit(tool(&long, json!({}))).unwrap();
-        assert!(l.left_out.named[0].0.len() < MAX_NAME_BYTES + 40);
+        // Shown clipped, a little past the longest name that is taken.
+        assert_eq!(
+            l.left_out.named[0].0,
+            format!("s__{}…", &long[..MAX_NAME_BYTES + 32 - 3])
+        );
         // Two servers' lists: the second's after the first's, each bounded
         // on its own, the counts added.
         let left_out = |server: &str, n: usize| {
@@ -637,21 +641,104 @@ mod tests {
     fn a_list_over_its_total_is_refused() {
         let mut l = List::new("s");
         let pad = "x".repeat(200 << 10);
-        let mut n = 0;
-        let e = loop {
-            match l.admit(tool(
-                &format!("t{n}"),
-                json!({"type": "object", "description": pad}),
-            )) {
-                Ok(Some(_)) => n += 1,
-                Ok(None) => panic!("left out: {:?}", l.left_out),
-                Err(e) => break e,
-            }
-        };
+        let (n, e) = kept_until_refused(&mut l, &json!({"type": "object", "description": pad}));
         assert_eq!(n, MAX_LIST_BYTES / (200 << 10));
         assert!(
             e.contains("more than 8 MiB of text or 32 MiB once parsed"),
             "{e}"
+        );
+    }
+
+    /// Tools of `schema` admitted one after another: how many are kept before
+    /// the list is refused, and why (at most 1000 are tried).
+    fn kept_until_refused(l: &mut List, schema: &Value) -> (usize, String) {
+        for n in 0..1000 {
+            match l.admit(tool(&format!("t{n}"), schema.clone())) {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("left out: {:?}", l.left_out),
+                Err(e) => return (n, e),
+            }
+        }
+        panic!("1000 tools kept: the list's bounds were never reached")
+    }
+
+    /// An object schema of `n` properties of schema `each`: small as text,
+    /// some 30 times that parsed.
+    fn wide_of(n: usize, each: &Value) -> Value {
+        let props: Map<String, Value> = (0..n).map(|i| (format!("p{i}"), each.clone())).collect();
+        json!({"type": "object", "properties": props})
+    }
+
+    fn wide(n: usize) -> Value {
+        wide_of(n, &json!({"type": "integer"}))
+    }
+
+    #[test]
+    fn a_list_over_its_parsed_total_is_refused_though_its_text_is_small() {
+        let schema = wide(9000);
+        assert!(json_len(&schema) <= MAX_SCHEMA_BYTES);
+        assert!(parsed_size(&schema) <= MAX_SCHEMA_PARSED);
+        let mut l = List::new("s");
+        let (n, e) = kept_until_refused(&mut l, &schema);
+        assert_eq!(
+            n,
+            MAX_LIST_PARSED / parsed_size(&tool("t0", schema.clone()))
+        );
+        assert!(n * json_len(&schema) < MAX_LIST_BYTES / 4, "not its text");
+        assert!(e.contains("32 MiB once parsed"), "{e}");
+    }
+
+    #[test]
+    fn a_schema_at_its_bounds_is_kept_one_past_them_is_left_out() {
+        // As text: MAX_SCHEMA_BYTES exactly.
+        let text = |len: usize| {
+            let mut s = json!({"type": "object", "description": ""});
+            let pad = len - json_len(&s);
+            s["description"] = json!("x".repeat(pad));
+            assert_eq!(json_len(&s), len);
+            s
+        };
+        let mut l = List::new("s");
+        assert!(l
+            .admit(tool("a", text(MAX_SCHEMA_BYTES)))
+            .unwrap()
+            .is_some());
+        assert_eq!(
+            l.admit(tool("b", text(MAX_SCHEMA_BYTES + 1))).unwrap(),
+            None
+        );
+        // Parsed: MAX_SCHEMA_PARSED exactly, a description making up what the
+        // properties leave.
+        // (`{"not": {}}`: one map node for 10 bytes of text.)
+        let each = json!({"not": {}});
+        let mut n = MAX_SCHEMA_PARSED / (parsed_size(&wide_of(1000, &each)) / 1000);
+        let mut base = wide_of(n, &each);
+        base["description"] = json!("");
+        while parsed_size(&base) > MAX_SCHEMA_PARSED {
+            n -= 1;
+            base = wide_of(n, &each);
+            base["description"] = json!("");
+        }
+        let parsed = |len: usize| {
+            let mut s = base.clone();
+            s["description"] = json!("x".repeat(len - parsed_size(&base)));
+            assert_eq!(parsed_size(&s), len);
+            assert!(json_len(&s) <= MAX_SCHEMA_BYTES);
+            s
+        };
+        let mut l = List::new("s");
+        assert!(l
+            .admit(tool("c", parsed(MAX_SCHEMA_PARSED)))
+            .unwrap()
+            .is_some());
+        assert_eq!(
+            l.admit(tool("d", parsed(MAX_SCHEMA_PARSED + 1))).unwrap(),
+            None
+        );
+        assert!(
+            l.left_out.named[0].1.contains("once parsed"),
+            "{:?}",
+            l.left_out
         );
     }
 }
