@@ -707,22 +707,9 @@ mod tests {
             l.admit(tool("b", text(MAX_SCHEMA_BYTES + 1))).unwrap(),
             None
         );
-        // Parsed: MAX_SCHEMA_PARSED exactly, a description making up what the
-        // properties leave.
-        // (`{"not": {}}`: one map node for 10 bytes of text.)
-        let each = json!({"not": {}});
-        let mut n = MAX_SCHEMA_PARSED / (parsed_size(&wide_of(1000, &each)) / 1000);
-        let mut base = wide_of(n, &each);
-        base["description"] = json!("");
-        while parsed_size(&base) > MAX_SCHEMA_PARSED {
-            n -= 1;
-            base = wide_of(n, &each);
-            base["description"] = json!("");
-        }
+        // Parsed: MAX_SCHEMA_PARSED exactly.
         let parsed = |len: usize| {
-            let mut s = base.clone();
-            s["description"] = json!("x".repeat(len - parsed_size(&base)));
-            assert_eq!(parsed_size(&s), len);
+            let s = weighing(len);
             assert!(json_len(&s) <= MAX_SCHEMA_BYTES);
             s
         };
@@ -740,5 +727,59 @@ mod tests {
             "{:?}",
             l.left_out
         );
+    }
+
+    /// A schema that weighs exactly `parsed` (`parsed_size`): properties of
+    /// one map node each (`{"not": {}}`, 10 bytes of text), and a description
+    /// making up the rest.
+    fn weighing(parsed: usize) -> Value {
+        let each = json!({"not": {}});
+        let of = |n: usize| {
+            let mut schema = wide_of(n, &each);
+            schema["description"] = json!("");
+            schema
+        };
+        let per = (parsed_size(&of(2000)) - parsed_size(&of(1000))) / 1000;
+        let mut n = (parsed - parsed_size(&of(0))) / per;
+        let mut schema = of(n);
+        while parsed_size(&schema) > parsed {
+            n -= (parsed_size(&schema) - parsed).div_ceil(per);
+            schema = of(n);
+        }
+        schema["description"] = json!("x".repeat(parsed - parsed_size(&schema)));
+        assert_eq!(parsed_size(&schema), parsed);
+        schema
+    }
+
+    #[test]
+    fn a_list_at_its_totals_is_kept_one_tool_more_is_refused() {
+        // Text: 64 tools of MAX_LIST_BYTES / 64 each.
+        let per = MAX_LIST_BYTES / 64;
+        let sized = |n: usize| {
+            let name = format!("t{n:03}");
+            let empty = json_len(&tool(&name, json!({"type": "object", "description": ""})));
+            let t = tool(
+                &name,
+                json!({"type": "object", "description": "x".repeat(per - empty)}),
+            );
+            assert_eq!(json_len(&t), per);
+            t
+        };
+        let mut l = List::new("s");
+        for n in 0..64 {
+            assert!(l.admit(sized(n)).unwrap().is_some(), "{n}");
+        }
+        assert!(l.admit(tool("t064", json!({}))).is_err());
+        // Parsed: 4 tools of MAX_LIST_PARSED / 4 each.
+        let mut l = List::new("s");
+        let overhead = parsed_size(&tool("t0", json!({}))) - parsed_size(&json!({}));
+        let schema = weighing(MAX_LIST_PARSED / 4 - overhead);
+        assert!(json_len(&schema) <= MAX_SCHEMA_BYTES);
+        for n in 0..4 {
+            let t = tool(&format!("t{n}"), schema.clone());
+            assert_eq!(parsed_size(&t), MAX_LIST_PARSED / 4);
+            assert!(l.admit(t).unwrap().is_some(), "{n}");
+        }
+        assert!(l.admit(tool("t4", json!({}))).is_err());
     }
 }
