@@ -227,16 +227,7 @@ pub fn drop_unknown_keywords(schema: &mut Value) {
             .map(|(segs, _, _)| segs)
             .collect();
         for segs in children {
-            let slot = match segs.as_slice() {
-                [k] => map.get_mut(k),
-                [k, i] => match map.get_mut(k) {
-                    Some(Value::Array(a)) => i.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
-                    Some(Value::Object(m)) => m.get_mut(i),
-                    _ => None,
-                },
-                _ => None,
-            };
-            if let Some(slot) = slot {
+            if let Some(slot) = super::subschema_mut(map, &segs) {
                 prune(slot, keep);
             }
         }

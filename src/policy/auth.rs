@@ -298,6 +298,11 @@ mod tests {
         );
         let own = vec![PathBuf::from("/srv/gw")];
         assert_eq!(peer_roots(&roots, Some(&own), 1000), own);
+        // An entry whose `workspace_roots` is empty has the per-uid ones.
+        assert_eq!(
+            peer_roots(&roots, Some(&[]), 1000),
+            vec![PathBuf::from("/w/1000"), PathBuf::from("/v/1000")]
+        );
         assert_eq!(
             engine_dir_owner(Path::new("/w/1000/ws"), &roots),
             Some(1000)

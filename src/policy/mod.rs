@@ -539,6 +539,20 @@ fn subschemas(map: &Map<String, Value>) -> Vec<(Vec<String>, &Value, Applies)> {
     out
 }
 
+/// The schema object `subschemas` names by `segs` (a keyword, or a keyword and
+/// the index or name in it), to change it in place.
+fn subschema_mut<'a>(map: &'a mut Map<String, Value>, segs: &[String]) -> Option<&'a mut Value> {
+    match segs {
+        [k] => map.get_mut(k),
+        [k, i] => match map.get_mut(k) {
+            Some(Value::Array(a)) => i.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
+            Some(Value::Object(m)) => m.get_mut(i),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// A URI fragment with its `%XX` escapes decoded (a JSON pointer in a `$ref` is
 /// percent-encoded); `None` if that is not UTF-8.
 fn percent_decode(s: &str) -> Option<String> {
@@ -741,16 +755,7 @@ pub fn closed_schema(schema: &Value) -> Value {
             .map(|(segs, _, applies)| (segs, applies))
             .collect();
         for (segs, applies) in children {
-            let slot = match segs.as_slice() {
-                [k] => map.get_mut(k),
-                [k, i] => match map.get_mut(k) {
-                    Some(Value::Array(a)) => i.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
-                    Some(Value::Object(m)) => m.get_mut(i),
-                    _ => None,
-                },
-                _ => None,
-            };
-            if let Some(slot) = slot {
+            if let Some(slot) = subschema_mut(map, &segs) {
                 rewrite(
                     doc,
                     inverted_targets,
@@ -995,6 +1000,63 @@ mod tests {
         let r = check(schema, json!({}), args.clone()).expect_err(&args.to_string());
         assert_eq!(r.code, ToolErrorCode::InvalidArguments, "{}", r.message);
         r.message
+    }
+
+    /// A declared key whose value is wrong is refused by that error alone (at
+    /// its value, or deeper), never also as a key the schema does not declare.
+    #[test]
+    fn a_wrong_value_is_not_also_an_undeclared_key() {
+        // Declared in an `allOf` branch, which the wrong value fails: its keys
+        // are then not "evaluated" either.
+        let schema = json!({"type": "object", "allOf": [{"properties": {
+            "n": {"type": "integer"},
+            "o": {"type": "object", "properties": {"b": {"type": "integer"}}}}}]});
+        for (args, at) in [
+            (json!({"n": "x"}), " at /n: "),
+            (json!({"o": {"b": "x"}}), " at /o/b: "),
+        ] {
+            let m = refused(schema.clone(), args);
+            assert!(m.contains(at), "{m}");
+            assert!(!m.contains("not declared"), "{m}");
+        }
+    }
+
+    /// A schema object a `not` refers to is left open (closing it would change
+    /// what the `not` refuses); the rest is closed as ever.
+    #[test]
+    fn a_schema_a_not_refers_to_stays_open_the_rest_is_closed() {
+        let schema = json!({"type": "object",
+            "properties": {
+                "p": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+                "q": {"type": "object", "properties": {"z": {}}}},
+            "not": {"$ref": "#/properties/p"}});
+        assert_eq!(
+            check(schema.clone(), json!({}), json!({"p": {"x": 1, "y": 2}})).unwrap(),
+            json!({"p": {"x": 1, "y": 2}})
+        );
+        let m = refused(schema.clone(), json!({"p": {"x": 1}, "zz": 1}));
+        assert!(m.contains("argument `zz` is not declared"), "{m}");
+        let m = refused(schema, json!({"q": {"z": 1, "w": 2}}));
+        assert!(m.contains("key `w` at /q is not declared"), "{m}");
+    }
+
+    /// An object schema in an array of schemas (`prefixItems`, `allOf`, ...)
+    /// is closed where it applies to a new value.
+    #[test]
+    fn object_schemas_in_arrays_of_schemas_are_closed() {
+        let schema = json!({"type": "object", "properties": {"l": {"type": "array",
+            "prefixItems": [{"type": "object", "properties": {"x": {}}}]}}});
+        let m = refused(schema, json!({"l": [{"x": 1, "y": 2}]}));
+        assert!(m.contains("key `y` at /l/0 is not declared"), "{m}");
+    }
+
+    #[test]
+    fn fragments_are_percent_decoded() {
+        assert_eq!(percent_decode("a%2Fb%25c%7e").as_deref(), Some("a/b%c~"));
+        assert_eq!(percent_decode("%C3%A9%20x").as_deref(), Some("\u{e9} x"));
+        // Not an escape: kept as it is.
+        assert_eq!(percent_decode("%zz%4").as_deref(), Some("%zz%4"));
+        assert_eq!(percent_decode("%FF"), None, "not UTF-8");
     }
 
     /// A refusal names at most 20 of the tool's arguments, then "…": 20 are all
