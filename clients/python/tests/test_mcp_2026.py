@@ -10,9 +10,11 @@ directory of its own (its store is read directly to count what ran)."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
 import queue
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -39,6 +41,9 @@ class State:
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="sg-mcp26-"))
+        # Removed when the tests end: each holds the embedded daemon's copy of
+        # its binary (some 290 MB for a debug build).
+        atexit.register(shutil.rmtree, self.dir, True)
         os.chmod(self.dir, 0o755)
         self.config = self.dir / "scriptgate.toml"
         self.config.write_text(f'[state]\ndir = "{self.dir}"\n')
@@ -58,6 +63,11 @@ class State:
             return c.execute(
                 "SELECT script_id, status FROM scripts WHERE code LIKE ? ORDER BY started_at", (f"%{like}%",)
             ).fetchall()
+        except sqlite3.OperationalError as e:
+            # The file is there before its tables: the daemon is making the store.
+            if "no such table" in str(e):
+                return []
+            raise
         finally:
             c.close()
 
