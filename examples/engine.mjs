@@ -3,15 +3,16 @@
 // Usage: node examples/engine.mjs [SOCKET] [KEY_FILE] [WORKSPACE_ROOT], or env SCRIPTGATE_SOCKET,
 // SCRIPTGATE_KEY_FILE, SCRIPTGATE_WORKSPACE_ROOT (defaults /run/scriptgate/scriptgate.sock,
 // /etc/scriptgate/token.key, /var/lib/scriptgate/workspaces[/<uid> unless root]). The script works in WORKSPACE_ROOT/engine-<pid>
-// (the root is one of workspace.roots). Build the client first: npm install in clients/typescript.
+// (the root is one of workspace.roots). Setup: npm ci && npm run build in clients/typescript, then npm ci in examples
+// (examples/package.json: @scriptgate/client from this tree, by its package name, as a user's engine has it).
 import { join } from "node:path";
-import { ScriptgateClient, mintToken, prepareWorkspace, readKeyFile } from "../clients/typescript/dist/index.js"; // elsewhere: "@scriptgate/client"
+import { ScriptgateClient, mintToken, prepareWorkspace, readKeyFile } from "@scriptgate/client";
 
 const env = process.env, [socket = env.SCRIPTGATE_SOCKET ?? "/run/scriptgate/scriptgate.sock",
   keyFile = env.SCRIPTGATE_KEY_FILE ?? "/etc/scriptgate/token.key", root = env.SCRIPTGATE_WORKSPACE_ROOT ?? `/var/lib/scriptgate/workspaces${process.getuid() ? `/${process.getuid()}` : ""}`] = process.argv.slice(2);
 const fleet = new Map(["SN1", "SN2", "SN3", "SN4"].map((sn, i) => [sn, { sn, online: i !== 2, fw: i % 2 ? "1.3" : "1.2" }]));
 const SN = { type: "object", properties: { sn: { type: "string" } }, required: ["sn"] };
-const snapshot = { workspace: prepareWorkspace(join(root, `engine-${process.pid}`)), permission_mode: "approval", tools: [
+const snapshot = { workspace: await prepareWorkspace(join(root, `engine-${process.pid}`)), permission_mode: "approval", tools: [
   { name: "fleet__list_devices", class: "read", input_schema: { type: "object" } },
   { name: "fleet__get_device_status", class: "read", input_schema: SN },
   { name: "fleet__reboot_device", class: "write", input_schema: SN }] };

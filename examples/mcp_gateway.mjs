@@ -1,9 +1,11 @@
 // An MCP gateway on scriptgate: server-everything's tools (MCP SDK, stdio) become the snapshot, their results go back
 // unchanged, a script runs with one approved write, then a running script is cancelled and its MCP call aborted.
-// Usage: node examples/mcp_gateway.mjs [SOCKET] [KEY_FILE] [WORKSPACE_ROOT] (needs tests/mcp's npm ci and the built client).
-import { Client } from "../tests/mcp/node_modules/@modelcontextprotocol/sdk/dist/esm/client/index.js";
-import { StdioClientTransport } from "../tests/mcp/node_modules/@modelcontextprotocol/sdk/dist/esm/client/stdio.js";
-import { ScriptgateClient, mintToken, prepareWorkspace, readKeyFile, toolFromMcp } from "../clients/typescript/dist/index.js";
+// Usage: node examples/mcp_gateway.mjs [SOCKET] [KEY_FILE] [WORKSPACE_ROOT]. Setup: npm ci && npm run build in
+// clients/typescript, then npm ci in examples (examples/package.json: the MCP SDK, server-everything, @scriptgate/client).
+import { createRequire } from "node:module";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { ScriptgateClient, mintToken, prepareWorkspace, readKeyFile, toolFromMcp } from "@scriptgate/client";
 const SCRIPT = `
 import agent_tools
 print(agent_tools.call("everything__echo", {"message": "hello from the sandbox"}))
@@ -12,9 +14,10 @@ print(agent_tools.call("everything__toggle-simulated-logging", {}))
 `;
 const [socket, keyFile = "/etc/scriptgate/token.key", root = "/var/lib/scriptgate/workspaces"] = process.argv.slice(2);
 const mcp = new Client({ name: "mcp-gateway", version: "1.0.0" });
-await mcp.connect(new StdioClientTransport({ command: process.execPath, args: [new URL("../tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js", import.meta.url).pathname], stderr: "ignore" }));
+const everything = createRequire(import.meta.url).resolve("@modelcontextprotocol/server-everything/dist/index.js"); // its bin
+await mcp.connect(new StdioClientTransport({ command: process.execPath, args: [everything], stderr: "ignore" }));
 const tools = (await mcp.listTools()).tools.map((t) => toolFromMcp(t, { server: "everything" }));
-const snapshot = { workspace: prepareWorkspace(`${root}/gateway-${process.pid}`), permission_mode: "approval", tools };
+const snapshot = { workspace: await prepareWorkspace(`${root}/gateway-${process.pid}`), permission_mode: "approval", tools };
 const token = mintToken(readKeyFile(keyFile), `gateway-${process.pid}`, snapshot, 600, "examples/mcp_gateway.mjs");
 let aborted; const wasAborted = new Promise((r) => (aborted = r));
 const client = await ScriptgateClient.connect(socket, { // no SOCKET: $SCRIPTGATE_SOCKET, else /run/scriptgate/scriptgate.sock

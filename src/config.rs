@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_PATH: &str = "/etc/scriptgate/scriptgate.toml";
 pub const MIN_KEY_BYTES: usize = 32;
 
+/// `scriptgate.toml` (scriptgate.toml(5)), one struct per table: every key has
+/// a default, and an unknown key is refused, not ignored. Read and checked once
+/// at start-up (the daemon's, an embedded daemon's, `--check-config`); the
+/// daemon keeps it unchanged for its life (`Daemon::cfg`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {

@@ -11,8 +11,8 @@ pub mod daemon;
 pub(crate) mod limits;
 pub(crate) mod policy;
 pub mod protocol;
-pub mod sandbox;
-pub mod script;
+pub(crate) mod sandbox;
+pub(crate) mod script;
 pub(crate) mod service;
 #[allow(unsafe_code)]
 pub(crate) mod sys;
@@ -22,7 +22,7 @@ pub mod time;
 /// `scriptgate`'s entry point (`src/bin/scriptgate.rs` is a one-line shim).
 pub use cli::main as cli_main;
 /// Both binaries' first check: `Some(status)` when started as the sandbox's init
-/// (`BIN --sandbox-init ...`; see `sandbox_init`), which then exits with it.
+/// (`BIN --sandbox-init ...`; see `sandbox::init`), which then exits with it.
 pub use sandbox::init::dispatch as sandbox_init_main;
 /// `scriptgated`'s entry point (`src/bin/scriptgated.rs` is a one-line shim).
 pub use service::main as daemon_main;

@@ -465,11 +465,105 @@ pub struct RefusalRow {
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
+/// The daemon's audit store, `scriptgate.db` in the state directory (SQLite,
+/// write-ahead log): one row per script (written before it runs, finished when
+/// it ends, its counts checkpointed while it runs), the refusals, the revoked
+/// runs, the workspaces retention may remove and their project ids, and the
+/// metrics' counters. Every write goes through one writer thread, in the order
+/// it was queued (`write`); reads use a connection of their own. A reserve file
+/// beside it keeps room to record scripts' ends on a full filesystem.
+/// Opened by [`Store::open`], which migrates the schema and marks what a dead
+/// daemon left running `interrupted`.
 pub struct Store {
     path: PathBuf,
     tx: mpsc::Sender<Job>,
     reader: Mutex<Connection>,
     reserve: std::sync::Arc<Reserve>,
+}
+
+/// A failed SQLite operation `op` on the store at `path`.
+fn sql_error(path: &Path, op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
+    let path = path.to_path_buf();
+    move |source| StoreError::Sql { path, op, source }
+}
+
+/// The writer's connection: WAL, `synchronous = NORMAL`, a busy timeout.
+fn open_writer(path: &Path) -> Result<Connection, StoreError> {
+    let sql = |op| sql_error(path, op);
+    let w = Connection::open(path).map_err(sql("open"))?;
+    w.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(sql("busy_timeout"))?;
+    // Switching a fresh store to WAL needs a lock that another process
+    // opening it at the same moment may hold, and SQLite answers BUSY there
+    // without waiting (no busy handler: it could deadlock): try again, for
+    // as long as the busy timeout.
+    let t0 = std::time::Instant::now();
+    loop {
+        match w.pragma_update(None, "journal_mode", "WAL") {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy
+                    && t0.elapsed() < std::time::Duration::from_secs(5) =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            r => break r.map_err(sql("enable WAL"))?,
+        }
+    }
+    w.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(sql("set synchronous"))?;
+    Ok(w)
+}
+
+/// Bring the schema to [`SCHEMA_VERSION`]. Each step in an IMMEDIATE
+/// transaction that reads the version itself: two processes opening a fresh
+/// store together (the CLI's embedded daemons) take the steps one after the
+/// other, never both the same one.
+fn migrate(w: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let sql = |op| sql_error(path, op);
+    loop {
+        let tx = w
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql("begin migration"))?;
+        let version: i64 = tx
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(sql("read user_version"))?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::TooNew {
+                path: path.to_path_buf(),
+                found: version,
+            });
+        }
+        let i = version as usize;
+        let Some(m) = MIGRATIONS.get(i) else {
+            return Ok(());
+        };
+        tx.execute_batch(m).map_err(sql("migrate"))?;
+        migrated_data(&tx, i + 1, path)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)
+            .map_err(sql("set user_version"))?;
+        tx.commit().map_err(sql("commit migration"))?;
+    }
+}
+
+/// What a migration to `version` does to the rows, beyond its SQL.
+fn migrated_data(tx: &Connection, version: usize, path: &Path) -> Result<(), StoreError> {
+    let sql = |op| sql_error(path, op);
+    match version {
+        2 => seed_metrics(tx).map_err(sql("count the existing rows for metrics")),
+        3 => migrate_v3_run_scopes(tx).map_err(sql("scope the stored runs (v3)")),
+        4 => {
+            let n = trim_revocations(tx, crate::policy::runs::REVOCATIONS_PER_SCOPE)
+                .map_err(sql("bound the revocations per scope (v4)"))?;
+            if n > 0 {
+                tracing::warn!(
+                    "audit store: dropped the {n} oldest run revocations past {} per scope",
+                    crate::policy::runs::REVOCATIONS_PER_SCOPE
+                );
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 impl Store {
@@ -480,73 +574,9 @@ impl Store {
         path: &Path,
         reader_gid: Option<u32>,
     ) -> Result<(Store, Vec<Recovered>), StoreError> {
-        let sql = |op| {
-            move |source| StoreError::Sql {
-                path: path.to_path_buf(),
-                op,
-                source,
-            }
-        };
-        let mut w = Connection::open(path).map_err(sql("open"))?;
-        w.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(sql("busy_timeout"))?;
-        // Switching a fresh store to WAL needs a lock that another process
-        // opening it at the same moment may hold, and SQLite answers BUSY there
-        // without waiting (no busy handler: it could deadlock): try again, for
-        // as long as the busy timeout.
-        let t0 = std::time::Instant::now();
-        loop {
-            match w.pragma_update(None, "journal_mode", "WAL") {
-                Err(rusqlite::Error::SqliteFailure(e, _))
-                    if e.code == rusqlite::ErrorCode::DatabaseBusy
-                        && t0.elapsed() < std::time::Duration::from_secs(5) =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                r => break r.map_err(sql("enable WAL"))?,
-            }
-        }
-        w.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(sql("set synchronous"))?;
-        // Each step in an IMMEDIATE transaction that reads the version itself:
-        // two processes opening a fresh store together (the CLI's embedded
-        // daemons) take the steps one after the other, never both the same one.
-        loop {
-            let tx = w
-                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-                .map_err(sql("begin migration"))?;
-            let version: i64 = tx
-                .pragma_query_value(None, "user_version", |r| r.get(0))
-                .map_err(sql("read user_version"))?;
-            if version > SCHEMA_VERSION {
-                return Err(StoreError::TooNew {
-                    path: path.to_path_buf(),
-                    found: version,
-                });
-            }
-            let i = version as usize;
-            let Some(m) = MIGRATIONS.get(i) else { break };
-            tx.execute_batch(m).map_err(sql("migrate"))?;
-            if i + 1 == 2 {
-                seed_metrics(&tx).map_err(sql("count the existing rows for metrics"))?;
-            }
-            if i + 1 == 3 {
-                migrate_v3_run_scopes(&tx).map_err(sql("scope the stored runs (v3)"))?;
-            }
-            if i + 1 == 4 {
-                let n = trim_revocations(&tx, crate::policy::runs::REVOCATIONS_PER_SCOPE)
-                    .map_err(sql("bound the revocations per scope (v4)"))?;
-                if n > 0 {
-                    tracing::warn!(
-                        "audit store: dropped the {n} oldest run revocations past {} per scope",
-                        crate::policy::runs::REVOCATIONS_PER_SCOPE
-                    );
-                }
-            }
-            tx.pragma_update(None, "user_version", (i + 1) as i64)
-                .map_err(sql("set user_version"))?;
-            tx.commit().map_err(sql("commit migration"))?;
-        }
+        let sql = |op| sql_error(path, op);
+        let mut w = open_writer(path)?;
+        migrate(&mut w, path)?;
         let reserve = std::sync::Arc::new(Reserve {
             path: PathBuf::from(format!("{}.reserve", path.display())),
             released: Default::default(),

@@ -516,7 +516,7 @@ const PS_MAX_ROWS: usize = 1000;
 /// The process that holds a running row's embedded daemon (`scriptgate run`
 /// or `scriptgate mcp`: the row's `peer_pid`), as /proc shows it now.
 #[derive(Debug, Clone, Serialize)]
-struct Host {
+struct DaemonProcess {
     pid: u32,
     /// It lives, holds the store open and started before the script
     /// (`audit::live::held_by`); otherwise the script is not running, whatever
@@ -526,8 +526,8 @@ struct Host {
     command: Option<&'static str>,
 }
 
-impl Host {
-    fn of(row: &Value, db: &Path) -> Option<Host> {
+impl DaemonProcess {
+    fn of(row: &Value, db: &Path) -> Option<DaemonProcess> {
         let pid = row["peer_pid"]
             .as_u64()
             .and_then(|p| u32::try_from(p).ok())
@@ -538,7 +538,7 @@ impl Host {
         let alive = pid != std::process::id()
             && crate::audit::live::held_by(Path::new(PROC), pid, db, started);
         let command = alive.then(|| subcommand(pid)).flatten();
-        Some(Host {
+        Some(DaemonProcess {
             pid,
             alive,
             command,
@@ -638,67 +638,27 @@ fn store_err(e: rusqlite::Error) -> Failure {
     Failure::setup(e.to_string())
 }
 
-/// `scriptgate ps` of an embedded store: the rows that say `running` (their
-/// calls and failures as of the daemon's last checkpoint, at most 2 s old),
-/// each with the process that holds its daemon and, while that lives, what
-/// its sandbox holds now. A row whose process is gone is not running: it is
-/// listed as such (the next embedded daemon to open the store records it
-/// `interrupted`).
-fn ps_embedded(ctx: &Ctx, dir: &Path, json_out: bool) -> Result<String, Failure> {
-    #[derive(Serialize)]
-    struct Listed<'a> {
-        script_id: &'a Value,
-        run_id: &'a Value,
-        uid: &'a Value,
-        started_at: &'a Value,
-        age_ms: u64,
-        calls: &'a Value,
-        failures: &'a Value,
-        backend: &'a Value,
-        unit: &'a Value,
-        process: Option<Host>,
-        resources: Option<Resources>,
-    }
-    let reader = ctx.reader()?;
-    let q = Query {
-        status: Some("running".into()),
-        limit: PS_MAX_ROWS,
-        ..Default::default()
-    };
-    let rows = reader.scripts(&q).map_err(store_err)?;
-    let db = dir.join("scriptgate.db");
-    let now = crate::time::now_ms();
-    let mut listed = Vec::with_capacity(rows.len());
-    for r in &rows {
-        let process = Host::of(r, &db);
-        let resources = match &process {
-            Some(h) if h.alive => sandbox_of(h.pid, r["workspace"].as_str().unwrap_or(""))
-                .ok()
-                .flatten()
-                .map(|(bwrap, _)| usage_of(r, bwrap)),
-            _ => None,
-        };
-        listed.push(Listed {
-            script_id: &r["script_id"],
-            run_id: &r["run_id"],
-            uid: &r["run_uid"],
-            started_at: &r["started_at"],
-            age_ms: (now - r["started_at"].as_i64().unwrap_or(now)).max(0) as u64,
-            calls: &r["calls"],
-            failures: &r["failures"],
-            backend: &r["backend"],
-            unit: &r["unit"],
-            process,
-            resources,
-        });
-    }
-    if json_out {
-        return Ok(pretty(
-            &serde_json::json!({ "store": db, "scripts": listed }),
-        ));
-    }
+/// A row of `scriptgate ps` of an embedded store.
+#[derive(Serialize)]
+struct Listed<'a> {
+    script_id: &'a Value,
+    run_id: &'a Value,
+    uid: &'a Value,
+    started_at: &'a Value,
+    age_ms: u64,
+    calls: &'a Value,
+    failures: &'a Value,
+    backend: &'a Value,
+    unit: &'a Value,
+    process: Option<DaemonProcess>,
+    resources: Option<Resources>,
+}
+
+/// The table rows of `ps_embedded`, and how many of them are not running (their
+/// process is gone).
+fn ps_rows(listed: &[Listed]) -> (Vec<Vec<String>>, usize) {
     let mut gone = 0;
-    let mut table_rows: Vec<Vec<String>> = listed
+    let rows = listed
         .iter()
         .map(|x| {
             let r = x.resources.clone().unwrap_or_default();
@@ -728,6 +688,55 @@ fn ps_embedded(ctx: &Ctx, dir: &Path, json_out: bool) -> Result<String, Failure>
             ]
         })
         .collect();
+    (rows, gone)
+}
+
+/// `scriptgate ps` of an embedded store: the rows that say `running` (their
+/// calls and failures as of the daemon's last checkpoint, at most 2 s old),
+/// each with the process that holds its daemon and, while that lives, what
+/// its sandbox holds now. A row whose process is gone is not running: it is
+/// listed as such (the next embedded daemon to open the store records it
+/// `interrupted`).
+fn ps_embedded(ctx: &Ctx, dir: &Path, json_out: bool) -> Result<String, Failure> {
+    let reader = ctx.reader()?;
+    let q = Query {
+        status: Some("running".into()),
+        limit: PS_MAX_ROWS,
+        ..Default::default()
+    };
+    let rows = reader.scripts(&q).map_err(store_err)?;
+    let db = dir.join("scriptgate.db");
+    let now = crate::time::now_ms();
+    let mut listed = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let process = DaemonProcess::of(r, &db);
+        let resources = match &process {
+            Some(h) if h.alive => sandbox_of(h.pid, r["workspace"].as_str().unwrap_or(""))
+                .ok()
+                .flatten()
+                .map(|(bwrap, _)| usage_of(r, bwrap)),
+            _ => None,
+        };
+        listed.push(Listed {
+            script_id: &r["script_id"],
+            run_id: &r["run_id"],
+            uid: &r["run_uid"],
+            started_at: &r["started_at"],
+            age_ms: (now - r["started_at"].as_i64().unwrap_or(now)).max(0) as u64,
+            calls: &r["calls"],
+            failures: &r["failures"],
+            backend: &r["backend"],
+            unit: &r["unit"],
+            process,
+            resources,
+        });
+    }
+    if json_out {
+        return Ok(pretty(
+            &serde_json::json!({ "store": db, "scripts": listed }),
+        ));
+    }
+    let (mut table_rows, gone) = ps_rows(&listed);
     table_rows.sort();
     let mut out = table(
         &[
@@ -781,7 +790,7 @@ fn cancel_embedded(ctx: &Ctx, dir: &Path, id: &str, json_out: bool) -> Result<St
             format!("script {id} had already finished ({status}); nothing to cancel"),
         ));
     }
-    let host = Host::of(&row, &db);
+    let host = DaemonProcess::of(&row, &db);
     let Some(host) = host.filter(|h| h.alive) else {
         return Err(Failure::new(
             exit::NOT_FOUND,

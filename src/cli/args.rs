@@ -19,7 +19,7 @@ pub enum Shell {
 /// How `scriptgate run` answers an approval: `--yes`, `--no`, or asked on the
 /// terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
+pub enum ApprovalChoice {
     Yes,
     No,
     Ask,
@@ -372,13 +372,13 @@ pub enum TokenCmd {
 
 impl RunCmd {
     /// How the approval is answered: `--yes`, `--no`, or asked on the terminal.
-    pub fn answer(&self) -> Answer {
+    pub fn answer(&self) -> ApprovalChoice {
         if self.yes {
-            Answer::Yes
+            ApprovalChoice::Yes
         } else if self.no {
-            Answer::No
+            ApprovalChoice::No
         } else {
-            Answer::Ask
+            ApprovalChoice::Ask
         }
     }
 }

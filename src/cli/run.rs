@@ -5,7 +5,7 @@
 //! socket) or, only when none is installed or when asked, an embedded one in
 //! this process (`super::target`): same sandbox, policy, limits and artifacts.
 
-use super::args::{Answer, RunCmd};
+use super::args::{ApprovalChoice, RunCmd};
 use super::exit::Failure;
 use crate::cli::mcp::{self, ServerSpec};
 use crate::config::{BackendChoice, Config};
@@ -277,7 +277,7 @@ impl CliEngine {
 /// the progress message) is escaped (`crate::text`): what the person approves
 /// is what runs, and no text can move the cursor, clear a line or set a title.
 struct Terminal {
-    answer: Answer,
+    answer: ApprovalChoice,
     progress_tty: bool,
     progress_shown: Mutex<bool>,
 }
@@ -301,12 +301,12 @@ impl Terminal {
     fn ask(&self, p: &ApprovalRequest) -> bool {
         let tools = tool_list(p);
         match self.answer {
-            Answer::Yes => return true,
-            Answer::No => {
+            ApprovalChoice::Yes => return true,
+            ApprovalChoice::No => {
                 eprintln!("scriptgate: approval denied (--no) for write tools {tools}");
                 return false;
             }
-            Answer::Ask => {}
+            ApprovalChoice::Ask => {}
         }
         let tty = std::fs::OpenOptions::new()
             .read(true)
@@ -412,10 +412,10 @@ impl EngineLink for Embedded {
         &self,
         params: ToolCall,
         _end: crate::script::engine::CallEnd,
-    ) -> BoxFuture<'_, Result<crate::protocol::Answer, LinkError>> {
+    ) -> BoxFuture<'_, Result<crate::protocol::ToolAnswer, LinkError>> {
         Box::pin(async move {
             let result = self.0.tool_call(&params).await?;
-            Ok(crate::protocol::Answer {
+            Ok(crate::protocol::ToolAnswer {
                 result,
                 ignored: vec![],
             })
@@ -1015,7 +1015,7 @@ impl EmbeddedDaemon {
         script_id: String,
         cancelled: impl std::future::Future<Output = ()>,
     ) -> Result<ScriptResult, Failure> {
-        let who = Access::Conn(1, None, self.me.uid);
+        let who = Access::Conn(1, None, self.me.uid());
         let script = script_ref(script_id);
         let wait = self.daemon.wait(who, script.clone());
         let result = tokio::select! {

@@ -11,7 +11,7 @@ use crate::protocol::{
     CALLS_PAGE_MAX_LINES, CALLS_SCAN_MAX_BYTES,
 };
 use nix::fcntl::{openat, AtFlags, OFlag};
-use nix::sys::stat::{fstat, fstatat, Mode};
+use nix::sys::stat::{fstat, fstatat, FileStat, Mode};
 use std::fs::File;
 use std::io::{self, BufRead, BufReader};
 use std::os::fd::OwnedFd;
@@ -23,6 +23,44 @@ use std::path::{Component, Path};
 /// uid the script ran as, who made it) with one link: a hard link the engine
 /// made to a file it may not read is not read for it.
 pub fn open_no_links(path: &Path, owner: u32) -> io::Result<File> {
+    let (file, dirs) = split_plain(path)?;
+    let dir_flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+    let mut dir: OwnedFd = File::open("/")?.into();
+    for d in dirs {
+        dir = openat(&dir, d, dir_flags, Mode::empty()).map_err(|e| match e {
+            nix::Error::ELOOP | nix::Error::ENOTDIR => io::Error::other(format!(
+                "{}: {} is not a directory (a symbolic link is not followed)",
+                path.display(),
+                d.to_string_lossy()
+            )),
+            e => io::Error::from(e),
+        })?;
+    }
+    let st = fstatat(&dir, file, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(io::Error::from)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    let fd = openat(
+        &dir,
+        file,
+        OFlag::O_RDONLY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_CLOEXEC
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOCTTY,
+        Mode::empty(),
+    )
+    .map_err(io::Error::from)?;
+    check_opened(path, &fd, &st, owner)?;
+    Ok(File::from(fd))
+}
+
+/// An absolute path's file name and the directories to it, or why it is not
+/// a plain absolute path (`..`, `.`).
+fn split_plain(path: &Path) -> io::Result<(&std::ffi::OsStr, Vec<&std::ffi::OsStr>)> {
     let mut comps: Vec<&std::ffi::OsStr> = Vec::new();
     for c in path.components() {
         match c {
@@ -45,37 +83,13 @@ pub fn open_no_links(path: &Path, owner: u32) -> io::Result<File> {
             path.display()
         )));
     }
-    let dir_flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
-    let mut dir: OwnedFd = File::open("/")?.into();
-    for d in dirs {
-        dir = openat(&dir, *d, dir_flags, Mode::empty()).map_err(|e| match e {
-            nix::Error::ELOOP | nix::Error::ENOTDIR => io::Error::other(format!(
-                "{}: {} is not a directory (a symbolic link is not followed)",
-                path.display(),
-                d.to_string_lossy()
-            )),
-            e => io::Error::from(e),
-        })?;
-    }
-    let st = fstatat(&dir, *file, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(io::Error::from)?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(io::Error::other(format!(
-            "{} is not a regular file",
-            path.display()
-        )));
-    }
-    let fd = openat(
-        &dir,
-        *file,
-        OFlag::O_RDONLY
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_CLOEXEC
-            | OFlag::O_NONBLOCK
-            | OFlag::O_NOCTTY,
-        Mode::empty(),
-    )
-    .map_err(io::Error::from)?;
-    let now = fstat(&fd).map_err(io::Error::from)?;
+    Ok((file, dirs.to_vec()))
+}
+
+/// The file opened is the one looked at (`st`), still a regular file, of
+/// `owner`, with one link.
+fn check_opened(path: &Path, fd: &OwnedFd, st: &FileStat, owner: u32) -> io::Result<()> {
+    let now = fstat(fd).map_err(io::Error::from)?;
     if now.st_mode & libc::S_IFMT != libc::S_IFREG
         || (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino)
     {
@@ -92,7 +106,7 @@ pub fn open_no_links(path: &Path, owner: u32) -> io::Result<File> {
             now.st_nlink
         )));
     }
-    Ok(File::from(fd))
+    Ok(())
 }
 
 /// Read one line (to `\n` or the end), keeping at most `keep` bytes of it in
@@ -170,21 +184,14 @@ fn page_within(
     cap: u64,
 ) -> Result<CallsPage, RpcError> {
     let io_err = |e: io::Error| RpcError::internal(format!("calls.jsonl of {script_id}: {e}"));
-    // A page of no lines would name itself as the next (a pager that follows
-    // `next_offset` would ask for it forever): refused, as a page that holds
-    // more than asked would break "at most `limit`".
-    let limit = match limit {
-        Some(0) => {
-            return Err(RpcError::invalid_params(format!(
-                "limit 0: a page of calls.jsonl holds 1 to {CALLS_PAGE_MAX_LINES} lines \
-                 (leave limit out for {CALLS_PAGE_MAX_LINES})"
-            )))
-        }
-        Some(n) => n.min(CALLS_PAGE_MAX_LINES),
-        None => CALLS_PAGE_MAX_LINES,
-    };
+    let limit = page_limit(limit)?;
     let mut r = BufReader::with_capacity(64 * 1024, r);
-    let (mut buf, mut scanned, mut n) = (Vec::new(), 0u64, 0u64);
+    let mut at = At {
+        buf: Vec::new(),
+        scanned: 0,
+        n: 0,
+        cap,
+    };
     let beyond = || {
         RpcError::invalid_params(format!(
             "offset {offset}: calls.jsonl of {script_id} holds more than {} MiB before that line, \
@@ -192,57 +199,93 @@ fn page_within(
             cap >> 20
         ))
     };
-    while n < offset {
-        if scanned >= cap {
+    while at.n < offset {
+        if at.scanned >= cap {
             return Err(beyond());
         }
-        match next_line(&mut r, 0, &mut buf, &mut scanned, cap).map_err(io_err)? {
-            Some(_) => n += 1,
-            None => {
-                return Ok(CallsPage {
-                    script_id: script_id.to_string(),
-                    offset,
-                    next_offset: None,
-                    lines: vec![],
-                })
-            }
+        if at.next(&mut r, 0).map_err(io_err)?.is_none() {
+            return Ok(CallsPage {
+                script_id: script_id.to_string(),
+                offset,
+                next_offset: None,
+                lines: vec![],
+            });
         }
+        at.n += 1;
     }
-    if scanned >= cap {
+    if at.scanned >= cap {
         // The line before `offset` ran to the bound: this page would be empty
         // and name itself as the next.
         return Err(beyond());
     }
-    let (mut lines, mut bytes) = (Vec::new(), 0usize);
-    let next_offset = loop {
-        if lines.len() >= limit || scanned >= cap {
-            let at_end = r.fill_buf().map_err(io_err)?.is_empty();
-            break (!at_end).then_some(n);
-        }
-        let Some(len) =
-            next_line(&mut r, CALLS_LINE_MAX_BYTES, &mut buf, &mut scanned, cap).map_err(io_err)?
-        else {
-            break None;
-        };
-        let clipped = len > buf.len() as u64;
-        let text = text_of(&buf, clipped);
-        if !lines.is_empty() && bytes + text.len() > CALLS_PAGE_MAX_BYTES {
-            break Some(n); // this line starts the next page
-        }
-        bytes += text.len();
-        lines.push(CallLine {
-            n,
-            text,
-            clipped_bytes: clipped.then_some(len),
-        });
-        n += 1;
-    };
+    let (lines, next_offset) = read_page(&mut r, &mut at, limit).map_err(io_err)?;
     Ok(CallsPage {
         script_id: script_id.to_string(),
         offset,
         next_offset,
         lines,
     })
+}
+
+/// The lines a page may hold. A page of no lines would name itself as the
+/// next (a pager that follows `next_offset` would ask for it forever):
+/// refused, as a page that holds more than asked would break "at most `limit`".
+fn page_limit(limit: Option<usize>) -> Result<usize, RpcError> {
+    match limit {
+        Some(0) => Err(RpcError::invalid_params(format!(
+            "limit 0: a page of calls.jsonl holds 1 to {CALLS_PAGE_MAX_LINES} lines \
+             (leave limit out for {CALLS_PAGE_MAX_LINES})"
+        ))),
+        Some(n) => Ok(n.min(CALLS_PAGE_MAX_LINES)),
+        None => Ok(CALLS_PAGE_MAX_LINES),
+    }
+}
+
+/// Where a read of calls.jsonl is: the line last read (kept bytes), the bytes
+/// read so far and their bound, the number of the next line.
+struct At {
+    buf: Vec<u8>,
+    scanned: u64,
+    n: u64,
+    cap: u64,
+}
+
+impl At {
+    /// The next line, `keep` bytes of it kept (`next_line`).
+    fn next(&mut self, r: &mut impl BufRead, keep: usize) -> io::Result<Option<u64>> {
+        next_line(r, keep, &mut self.buf, &mut self.scanned, self.cap)
+    }
+}
+
+/// The page's lines from `at`, at most `limit` and [`CALLS_PAGE_MAX_BYTES`]
+/// of text (at least one line), and the next page's first line, if any.
+fn read_page(
+    r: &mut impl BufRead,
+    at: &mut At,
+    limit: usize,
+) -> io::Result<(Vec<CallLine>, Option<u64>)> {
+    let (mut lines, mut bytes) = (Vec::new(), 0usize);
+    loop {
+        if lines.len() >= limit || at.scanned >= at.cap {
+            let at_end = r.fill_buf()?.is_empty();
+            return Ok((lines, (!at_end).then_some(at.n)));
+        }
+        let Some(len) = at.next(r, CALLS_LINE_MAX_BYTES)? else {
+            return Ok((lines, None));
+        };
+        let clipped = len > at.buf.len() as u64;
+        let text = text_of(&at.buf, clipped);
+        if !lines.is_empty() && bytes + text.len() > CALLS_PAGE_MAX_BYTES {
+            return Ok((lines, Some(at.n))); // this line starts the next page
+        }
+        bytes += text.len();
+        lines.push(CallLine {
+            n: at.n,
+            text,
+            clipped_bytes: clipped.then_some(len),
+        });
+        at.n += 1;
+    }
 }
 
 #[cfg(test)]

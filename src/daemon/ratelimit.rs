@@ -91,7 +91,7 @@ impl<K: Ord + Copy> RefusalLimiter<K> {
     }
 
     /// Record this refusal, or only count it under `reason`.
-    pub fn admit(&mut self, now_ms: i64, reason: K) -> Verdict {
+    pub fn observe(&mut self, now_ms: i64, reason: K) -> Verdict {
         let elapsed = self.last_ms.map_or(0, |l| (now_ms - l).max(0));
         self.last_ms = Some(now_ms);
         self.tokens =
@@ -137,13 +137,13 @@ mod tests {
         let mut l = RefusalLimiter::new(STARTS);
         let burst = STARTS.burst as usize;
         for _ in 0..burst {
-            assert_eq!(l.admit(1000, Reason::Signature), Verdict::Record);
+            assert_eq!(l.observe(1000, Reason::Signature), Verdict::Record);
         }
         assert_eq!(l.take(), None, "nothing counted yet");
         for _ in 0..5000 {
-            assert_eq!(l.admit(1000, Reason::Signature), Verdict::Count);
+            assert_eq!(l.observe(1000, Reason::Signature), Verdict::Count);
         }
-        assert_eq!(l.admit(1000, Reason::Expired), Verdict::Count);
+        assert_eq!(l.observe(1000, Reason::Expired), Verdict::Count);
         let s = l.take().unwrap();
         assert_eq!(s.count, 5001);
         assert_eq!(s.by_reason[&Reason::Signature], 5000);
@@ -155,7 +155,7 @@ mod tests {
         // One second later, REFUSALS_PER_S more are recorded.
         let per_s = STARTS.per_s as usize;
         let recorded = (0..per_s * 3)
-            .filter(|_| l.admit(2000, Reason::Signature) == Verdict::Record)
+            .filter(|_| l.observe(2000, Reason::Signature) == Verdict::Record)
             .count();
         assert_eq!(recorded, per_s);
     }
@@ -171,7 +171,7 @@ mod tests {
                 } else {
                     "too_many_connections"
                 };
-                l.admit(5 * minute, r) == Verdict::Record
+                l.observe(5 * minute, r) == Verdict::Record
             })
             .count();
         assert_eq!(logged, CONNECTIONS.burst as usize);
@@ -184,14 +184,14 @@ mod tests {
              (more than 20 a minute): peer_not_allowed ×490, too_many_connections ×490"
         );
         assert_eq!(
-            l.admit(6 * minute, "x"),
+            l.observe(6 * minute, "x"),
             Verdict::Record,
             "a minute refills it"
         );
         // Past the burst, one line each 3 s; their summary at most once a minute.
         let mut l = RefusalLimiter::new(CONNECTIONS);
         for _ in 0..40 {
-            l.admit(0, "x");
+            l.observe(0, "x");
         }
         assert_eq!(l.take_after(30_000, 60_000), None, "not yet a minute");
         assert_eq!(l.take_after(60_000, 60_000).map(|s| s.count), Some(20));

@@ -42,16 +42,16 @@ impl Kind {
 }
 
 /// Where the host's cgroup information is (tests pass a fake tree).
-pub struct Host {
+pub struct CgroupView {
     pub cgroupfs: PathBuf,
     pub proc_self_cgroup: String,
     /// Where `PID/cgroup` is read to see which cgroups a placed script is in.
     pub proc: PathBuf,
 }
 
-impl Host {
-    pub fn real() -> Host {
-        Host {
+impl CgroupView {
+    pub fn real() -> CgroupView {
+        CgroupView {
             cgroupfs: "/sys/fs/cgroup".into(),
             proc_self_cgroup: std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(),
             proc: "/proc".into(),
@@ -139,7 +139,7 @@ impl Backend {
     /// rlimit), with a note for each one passed over and for rlimit's limits.
     pub async fn pick(
         choice: BackendChoice,
-        host: &Host,
+        host: &CgroupView,
         cpu_quota_percent: u32,
     ) -> Result<Picked, BackendError> {
         let mut notes = vec![];
@@ -389,7 +389,7 @@ mod tests {
 
     #[tokio::test]
     async fn rlimit_bounds_each_process_and_needs_no_unit() {
-        let host = Host {
+        let host = CgroupView {
             cgroupfs: "/nonexistent".into(),
             proc_self_cgroup: String::new(),
             proc: "/nonexistent".into(),
@@ -426,7 +426,7 @@ mod tests {
         std::fs::write(root.join("cgroup.controllers"), "cpu memory pids\n").unwrap();
         std::fs::write(root.join("cgroup.subtree_control"), "").unwrap();
         std::fs::write(root.join("cgroup.procs"), "").unwrap();
-        let host = Host {
+        let host = CgroupView {
             cgroupfs: d.path().to_path_buf(),
             proc_self_cgroup: "0::/system.slice/scriptgate.service\n".into(),
             proc: d.path().join("proc"),
@@ -476,7 +476,7 @@ mod tests {
         // rlimit has nothing to read back: its limits are set before the exec.
         assert!(Backend::Rlimit.verify("ab", 4242, &limits()).enforced());
         // A host without the subtree: `cgroup` asked for fails, `auto` notes why.
-        let bare = Host {
+        let bare = CgroupView {
             cgroupfs: d.path().join("nothing"),
             proc_self_cgroup: "0::/x\n".into(),
             proc: d.path().join("proc"),

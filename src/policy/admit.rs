@@ -227,16 +227,7 @@ pub fn drop_unknown_keywords(schema: &mut Value) {
             .map(|(segs, _, _)| segs)
             .collect();
         for segs in children {
-            let slot = match segs.as_slice() {
-                [k] => map.get_mut(k),
-                [k, i] => match map.get_mut(k) {
-                    Some(Value::Array(a)) => i.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
-                    Some(Value::Object(m)) => m.get_mut(i),
-                    _ => None,
-                },
-                _ => None,
-            };
-            if let Some(slot) = slot {
+            if let Some(slot) = super::subschema_mut(map, &segs) {
                 prune(slot, keep);
             }
         }
@@ -615,28 +606,171 @@ mod tests {
         let long = "n".repeat(10_000);
         let mut l = List::new("s");
         l.admit(tool(&long, json!({}))).unwrap();
-        assert!(l.left_out.named[0].0.len() < MAX_NAME_BYTES + 40);
+        // Shown clipped, a little past the longest name that is taken.
+        assert_eq!(
+            l.left_out.named[0].0,
+            format!("s__{}…", &long[..MAX_NAME_BYTES + 32 - 3])
+        );
+        // Two servers' lists: the second's after the first's, each bounded
+        // on its own, the counts added.
+        let left_out = |server: &str, n: usize| {
+            let mut l = List::new(server);
+            for i in 0..n {
+                l.admit(tool(&format!("bad {i}"), json!({}))).unwrap();
+            }
+            l.left_out
+        };
+        let mut all = left_out("a", MAX_LEFT_OUT_NAMED + 3);
+        all.append(left_out("b", MAX_LEFT_OUT_NAMED + 4));
+        assert_eq!(all.named.len(), 2 * MAX_LEFT_OUT_NAMED);
+        assert_eq!(all.named[0].0, "a__bad 0");
+        assert_eq!(all.named[MAX_LEFT_OUT_NAMED].0, "b__bad 0");
+        assert_eq!(all.more, 7);
     }
 
     #[test]
     fn a_list_over_its_total_is_refused() {
         let mut l = List::new("s");
         let pad = "x".repeat(200 << 10);
-        let mut n = 0;
-        let e = loop {
-            match l.admit(tool(
-                &format!("t{n}"),
-                json!({"type": "object", "description": pad}),
-            )) {
-                Ok(Some(_)) => n += 1,
-                Ok(None) => panic!("left out: {:?}", l.left_out),
-                Err(e) => break e,
-            }
-        };
+        let (n, e) = kept_until_refused(&mut l, &json!({"type": "object", "description": pad}));
         assert_eq!(n, MAX_LIST_BYTES / (200 << 10));
         assert!(
             e.contains("more than 8 MiB of text or 32 MiB once parsed"),
             "{e}"
         );
+    }
+
+    /// Tools of `schema` admitted one after another: how many are kept before
+    /// the list is refused, and why (at most 1000 are tried).
+    fn kept_until_refused(l: &mut List, schema: &Value) -> (usize, String) {
+        for n in 0..1000 {
+            match l.admit(tool(&format!("t{n}"), schema.clone())) {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("left out: {:?}", l.left_out),
+                Err(e) => return (n, e),
+            }
+        }
+        panic!("1000 tools kept: the list's bounds were never reached")
+    }
+
+    /// An object schema of `n` properties of schema `each`: small as text,
+    /// some 30 times that parsed.
+    fn wide_of(n: usize, each: &Value) -> Value {
+        let props: Map<String, Value> = (0..n).map(|i| (format!("p{i}"), each.clone())).collect();
+        json!({"type": "object", "properties": props})
+    }
+
+    fn wide(n: usize) -> Value {
+        wide_of(n, &json!({"type": "integer"}))
+    }
+
+    #[test]
+    fn a_list_over_its_parsed_total_is_refused_though_its_text_is_small() {
+        let schema = wide(9000);
+        assert!(json_len(&schema) <= MAX_SCHEMA_BYTES);
+        assert!(parsed_size(&schema) <= MAX_SCHEMA_PARSED);
+        let mut l = List::new("s");
+        let (n, e) = kept_until_refused(&mut l, &schema);
+        assert_eq!(
+            n,
+            MAX_LIST_PARSED / parsed_size(&tool("t0", schema.clone()))
+        );
+        assert!(n * json_len(&schema) < MAX_LIST_BYTES / 4, "not its text");
+        assert!(e.contains("32 MiB once parsed"), "{e}");
+    }
+
+    #[test]
+    fn a_schema_at_its_bounds_is_kept_one_past_them_is_left_out() {
+        // As text: MAX_SCHEMA_BYTES exactly.
+        let text = |len: usize| {
+            let mut s = json!({"type": "object", "description": ""});
+            let pad = len - json_len(&s);
+            s["description"] = json!("x".repeat(pad));
+            assert_eq!(json_len(&s), len);
+            s
+        };
+        let mut l = List::new("s");
+        assert!(l
+            .admit(tool("a", text(MAX_SCHEMA_BYTES)))
+            .unwrap()
+            .is_some());
+        assert_eq!(
+            l.admit(tool("b", text(MAX_SCHEMA_BYTES + 1))).unwrap(),
+            None
+        );
+        // Parsed: MAX_SCHEMA_PARSED exactly.
+        let parsed = |len: usize| {
+            let s = weighing(len);
+            assert!(json_len(&s) <= MAX_SCHEMA_BYTES);
+            s
+        };
+        let mut l = List::new("s");
+        assert!(l
+            .admit(tool("c", parsed(MAX_SCHEMA_PARSED)))
+            .unwrap()
+            .is_some());
+        assert_eq!(
+            l.admit(tool("d", parsed(MAX_SCHEMA_PARSED + 1))).unwrap(),
+            None
+        );
+        assert!(
+            l.left_out.named[0].1.contains("once parsed"),
+            "{:?}",
+            l.left_out
+        );
+    }
+
+    /// A schema that weighs exactly `parsed` (`parsed_size`): properties of
+    /// one map node each (`{"not": {}}`, 10 bytes of text), and a description
+    /// making up the rest.
+    fn weighing(parsed: usize) -> Value {
+        let each = json!({"not": {}});
+        let of = |n: usize| {
+            let mut schema = wide_of(n, &each);
+            schema["description"] = json!("");
+            schema
+        };
+        let per = (parsed_size(&of(2000)) - parsed_size(&of(1000))) / 1000;
+        let mut n = (parsed - parsed_size(&of(0))) / per;
+        let mut schema = of(n);
+        while parsed_size(&schema) > parsed {
+            n -= (parsed_size(&schema) - parsed).div_ceil(per);
+            schema = of(n);
+        }
+        schema["description"] = json!("x".repeat(parsed - parsed_size(&schema)));
+        assert_eq!(parsed_size(&schema), parsed);
+        schema
+    }
+
+    #[test]
+    fn a_list_at_its_totals_is_kept_one_tool_more_is_refused() {
+        // Text: 64 tools of MAX_LIST_BYTES / 64 each.
+        let per = MAX_LIST_BYTES / 64;
+        let sized = |n: usize| {
+            let name = format!("t{n:03}");
+            let empty = json_len(&tool(&name, json!({"type": "object", "description": ""})));
+            let t = tool(
+                &name,
+                json!({"type": "object", "description": "x".repeat(per - empty)}),
+            );
+            assert_eq!(json_len(&t), per);
+            t
+        };
+        let mut l = List::new("s");
+        for n in 0..64 {
+            assert!(l.admit(sized(n)).unwrap().is_some(), "{n}");
+        }
+        assert!(l.admit(tool("t064", json!({}))).is_err());
+        // Parsed: 4 tools of MAX_LIST_PARSED / 4 each.
+        let mut l = List::new("s");
+        let overhead = parsed_size(&tool("t0", json!({}))) - parsed_size(&json!({}));
+        let schema = weighing(MAX_LIST_PARSED / 4 - overhead);
+        assert!(json_len(&schema) <= MAX_SCHEMA_BYTES);
+        for n in 0..4 {
+            let t = tool(&format!("t{n}"), schema.clone());
+            assert_eq!(parsed_size(&t), MAX_LIST_PARSED / 4);
+            assert!(l.admit(t).unwrap().is_some(), "{n}");
+        }
+        assert!(l.admit(tool("t4", json!({}))).is_err());
     }
 }

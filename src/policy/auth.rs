@@ -298,6 +298,11 @@ mod tests {
         );
         let own = vec![PathBuf::from("/srv/gw")];
         assert_eq!(peer_roots(&roots, Some(&own), 1000), own);
+        // An entry whose `workspace_roots` is empty has the per-uid ones.
+        assert_eq!(
+            peer_roots(&roots, Some(&[]), 1000),
+            vec![PathBuf::from("/w/1000"), PathBuf::from("/v/1000")]
+        );
         assert_eq!(
             engine_dir_owner(Path::new("/w/1000/ws"), &roots),
             Some(1000)
@@ -305,6 +310,146 @@ mod tests {
         assert_eq!(engine_dir_owner(Path::new("/v/17"), &roots), Some(17));
         assert_eq!(engine_dir_owner(Path::new("/w/run-1/x"), &roots), None);
         assert_eq!(engine_dir_owner(Path::new("/elsewhere/1/x"), &roots), None);
+    }
+
+    /// A key file of 32 `byte`s in `dir`, as `read_key_file` takes it.
+    fn key_file(dir: &Path, name: &str, byte: u8) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join(name);
+        std::fs::write(&p, [byte; 32]).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        p
+    }
+
+    fn entry(user: Option<&str>, group: Option<&str>, key: &Path) -> EngineAuth {
+        EngineAuth {
+            user: user.map(Into::into),
+            group: group.map(Into::into),
+            token_key_file: key.to_path_buf(),
+            workspace_roots: vec![],
+        }
+    }
+
+    fn load(engines: Vec<EngineAuth>, global: Option<&[u8]>) -> Result<Engines, String> {
+        let auth = Auth {
+            engines,
+            ..Auth::default()
+        };
+        Engines::load(&auth, global, Path::new("scriptgate.toml")).map_err(|e| e.to_string())
+    }
+
+    // Numbers no user or group of a test host has.
+    const UID: &str = "4000123";
+    const GID: &str = "4000456";
+
+    #[test]
+    fn entries_load_with_their_keys_matches_and_roots_in_order() {
+        assert!(Engines::default().is_empty());
+        assert_eq!(Engines::default().len(), 0);
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        let mut gw = entry(Some(UID), None, &key_file(d, "a", 1));
+        gw.workspace_roots = vec!["/srv/gw".into()];
+        let e = load(
+            vec![gw, entry(None, Some(GID), &key_file(d, "b", 2))],
+            Some(&[3; 32]),
+        )
+        .unwrap();
+        assert!(!e.is_empty());
+        assert_eq!(e.len(), 2);
+        let got: Vec<_> = e
+            .iter()
+            .map(|x| (x.label.clone(), x.matches, x.key.clone(), x.roots.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    format!("[[auth.engine]] user = \"{UID}\""),
+                    Match::Uid(4000123),
+                    vec![1; 32],
+                    vec![PathBuf::from("/srv/gw")]
+                ),
+                (
+                    format!("[[auth.engine]] group = \"{GID}\""),
+                    Match::Gid(4000456),
+                    vec![2; 32],
+                    vec![]
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn entries_that_would_let_one_engine_act_as_another_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        let (a, b) = (key_file(d, "a", 1), key_file(d, "b", 2));
+        let refused = |engines: Vec<EngineAuth>, global: Option<&[u8]>, why: &str| {
+            let e = load(engines, global).expect_err(why);
+            assert!(e.contains(why), "{why}: {e}");
+        };
+        refused(
+            vec![entry(Some(UID), None, &a), entry(Some(UID), None, &b)],
+            None,
+            "match the same peers",
+        );
+        refused(
+            vec![entry(Some(UID), None, &a), entry(Some("4000124"), None, &a)],
+            None,
+            "have the same key",
+        );
+        refused(
+            vec![entry(Some(UID), None, &a)],
+            Some(&[1; 32]),
+            "the same as auth.token_key_file's",
+        );
+        // root's primary group is 0: the user entry falls inside the group
+        // entry, whichever comes first.
+        refused(
+            vec![entry(Some("0"), None, &a), entry(None, Some("0"), &b)],
+            None,
+            "overlap",
+        );
+        refused(
+            vec![entry(None, Some("0"), &a), entry(Some("0"), None, &b)],
+            None,
+            "overlap",
+        );
+        refused(
+            vec![entry(Some("scriptgate-no-such-user"), None, &a)],
+            None,
+            "no user \"scriptgate-no-such-user\"",
+        );
+        refused(
+            vec![entry(None, Some("scriptgate-no-such-group"), &a)],
+            None,
+            "no group \"scriptgate-no-such-group\"",
+        );
+        refused(
+            vec![entry(Some(UID), None, &d.join("missing"))],
+            None,
+            &format!("[[auth.engine]] user = \"{UID}\": token key"),
+        );
+    }
+
+    #[test]
+    fn a_client_finds_its_entry_from_the_config_alone() {
+        let auth = Auth {
+            engines: vec![
+                entry(Some(UID), None, Path::new("/k1")),
+                entry(None, Some(GID), Path::new("/k2")),
+            ],
+            ..Auth::default()
+        };
+        let found = |uid: u32, gids: &[u32]| {
+            entry_for(&auth, uid, gids, Path::new("scriptgate.toml"))
+                .unwrap()
+                .map(|e| e.token_key_file.clone())
+        };
+        assert_eq!(found(4000123, &[7]), Some(PathBuf::from("/k1")));
+        assert_eq!(found(7, &[7, 4000456]), Some(PathBuf::from("/k2")));
+        assert_eq!(found(7, &[7]), None);
     }
 
     #[test]

@@ -369,6 +369,27 @@ pub fn describe(snap: &Snapshot, limits: &Limits, return_max_chars: usize) -> St
     )
 }
 
+/// How a script calls the tools: the text that opens every description.
+const HOW_TO_CALL: &str = "run_script: run one Python 3 script that calls this run's tools, in loops if need be. \
+Only what the script prints comes back to you, so use it when a task needs many tool calls \
+(tens to thousands) and print a short summary, not raw data.\n\n\
+Inside the script, each tool is a function of its arguments, by keyword (its signature below):\n    \
+    from agent_tools import tools, ToolError\n    \
+    tools.srv.get_item(id=7)                # structured result (dict) if the tool gives one, else its text; raises ToolError\n    \
+    tools.srv.get_item.many([{\"id\": 7}, {\"id\": 8}], return_errors=False)  # one call per args dict, run in parallel, results in input order\n    \
+    tools.srv.get_item.raw(id=7)            # {\"text\", \"structured\", \"is_error\"}; a tool's own error comes back as is_error, refusals and engine failures raise ToolError\n    \
+    help(tools.srv.get_item)                # its description and arguments; dir(tools), dir(tools.srv) list them\n\
+An unknown or missing argument raises ToolError invalid_arguments before anything is sent. \
+Tool srv__get_item is tools.srv.get_item (one without a server__ prefix is on tools itself); \
+names that are not Python identifiers are spelled as the signatures below show.\n\
+The same calls by the tool's full name, args a dict:\n    \
+    import agent_tools\n    \
+    agent_tools.call(tool, args)            # e.g. agent_tools.call(\"srv__get_item\", {\"id\": 7})\n    \
+    agent_tools.call_many(tool, args_list, return_errors=False)\n    \
+    agent_tools.call_raw(tool, args)\n    \
+    agent_tools.progress(done, total, message=\"\")  # report progress\n    \
+    agent_tools.ToolError                   # .tool, .code (denied, invalid_arguments, limit, tool_error, revoked, expired, engine), .message\n\n";
+
 /// The description for `snap`'s tools; `left_out` are the tools an MCP
 /// server listed that are not offered at all (`policy::admit`), named last
 /// with why. Tool names are shown escaped, as descriptions are.
@@ -387,61 +408,14 @@ pub fn describe_for(
     let direct: Vec<_> = enabled()
         .filter(|t| matches!(t.class, ToolClass::Destructive | ToolClass::LongTask))
         .collect();
-    let mut d = String::new();
-    d.push_str(
-        "run_script: run one Python 3 script that calls this run's tools, in loops if need be. \
-Only what the script prints comes back to you, so use it when a task needs many tool calls \
-(tens to thousands) and print a short summary, not raw data.\n\n\
-Inside the script, each tool is a function of its arguments, by keyword (its signature below):\n    \
-    from agent_tools import tools, ToolError\n    \
-    tools.srv.get_item(id=7)                # structured result (dict) if the tool gives one, else its text; raises ToolError\n    \
-    tools.srv.get_item.many([{\"id\": 7}, {\"id\": 8}], return_errors=False)  # one call per args dict, run in parallel, results in input order\n    \
-    tools.srv.get_item.raw(id=7)            # {\"text\", \"structured\", \"is_error\"}; a tool's own error comes back as is_error, refusals and engine failures raise ToolError\n    \
-    help(tools.srv.get_item)                # its description and arguments; dir(tools), dir(tools.srv) list them\n\
-An unknown or missing argument raises ToolError invalid_arguments before anything is sent. \
-Tool srv__get_item is tools.srv.get_item (one without a server__ prefix is on tools itself); \
-names that are not Python identifiers are spelled as the signatures below show.\n\
-The same calls by the tool's full name, args a dict:\n    \
-    import agent_tools\n    \
-    agent_tools.call(tool, args)            # e.g. agent_tools.call(\"srv__get_item\", {\"id\": 7})\n    \
-    agent_tools.call_many(tool, args_list, return_errors=False)\n    \
-    agent_tools.call_raw(tool, args)\n    \
-    agent_tools.progress(done, total, message=\"\")  # report progress\n    \
-    agent_tools.ToolError                   # .tool, .code (denied, invalid_arguments, limit, tool_error, revoked, engine), .message\n\n",
-    );
-    d.push_str(&format!(
-        "Limits: at most {} tool calls per script ({} at a time), {} s, {} MiB of memory; the first {} characters of output come back, all of it is kept in the workspace. \
-No network. The working directory is the workspace, {}; files the script writes there stay.\n",
-        limits.max_calls,
-        limits.max_concurrency,
-        limits.timeout_s,
-        limits.memory_max_bytes >> 20,
-        return_max_chars,
-        if snap.read_only { "read-only" } else { "read-write" },
-    ));
-    let about = |d: &mut String, t: &ToolSpec| {
-        if let Some(line) = one_line(t.description.as_deref()) {
-            d.push_str("        ");
-            d.push_str(&line);
-            d.push('\n');
-        }
-    };
     let paths = typed_paths(&snap.tools);
-    let list = |d: &mut String, tools: &[&ToolSpec]| {
-        for t in tools {
-            let sig = match paths.get(&t.name) {
-                Some(path) => typed_signature(t, path),
-                None => signature(t),
-            };
-            d.push_str(&format!("    {}  # {}\n", escape(&sig), escape(&t.name)));
-            about(d, t);
-        }
-    };
+    let mut d = String::from(HOW_TO_CALL);
+    d.push_str(&limits_line(snap, limits, return_max_chars));
     d.push_str("\nTools the script can call directly:\n");
     if reads.is_empty() {
         d.push_str("    (none)\n");
     }
-    list(&mut d, &reads);
+    list_callable(&mut d, &reads, &paths);
     if !writes.is_empty() {
         let how = if snap.permission_mode == PermissionMode::Approval {
             "the user approves them once before the script runs"
@@ -451,39 +425,89 @@ No network. The working directory is the workspace, {}; files the script writes 
         d.push_str(&format!(
             "\nWrite tools: the script may call these only if you name them in run_script's `tools` argument ({how}):\n"
         ));
-        list(&mut d, &writes);
+        list_callable(&mut d, &writes, &paths);
     }
     if !direct.is_empty() {
-        d.push_str(match never {
-            NeverCallable::OfferedDirectly => {
-                "\nNever callable from a script; call these directly as tools:\n"
-            }
-            NeverCallable::NotOffered => {
-                "\nNever callable from a script, and not offered here (ask the user to use them another way):\n"
-            }
-        });
-        for t in &direct {
-            let why = if t.class == ToolClass::Destructive {
-                "destructive, confirmed one call at a time"
-            } else {
-                "runs as a long task"
-            };
-            d.push_str(&format!("    {} ({why})\n", escape(&t.name)));
-            about(&mut d, t);
-        }
+        list_never_callable(&mut d, &direct, never);
     }
     if !left_out.is_empty() {
-        d.push_str(
-            "\nNot offered at all, and not callable from a script (what their server lists of them cannot be used):\n",
-        );
-        for (name, why) in &left_out.named {
-            d.push_str(&format!("    {} ({why})\n", escape(name)));
-        }
-        if left_out.more > 0 {
-            d.push_str(&format!("    and {} more\n", left_out.more));
-        }
+        list_left_out(&mut d, left_out);
     }
     d
+}
+
+/// The limits a script runs under, and where it runs, as one paragraph.
+fn limits_line(snap: &Snapshot, limits: &Limits, return_max_chars: usize) -> String {
+    format!(
+        "Limits: at most {} tool calls per script ({} at a time), {} s, {} MiB of memory; the first {} characters of output come back, all of it is kept in the workspace. \
+No network. The working directory is the workspace, {}; files the script writes there stay.\n",
+        limits.max_calls,
+        limits.max_concurrency,
+        limits.timeout_s,
+        limits.memory_max_bytes >> 20,
+        return_max_chars,
+        if snap.read_only { "read-only" } else { "read-write" },
+    )
+}
+
+/// A tool's description on the lines under its name, indented, if it has one.
+fn about(d: &mut String, t: &ToolSpec) {
+    if let Some(line) = one_line(t.description.as_deref()) {
+        d.push_str("        ");
+        d.push_str(&line);
+        d.push('\n');
+    }
+}
+
+/// Tools a script may call: each one's signature (typed where it has a path in
+/// `paths`), its name, and its description.
+fn list_callable(
+    d: &mut String,
+    tools: &[&ToolSpec],
+    paths: &std::collections::HashMap<String, Vec<String>>,
+) {
+    for t in tools {
+        let sig = match paths.get(&t.name) {
+            Some(path) => typed_signature(t, path),
+            None => signature(t),
+        };
+        d.push_str(&format!("    {}  # {}\n", escape(&sig), escape(&t.name)));
+        about(d, t);
+    }
+}
+
+/// The destructive and long-task tools, which no script may call, with why.
+fn list_never_callable(d: &mut String, direct: &[&ToolSpec], never: NeverCallable) {
+    d.push_str(match never {
+        NeverCallable::OfferedDirectly => {
+            "\nNever callable from a script; call these directly as tools:\n"
+        }
+        NeverCallable::NotOffered => {
+            "\nNever callable from a script, and not offered here (ask the user to use them another way):\n"
+        }
+    });
+    for t in direct {
+        let why = if t.class == ToolClass::Destructive {
+            "destructive, confirmed one call at a time"
+        } else {
+            "runs as a long task"
+        };
+        d.push_str(&format!("    {} ({why})\n", escape(&t.name)));
+        about(d, t);
+    }
+}
+
+/// The tools an MCP server listed that are not offered at all, with why.
+fn list_left_out(d: &mut String, left_out: &LeftOut) {
+    d.push_str(
+        "\nNot offered at all, and not callable from a script (what their server lists of them cannot be used):\n",
+    );
+    for (name, why) in &left_out.named {
+        d.push_str(&format!("    {} ({why})\n", escape(name)));
+    }
+    if left_out.more > 0 {
+        d.push_str(&format!("    and {} more\n", left_out.more));
+    }
 }
 
 #[cfg(test)]
@@ -520,6 +544,86 @@ mod tests {
             "fs__mkdir(path: str = None, tags: list[str] = None)",
             "frozen args are bound"
         );
+    }
+
+    #[test]
+    fn python_types_and_defaults_of_schemas() {
+        let t = |s: Value| py_type(&s);
+        assert_eq!(t(json!({"type": "string"})), "str");
+        assert_eq!(t(json!({"type": "integer"})), "int");
+        assert_eq!(t(json!({"type": "number"})), "float");
+        assert_eq!(t(json!({"type": "boolean"})), "bool");
+        assert_eq!(t(json!({"type": "object"})), "dict");
+        assert_eq!(t(json!({"type": "null"})), "None");
+        assert_eq!(t(json!({"type": "array"})), "list");
+        assert_eq!(
+            t(json!({"type": "array", "items": {"type": "integer"}})),
+            "list[int]"
+        );
+        assert_eq!(t(json!({"type": "array", "items": {}})), "list[Any]");
+        assert_eq!(t(json!({"type": "tuple"})), "Any");
+        assert_eq!(t(json!({})), "Any");
+        // A list of types is a union, each spelled alone.
+        assert_eq!(
+            t(json!({"type": ["array", "object", "null"]})),
+            "list | dict | None"
+        );
+        assert_eq!(
+            t(
+                json!({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]})
+            ),
+            "str | list[str]"
+        );
+        assert_eq!(
+            t(json!({"oneOf": [{"type": "boolean"}, {"enum": [1]}]})),
+            "bool | Literal[1]"
+        );
+        // An enum: its first six values.
+        assert_eq!(
+            t(json!({"enum": ["a", 2, "c", "d", "e", "f", "g"]})),
+            "Literal['a', 2, 'c', 'd', 'e', 'f']"
+        );
+        let d = |v: Value| py_default(&v);
+        assert_eq!(
+            [
+                json!(null),
+                json!(true),
+                json!(false),
+                json!("x y"),
+                json!(2.5)
+            ]
+            .map(d),
+            ["None", "True", "False", "'x y'", "2.5"]
+        );
+    }
+
+    #[test]
+    fn a_schema_takes_more_than_its_properties_when_open_or_unread() {
+        let more = |s: Value| takes_more(Some(&s));
+        assert!(!takes_more(None));
+        assert!(takes_more(Some(&json!(true))), "a schema that is no object");
+        assert!(!more(json!({"type": "object", "properties": {"a": {}}})));
+        assert!(!more(
+            json!({"additionalProperties": false, "unevaluatedProperties": false})
+        ));
+        for open in [json!(true), json!({"type": "string"})] {
+            assert!(more(json!({"additionalProperties": open})));
+            assert!(more(json!({"unevaluatedProperties": open})));
+        }
+        for k in [
+            "patternProperties",
+            "allOf",
+            "anyOf",
+            "oneOf",
+            "$ref",
+            "$dynamicRef",
+            "if",
+            "dependentSchemas",
+        ] {
+            let mut s = json!({"additionalProperties": false});
+            s[k] = json!({});
+            assert!(more(s), "{k}");
+        }
     }
 
     #[test]
@@ -568,6 +672,9 @@ mod tests {
         assert!(line.ends_with('…'));
         assert_eq!(one_line(Some(" \n\t")), None);
         assert_eq!(one_line(None), None);
+        // One of DESCRIPTION_MAX_CHARS is whole.
+        let full = "x".repeat(DESCRIPTION_MAX_CHARS);
+        assert_eq!(one_line(Some(&full)).as_ref(), Some(&full));
     }
 
     #[test]
@@ -612,6 +719,10 @@ mod tests {
             ("None", "None_"),
             ("match", "match"),
             ("__init__", "__init___"),
+            ("__a__", "__a___"),
+            // No name between the underscores: no dunder.
+            ("____", "____"),
+            ("--", "__"),
             ("_private", "_private"),
             ("über", "_ber"),
             ("-", "_"),
@@ -696,6 +807,29 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_tool_error_codes_named_are_those_a_script_can_be_given() {
+        let d = describe(
+            &snap(false),
+            &Limits::effective(&Scripts::default(), &Default::default()),
+            100,
+        );
+        let listed = d
+            .split_once(".code (")
+            .and_then(|(_, rest)| rest.split_once(')'))
+            .map(|(codes, _)| codes.split(", ").collect::<Vec<_>>())
+            .expect("the ToolError line names its codes");
+        // Every code but invalid_request, which only a malformed request line
+        // (never agent_tools') is given; in the man page's order.
+        let codes: Vec<&str> = crate::protocol::script::ToolErrorCode::ALL
+            .iter()
+            .filter(|c| **c != crate::protocol::script::ToolErrorCode::InvalidRequest)
+            .map(|c| c.as_str())
+            .collect();
+        assert_eq!(listed, codes);
+        assert!(listed.contains(&"expired"));
+    }
+
     fn left_out() -> LeftOut {
         LeftOut {
             named: vec![
@@ -759,6 +893,22 @@ mod tests {
         assert!(!d.contains('\u{202e}'));
         let none = describe(&snap(false), &l, 20000);
         assert!(!none.contains("Not offered at all"));
+        // Only named ones: no "and 0 more".
+        let named = LeftOut {
+            more: 0,
+            ..left_out()
+        };
+        let d = describe_for(
+            &snap(false),
+            &l,
+            20000,
+            NeverCallable::OfferedDirectly,
+            &named,
+        );
+        assert!(
+            d.ends_with("(its input schema is 1024 KiB; at most 256 KiB is taken)\n"),
+            "{d}"
+        );
     }
 
     /// A name a snapshot takes may still hide or reorder text (an engine's

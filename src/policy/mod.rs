@@ -8,6 +8,7 @@ pub(crate) mod runs;
 
 use crate::config::Scripts;
 use crate::protocol::refusal::{Reason, Refused};
+use crate::protocol::script::ToolErrorCode;
 use crate::protocol::snapshot::{
     missing_schema_error, PermissionMode, Snapshot, SnapshotLimits, ToolClass, ToolSpec,
 };
@@ -51,25 +52,24 @@ pub struct StartPlan {
     pub declared: Vec<(String, ToolClass)>,
 }
 
-/// Why a call from a script is refused; becomes `ToolError(code, message)`.
+/// Why a call from a script is refused before it reaches the engine (the call
+/// table, the closed schema, the budget here; revocation, expiry and altered
+/// numbers in the broker): the script's `ToolError(code, message)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallRefusal {
-    pub code: &'static str,
+    pub code: ToolErrorCode,
     pub message: String,
 }
 
 impl CallRefusal {
+    pub fn new(code: ToolErrorCode, message: String) -> Self {
+        CallRefusal { code, message }
+    }
     fn denied(message: String) -> Self {
-        CallRefusal {
-            code: "denied",
-            message,
-        }
+        CallRefusal::new(ToolErrorCode::Denied, message)
     }
     fn invalid(message: String) -> Self {
-        CallRefusal {
-            code: "invalid_arguments",
-            message,
-        }
+        CallRefusal::new(ToolErrorCode::InvalidArguments, message)
     }
 }
 
@@ -539,6 +539,20 @@ fn subschemas(map: &Map<String, Value>) -> Vec<(Vec<String>, &Value, Applies)> {
     out
 }
 
+/// The schema object `subschemas` names by `segs` (a keyword, or a keyword and
+/// the index or name in it), to change it in place.
+fn subschema_mut<'a>(map: &'a mut Map<String, Value>, segs: &[String]) -> Option<&'a mut Value> {
+    match segs {
+        [k] => map.get_mut(k),
+        [k, i] => match map.get_mut(k) {
+            Some(Value::Array(a)) => i.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
+            Some(Value::Object(m)) => m.get_mut(i),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// A URI fragment with its `%XX` escapes decoded (a JSON pointer in a `$ref` is
 /// percent-encoded); `None` if that is not UTF-8.
 fn percent_decode(s: &str) -> Option<String> {
@@ -741,16 +755,7 @@ pub fn closed_schema(schema: &Value) -> Value {
             .map(|(segs, _, applies)| (segs, applies))
             .collect();
         for (segs, applies) in children {
-            let slot = match segs.as_slice() {
-                [k] => map.get_mut(k),
-                [k, i] => match map.get_mut(k) {
-                    Some(Value::Array(a)) => i.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
-                    Some(Value::Object(m)) => m.get_mut(i),
-                    _ => None,
-                },
-                _ => None,
-            };
-            if let Some(slot) = slot {
+            if let Some(slot) = subschema_mut(map, &segs) {
                 rewrite(
                     doc,
                     inverted_targets,
@@ -803,14 +808,14 @@ impl Budget {
     }
     pub fn take(&mut self, tool: &str) -> Result<(), CallRefusal> {
         if self.used >= self.max {
-            return Err(CallRefusal {
-                code: "limit",
-                message: format!(
+            return Err(CallRefusal::new(
+                ToolErrorCode::Limit,
+                format!(
                     "{tool}: call budget of {} calls for this script is used up; \
                      do fewer calls per script (aggregate, or split the work over several scripts)",
                     self.max
                 ),
-            });
+            ));
         }
         self.used += 1;
         Ok(())
@@ -927,7 +932,7 @@ mod tests {
             call(false, &[], "t__write", json!({"sn": "A1"}))
                 .unwrap_err()
                 .code,
-            "denied"
+            ToolErrorCode::Denied
         );
         assert_eq!(
             call(false, &["t__write"], "t__write", json!({"sn": "A1"})).unwrap(),
@@ -936,14 +941,18 @@ mod tests {
         // destructive and long_task: never.
         for t in ["t__destroy", "t__long"] {
             let r = call(false, &[], t, json!({})).unwrap_err();
-            assert_eq!(r.code, "denied");
+            assert_eq!(r.code, ToolErrorCode::Denied);
             assert!(r.message.contains("call it directly"), "{}", r.message);
         }
         // disabled tools and unknown tools: not provided.
-        for t in ["t__off", "t__nope"] {
+        for (t, why) in [
+            ("t__off", "it is switched off for this run"),
+            ("t__nope", "no tool of that name is provided to this run"),
+        ] {
             let r = call(false, &[], t, json!({})).unwrap_err();
-            assert_eq!(r.code, "denied");
+            assert_eq!(r.code, ToolErrorCode::Denied);
             assert!(r.message.contains("not available"));
+            assert!(r.message.ends_with(why), "{}", r.message);
         }
         // write tools in a read-only run: not provided, even if (wrongly) listed.
         let (p, _) = Policy::plan(&snapshot("auto", true), &[]).unwrap();
@@ -953,20 +962,27 @@ mod tests {
     }
 
     #[test]
+    fn the_typed_api_lists_the_enabled_read_and_write_tools_in_snapshot_order() {
+        let (p, _) = Policy::plan(&snapshot("auto", false), &[]).unwrap();
+        let listed: Vec<&str> = p.callable_specs().iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(listed, ["t__read", "t__write", "t__session_write"]);
+    }
+
+    #[test]
     fn arguments_are_checked_after_the_frozen_merge() {
         let r = call(false, &[], "t__read", json!({})).unwrap_err();
-        assert_eq!(r.code, "invalid_arguments");
+        assert_eq!(r.code, ToolErrorCode::InvalidArguments);
         assert!(r.message.contains("sn"), "{}", r.message);
         let r = call(false, &[], "t__read", json!({"sn": "A", "extra": 1})).unwrap_err();
-        assert_eq!(r.code, "invalid_arguments");
+        assert_eq!(r.code, ToolErrorCode::InvalidArguments);
         let r = call(false, &[], "t__read", json!({"sn": 5})).unwrap_err();
         assert!(r.message.contains("/sn"), "{}", r.message);
         let r = call(false, &["t__write"], "t__write", json!({"tenant": "evil"})).unwrap_err();
-        assert_eq!(r.code, "invalid_arguments");
+        assert_eq!(r.code, ToolErrorCode::InvalidArguments);
         assert!(r.message.contains("fixed by the run"));
         assert_eq!(
             call(false, &[], "t__read", json!(["A"])).unwrap_err().code,
-            "invalid_arguments"
+            ToolErrorCode::InvalidArguments
         );
     }
 
@@ -982,8 +998,65 @@ mod tests {
     /// The refusal message, asserting that it is an `invalid_arguments` refusal.
     fn refused(schema: Value, args: Value) -> String {
         let r = check(schema, json!({}), args.clone()).expect_err(&args.to_string());
-        assert_eq!(r.code, "invalid_arguments", "{}", r.message);
+        assert_eq!(r.code, ToolErrorCode::InvalidArguments, "{}", r.message);
         r.message
+    }
+
+    /// A declared key whose value is wrong is refused by that error alone (at
+    /// its value, or deeper), never also as a key the schema does not declare.
+    #[test]
+    fn a_wrong_value_is_not_also_an_undeclared_key() {
+        // Declared in an `allOf` branch, which the wrong value fails: its keys
+        // are then not "evaluated" either.
+        let schema = json!({"type": "object", "allOf": [{"properties": {
+            "n": {"type": "integer"},
+            "o": {"type": "object", "properties": {"b": {"type": "integer"}}}}}]});
+        for (args, at) in [
+            (json!({"n": "x"}), " at /n: "),
+            (json!({"o": {"b": "x"}}), " at /o/b: "),
+        ] {
+            let m = refused(schema.clone(), args);
+            assert!(m.contains(at), "{m}");
+            assert!(!m.contains("not declared"), "{m}");
+        }
+    }
+
+    /// A schema object a `not` refers to is left open (closing it would change
+    /// what the `not` refuses); the rest is closed as ever.
+    #[test]
+    fn a_schema_a_not_refers_to_stays_open_the_rest_is_closed() {
+        let schema = json!({"type": "object",
+            "properties": {
+                "p": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+                "q": {"type": "object", "properties": {"z": {}}}},
+            "not": {"$ref": "#/properties/p"}});
+        assert_eq!(
+            check(schema.clone(), json!({}), json!({"p": {"x": 1, "y": 2}})).unwrap(),
+            json!({"p": {"x": 1, "y": 2}})
+        );
+        let m = refused(schema.clone(), json!({"p": {"x": 1}, "zz": 1}));
+        assert!(m.contains("argument `zz` is not declared"), "{m}");
+        let m = refused(schema, json!({"q": {"z": 1, "w": 2}}));
+        assert!(m.contains("key `w` at /q is not declared"), "{m}");
+    }
+
+    /// An object schema in an array of schemas (`prefixItems`, `allOf`, ...)
+    /// is closed where it applies to a new value.
+    #[test]
+    fn object_schemas_in_arrays_of_schemas_are_closed() {
+        let schema = json!({"type": "object", "properties": {"l": {"type": "array",
+            "prefixItems": [{"type": "object", "properties": {"x": {}}}]}}});
+        let m = refused(schema, json!({"l": [{"x": 1, "y": 2}]}));
+        assert!(m.contains("key `y` at /l/0 is not declared"), "{m}");
+    }
+
+    #[test]
+    fn fragments_are_percent_decoded() {
+        assert_eq!(percent_decode("a%2Fb%25c%7e").as_deref(), Some("a/b%c~"));
+        assert_eq!(percent_decode("%C3%A9%20x").as_deref(), Some("\u{e9} x"));
+        // Not an escape: kept as it is.
+        assert_eq!(percent_decode("%zz%4").as_deref(), Some("%zz%4"));
+        assert_eq!(percent_decode("%FF"), None, "not UTF-8");
     }
 
     /// A refusal names at most 20 of the tool's arguments, then "…": 20 are all
@@ -1350,7 +1423,10 @@ mod tests {
         for class in ["destructive", "long_task"] {
             let s = snap(json!({"name": "x", "class": class})).unwrap();
             let (p, _) = Policy::plan(&s, &[]).unwrap();
-            assert_eq!(p.check_call("x", &json!({})).unwrap_err().code, "denied");
+            assert_eq!(
+                p.check_call("x", &json!({})).unwrap_err().code,
+                ToolErrorCode::Denied
+            );
         }
         // A Snapshot built in code is held to the same rule by `plan`.
         let mut s = snap(json!({"name": "x", "class": "destructive"})).unwrap();
@@ -1383,8 +1459,8 @@ mod tests {
         let mut b = Budget::new(2);
         assert!(b.take("t").is_ok());
         assert!(b.take("t").is_ok());
-        assert_eq!(b.take("t").unwrap_err().code, "limit");
-        assert_eq!(b.take("t").unwrap_err().code, "limit");
+        assert_eq!(b.take("t").unwrap_err().code, ToolErrorCode::Limit);
+        assert_eq!(b.take("t").unwrap_err().code, ToolErrorCode::Limit);
     }
 
     #[test]

@@ -184,20 +184,6 @@ impl Revocations {
         has(&k.scope, &k.run_id)
             || matches!(k.scope, Scope::Shared(_)) && has(&Scope::AnyShared, &k.run_id)
     }
-
-    /// How many revocations of `scope` are kept.
-    pub fn len_of(&self, scope: &Scope) -> usize {
-        self.scopes.get(scope).map_or(0, |s| s.by_id.len())
-    }
-
-    /// How many are kept in all.
-    pub fn len(&self) -> usize {
-        self.scopes.values().map(|s| s.by_id.len()).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Oldest first (as the audit store lists them): past the bound, the oldest go.
@@ -214,6 +200,18 @@ impl FromIterator<RunKey> for Revocations {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// How many revocations of `scope` are kept, and of every scope.
+    fn kept(r: &Revocations, scope: &Scope) -> (usize, usize) {
+        let len = |s: &ScopeRevocations| {
+            assert_eq!(s.by_id.len(), s.order.len(), "the two indexes agree");
+            s.by_id.len()
+        };
+        (
+            r.scopes.get(scope).map_or(0, len),
+            r.scopes.values().map(len).sum(),
+        )
+    }
 
     #[test]
     fn run_keys_of_different_scopes_never_meet() {
@@ -240,6 +238,23 @@ mod tests {
             assert_eq!(Scope::from_db(&s.to_db()), Some(s));
         }
         assert_eq!(Scope::from_db("uid:x"), None);
+        assert_eq!(Scope::from_db("entry"), None);
+        // As messages name a scope.
+        assert_eq!(
+            [
+                Scope::Entry(label.clone()),
+                Scope::Shared(0),
+                Scope::Shared(1006),
+                Scope::AnyShared,
+            ]
+            .map(|s| s.to_string()),
+            [
+                label.as_str(),
+                "root (auth.token_key_file)",
+                "uid 1006 (auth.token_key_file)",
+                "every peer of auth.token_key_file",
+            ]
+        );
     }
 
     #[test]
@@ -263,8 +278,11 @@ mod tests {
         for i in 4..100 {
             assert!(r.insert(a(&format!("r{i}"))).is_some());
         }
-        assert_eq!(r.len_of(&Scope::Shared(1006)), 3);
-        assert_eq!(r.len(), 4, "the scope's bound, and the other scope's one");
+        assert_eq!(
+            kept(&r, &Scope::Shared(1006)),
+            (3, 4),
+            "the scope's bound, and the other scope's one"
+        );
         assert!(r.contains(&other), "another scope is untouched");
         for id in ["r97", "r98", "r99"] {
             assert!(r.contains(&a(id)), "the latest are kept");
@@ -276,7 +294,10 @@ mod tests {
         let loaded: Revocations = (0..(REVOCATIONS_PER_SCOPE + 5))
             .map(|i| a(&format!("l{i}")))
             .collect();
-        assert_eq!(loaded.len(), REVOCATIONS_PER_SCOPE);
+        assert_eq!(
+            kept(&loaded, &Scope::Shared(1006)),
+            (REVOCATIONS_PER_SCOPE, REVOCATIONS_PER_SCOPE)
+        );
         assert!(loaded.contains(&a(&format!("l{}", REVOCATIONS_PER_SCOPE + 4))));
         assert!(!loaded.contains(&a("l4")));
     }

@@ -961,7 +961,7 @@ pub struct ToolResult {
 /// An answer to `tool.call`: the result, and the keys of an MCP `CallToolResult`
 /// that the daemon ignored (at most `MAX_IGNORED_KEYS`, each clipped).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Answer {
+pub struct ToolAnswer {
     pub result: ToolResult,
     pub ignored: Vec<String>,
 }
@@ -986,7 +986,7 @@ impl ToolResult {
     /// converts MCP results. Anything else (a wrong type, neither `text` nor
     /// `content`, an unknown key in the first shape) is an error naming the
     /// problem: a failed call, never an empty success.
-    pub fn from_answer(v: &Value) -> Result<Answer, String> {
+    pub fn from_answer(v: &Value) -> Result<ToolAnswer, String> {
         let Value::Object(m) = v else {
             return Err("the answer must be a JSON object".into());
         };
@@ -1026,7 +1026,7 @@ impl ToolResult {
                 .take(MAX_IGNORED_KEYS)
                 .map(|k| framing::clip(k, 64))
                 .collect();
-            return Ok(Answer {
+            return Ok(ToolAnswer {
                 result: ToolResult::from_mcp(v),
                 ignored,
             });
@@ -1052,7 +1052,7 @@ impl ToolResult {
         let Some(is_error) = m.get("is_error").and_then(Value::as_bool) else {
             return Err("`is_error` must be present and a boolean".into());
         };
-        Ok(Answer {
+        Ok(ToolAnswer {
             result: ToolResult {
                 text: text.to_string(),
                 structured: m.get("structured").cloned().filter(|s| !s.is_null()),
@@ -1254,6 +1254,9 @@ pub mod script;
 pub mod numbers;
 
 #[cfg(test)]
+mod vectors;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -1383,7 +1386,10 @@ mod tests {
         assert_eq!(tool, format!("{} …", &long[..MAX_NAME_BYTES]));
         let many = json!({"id": 2, "op": "call_many", "tool": "t", "args_list": vec![json!({}); MAX_BATCH + 1]});
         let e = parse_request(&serde_json::to_vec(&many).unwrap()).unwrap_err();
-        assert_eq!((e.id, e.code), (2.into(), "invalid_arguments"));
+        assert_eq!(
+            (e.id, e.code),
+            (2.into(), script::ToolErrorCode::InvalidArguments)
+        );
         assert_eq!(
             parse_request(br#"{"op": "progress", "done": "x", "total": 9}"#),
             Ok(Request::Progress(Progress {
@@ -1396,7 +1402,7 @@ mod tests {
             parse_request(br#"{"id": 7, "op": "fly"}"#).unwrap_err(),
             BadRequest {
                 id: 7.into(),
-                code: "invalid_request",
+                code: script::ToolErrorCode::InvalidRequest,
                 message: "unknown op; use agent_tools".into()
             }
         );

@@ -137,16 +137,81 @@ pub enum Request {
     },
 }
 
+/// The codes a script's `ToolError` can carry (scriptgate-protocol(7),
+/// "ToolError"), as the wire spells them: the reply's `error.code`, or a
+/// result's `code`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolErrorCode {
+    /// The snapshot's call table refuses the call.
+    Denied,
+    /// The arguments fail the tool's closed schema, or a number would be altered.
+    InvalidArguments,
+    /// The run's budget (`max_calls`, a tool's own) is spent.
+    Limit,
+    /// The tool answered with `is_error`.
+    ToolError,
+    /// The run was revoked (`run.revoke`).
+    Revoked,
+    /// The run's token expired (`exp`).
+    Expired,
+    /// The engine failed to answer properly: a malformed answer, a JSON-RPC
+    /// error, a lost engine.
+    Engine,
+    /// The request line itself cannot be served.
+    InvalidRequest,
+}
+
+impl ToolErrorCode {
+    /// Every code, in the man page's order.
+    pub const ALL: [ToolErrorCode; 8] = [
+        ToolErrorCode::Denied,
+        ToolErrorCode::InvalidArguments,
+        ToolErrorCode::Limit,
+        ToolErrorCode::ToolError,
+        ToolErrorCode::Revoked,
+        ToolErrorCode::Expired,
+        ToolErrorCode::Engine,
+        ToolErrorCode::InvalidRequest,
+    ];
+
+    /// Its wire name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ToolErrorCode::Denied => "denied",
+            ToolErrorCode::InvalidArguments => "invalid_arguments",
+            ToolErrorCode::Limit => "limit",
+            ToolErrorCode::ToolError => "tool_error",
+            ToolErrorCode::Revoked => "revoked",
+            ToolErrorCode::Expired => "expired",
+            ToolErrorCode::Engine => "engine",
+            ToolErrorCode::InvalidRequest => "invalid_request",
+        }
+    }
+
+    /// The code a wire name spells, if it spells one (an uncaught `ToolError`
+    /// the script reports, a refusal's code from `policy`).
+    pub fn from_wire(name: &str) -> Option<ToolErrorCode> {
+        ToolErrorCode::ALL.into_iter().find(|c| c.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for ToolErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A request line that cannot be served; answered as `{"id", "error"}`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BadRequest {
     pub id: Value,
-    pub code: &'static str,
+    pub code: ToolErrorCode,
     pub message: String,
 }
 
 impl BadRequest {
-    fn new(id: Value, code: &'static str, message: impl Into<String>) -> BadRequest {
+    fn new(id: Value, code: ToolErrorCode, message: impl Into<String>) -> BadRequest {
         BadRequest {
             id,
             code,
@@ -211,7 +276,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, BadRequest> {
     let Ok(Value::Object(mut req)) = serde_json::from_slice::<Value>(line) else {
         return Err(BadRequest::new(
             Value::Null,
-            "invalid_request",
+            ToolErrorCode::InvalidRequest,
             "not a JSON object",
         ));
     };
@@ -219,7 +284,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, BadRequest> {
     let Some(wire) = WireRequest::from_object(req) else {
         return Err(BadRequest::new(
             id,
-            "invalid_request",
+            ToolErrorCode::InvalidRequest,
             "unknown op; use agent_tools",
         ));
     };
@@ -239,7 +304,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, BadRequest> {
                 }),
                 Value::Array(a) => Err(BadRequest::new(
                     id,
-                    "invalid_arguments",
+                    ToolErrorCode::InvalidArguments,
                     format!(
                         "call_many sends at most {MAX_BATCH} items per request, not {}; agent_tools.call_many batches them",
                         a.len()
@@ -247,7 +312,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, BadRequest> {
                 )),
                 _ => Err(BadRequest::new(
                     id,
-                    "invalid_arguments",
+                    ToolErrorCode::InvalidArguments,
                     "args_list must be a list of dicts",
                 )),
             }
@@ -331,7 +396,7 @@ pub struct CallResult {
     pub structured: Option<Value>,
     pub is_error: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub code: Option<&'static str>,
+    pub code: Option<ToolErrorCode>,
 }
 
 /// ```json
@@ -339,7 +404,7 @@ pub struct CallResult {
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ErrorReply {
-    pub code: String,
+    pub code: ToolErrorCode,
     pub message: String,
 }
 
@@ -381,6 +446,42 @@ pub struct CallLogFull {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tool_error_codes_are_spelled_on_the_wire_as_the_man_page_lists_them() {
+        let names: Vec<&str> = ToolErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "denied",
+                "invalid_arguments",
+                "limit",
+                "tool_error",
+                "revoked",
+                "expired",
+                "engine",
+                "invalid_request"
+            ]
+        );
+        for c in ToolErrorCode::ALL {
+            assert_eq!(
+                serde_json::to_value(c).unwrap(),
+                serde_json::json!(c.as_str())
+            );
+            assert_eq!(ToolErrorCode::from_wire(c.as_str()), Some(c));
+            assert_eq!(c.to_string(), c.as_str());
+        }
+        assert_eq!(ToolErrorCode::from_wire("Denied"), None);
+        // An error reply is the bytes it always was.
+        let reply = ErrorReply {
+            code: ToolErrorCode::InvalidArguments,
+            message: "m".into(),
+        };
+        assert_eq!(
+            serde_json::to_string(&reply).unwrap(),
+            r#"{"code":"invalid_arguments","message":"m"}"#
+        );
+    }
 
     #[test]
     fn request_id_skips_the_rest() {

@@ -393,6 +393,22 @@ mod tests {
             (e.reason(), e.data.as_ref().unwrap()["field"].as_str()),
             (Some("missing_claim"), Some("run_id"))
         );
+        // An empty run id names no run, as a number does not.
+        for run_id in [json!(""), json!(7)] {
+            let t = jsonwebtoken::encode(
+                &Header::new(Algorithm::HS256),
+                &json!({"run_id": run_id, "exp": now_unix() + 60, "iat": 0, "snapshot": snap()}),
+                &EncodingKey::from_secret(KEY),
+            )
+            .unwrap();
+            let e = verify(&t, KEY, true).map_err(RpcError::from).unwrap_err();
+            assert_eq!(
+                (e.reason(), e.data.as_ref().unwrap()["field"].as_str()),
+                (Some("malformed"), Some("run_id")),
+                "{run_id}"
+            );
+            assert!(e.message.contains("non-empty string"), "{}", e.message);
+        }
     }
 
     #[test]

@@ -41,7 +41,8 @@ BATCH = 50
 class ToolError(Exception):
     """A tool call failed or was refused.
 
-    code is one of: denied, invalid_arguments, limit, tool_error, revoked, engine.
+    code is one of: denied, invalid_arguments, limit, tool_error, revoked,
+    expired (the run token's exp passed), engine.
     """
 
     def __init__(self, tool, code, message):
@@ -217,7 +218,7 @@ def call_raw(tool, args=None):
     """Call a tool; return {"text", "structured", "is_error"}.
 
     The tool's own errors come back with is_error=True. Refusals (denied,
-    invalid_arguments, limit, revoked) and failures of the engine that serves the
+    invalid_arguments, limit, revoked, expired) and failures of the engine that serves the
     tools (code "engine": a malformed answer, a JSON-RPC error, a lost engine)
     raise ToolError, as call() does: a broken gateway is never taken for the
     tool's answer.

@@ -216,173 +216,296 @@ pub fn bwrap_lines(stderr: &str) -> Vec<&str> {
         .collect()
 }
 
-/// The one line for a bwrap failure. `stderr` is what bwrap printed (texts from
-/// bubblewrap's source: `die()` and `die_with_error()` print "bwrap: MESSAGE" and
-/// "bwrap: MESSAGE: strerror", then exit 1).
-pub fn diagnose(stderr: &str, facts: &HostFacts) -> Diagnosis {
-    let has = |s: &str| stderr.contains(s);
-    let sysctl_fix = |key: &str, value: &str| {
-        format!("fix: `sysctl -w {key}={value}`, and keep it in a file in /etc/sysctl.d/")
-    };
-    let caps_taken = has("loopback: Failed RTM_NEWADDR: Operation not permitted")
-        || has("setting up uid map: Permission denied")
-        || has("setting up gid map: Permission denied")
-        || has("loopback: Failed RTM_NEWLINK: Operation not permitted");
-    let no_perm = has("No permissions to create");
-    // AppArmor refuses user namespaces to programs it does not let have them:
-    // Ubuntu's sysctl, or an enforcing profile that confines bwrap. Where one of
-    // them is there, the daemon is not in our profile, no container is in the way
-    // and Debian's own sysctl does not say no, a refusal is AppArmor's.
-    let apparmor_refuses = facts.apparmor_enabled
-        && facts.container.is_none()
-        && !facts.in_our_profile()
-        && facts.unprivileged_userns_clone != Some(0)
-        && (facts.apparmor_restrict_userns == Some(1) || facts.bwrap_profile.is_some());
-    let in_unit = facts
-        .container
-        .is_none()
-        .then_some(facts.unit.as_deref())
-        .flatten();
-    let unit = in_unit.unwrap_or("scriptgate.service");
-    let (cause, what, fix) = if caps_taken || (no_perm && apparmor_refuses) {
-        let label = match (&facts.apparmor_label, &facts.bwrap_profile) {
-            (Some(l), _) if !facts.in_our_profile() => {
-                format!("; scriptgated runs as `{l}`, not under its profile scriptgated")
-            }
-            (_, Some(p)) => format!("; the profile `{p}` confines bwrap"),
-            _ => String::new(),
-        };
-        (
-            Cause::AppArmor,
-            format!("AppArmor denies the sandbox its user namespace (kernel.apparmor_restrict_unprivileged_userns=1, the default since Ubuntu 23.10, or a profile confining bwrap){label}"),
-            if facts.in_our_profile() {
-                "fix: reload scriptgate's profile (`apparmor_parser -r /etc/apparmor.d/scriptgated`), check `aa-status`, and see the apparmor=\"DENIED\" lines of `journalctl -k`".to_string()
-            } else if facts.scriptgated_profile == Some(true) {
-                "fix: start scriptgated through scriptgate.service, which enters the profile (AppArmorProfile=-scriptgated); a daemon started by hand stays unconfined".to_string()
-            } else {
-                "fix: load the profile scriptgate ships, `apparmor_parser -r /etc/apparmor.d/scriptgated`, then restart scriptgated".to_string()
-            },
-        )
-    } else if has(": Function not implemented") {
-        if facts.container.is_some() {
-            (
-                Cause::SyscallFiltered,
-                format!("the container's seccomp profile answers a system call bwrap needs with ENOSYS (bubblewrap 0.12, built without its fallback as Debian 13 does, opens files with openat2, which older profiles do not know; container: {})", facts.container.as_deref().unwrap_or("?")),
-                "fix: a container runtime or seccomp profile that knows openat2 (Docker 20.10.0 and later, Podman 3 and later)".to_string(),
-            )
-        } else if in_unit.is_some() {
-            (
-                Cause::SyscallFiltered,
-                format!("a seccomp filter of {unit} answers a system call bwrap needs with ENOSYS: most likely RestrictSUIDSGID=yes, whose filter cannot inspect openat2() and refuses it, and bubblewrap 0.12 as Debian 13 builds it opens files with openat2 only"),
-                format!("fix: `systemctl edit {unit}`, add `[Service]` and `RestrictSUIDSGID=no` (the packaged unit leaves it off), then `systemctl restart {unit}`"),
-            )
-        } else {
-            (
-                Cause::SyscallFiltered,
-                "a seccomp filter scriptgated inherited answers a system call bwrap needs with ENOSYS (bubblewrap 0.12 opens files with openat2 only; a filter that cannot inspect it refuses it)".to_string(),
-                "fix: start scriptgated without that filter (a service manager's or a sandbox's), or with a bubblewrap built with its fallback".to_string(),
-            )
-        }
-    } else if has("cannot open /proc/sys/user/max_user_namespaces")
-        || has("sysctl user.max_user_namespaces = 1")
-    {
-        (
-            Cause::ProcSysReadOnly,
-            "/proc/sys is read-only here (a container), so bwrap --disable-userns cannot set user.max_user_namespaces".to_string(),
-            "fix: restart scriptgated; its preflight then runs the sandbox without --disable-userns, and the seccomp filter refuses new namespaces".to_string(),
-        )
-    } else if has("Unknown option --disable-userns") {
-        (
-            Cause::NoDisableUserns,
-            "this bwrap does not know --disable-userns (bubblewrap before 0.8.0)".to_string(),
-            "fix: install bubblewrap 0.8.0 or later, or restart scriptgated; its preflight then does without the flag".to_string(),
-        )
-    } else if has("Creating new namespace failed")
-        && (has("ENOSPC") || has("No space left on device"))
-    {
-        if facts.max_user_namespaces == Some(0) {
-            (
-                Cause::UsernsOff,
-                "user namespaces are switched off (user.max_user_namespaces=0)".to_string(),
-                sysctl_fix("user.max_user_namespaces", "15000"),
-            )
-        } else {
-            (
-                Cause::UsernsExhausted,
-                format!(
-                    "no more user namespaces may be made here (user.max_user_namespaces{} is used up, or 32 levels of nesting are reached)",
-                    facts.max_user_namespaces.map(|n| format!("={n}")).unwrap_or_default()
-                ),
-                "fix: raise user.max_user_namespaces with `sysctl -w` (and in /etc/sysctl.d/), or run scriptgated in a less deeply nested container".to_string(),
-            )
-        }
-    } else if has("No permissions to create") {
-        if facts.unprivileged_userns_clone == Some(0) {
-            (
-                Cause::UnprivilegedCloneOff,
-                "unprivileged user namespaces are switched off (kernel.unprivileged_userns_clone=0)".to_string(),
-                sysctl_fix("kernel.unprivileged_userns_clone", "1"),
-            )
-        } else {
-            (
-                Cause::UsernsRefused,
-                "a security policy refuses the sandbox its user namespace (in a container: its seccomp profile, as Docker's default one does; or scriptgated runs in a chroot)".to_string(),
-                "fix: let the container make user namespaces (Docker, Podman: a seccomp profile that allows clone and unshare of user namespaces; LXC, Incus: security.nesting=true), or run scriptgated outside the chroot".to_string(),
-            )
-        }
-    } else if has("kernel does not support user namespaces") {
-        (
-            Cause::NoUserns,
-            "this kernel has no user namespaces (CONFIG_USER_NS)".to_string(),
-            "fix: boot a kernel built with user namespaces".to_string(),
-        )
-    } else if has("Can't mount proc on") {
-        let by_unit: Vec<&str> = UNIT_PROC_MOUNTS
+/// What a rule looks at: bwrap's words and this host's facts.
+struct Seen<'a> {
+    stderr: &'a str,
+    facts: &'a HostFacts,
+}
+
+impl Seen<'_> {
+    fn has(&self, s: &str) -> bool {
+        self.stderr.contains(s)
+    }
+
+    /// bwrap had its user namespace, but no capability in it.
+    fn caps_taken(&self) -> bool {
+        self.has("loopback: Failed RTM_NEWADDR: Operation not permitted")
+            || self.has("setting up uid map: Permission denied")
+            || self.has("setting up gid map: Permission denied")
+            || self.has("loopback: Failed RTM_NEWLINK: Operation not permitted")
+    }
+
+    fn no_perm(&self) -> bool {
+        self.has("No permissions to create")
+    }
+
+    /// AppArmor refuses user namespaces to programs it does not let have them:
+    /// Ubuntu's sysctl, or an enforcing profile that confines bwrap. Where one
+    /// of them is there, the daemon is not in our profile, no container is in
+    /// the way and Debian's own sysctl does not say no, a refusal is AppArmor's.
+    fn apparmor_refuses(&self) -> bool {
+        let f = self.facts;
+        f.apparmor_enabled
+            && f.container.is_none()
+            && !f.in_our_profile()
+            && f.unprivileged_userns_clone != Some(0)
+            && (f.apparmor_restrict_userns == Some(1) || f.bwrap_profile.is_some())
+    }
+
+    fn enosys(&self) -> bool {
+        self.has(": Function not implemented")
+    }
+
+    fn userns_enospc(&self) -> bool {
+        self.has("Creating new namespace failed")
+            && (self.has("ENOSPC") || self.has("No space left on device"))
+    }
+
+    fn proc_refused(&self) -> bool {
+        self.has("Can't mount proc on")
+    }
+
+    /// The unit the daemon runs in, outside a container.
+    fn in_unit(&self) -> Option<&str> {
+        let f = self.facts;
+        f.container.is_none().then_some(f.unit.as_deref()).flatten()
+    }
+
+    /// That unit, or the packaged one's name.
+    fn unit(&self) -> &str {
+        self.in_unit().unwrap_or("scriptgate.service")
+    }
+
+    /// The options of the daemon's unit that mount over the parts of /proc
+    /// that are covered, each once.
+    fn proc_by_unit(&self) -> Vec<&'static str> {
+        UNIT_PROC_MOUNTS
             .iter()
-            .filter(|(path, _)| facts.proc_overmounts.iter().any(|m| m == path))
+            .filter(|(path, _)| self.facts.proc_overmounts.iter().any(|m| m == path))
             .map(|(_, option)| *option)
             .fold(vec![], |mut v, o| {
                 if !v.contains(&o) {
                     v.push(o)
                 }
                 v
-            });
-        let covered = facts.proc_overmounts.join(", ");
-        if !by_unit.is_empty() && in_unit.is_some() {
-            (
-                Cause::UnitProcMounts,
-                format!("the kernel refuses the sandbox a /proc of its own, because {unit} mounts over parts of this /proc ({covered}: {})", by_unit.join(", ")),
-                format!("fix: `systemctl edit {unit}`, add `[Service]` and {} (the packaged unit leaves them off), then `systemctl restart {unit}`", by_unit.iter().map(|o| format!("`{}no`", o.trim_end_matches("yes"))).collect::<Vec<_>>().join(" and ")),
-            )
-        } else if in_unit.is_some() && !covered.is_empty() {
-            (
-                Cause::UnitProcMounts,
-                format!("the kernel refuses the sandbox a /proc of its own, because something mounts over parts of this /proc ({covered}): {unit} or a drop-in of it"),
-                format!("fix: see `systemctl cat {unit}` for the options that mount over /proc (ProtectKernelTunables=, ProtectKernelLogs=, ProtectHostname=, ProtectProc=), turn them off in a drop-in, then `systemctl restart {unit}`"),
-            )
-        } else if facts.container.is_some() || !covered.is_empty() {
-            (
-                Cause::ProcRefused,
-                format!("the kernel refuses the sandbox a /proc of its own, because parts of this /proc are hidden or read-only ({}a container's masked /proc paths)", if covered.is_empty() { String::new() } else { format!("mounts over {covered}; ") }),
-                "fix: give the container an unmasked /proc (Docker, Podman: --security-opt systempaths=unconfined; LXC: lxc.mount.auto = proc:rw)".to_string(),
-            )
-        } else {
-            (
-                Cause::ProcRefused,
-                "the kernel refuses the sandbox a /proc of its own: this /proc hides processes or parts of itself (mounted with hidepid= or subset=pid, as a unit's ProtectProc= or ProcSubset= does)".to_string(),
-                format!("fix: mount /proc without hidepid= and subset= for scriptgated, and leave ProtectProc= and ProcSubset= off in {unit}"),
-            )
-        }
-    } else {
-        (
-            Cause::Other,
-            "bwrap failed before the script ran".to_string(),
-            "fix: see bwrap's own words, which follow".to_string(),
+            })
+    }
+
+    /// The parts of /proc that are mounted over.
+    fn covered(&self) -> String {
+        self.facts.proc_overmounts.join(", ")
+    }
+}
+
+/// One rule of [`RULES`]: where `pattern` holds, the failure is `cause`, said
+/// by `what`, and `fix` says what to do.
+struct Rule {
+    pattern: fn(&Seen) -> bool,
+    cause: Cause,
+    what: fn(&Seen) -> String,
+    fix: fn(&Seen) -> String,
+}
+
+/// The rules in their order: the first whose pattern holds decides. Texts
+/// from bubblewrap's source (bubblewrap.c, network.c; 0.8 to 0.12): `die()`
+/// and `die_with_error()` print "bwrap: MESSAGE" and "bwrap: MESSAGE:
+/// strerror", then exit 1.
+static RULES: [Rule; 16] = [
+    Rule {
+        pattern: |s| s.caps_taken() || (s.no_perm() && s.apparmor_refuses()),
+        cause: Cause::AppArmor,
+        what: apparmor_what,
+        fix: apparmor_fix,
+    },
+    Rule {
+        pattern: |s| s.enosys() && s.facts.container.is_some(),
+        cause: Cause::SyscallFiltered,
+        what: |s| {
+            format!("the container's seccomp profile answers a system call bwrap needs with ENOSYS (bubblewrap 0.12, built without its fallback as Debian 13 does, opens files with openat2, which older profiles do not know; container: {})", s.facts.container.as_deref().unwrap_or("?"))
+        },
+        fix: |_| {
+            "fix: a container runtime or seccomp profile that knows openat2 (Docker 20.10.0 and later, Podman 3 and later)".into()
+        },
+    },
+    Rule {
+        pattern: |s| s.enosys() && s.in_unit().is_some(),
+        cause: Cause::SyscallFiltered,
+        what: |s| {
+            format!("a seccomp filter of {} answers a system call bwrap needs with ENOSYS: most likely RestrictSUIDSGID=yes, whose filter cannot inspect openat2() and refuses it, and bubblewrap 0.12 as Debian 13 builds it opens files with openat2 only", s.unit())
+        },
+        fix: |s| {
+            format!("fix: `systemctl edit {unit}`, add `[Service]` and `RestrictSUIDSGID=no` (the packaged unit leaves it off), then `systemctl restart {unit}`", unit = s.unit())
+        },
+    },
+    Rule {
+        pattern: |s| s.enosys(),
+        cause: Cause::SyscallFiltered,
+        what: |_| {
+            "a seccomp filter scriptgated inherited answers a system call bwrap needs with ENOSYS (bubblewrap 0.12 opens files with openat2 only; a filter that cannot inspect it refuses it)".into()
+        },
+        fix: |_| {
+            "fix: start scriptgated without that filter (a service manager's or a sandbox's), or with a bubblewrap built with its fallback".into()
+        },
+    },
+    Rule {
+        pattern: |s| {
+            s.has("cannot open /proc/sys/user/max_user_namespaces")
+                || s.has("sysctl user.max_user_namespaces = 1")
+        },
+        cause: Cause::ProcSysReadOnly,
+        what: |_| {
+            "/proc/sys is read-only here (a container), so bwrap --disable-userns cannot set user.max_user_namespaces".into()
+        },
+        fix: |_| {
+            "fix: restart scriptgated; its preflight then runs the sandbox without --disable-userns, and the seccomp filter refuses new namespaces".into()
+        },
+    },
+    Rule {
+        pattern: |s| s.has("Unknown option --disable-userns"),
+        cause: Cause::NoDisableUserns,
+        what: |_| "this bwrap does not know --disable-userns (bubblewrap before 0.8.0)".into(),
+        fix: |_| {
+            "fix: install bubblewrap 0.8.0 or later, or restart scriptgated; its preflight then does without the flag".into()
+        },
+    },
+    Rule {
+        pattern: |s| s.userns_enospc() && s.facts.max_user_namespaces == Some(0),
+        cause: Cause::UsernsOff,
+        what: |_| "user namespaces are switched off (user.max_user_namespaces=0)".into(),
+        fix: |_| sysctl_fix("user.max_user_namespaces", "15000"),
+    },
+    Rule {
+        pattern: |s| s.userns_enospc(),
+        cause: Cause::UsernsExhausted,
+        what: |s| {
+            format!(
+            "no more user namespaces may be made here (user.max_user_namespaces{} is used up, or 32 levels of nesting are reached)",
+            s.facts.max_user_namespaces.map(|n| format!("={n}")).unwrap_or_default()
         )
+        },
+        fix: |_| {
+            "fix: raise user.max_user_namespaces with `sysctl -w` (and in /etc/sysctl.d/), or run scriptgated in a less deeply nested container".into()
+        },
+    },
+    Rule {
+        pattern: |s| s.no_perm() && s.facts.unprivileged_userns_clone == Some(0),
+        cause: Cause::UnprivilegedCloneOff,
+        what: |_| {
+            "unprivileged user namespaces are switched off (kernel.unprivileged_userns_clone=0)"
+                .into()
+        },
+        fix: |_| sysctl_fix("kernel.unprivileged_userns_clone", "1"),
+    },
+    Rule {
+        pattern: |s| s.no_perm(),
+        cause: Cause::UsernsRefused,
+        what: |_| {
+            "a security policy refuses the sandbox its user namespace (in a container: its seccomp profile, as Docker's default one does; or scriptgated runs in a chroot)".into()
+        },
+        fix: |_| {
+            "fix: let the container make user namespaces (Docker, Podman: a seccomp profile that allows clone and unshare of user namespaces; LXC, Incus: security.nesting=true), or run scriptgated outside the chroot".into()
+        },
+    },
+    Rule {
+        pattern: |s| s.has("kernel does not support user namespaces"),
+        cause: Cause::NoUserns,
+        what: |_| "this kernel has no user namespaces (CONFIG_USER_NS)".into(),
+        fix: |_| "fix: boot a kernel built with user namespaces".into(),
+    },
+    Rule {
+        pattern: |s| s.proc_refused() && !s.proc_by_unit().is_empty() && s.in_unit().is_some(),
+        cause: Cause::UnitProcMounts,
+        what: |s| {
+            format!("the kernel refuses the sandbox a /proc of its own, because {} mounts over parts of this /proc ({}: {})", s.unit(), s.covered(), s.proc_by_unit().join(", "))
+        },
+        fix: |s| {
+            format!("fix: `systemctl edit {unit}`, add `[Service]` and {} (the packaged unit leaves them off), then `systemctl restart {unit}`", s.proc_by_unit().iter().map(|o| format!("`{}no`", o.trim_end_matches("yes"))).collect::<Vec<_>>().join(" and "), unit = s.unit())
+        },
+    },
+    Rule {
+        pattern: |s| s.proc_refused() && s.in_unit().is_some() && !s.covered().is_empty(),
+        cause: Cause::UnitProcMounts,
+        what: |s| {
+            format!("the kernel refuses the sandbox a /proc of its own, because something mounts over parts of this /proc ({}): {} or a drop-in of it", s.covered(), s.unit())
+        },
+        fix: |s| {
+            format!("fix: see `systemctl cat {unit}` for the options that mount over /proc (ProtectKernelTunables=, ProtectKernelLogs=, ProtectHostname=, ProtectProc=), turn them off in a drop-in, then `systemctl restart {unit}`", unit = s.unit())
+        },
+    },
+    Rule {
+        pattern: |s| s.proc_refused() && (s.facts.container.is_some() || !s.covered().is_empty()),
+        cause: Cause::ProcRefused,
+        what: |s| {
+            format!("the kernel refuses the sandbox a /proc of its own, because parts of this /proc are hidden or read-only ({}a container's masked /proc paths)", if s.covered().is_empty() { String::new() } else { format!("mounts over {}; ", s.covered()) })
+        },
+        fix: |_| {
+            "fix: give the container an unmasked /proc (Docker, Podman: --security-opt systempaths=unconfined; LXC: lxc.mount.auto = proc:rw)".into()
+        },
+    },
+    Rule {
+        pattern: |s| s.proc_refused(),
+        cause: Cause::ProcRefused,
+        what: |_| {
+            "the kernel refuses the sandbox a /proc of its own: this /proc hides processes or parts of itself (mounted with hidepid= or subset=pid, as a unit's ProtectProc= or ProcSubset= does)".into()
+        },
+        fix: |s| {
+            format!("fix: mount /proc without hidepid= and subset= for scriptgated, and leave ProtectProc= and ProcSubset= off in {}", s.unit())
+        },
+    },
+    Rule {
+        pattern: |_| true,
+        cause: Cause::Other,
+        what: |_| "bwrap failed before the script ran".into(),
+        fix: |_| "fix: see bwrap's own words, which follow".into(),
+    },
+];
+
+fn sysctl_fix(key: &str, value: &str) -> String {
+    format!("fix: `sysctl -w {key}={value}`, and keep it in a file in /etc/sysctl.d/")
+}
+
+fn apparmor_what(s: &Seen) -> String {
+    let f = s.facts;
+    let label = match (&f.apparmor_label, &f.bwrap_profile) {
+        (Some(l), _) if !f.in_our_profile() => {
+            format!("; scriptgated runs as `{l}`, not under its profile scriptgated")
+        }
+        (_, Some(p)) => format!("; the profile `{p}` confines bwrap"),
+        _ => String::new(),
     };
+    format!("AppArmor denies the sandbox its user namespace (kernel.apparmor_restrict_unprivileged_userns=1, the default since Ubuntu 23.10, or a profile confining bwrap){label}")
+}
+
+fn apparmor_fix(s: &Seen) -> String {
+    if s.facts.in_our_profile() {
+        "fix: reload scriptgate's profile (`apparmor_parser -r /etc/apparmor.d/scriptgated`), check `aa-status`, and see the apparmor=\"DENIED\" lines of `journalctl -k`".into()
+    } else if s.facts.scriptgated_profile == Some(true) {
+        "fix: start scriptgated through scriptgate.service, which enters the profile (AppArmorProfile=-scriptgated); a daemon started by hand stays unconfined".into()
+    } else {
+        "fix: load the profile scriptgate ships, `apparmor_parser -r /etc/apparmor.d/scriptgated`, then restart scriptgated".into()
+    }
+}
+
+/// The index in [`RULES`] of the rule that decides a failure.
+fn rule_for(seen: &Seen) -> usize {
+    RULES
+        .iter()
+        .position(|r| (r.pattern)(seen))
+        .unwrap_or(RULES.len() - 1)
+}
+
+/// The one line for a bwrap failure: the first rule of [`RULES`] whose
+/// pattern holds for `stderr` (what bwrap printed) on a host with `facts`.
+pub fn diagnose(stderr: &str, facts: &HostFacts) -> Diagnosis {
+    let seen = Seen { stderr, facts };
+    let rule = &RULES[rule_for(&seen)];
     Diagnosis {
-        cause,
-        line: format!("{UNAVAILABLE} {what}; {fix}"),
+        cause: rule.cause,
+        line: format!(
+            "{UNAVAILABLE} {}; {}",
+            (rule.what)(&seen),
+            (rule.fix)(&seen)
+        ),
     }
 }
 
@@ -409,6 +532,73 @@ pub fn limits_refusal(problems: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each row of the table, in order, with a failure it decides: the row
+    /// that decides is that row (no earlier one takes it), and its cause.
+    #[test]
+    fn the_rules_are_walked_row_by_row() {
+        let base = facts();
+        let ubuntu = HostFacts {
+            apparmor_enabled: true,
+            apparmor_restrict_userns: Some(1),
+            ..facts()
+        };
+        let docker = HostFacts {
+            container: Some("docker".into()),
+            ..facts()
+        };
+        let unit = HostFacts {
+            unit: Some("scriptgate.service".into()),
+            ..facts()
+        };
+        let unit_kmsg = HostFacts {
+            proc_overmounts: vec!["/proc/kmsg".into()],
+            ..unit.clone()
+        };
+        let unit_other = HostFacts {
+            proc_overmounts: vec!["/proc/acpi".into()],
+            ..unit.clone()
+        };
+        let off = HostFacts {
+            max_user_namespaces: Some(0),
+            ..facts()
+        };
+        let clone_off = HostFacts {
+            unprivileged_userns_clone: Some(0),
+            ..facts()
+        };
+        let enosys = "bwrap: Failed to make / slave: Function not implemented";
+        let no_perm = "bwrap: No permissions to create new namespace";
+        let enospc = "bwrap: Creating new namespace failed: No space left on device";
+        let proc = "bwrap: Can't mount proc on /newroot/proc: Operation not permitted";
+        let rows: [(&str, &HostFacts); 16] = [
+            (no_perm, &ubuntu),
+            (enosys, &docker),
+            (enosys, &unit),
+            (enosys, &base),
+            ("bwrap: cannot open /proc/sys/user/max_user_namespaces: Read-only file system", &base),
+            ("bwrap: Unknown option --disable-userns", &base),
+            (enospc, &off),
+            (enospc, &base),
+            (no_perm, &clone_off),
+            (no_perm, &base),
+            ("bwrap: Creating new namespace failed, likely because the kernel does not support user namespaces.", &base),
+            (proc, &unit_kmsg),
+            (proc, &unit_other),
+            (proc, &docker),
+            (proc, &base),
+            ("bwrap: execvp python3: No such file or directory", &base),
+        ];
+        assert_eq!(rows.len(), RULES.len());
+        for (i, (stderr, facts)) in rows.into_iter().enumerate() {
+            let seen = Seen { stderr, facts };
+            assert_eq!(rule_for(&seen), i, "row {i}: {stderr}");
+            let d = diagnose(stderr, facts);
+            assert_eq!(d.cause, RULES[i].cause, "row {i}");
+            assert!(d.line.starts_with(UNAVAILABLE), "row {i}: {}", d.line);
+            assert!(d.line.contains("; fix: "), "row {i}: {}", d.line);
+        }
+    }
 
     fn facts() -> HostFacts {
         HostFacts {

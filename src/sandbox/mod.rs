@@ -85,8 +85,8 @@ pub fn libgcc_s_candidates() -> Vec<PathBuf> {
 }
 
 /// The sandbox's PID 1 is the daemon's own binary in its init mode
-/// (`sandbox_init`, which says what it does), bound read-only at
-/// `sandbox_init::MOUNT` and started as `MOUNT --sandbox-init REPORT_FD PROGRAM
+/// (`sandbox::init`, which says what it does), bound read-only at
+/// `sandbox::init::MOUNT` and started as `MOUNT --sandbox-init REPORT_FD PROGRAM
 /// ARGS...`.
 pub use crate::sandbox::init::{ARG as INIT_ARG, MOUNT as INIT_MOUNT};
 
@@ -94,32 +94,116 @@ pub use crate::sandbox::init::{ARG as INIT_ARG, MOUNT as INIT_MOUNT};
 pub struct SandboxSpec {
     /// The workspace's path: where the directory open at `FD_WORKSPACE` is mounted,
     /// and the working directory.
-    pub workspace: PathBuf,
-    pub read_only: bool,
+    workspace: PathBuf,
+    read_only: bool,
     /// Host directory holding `agent_tools.py` (mounted read-only at RUNTIME_MOUNT).
-    pub runtime_dir: PathBuf,
+    runtime_dir: PathBuf,
     /// The interpreter (`scripts.python`).
-    pub python: PathBuf,
+    python: PathBuf,
     /// The script's record file, inside the workspace's `.agent` tree (on the
     /// host): only its name is used. Its code reaches the sandbox from
     /// `FD_SCRIPT` (a sealed memfd), at `SCRIPT_MOUNT`; this path is never in
     /// the argv (it holds the script id).
-    pub script: PathBuf,
+    script: PathBuf,
     /// Size of the private `/tmp`.
-    pub tmp_size_bytes: u64,
+    tmp_size_bytes: u64,
     /// Pass `--disable-userns`. It writes `/proc/sys/user/max_user_namespaces`
     /// inside the sandbox, which fails where `/proc/sys` is read-only (containers)
     /// and bwrap before 0.8 does not know it; `preflight` then turns it off, and the
     /// seccomp filter alone keeps the script from making a user namespace.
-    pub disable_userns: bool,
-    /// The sandbox's init: this binary (`sandbox_init::exe()`), bound read-only.
-    pub init: PathBuf,
+    disable_userns: bool,
+    /// The sandbox's init: this binary (`sandbox::init::exe()`), bound read-only.
+    init: PathBuf,
     /// `scripts.nofile_max`: RLIMIT_NOFILE of the sandbox's processes.
-    pub nofile_max: u64,
+    nofile_max: u64,
     /// Execute-only copies of the interpreter and the init, bound in their
     /// place (see `ExecOnly`); `None` where they would not help (the daemon is
     /// not root, or the script runs as the daemon's uid).
-    pub exec_only: Option<ExecOnly>,
+    exec_only: Option<ExecOnly>,
+}
+
+/// What every sandbox of one daemon shares, from its configuration and what
+/// it found at start: made once ([`SandboxBase::new`]); each script's
+/// [`SandboxSpec`] adds its workspace and record.
+#[derive(Debug, Clone)]
+pub struct SandboxBase {
+    runtime_dir: PathBuf,
+    python: PathBuf,
+    tmp_size_bytes: u64,
+    disable_userns: bool,
+    init: PathBuf,
+    nofile_max: u64,
+}
+
+impl SandboxBase {
+    /// `runtime_dir` holds `agent_tools.py`; `disable_userns` is the
+    /// preflight's answer; the init is this binary (`init::exe`).
+    pub fn new(
+        runtime_dir: PathBuf,
+        python: PathBuf,
+        tmp_size_bytes: u64,
+        disable_userns: bool,
+        nofile_max: u64,
+    ) -> SandboxBase {
+        SandboxBase {
+            runtime_dir,
+            python,
+            tmp_size_bytes,
+            disable_userns,
+            init: init::exe(),
+            nofile_max,
+        }
+    }
+}
+
+impl SandboxSpec {
+    /// One script's sandbox: `base`, its workspace, and its record's
+    /// `script.py`. The execute-only copies come later, from the runner
+    /// ([`SandboxSpec::set_exec_only`]).
+    pub fn new(
+        base: &SandboxBase,
+        workspace: PathBuf,
+        read_only: bool,
+        script: PathBuf,
+    ) -> SandboxSpec {
+        SandboxSpec {
+            workspace,
+            read_only,
+            runtime_dir: base.runtime_dir.clone(),
+            python: base.python.clone(),
+            script,
+            tmp_size_bytes: base.tmp_size_bytes,
+            disable_userns: base.disable_userns,
+            init: base.init.clone(),
+            nofile_max: base.nofile_max,
+            exec_only: None,
+        }
+    }
+
+    pub fn runtime_dir(&self) -> &Path {
+        &self.runtime_dir
+    }
+
+    pub fn python(&self) -> &Path {
+        &self.python
+    }
+
+    pub fn init(&self) -> &Path {
+        &self.init
+    }
+
+    pub fn nofile_max(&self) -> u64 {
+        self.nofile_max
+    }
+
+    pub fn exec_only(&self) -> Option<&ExecOnly> {
+        self.exec_only.as_ref()
+    }
+
+    /// Bind these execute-only copies in place of the interpreter and the init.
+    pub fn set_exec_only(&mut self, copies: ExecOnly) {
+        self.exec_only = Some(copies);
+    }
 }
 
 /// Execute-only (mode 0111, root-owned) copies of the interpreter and of the
@@ -225,7 +309,7 @@ fn isolation(a: &mut Vec<OsString>, disable_userns: bool) {
             &"--clearenv",
         ],
     );
-    // No bwrap process inside the sandbox: its PID 1 is our init (`sandbox_init`).
+    // No bwrap process inside the sandbox: its PID 1 is our init (`sandbox::init`).
     // bwrap then waits for that child itself, so nothing of the sandbox outlives
     // the outer bwrap (bwrap's own init was left behind, a zombie of whoever
     // inherited it, and its rusage never reached the daemon).
@@ -495,7 +579,7 @@ fn exec_only_copy(src: &Path, dir: &Path) -> std::io::Result<PathBuf> {
     Ok(dest)
 }
 
-/// Parse the init's report (see `sandbox_init`): the largest resident set of any process
+/// Parse the init's report (see `sandbox::init`): the largest resident set of any process
 /// of the script's tree, in bytes.
 pub fn parse_usage_report(bytes: &[u8]) -> Option<u64> {
     let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;

@@ -11,7 +11,9 @@
 use crate::policy::{Budget, CallRefusal, Policy};
 use crate::protocol::framing::{read_line, skip_line, Line};
 use crate::protocol::numbers::{self, Altered, Scan};
-use crate::protocol::script::{CallLogFull, CallLogLine, CallResult, ErrorReply, Outcome, Reply};
+use crate::protocol::script::{
+    CallLogFull, CallLogLine, CallResult, ErrorReply, Outcome, Reply, ToolErrorCode,
+};
 use crate::protocol::{ToolCall, ToolResult};
 use crate::script::engine::{Abandoned, CallEnd, EngineLink, LinkError};
 use crate::time::{Clock, SystemClock};
@@ -72,6 +74,11 @@ pub struct Live {
 }
 
 impl Live {
+    /// The sandbox's pid once it exists; 0 once it has exited.
+    pub fn set_sandbox_pid(&self, pid: i32) {
+        self.sandbox_pid.store(pid, Ordering::Relaxed);
+    }
+
     /// calls.jsonl as the record's note gives it, if it lost lines.
     pub fn calls_log_incomplete(&self) -> Option<String> {
         let e = self.calls_log_error.lock().unwrap();
@@ -164,7 +171,7 @@ impl Broker {
 
 fn refusal(r: CallRefusal) -> Outcome {
     Outcome::Error(ErrorReply {
-        code: r.code.to_string(),
+        code: r.code,
         message: clip(&r.message, MAX_MESSAGE_BYTES),
     })
 }
@@ -302,7 +309,7 @@ impl Broker {
             Ok(Line::TooLong) => {
                 let reply = bad_request_reply(BadRequest {
                     id: Value::Null,
-                    code: "invalid_request",
+                    code: ToolErrorCode::InvalidRequest,
                     message: format!("request line longer than {} bytes", self.max_line),
                 });
                 ch.replies.send(reply.line()).await && skip_line(&mut ch.reader).await.is_ok()
@@ -315,7 +322,7 @@ impl Broker {
                 if scan.too_deep {
                     let reply = bad_request_reply(BadRequest {
                         id: crate::protocol::script::request_id(&ch.buf),
-                        code: "invalid_request",
+                        code: ToolErrorCode::InvalidRequest,
                         message: format!(
                             "request nested deeper than {} levels",
                             numbers::MAX_DEPTH
@@ -333,7 +340,7 @@ impl Broker {
                 if cost > self.max_line + REQUEST_OVERHEAD {
                     let reply = bad_request_reply(BadRequest {
                         id: crate::protocol::script::request_id(&ch.buf),
-                        code: "invalid_request",
+                        code: ToolErrorCode::InvalidRequest,
                         message: format!(
                             "request too large once parsed (about {cost} bytes for a {}-byte line; the limit is {}): send fewer or larger values per call",
                             ch.buf.len(),
@@ -490,11 +497,7 @@ impl Broker {
                 if !a.ignored.is_empty() {
                     self.ignored_keys(tool, &a.ignored);
                 }
-                let code = if a.result.is_error {
-                    Some("tool_error")
-                } else {
-                    None
-                };
+                let code = a.result.is_error.then_some(ToolErrorCode::ToolError);
                 result_outcome(a.result, code)
             }
             Err(e) => self.engine_failed(tool, e),
@@ -546,7 +549,7 @@ impl Broker {
             structured: None,
             is_error: true,
         };
-        result_outcome(r, Some("engine"))
+        result_outcome(r, Some(ToolErrorCode::Engine))
     }
 
     /// Revocation, expiry (by `clock`), policy, numbers, budget: the merged
@@ -561,24 +564,24 @@ impl Broker {
         altered: Option<&Altered>,
     ) -> Result<Value, CallRefusal> {
         if self.revoked.read().unwrap().contains(&self.run_key) {
-            return Err(CallRefusal {
-                code: "revoked",
-                message: format!("run {} was revoked; no further tool calls", self.run_id),
-            });
+            return Err(CallRefusal::new(
+                ToolErrorCode::Revoked,
+                format!("run {} was revoked; no further tool calls", self.run_id),
+            ));
         }
         if clock.now_unix() >= self.token_exp {
-            return Err(CallRefusal {
-                code: "revoked",
-                message: format!("the run token of run {} expired", self.run_id),
-            });
+            return Err(CallRefusal::new(
+                ToolErrorCode::Expired,
+                format!("the run token of run {} expired", self.run_id),
+            ));
         }
         let checked = self.policy.check_call(tool, args);
         if let Some(a) = altered {
-            if !matches!(&checked, Err(r) if r.code != "invalid_arguments") {
-                return Err(CallRefusal {
-                    code: "invalid_arguments",
-                    message: numbers::refusal_message(tool, a),
-                });
+            if !matches!(&checked, Err(r) if r.code != ToolErrorCode::InvalidArguments) {
+                return Err(CallRefusal::new(
+                    ToolErrorCode::InvalidArguments,
+                    numbers::refusal_message(tool, a),
+                ));
             }
         }
         let merged = checked?;
@@ -733,7 +736,7 @@ impl Replies {
     }
 }
 
-fn result_outcome(r: ToolResult, code: Option<&'static str>) -> Outcome {
+fn result_outcome(r: ToolResult, code: Option<ToolErrorCode>) -> Outcome {
     Outcome::Result(CallResult {
         text: r.text,
         structured: r.structured,
@@ -746,7 +749,7 @@ fn bad_request_reply(b: BadRequest) -> Reply {
     Reply::One {
         id: b.id,
         outcome: Outcome::Error(ErrorReply {
-            code: b.code.to_string(),
+            code: b.code,
             message: b.message,
         }),
     }
@@ -783,9 +786,9 @@ mod tests {
             &self,
             p: ToolCall,
             _: CallEnd,
-        ) -> BoxFuture<'_, Result<crate::protocol::Answer, LinkError>> {
+        ) -> BoxFuture<'_, Result<crate::protocol::ToolAnswer, LinkError>> {
             Box::pin(async move {
-                Ok(crate::protocol::Answer {
+                Ok(crate::protocol::ToolAnswer {
                     result: ToolResult {
                         text: format!("ok {}", p.call_id),
                         structured: None,
@@ -844,7 +847,7 @@ mod tests {
         let Outcome::Error(e) = b.call(&clock, "t", &args, None).await else {
             panic!("served after expiry")
         };
-        assert_eq!(e.code, "revoked");
+        assert_eq!(e.code, ToolErrorCode::Expired);
         assert_eq!(e.message, "the run token of run r expired");
         // Both are logged, stamped by the same clock.
         let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
@@ -874,7 +877,7 @@ mod tests {
                     structured: None,
                     is_error: true,
                 },
-                Some("tool_error"),
+                Some(ToolErrorCode::ToolError),
             ),
         };
         let v: serde_json::Value = serde_json::from_str(&one.line()).unwrap();
@@ -884,7 +887,7 @@ mod tests {
         );
         let bad = bad_request_reply(BadRequest {
             id: serde_json::Value::Null,
-            code: "invalid_request",
+            code: ToolErrorCode::InvalidRequest,
             message: "m".into(),
         });
         let v: serde_json::Value = serde_json::from_str(&bad.line()).unwrap();
@@ -894,10 +897,10 @@ mod tests {
         );
         let many = Reply::Many {
             id: "a".into(),
-            results: vec![refusal(CallRefusal {
-                code: "denied",
-                message: "no".into(),
-            })],
+            results: vec![refusal(CallRefusal::new(
+                ToolErrorCode::Denied,
+                "no".into(),
+            ))],
         };
         let v: serde_json::Value = serde_json::from_str(&many.line()).unwrap();
         assert_eq!(

@@ -3,7 +3,7 @@
 //! in-process engine over MCP servers (`scriptgate run`).
 
 use crate::protocol::rpc::BoxFuture;
-use crate::protocol::{Answer, ApprovalRequest, Notification, Status, ToolCall};
+use crate::protocol::{ApprovalRequest, Notification, Status, ToolAnswer, ToolCall};
 use std::sync::{Arc, OnceLock};
 
 /// Why a request to the engine did not produce an answer.
@@ -21,13 +21,37 @@ pub enum LinkError {
     Timeout,
 }
 
+/// Why a call still at the engine is abandoned: how its script ended. The
+/// wire spells it as `tool.cancelled`'s `reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbandonReason {
+    Cancelled,
+    Timeout,
+    Oom,
+    Interrupted,
+    /// The script ended by itself.
+    Exited,
+}
+
+impl AbandonReason {
+    /// Its wire name (scriptgate-protocol(7), `tool.cancelled`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AbandonReason::Cancelled => "cancelled",
+            AbandonReason::Timeout => "timeout",
+            AbandonReason::Oom => "oom",
+            AbandonReason::Interrupted => "interrupted",
+            AbandonReason::Exited => "exited",
+        }
+    }
+}
+
 /// Why the calls still at the engine are abandoned: set once, when the script
 /// has ended, before they are dropped; an engine link reads it to tell the
 /// engine (`tool.cancelled`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Abandoned {
-    /// `cancelled`, `timeout`, `oom`, `interrupted` or `exited`.
-    pub reason: &'static str,
+    pub reason: AbandonReason,
     pub message: String,
 }
 
@@ -36,29 +60,28 @@ impl Abandoned {
     /// it was cancelled, timed out, ran out of memory or was interrupted;
     /// otherwise it ended by itself, `exited`.
     pub fn after(forced: Option<(Status, String)>) -> Abandoned {
-        match forced {
-            Some((
-                s @ (Status::Cancelled | Status::Timeout | Status::Oom | Status::Interrupted),
-                why,
-            )) => Abandoned {
-                reason: s.as_str(),
-                message: why,
-            },
-            _ => Abandoned::exited(),
-        }
+        let reason = match forced.as_ref().map(|(s, _)| s) {
+            Some(Status::Cancelled) => AbandonReason::Cancelled,
+            Some(Status::Timeout) => AbandonReason::Timeout,
+            Some(Status::Oom) => AbandonReason::Oom,
+            Some(Status::Interrupted) => AbandonReason::Interrupted,
+            _ => return Abandoned::exited(),
+        };
+        let message = forced.map(|(_, why)| why).unwrap_or_default();
+        Abandoned { reason, message }
     }
 
     /// The script ended by itself with calls outstanding.
     pub fn exited() -> Abandoned {
         Abandoned {
-            reason: "exited",
+            reason: AbandonReason::Exited,
             message: "the script ended before the engine answered".into(),
         }
     }
 
     /// Cut short (not `exited`): its calls get no grace to come back.
     pub fn cut_short(&self) -> bool {
-        self.reason != "exited"
+        self.reason != AbandonReason::Exited
     }
 }
 
@@ -71,8 +94,11 @@ pub trait EngineLink: Send + Sync {
     fn id(&self) -> u64;
     /// `tool.call`: one tool call of a script. A future dropped before its answer
     /// came is an abandoned call: the link tells the engine, with `end`'s reason.
-    fn tool_call(&self, params: ToolCall, end: CallEnd)
-        -> BoxFuture<'_, Result<Answer, LinkError>>;
+    fn tool_call(
+        &self,
+        params: ToolCall,
+        end: CallEnd,
+    ) -> BoxFuture<'_, Result<ToolAnswer, LinkError>>;
     /// `approval.request`; `Ok(true)` for `allow_once`.
     fn approval_request(
         &self,

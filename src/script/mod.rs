@@ -5,12 +5,13 @@ pub(crate) mod engine;
 
 use crate::limits::{Backend, Placement, UnitEnd};
 use crate::policy::Limits;
+use crate::protocol::script::ToolErrorCode;
 use crate::protocol::Status;
 use crate::sandbox::abi::{
     FD_AGENT, FD_GATE, FD_INFO, FD_REPLIES, FD_REQUESTS, FD_SCRIPT, FD_SECCOMP, FD_USAGE,
     FD_WORKSPACE,
 };
-use crate::sandbox::{bwrap_args, parse_usage_report, RealHost, SandboxSpec};
+use crate::sandbox::{bwrap_args, parse_usage_report, RealHost, SandboxBase, SandboxSpec};
 use crate::script::broker::Broker;
 use crate::script::engine::Abandoned;
 use crate::sys::{
@@ -29,43 +30,90 @@ use tokio::sync::watch;
 /// Why the supervisor should stop a script early.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Stop {
+    /// `script.cancel`, an administrator's cancel, or a revocation: the words
+    /// say which.
     Cancel(String),
+    /// The connection that started it closed: no engine serves its calls.
+    EngineLost,
+    /// The daemon stops.
     Interrupt,
+}
+
+impl Stop {
+    /// Why a cancelled script was cancelled, as its result's `error` says.
+    fn why(&self) -> Option<String> {
+        match self {
+            Stop::Cancel(why) => Some(why.clone()),
+            Stop::EngineLost => Some("engine disconnected".into()),
+            Stop::Interrupt => None,
+        }
+    }
+}
+
+/// Why a script's sandbox could not be started. Cloned: the daemon's answer to
+/// `script.start` and the script's result each say it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SpawnError {
+    /// Its descriptors or pipes could not be made, or its streams not served.
+    #[error("{0}")]
+    Setup(Arc<std::io::Error>),
+    /// bwrap (behind its gate) could not be spawned.
+    #[error("{}: {source}", program.display())]
+    Spawn {
+        program: PathBuf,
+        source: Arc<std::io::Error>,
+    },
+}
+
+impl SpawnError {
+    /// The system's error, without the program's name (a result's `error`).
+    pub fn cause(&self) -> &std::io::Error {
+        match self {
+            SpawnError::Setup(e) | SpawnError::Spawn { source: e, .. } => e,
+        }
+    }
+}
+
+impl From<std::io::Error> for SpawnError {
+    fn from(e: std::io::Error) -> SpawnError {
+        SpawnError::Setup(Arc::new(e))
+    }
 }
 
 /// What every script's launch takes from the daemon: its settings and what it
 /// found at start. Made once, by `Daemon::new`; each script adds its [`Run`].
 #[derive(Clone)]
-pub struct Host {
-    pub bwrap: PathBuf,
-    /// Where `agent_tools.py` is (mounted read-only in every sandbox).
-    pub runtime_dir: PathBuf,
-    pub python: PathBuf,
-    pub tmp_size_bytes: u64,
-    /// The preflight's answer: whether bwrap's `--disable-userns` works here.
-    pub disable_userns: bool,
-    pub nofile_max: u64,
-    pub backend: Backend,
-    pub output_max_bytes: u64,
-    pub return_max_chars: usize,
-    pub require_enforced_limits: bool,
-    pub file_max_bytes: u64,
+pub struct Settings {
+    bwrap: PathBuf,
+    /// Where `agent_tools.py` is, the interpreter, and what else every
+    /// sandbox shares.
+    sandbox: SandboxBase,
+    backend: Backend,
+    output_max_bytes: u64,
+    return_max_chars: usize,
+    require_enforced_limits: bool,
+    file_max_bytes: u64,
 }
 
-impl Host {
+impl Settings {
+    /// `runtime_dir` holds `agent_tools.py` (mounted read-only in every
+    /// sandbox); `disable_userns` is the preflight's answer, whether bwrap's
+    /// `--disable-userns` works here.
     pub fn new(
         cfg: &crate::config::Config,
         runtime_dir: PathBuf,
         disable_userns: bool,
         backend: Backend,
-    ) -> Host {
-        Host {
+    ) -> Settings {
+        Settings {
             bwrap: cfg.sandbox.bwrap.clone(),
-            runtime_dir,
-            python: cfg.scripts.python.clone(),
-            tmp_size_bytes: cfg.sandbox.tmp_size_bytes,
-            disable_userns,
-            nofile_max: cfg.scripts.nofile_max,
+            sandbox: SandboxBase::new(
+                runtime_dir,
+                cfg.scripts.python.clone(),
+                cfg.sandbox.tmp_size_bytes,
+                disable_userns,
+                cfg.scripts.nofile_max,
+            ),
             backend,
             output_max_bytes: cfg.scripts.output_max_bytes,
             return_max_chars: cfg.scripts.return_max_chars,
@@ -75,87 +123,145 @@ impl Host {
     }
 }
 
+/// The workspace a script runs in, as the daemon opened it.
+pub struct RunWorkspace {
+    path: PathBuf,
+    dir: OwnedFd,
+    read_only: bool,
+}
+
+impl RunWorkspace {
+    /// `dir` is the directory the daemon opened at `path` (bwrap binds it).
+    pub fn new(path: PathBuf, dir: OwnedFd, read_only: bool) -> RunWorkspace {
+        RunWorkspace {
+            path,
+            dir,
+            read_only,
+        }
+    }
+}
+
+/// A script's record, as the sandbox needs it.
+pub struct RunRecord {
+    /// The record's `script.py` (its name only reaches the argv; see `SandboxSpec`).
+    script: PathBuf,
+    /// The workspace's `.agent`, opened by the daemon.
+    agent_dir: OwnedFd,
+    stdout_file: std::fs::File,
+    stderr_file: std::fs::File,
+    /// The code, in a sealed memfd (`sys::sealed_copy`).
+    script_code: OwnedFd,
+}
+
+impl RunRecord {
+    pub fn new(
+        script: PathBuf,
+        agent_dir: OwnedFd,
+        stdout_file: std::fs::File,
+        stderr_file: std::fs::File,
+        script_code: OwnedFd,
+    ) -> RunRecord {
+        RunRecord {
+            script,
+            agent_dir,
+            stdout_file,
+            stderr_file,
+            script_code,
+        }
+    }
+}
+
 /// What one script brings to its launch: its workspace, record and limits.
 pub struct Run {
-    /// The workspace's path, and the directory the daemon opened there.
-    pub workspace: PathBuf,
-    pub workspace_dir: OwnedFd,
-    pub read_only: bool,
-    /// The record's `script.py` (its name only reaches the argv; see `SandboxSpec`).
-    pub script: PathBuf,
-    /// The workspace's `.agent`, opened by the daemon.
-    pub agent_dir: OwnedFd,
+    workspace: RunWorkspace,
+    record: RunRecord,
     /// The identity to switch to; `None` when it is the daemon's own.
-    pub identity: Option<Identity>,
-    pub limits: Limits,
-    pub stdout_file: std::fs::File,
-    pub stderr_file: std::fs::File,
-    pub script_code: OwnedFd,
+    identity: Option<Identity>,
+    limits: Limits,
     /// What the daemon knows before the start of this script's limits not in
     /// force (the disk bound); they join the result's `backend_notes`.
-    pub notes: Vec<String>,
+    notes: Vec<String>,
+}
+
+impl Run {
+    pub fn new(
+        workspace: RunWorkspace,
+        record: RunRecord,
+        identity: Option<Identity>,
+        limits: Limits,
+        notes: Vec<String>,
+    ) -> Run {
+        Run {
+            workspace,
+            record,
+            identity,
+            limits,
+            notes,
+        }
+    }
 }
 
 impl Launch {
-    /// The launch of `run` on `host`.
-    pub fn new(host: &Host, run: Run) -> Launch {
+    /// The launch of `run` with the daemon's `settings`.
+    pub fn new(settings: &Settings, run: Run) -> Launch {
+        let Run {
+            workspace,
+            record,
+            identity,
+            limits,
+            notes,
+        } = run;
         Launch {
-            bwrap: host.bwrap.clone(),
-            sandbox: SandboxSpec {
-                workspace: run.workspace,
-                read_only: run.read_only,
-                runtime_dir: host.runtime_dir.clone(),
-                python: host.python.clone(),
-                script: run.script,
-                tmp_size_bytes: host.tmp_size_bytes,
-                disable_userns: host.disable_userns,
-                init: crate::sandbox::init::exe(),
-                nofile_max: host.nofile_max,
-                // The runner makes the copies (see `with_exec_only`).
-                exec_only: None,
-            },
-            workspace_dir: run.workspace_dir,
-            agent_dir: run.agent_dir,
-            identity: run.identity,
-            limits: run.limits,
-            backend: host.backend.clone(),
-            stdout_file: run.stdout_file,
-            stderr_file: run.stderr_file,
-            output_max_bytes: host.output_max_bytes,
-            return_max_chars: host.return_max_chars,
-            require_enforced_limits: host.require_enforced_limits,
-            file_max_bytes: host.file_max_bytes,
-            script_code: run.script_code,
-            notes: run.notes,
+            bwrap: settings.bwrap.clone(),
+            // The runner makes the execute-only copies (see `with_exec_only`).
+            sandbox: SandboxSpec::new(
+                &settings.sandbox,
+                workspace.path,
+                workspace.read_only,
+                record.script,
+            ),
+            workspace_dir: workspace.dir,
+            agent_dir: record.agent_dir,
+            identity,
+            limits,
+            backend: settings.backend.clone(),
+            stdout_file: record.stdout_file,
+            stderr_file: record.stderr_file,
+            output_max_bytes: settings.output_max_bytes,
+            return_max_chars: settings.return_max_chars,
+            require_enforced_limits: settings.require_enforced_limits,
+            file_max_bytes: settings.file_max_bytes,
+            script_code: record.script_code,
+            notes,
         }
     }
 }
 
 /// Everything the runner needs to start one script's sandbox: [`Launch::new`].
 pub struct Launch {
-    pub bwrap: PathBuf,
-    pub sandbox: SandboxSpec,
+    bwrap: PathBuf,
+    sandbox: SandboxSpec,
     /// The workspace and its `.agent`, opened by the daemon; bwrap binds these.
-    pub workspace_dir: std::os::fd::OwnedFd,
-    pub agent_dir: std::os::fd::OwnedFd,
-    pub identity: Option<Identity>,
-    pub limits: Limits,
-    pub backend: Backend,
-    pub stdout_file: std::fs::File,
-    pub stderr_file: std::fs::File,
-    pub output_max_bytes: u64,
-    pub return_max_chars: usize,
+    workspace_dir: std::os::fd::OwnedFd,
+    agent_dir: std::os::fd::OwnedFd,
+    identity: Option<Identity>,
+    limits: Limits,
+    backend: Backend,
+    stdout_file: std::fs::File,
+    stderr_file: std::fs::File,
+    output_max_bytes: u64,
+    return_max_chars: usize,
     /// `sandbox.require_enforced_limits`: no "go" through the gate for a script
     /// whose limits read back as not in force.
-    pub require_enforced_limits: bool,
+    require_enforced_limits: bool,
     /// `scripts.file_max_bytes`: RLIMIT_FSIZE of the script's processes.
-    pub file_max_bytes: u64,
+    file_max_bytes: u64,
     /// The script's code, in a sealed memfd (`sys::sealed_copy`): bwrap copies
     /// it to `SCRIPT_MOUNT`, so the sandbox runs the code the audit row holds,
     /// and nothing in the workspace is opened again (the engine owns that tree).
-    pub script_code: OwnedFd,
-    /// Limits known not to be in force before the start (`Run::notes`).
-    pub notes: Vec<String>,
+    script_code: OwnedFd,
+    /// Limits known not to be in force before the start (`Run::new`'s `notes`).
+    notes: Vec<String>,
 }
 
 /// What the supervisor observed; the daemon turns it into the result object.
@@ -182,6 +288,25 @@ pub struct Ended {
     /// The record files (output.txt, stderr.txt) the daemon could not write in
     /// full, each with why.
     pub record_incomplete: Vec<String>,
+}
+
+impl Ended {
+    /// A script whose sandbox could not be started: an error not of its doing.
+    pub fn not_started(e: &SpawnError) -> Ended {
+        Ended {
+            status: Status::Error,
+            exit_code: None,
+            duration_ms: 0,
+            output: String::new(),
+            output_truncated: false,
+            error: Some(format!("the sandbox could not start: {}", e.cause())),
+            memory_peak_bytes: None,
+            cpu_usec: None,
+            backend_notes: vec![],
+            setup_failed: true,
+            record_incomplete: vec![],
+        }
+    }
 }
 
 /// How much of stderr is kept for the result's `error`.
@@ -343,7 +468,7 @@ fn keeper(identity: Option<Identity>) -> std::process::Command {
     k
 }
 
-/// Read the sandbox init's usage report (see `sandbox_init`). Only the init holds
+/// Read the sandbox init's usage report (see `sandbox::init`). Only the init holds
 /// the write end, so EOF comes when it exits; it writes nothing when it is killed.
 async fn read_usage(fd: std::os::fd::OwnedFd) -> Option<u64> {
     let mut r = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok()?;
@@ -367,29 +492,28 @@ async fn read_usage(fd: std::os::fd::OwnedFd) -> Option<u64> {
 // `Env::run` is the model).
 pub async fn run(
     spawner: &Spawner,
-    launch: Launch,
+    mut launch: Launch,
     broker: Arc<Broker>,
     mut stop: watch::Receiver<Option<Stop>>,
-    started: tokio::sync::oneshot::Sender<Result<(), String>>,
-) -> Result<Ended, std::io::Error> {
+    started: tokio::sync::oneshot::Sender<Result<(), SpawnError>>,
+) -> Result<Ended, SpawnError> {
     let t0 = Instant::now();
     let script_id = broker.script_id.clone();
-    let mut launch = launch;
 
     // 0. The execute-only interpreter and init, when the script runs as another
     //    uid than a root daemon (`with_exec_only`).
     exec_only_or_warn(&mut launch, &script_id).await;
     // 1.–3. The descriptors, the command, the spawn (`spawn_sandbox`).
     let (mut sandbox, ours) = spawn_sandbox(spawner, &launch, started).await?;
-    broker
-        .live
-        .sandbox_pid
-        .store(sandbox.pid, std::sync::atomic::Ordering::Relaxed);
+    broker.live.set_sandbox_pid(sandbox.pid);
     // Our copies of the workspace's descriptors go: bwrap has its own.
     drop((launch.workspace_dir, launch.agent_dir));
 
-    // 4. Serve fd 3/4 and drain stdout/stderr before the script can run: a full
-    //    pipe would block it.
+    // 4. Serve fd 3/4 and drain stdout/stderr, before step 5: its "go" lets the
+    //    script run, and from its first instruction on its calls must be
+    //    answered and a full pipe would block it. Nothing comes through before
+    //    (bwrap waits behind the gate), so serving early costs nothing, and a
+    //    script whose placement fails ends with EOF on every stream.
     let streams = Streams::start(
         broker.clone(),
         ours.streams,
@@ -427,10 +551,7 @@ pub async fn run(
     )
     .await;
     // Exited (or being reaped): its pid is no longer the script's to read.
-    broker
-        .live
-        .sandbox_pid
-        .store(0, std::sync::atomic::Ordering::Relaxed);
+    broker.live.set_sandbox_pid(0);
 
     // 7. Collect what the ending left: the init's report and the unit's counters
     //    (read while the keeper still holds the scope); then the output and the
@@ -503,7 +624,7 @@ async fn exec_only_or_warn(launch: &mut Launch, script_id: &str) {
             script_id = %script_id,
             "no execute-only copies of the interpreter and the init in {}: {e}; this script runs \
              without them, so other processes of its uid may read it through /proc/PID",
-            launch.sandbox.runtime_dir.with_file_name("exec").display()
+            launch.sandbox.runtime_dir().with_file_name("exec").display()
         );
     }
 }
@@ -517,8 +638,8 @@ async fn exec_only_or_warn(launch: &mut Launch, script_id: &str) {
 async fn spawn_sandbox(
     spawner: &Spawner,
     launch: &Launch,
-    started: tokio::sync::oneshot::Sender<Result<(), String>>,
-) -> std::io::Result<(Sandbox, OurEnds)> {
+    started: tokio::sync::oneshot::Sender<Result<(), SpawnError>>,
+) -> Result<(Sandbox, OurEnds), SpawnError> {
     let (child_ends, ours) = open_fds(launch)?;
     let ChildEnds {
         fixed,
@@ -529,7 +650,11 @@ async fn spawn_sandbox(
     let sandbox = match spawn_supervised(spawner, cmd).await {
         Ok(s) => s,
         Err(e) => {
-            let _ = started.send(Err(format!("{}: {e}", launch.bwrap.display())));
+            let e = SpawnError::Spawn {
+                program: launch.bwrap.clone(),
+                source: Arc::new(e),
+            };
+            let _ = started.send(Err(e.clone()));
             return Err(e);
         }
     };
@@ -578,16 +703,16 @@ async fn with_exec_only(launch: &mut Launch) -> std::io::Result<()> {
     let spec = &launch.sandbox;
     let wanted = launch.identity.is_some_and(|id| id.uid != 0)
         && nix::unistd::geteuid().is_root()
-        && spec.exec_only.is_none();
+        && spec.exec_only().is_none();
     if !wanted {
         return Ok(());
     }
-    let dir = spec.runtime_dir.with_file_name("exec");
-    let (python, init) = (spec.python.clone(), spec.init.clone());
+    let dir = spec.runtime_dir().with_file_name("exec");
+    let (python, init) = (spec.python().to_path_buf(), spec.init().to_path_buf());
     let x = tokio::task::spawn_blocking(move || crate::sandbox::exec_only(&python, &init, &dir))
         .await
         .map_err(std::io::Error::other)??;
-    launch.sandbox.exec_only = Some(x);
+    launch.sandbox.set_exec_only(x);
     Ok(())
 }
 
@@ -690,7 +815,7 @@ fn command(
 fn nofile_max(spec: &SandboxSpec) -> u64 {
     let hard = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map_or(u64::MAX, |(_, hard)| hard);
-    spec.nofile_max.min(hard)
+    spec.nofile_max().min(hard)
 }
 
 /// The spawned sandbox (bwrap, or the gate shell that becomes bwrap).
@@ -1092,7 +1217,9 @@ pub fn forced(e: &Ending, limits: &Limits, unit: &str) -> Option<(Status, String
                 ),
             ))
         }
-        Some(Cut::Stopped(Stop::Cancel(why))) => return Some((Status::Cancelled, why.clone())),
+        Some(Cut::Stopped(stop @ (Stop::Cancel(_) | Stop::EngineLost))) => {
+            return Some((Status::Cancelled, stop.why().unwrap_or_default()))
+        }
         Some(Cut::Stopped(Stop::Interrupt)) => {
             return Some((
                 Status::Interrupted,
@@ -1138,11 +1265,12 @@ pub fn judge(e: &Ending, limits: &Limits, unit: &str) -> (Status, Option<String>
     if e.exit.and_then(|x| x.code) == Some(0) {
         return (Status::Ok, None);
     }
-    let status = if e.uncaught.as_deref() == Some("limit") {
-        Status::Limit
-    } else {
-        Status::Error
-    };
+    let status =
+        if e.uncaught.as_deref().and_then(ToolErrorCode::from_wire) == Some(ToolErrorCode::Limit) {
+            Status::Limit
+        } else {
+            Status::Error
+        };
     let error = if !e.stderr_tail.is_empty() {
         e.stderr_tail.clone()
     } else {
@@ -1191,7 +1319,7 @@ mod tests {
         let failed = exited(Some(1), None);
         let killed = exited(None, Some(9));
         let unit = "scriptgate-ab.scope";
-        let cancel = Some(Cut::Stopped(Stop::Cancel("engine disconnected".into())));
+        let cancel = Some(Cut::Stopped(Stop::EngineLost));
         let table: Vec<(&str, Ending, Status, Option<&str>)> = vec![
             (
                 "exit 0",

@@ -10,7 +10,7 @@
 //! then moves itself into its cgroup leaf, which this check does not do.
 
 use crate::config::{BackendChoice, Config, DEFAULT_PATH};
-use crate::limits::{cgroup, systemd, Host, Kind, RLIMIT_SHARED};
+use crate::limits::{cgroup, systemd, CgroupView, Kind, RLIMIT_SHARED};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -199,7 +199,7 @@ pub fn gather(path: &Path, explicit: bool) -> Findings {
             .map_err(|e| e.to_string()),
     );
     f.key = Some(key.map(|k| k.len()).map_err(|e| e.to_string()));
-    f.backend = Some(predict_backend(cfg.sandbox.backend, &Host::real()));
+    f.backend = Some(predict_backend(cfg.sandbox.backend, &CgroupView::real()));
     let sb = &cfg.sandbox;
     match std::process::Command::new(&sb.bwrap)
         .arg("--version")
@@ -244,7 +244,10 @@ fn is_executable(p: &Path) -> bool {
 }
 
 /// The daemon's choice (`limits::Backend::pick`), from read-only probes.
-fn predict_backend(choice: BackendChoice, host: &Host) -> Result<(Kind, Vec<String>), String> {
+fn predict_backend(
+    choice: BackendChoice,
+    host: &CgroupView,
+) -> Result<(Kind, Vec<String>), String> {
     let mut notes = vec![];
     let name = |c: BackendChoice| format!("sandbox.backend = {c:?}").to_lowercase();
     if matches!(choice, BackendChoice::Auto | BackendChoice::Systemd) {

@@ -9,8 +9,8 @@ use crate::protocol::refusal::{Reason, Refused};
 use crate::protocol::rpc::BoxFuture;
 use crate::protocol::rpc::{self, Bounds, CallError, Strict};
 use crate::protocol::{
-    self, Answer, ApprovalAnswer, ApprovalRequest, DaemonRequest, Decision, EngineRequest, Method,
-    Notification, RpcError, ToolCall, ToolCancelled, ToolResult,
+    self, ApprovalAnswer, ApprovalRequest, DaemonRequest, Decision, EngineRequest, Method,
+    Notification, RpcError, ToolAnswer, ToolCall, ToolCancelled, ToolResult,
 };
 use crate::script::engine::{Abandoned, CallEnd, EngineLink, LinkError};
 use serde_json::Value;
@@ -30,7 +30,8 @@ const MAX_OUTSTANDING: usize = 1024;
 /// One engine connection, as the scripts it starts see it.
 pub struct Conn {
     id: u64,
-    peer: rpc::Endpoint,
+    /// The connection's JSON-RPC endpoint (requests to the engine, notifications).
+    endpoint: rpc::Endpoint,
 }
 
 fn link_error(e: CallError) -> LinkError {
@@ -49,11 +50,11 @@ impl EngineLink for Conn {
         &self,
         params: ToolCall,
         end: CallEnd,
-    ) -> BoxFuture<'_, Result<Answer, LinkError>> {
+    ) -> BoxFuture<'_, Result<ToolAnswer, LinkError>> {
         Box::pin(async move {
             // Dropped unanswered: the script ended with the call at the engine,
             // which is told so (`tool.cancelled`) and may stop the work.
-            let peer = self.peer.clone();
+            let endpoint = self.endpoint.clone();
             let (script_id, call_id) = (params.script_id.clone(), params.call_id.clone());
             let abandoned = move |id| {
                 let why = end.get().cloned().unwrap_or_else(Abandoned::exited);
@@ -61,13 +62,13 @@ impl EngineLink for Conn {
                     id,
                     script_id,
                     call_id,
-                    reason: why.reason.into(),
+                    reason: why.reason.as_str().into(),
                     message: why.message,
                 };
-                peer.notify("tool.cancelled", &n);
+                endpoint.notify("tool.cancelled", &n);
             };
             let v = self
-                .peer
+                .endpoint
                 .request_abandonable(DaemonRequest::TOOL_CALL, &params, None, abandoned)
                 .await
                 .map_err(link_error)?;
@@ -82,7 +83,7 @@ impl EngineLink for Conn {
     ) -> BoxFuture<'_, Result<bool, LinkError>> {
         Box::pin(async move {
             let v = self
-                .peer
+                .endpoint
                 .request(DaemonRequest::APPROVAL_REQUEST, &params, Some(timeout))
                 .await
                 .map_err(link_error)?;
@@ -96,9 +97,9 @@ impl EngineLink for Conn {
     }
     fn send(&self, n: Notification) {
         match &n {
-            Notification::ScriptProgress(s) => self.peer.notify(n.method(), s),
-            Notification::ScriptFinished(r) => self.peer.notify(n.method(), r),
-            Notification::ToolCancelled(c) => self.peer.notify(n.method(), c),
+            Notification::ScriptProgress(s) => self.endpoint.notify(n.method(), s),
+            Notification::ScriptFinished(r) => self.endpoint.notify(n.method(), r),
+            Notification::ToolCancelled(c) => self.endpoint.notify(n.method(), c),
         }
     }
 }
@@ -130,6 +131,7 @@ pub async fn serve(
         }),
         lookups: Mutex::default(),
         pace: Mutex::default(),
+        refusals: Mutex::new(RefusalLimiter::new(CONNECTIONS)),
         budget: Arc::new(tokio::sync::Semaphore::new(sv.max_buffered_bytes)),
         admin_budget: Arc::new(tokio::sync::Semaphore::new(0)),
         live: live.clone(),
@@ -177,37 +179,41 @@ pub async fn serve(
                 }
             });
         })?;
-    let idle = async {
-        let Some(d) = idle_exit else {
-            return std::future::pending().await;
-        };
-        // Quiet since: the last wake-up here (a script ended, a connection
-        // closed) or the last connection the gate let go, whichever is later.
-        let mut woken = std::time::Instant::now();
-        loop {
-            let now = std::time::Instant::now();
-            let quiet = now
-                .saturating_duration_since(woken)
-                .min(live.quiet_for(now));
-            let idle = live.conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0;
-            if idle && quiet >= d {
-                return;
-            }
-            // Busy: woken when a served connection ends, and every `d` anyway
-            // (the last one to go may have been refused, which wakes nobody).
-            let wait = if idle { d - quiet } else { d };
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = live.activity.notified() => woken = std::time::Instant::now(),
-                _ = daemon.changed() => woken = std::time::Instant::now(),
-            }
-        }
-    };
+    let idle = idle_for(&daemon, &live, idle_exit);
     tokio::select! {
         e = failed => Err(e.unwrap_or_else(|_| std::io::Error::other("the gate thread ended"))),
         _ = idle => {
             tracing::info!("idle for {:?} with no connection and no script; exiting", idle_exit.unwrap_or_default());
             Ok(())
+        }
+    }
+}
+
+/// Resolves once the daemon has had no connection and no running script for
+/// `idle_exit` (never without one).
+async fn idle_for(daemon: &Daemon, live: &Liveness, idle_exit: Option<Duration>) {
+    let Some(d) = idle_exit else {
+        return std::future::pending().await;
+    };
+    // Quiet since: the last wake-up here (a script ended, a connection
+    // closed) or the last connection the gate let go, whichever is later.
+    let mut woken = std::time::Instant::now();
+    loop {
+        let now = std::time::Instant::now();
+        let quiet = now
+            .saturating_duration_since(woken)
+            .min(live.quiet_for(now));
+        let idle = live.conns.load(Ordering::SeqCst) == 0 && daemon.running_count() == 0;
+        if idle && quiet >= d {
+            return;
+        }
+        // Busy: woken when a served connection ends, and every `d` anyway
+        // (the last one to go may have been refused, which wakes nobody).
+        let wait = if idle { d - quiet } else { d };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = live.activity.notified() => woken = std::time::Instant::now(),
+            _ = daemon.changed() => woken = std::time::Instant::now(),
         }
     }
 }
@@ -297,7 +303,7 @@ fn accept_error_is_transient(e: &std::io::Error) -> bool {
     )
 }
 
-// ---- admission: which pool, which cap, refuse or admit (pure) ---------------------
+// ---- the connection verdict: which pool, which cap, refuse or serve (pure) -------------
 
 /// The pool a served connection counts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -337,28 +343,29 @@ pub struct Counts {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
-    Admit(Pool),
+pub enum ConnVerdict {
+    /// Served, counted in its pool.
+    Serve(Pool),
     /// Not root nor in any group of the config: one -32001, counted nowhere.
     NotAllowed,
     Full(Cap),
 }
 
-/// The admission of a peer with `role`, given what is open. A refused peer
+/// Whether a connection of a peer with `role` is served, given what is open. A refused peer
 /// counts nowhere; any peer is held to its uid's share, then to its pool's cap.
-pub fn admit(role: Role, open: Counts, caps: Caps) -> Admission {
+pub fn connection_verdict(role: Role, open: Counts, caps: Caps) -> ConnVerdict {
     let pool = match role {
-        Role::Refused => return Admission::NotAllowed,
+        Role::Refused => return ConnVerdict::NotAllowed,
         Role::AdminOnly => Pool::Admin,
         Role::Engine { .. } => Pool::Engine,
     };
     if open.this_uid >= caps.per_uid {
-        return Admission::Full(Cap::PerUid);
+        return ConnVerdict::Full(Cap::PerUid);
     }
     match pool {
-        Pool::Admin if open.admin >= caps.admin => Admission::Full(Cap::Admin),
-        Pool::Engine if open.engine >= caps.total => Admission::Full(Cap::Total),
-        _ => Admission::Admit(pool),
+        Pool::Admin if open.admin >= caps.admin => ConnVerdict::Full(Cap::Admin),
+        Pool::Engine if open.engine >= caps.total => ConnVerdict::Full(Cap::Total),
+        _ => ConnVerdict::Serve(pool),
     }
 }
 
@@ -406,15 +413,15 @@ struct Slot {
 }
 
 impl Table {
-    fn try_admit(self: &Arc<Self>, role: Role, uid: u32) -> Result<Slot, Admission> {
+    fn try_serve(self: &Arc<Self>, role: Role, uid: u32) -> Result<Slot, ConnVerdict> {
         let mut o = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let counts = Counts {
             engine: o.engine,
             admin: o.admin,
             this_uid: o.by_uid.get(&uid).copied().unwrap_or(0),
         };
-        match admit(role, counts, self.caps) {
-            Admission::Admit(pool) => {
+        match connection_verdict(role, counts, self.caps) {
+            ConnVerdict::Serve(pool) => {
                 match pool {
                     Pool::Engine => o.engine += 1,
                     Pool::Admin => o.admin += 1,
@@ -641,6 +648,11 @@ struct Gate {
     lookups: Mutex<Lookups<Caller>>,
     /// Refusal lines per uid.
     pace: Mutex<Paces>,
+    /// The refused connections: logged one by one within the one refusal
+    /// limiter's rate for connections, counted by reason past it; the counts
+    /// are logged with the next refusal that is, so a local user who loops on
+    /// connect cannot flood the journal.
+    refusals: Mutex<RefusalLimiter<GateRefusal>>,
     /// Partial lines of engines (`server.max_buffered_bytes`).
     budget: Arc<tokio::sync::Semaphore>,
     /// Admin-only peers': none. Their lines are at most `ADMIN_MAX_LINE`, below
@@ -676,7 +688,7 @@ impl Gate {
         let cred = match cred {
             Ok(c) => c,
             Err(e) => {
-                refusal_log("peer_cred", || format!("SO_PEERCRED failed: {e}"));
+                self.log_refusal(GateRefusal::PeerCred, || format!("SO_PEERCRED failed: {e}"));
                 return;
             }
         };
@@ -688,7 +700,7 @@ impl Gate {
             live,
         };
         if c.uid == 0 {
-            return self.admit(c, None);
+            return self.let_in(c, None);
         }
         let key = (c.uid, c.gid);
         let begin = self
@@ -697,14 +709,14 @@ impl Gate {
             .unwrap_or_else(|p| p.into_inner())
             .begin(key, c, std::time::Instant::now());
         match begin {
-            Begin::Cached(g, c) => self.admit(c, Some(&g)),
+            Begin::Cached(g, c) => self.let_in(c, Some(&g)),
             Begin::Joined => {}
             Begin::Full(c) => self.refuse_full(c, Cap::Checks),
             Begin::Started => {
                 let gate = self.clone();
                 tokio::spawn(async move {
                     let d = gate.daemon.clone();
-                    let engines = !d.engines.is_empty();
+                    let engines = d.has_engine_entries();
                     let g = tokio::task::spawn_blocking(move || {
                         look_up(key.0, key.1, &d.cfg.auth, engines)
                     })
@@ -719,10 +731,10 @@ impl Gate {
                     match (g, failed) {
                         (Some(g), _) => {
                             for c in waiting {
-                                gate.admit(c, Some(&g));
+                                gate.let_in(c, Some(&g));
                             }
                         }
-                        (None, e) => refusal_log("peer_check", || {
+                        (None, e) => gate.log_refusal(GateRefusal::PeerCheck, || {
                             format!("peer check failed: {}", e.unwrap_or_default())
                         }),
                     }
@@ -732,7 +744,7 @@ impl Gate {
     }
 
     /// Admit or refuse a peer whose groups are known (`None`: root).
-    fn admit(self: &Arc<Self>, c: Caller, g: Option<&Groups>) {
+    fn let_in(self: &Arc<Self>, c: Caller, g: Option<&Groups>) {
         let groups = g.map(|g| PeerGroups {
             in_allowed: g.in_allowed,
             in_admin: g.in_admin,
@@ -758,9 +770,9 @@ impl Gate {
                 return self.refuse(c, e, |_| line);
             }
         };
-        let slot = match self.table.try_admit(role, c.uid) {
+        let slot = match self.table.try_serve(role, c.uid) {
             Ok(s) => s,
-            Err(Admission::Full(cap)) => return self.refuse_full(c, cap),
+            Err(ConnVerdict::Full(cap)) => return self.refuse_full(c, cap),
             Err(_) => return,
         };
         let Caller {
@@ -802,7 +814,22 @@ impl Gate {
         });
     }
 
-    /// One error line for a peer not served, logged (within `refusal_log`'s
+    /// Log a refused connection (`line` is only built when it is logged).
+    fn log_refusal(&self, reason: GateRefusal, line: impl FnOnce() -> String) {
+        let now = crate::time::now_ms();
+        let mut limiter = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        if limiter.observe(now, reason) == Verdict::Count {
+            return;
+        }
+        // The counts, at most once a minute, with a refusal that is logged.
+        if let Some(s) = limiter.take_after(now, 60_000) {
+            tracing::warn!("{}", s.message(now));
+        }
+        drop(limiter);
+        tracing::warn!(reason = reason.as_str(), "{}", line());
+    }
+
+    /// One error line for a peer not served, logged (within `log_refusal`'s
     /// limit), then closed (on drop). The new socket's send buffer is empty, so
     /// the line goes out without waiting. Past `REFUSAL_LINES_PER_UID_PER_S` of
     /// one uid (root excepted), its connections are just closed, with no line
@@ -819,7 +846,7 @@ impl Gate {
                 return;
             }
         }
-        refusal_log(e.reason().as_str(), || line(&c));
+        self.log_refusal(GateRefusal::Peer(e.reason()), || line(&c));
         // Straight to the socket: tokio's try_write would not even try before
         // its reactor has seen the new socket writable.
         use nix::sys::socket::MsgFlags;
@@ -921,12 +948,12 @@ async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, peer: Peer) 
     } = c;
     daemon.connected(role, peer);
     let (read, write) = stream.into_split();
-    let (rpc_peer, writer) = rpc::Endpoint::new(write);
+    let (endpoint, writer) = rpc::Endpoint::new(write);
     let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
     // Its answers count in the stop's barrier while it is read (the clone is
     // dropped before the writer is awaited: the writer ends with the last one).
-    daemon.serving(id, rpc_peer.clone());
-    let conn = Arc::new(Conn { id, peer: rpc_peer });
+    daemon.serving(id, endpoint.clone());
+    let conn = Arc::new(Conn { id, endpoint });
     let sv = &daemon.cfg.server;
     let timed_out = format!(
         "a message was not completed within server.line_timeout_s = {} s; closing the connection",
@@ -967,7 +994,7 @@ async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, peer: Peer) 
         admin_only: role == Role::AdminOnly,
         conn: conn.clone(),
     });
-    conn.peer.serve(read, &bounds, handler).await;
+    conn.endpoint.serve(read, &bounds, handler).await;
     daemon.served(conn.id);
     daemon.disconnected(conn.id);
     drop(conn);
@@ -999,19 +1026,19 @@ impl Session {
     /// methods, and only then are the params parsed (-32602).
     async fn dispatch(&self, method: &str, params: Value) -> Result<Value, RpcError> {
         let method = Method::from_name(method)?;
-        if method.admin_only() && !self.peer.admin {
+        if method.admin_only() && !self.peer.admin() {
             return Err(RpcError::not_admin());
         }
         if self.admin_only && !method.admin_only() && method != Method::DaemonInfo {
             return Err(
-                admin_only_peer(self.peer.uid, &self.daemon.cfg.auth.allowed_groups).into(),
+                admin_only_peer(self.peer.uid(), &self.daemon.cfg.auth.allowed_groups).into(),
             );
         }
-        let engine = self.peer.engine;
+        let engine = self.peer.engine();
         let (d, conn, who) = (
             &self.daemon,
             &self.conn,
-            Access::Conn(self.conn.id, engine, self.peer.uid),
+            Access::Conn(self.conn.id, engine, self.peer.uid()),
         );
         match EngineRequest::parse(method, params)? {
             EngineRequest::ScriptStart(sp) => {
@@ -1039,7 +1066,7 @@ impl Session {
                 })
             }
             EngineRequest::AdminCancel(r) => {
-                let why = format!("cancelled by an administrator (uid {})", self.peer.uid);
+                let why = format!("cancelled by an administrator (uid {})", self.peer.uid());
                 to_value(d.cancel(Access::Admin, r, &why).await?)
             }
             EngineRequest::AdminCalls(p) => {
@@ -1052,25 +1079,31 @@ impl Session {
     }
 }
 
-/// The gate's refused connections: logged one by one within the one refusal
-/// limiter's rate for connections, counted by reason past it; the counts are
-/// logged with the next refusal that is, so a local user who loops on connect
-/// cannot flood the journal.
-static REFUSALS: Mutex<RefusalLimiter<&'static str>> = Mutex::new(RefusalLimiter::new(CONNECTIONS));
+/// Why the gate refused a connection, as its log line and the counts name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum GateRefusal {
+    /// `SO_PEERCRED` failed: the peer is unknown.
+    PeerCred,
+    /// Its groups could not be looked up.
+    PeerCheck,
+    /// Refused for who it is or what is open (`Refused`'s reason).
+    Peer(Reason),
+}
 
-/// Log a refused connection (`line` is only built when it is logged).
-fn refusal_log(reason: &'static str, line: impl FnOnce() -> String) {
-    let now = crate::time::now_ms();
-    let mut limiter = REFUSALS.lock().unwrap_or_else(|p| p.into_inner());
-    if limiter.admit(now, reason) == Verdict::Count {
-        return;
+impl GateRefusal {
+    fn as_str(self) -> &'static str {
+        match self {
+            GateRefusal::PeerCred => "peer_cred",
+            GateRefusal::PeerCheck => "peer_check",
+            GateRefusal::Peer(r) => r.as_str(),
+        }
     }
-    // The counts, at most once a minute, with a refusal that is logged.
-    if let Some(s) = limiter.take_after(now, 60_000) {
-        tracing::warn!("{}", s.message(now));
+}
+
+impl std::fmt::Display for GateRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
-    drop(limiter);
-    tracing::warn!(reason, "{}", line());
 }
 
 /// An engine method from a peer that is only an administrator.
@@ -1110,48 +1143,51 @@ mod tests {
     #[test]
     fn a_peer_in_no_group_counts_nowhere() {
         for open in [counts(0, 0, 0), counts(256, 16, 64)] {
-            assert_eq!(admit(Role::Refused, open, CAPS), Admission::NotAllowed);
+            assert_eq!(
+                connection_verdict(Role::Refused, open, CAPS),
+                ConnVerdict::NotAllowed
+            );
         }
     }
 
     #[test]
     fn each_uid_has_its_share_root_included() {
         assert_eq!(
-            admit(ENGINE, counts(63, 0, 63), CAPS),
-            Admission::Admit(Pool::Engine)
+            connection_verdict(ENGINE, counts(63, 0, 63), CAPS),
+            ConnVerdict::Serve(Pool::Engine)
         );
         for role in [ENGINE, Role::Engine { admin: true }] {
             assert_eq!(
-                admit(role, counts(64, 0, 64), CAPS),
-                Admission::Full(Cap::PerUid)
+                connection_verdict(role, counts(64, 0, 64), CAPS),
+                ConnVerdict::Full(Cap::PerUid)
             );
         }
         // Another uid is served while one holds its whole share.
         assert_eq!(
-            admit(ENGINE, counts(64, 0, 0), CAPS),
-            Admission::Admit(Pool::Engine)
+            connection_verdict(ENGINE, counts(64, 0, 0), CAPS),
+            ConnVerdict::Serve(Pool::Engine)
         );
         // The global cap is behind the shares.
         assert_eq!(
-            admit(ENGINE, counts(256, 0, 3), CAPS),
-            Admission::Full(Cap::Total)
+            connection_verdict(ENGINE, counts(256, 0, 3), CAPS),
+            ConnVerdict::Full(Cap::Total)
         );
     }
 
     #[test]
     fn admin_only_peers_have_a_pool_of_their_own() {
         assert_eq!(
-            admit(Role::AdminOnly, counts(256, 15, 15), CAPS),
-            Admission::Admit(Pool::Admin),
+            connection_verdict(Role::AdminOnly, counts(256, 15, 15), CAPS),
+            ConnVerdict::Serve(Pool::Admin),
             "engines filling theirs leave the admin pool"
         );
         assert_eq!(
-            admit(Role::AdminOnly, counts(0, 16, 0), CAPS),
-            Admission::Full(Cap::Admin)
+            connection_verdict(Role::AdminOnly, counts(0, 16, 0), CAPS),
+            ConnVerdict::Full(Cap::Admin)
         );
         assert_eq!(
-            admit(ENGINE, counts(0, 16, 0), CAPS),
-            Admission::Admit(Pool::Engine),
+            connection_verdict(ENGINE, counts(0, 16, 0), CAPS),
+            ConnVerdict::Serve(Pool::Engine),
             "a full admin pool takes nothing from the engines"
         );
     }

@@ -719,7 +719,7 @@ pub fn cloexec_inherited_fds() -> io::Result<()> {
     cloexec_from_raw(3)
 }
 
-/// For the sandbox init (`sandbox_init`): every descriptor from `lowest` up is
+/// For the sandbox init (`sandbox::init`): every descriptor from `lowest` up is
 /// close-on-exec, so the script it starts gets only what the init leaves open.
 pub fn cloexec_from(lowest: RawFd) -> io::Result<()> {
     cloexec_from_raw(lowest)

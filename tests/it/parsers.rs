@@ -1461,7 +1461,9 @@ fn check_fd3_read(line: &[u8]) -> (Result<Request, BadRequest>, Option<Value>) {
     let want = fd3_model(read.as_ref());
     let ok = match (&want, &got) {
         (Ok(w), Ok(g)) => w == g,
-        (Err((id, code)), Err(b)) => id == &b.id && code == &b.code && !b.message.is_empty(),
+        (Err((id, code)), Err(b)) => {
+            id == &b.id && *code == b.code.as_str() && !b.message.is_empty()
+        }
         _ => false,
     };
     assert!(
@@ -1493,7 +1495,7 @@ fn check_fd3_read(line: &[u8]) -> (Result<Request, BadRequest>, Option<Value>) {
         Ok(Request::Progress(p)) => assert!(p.message.len() <= 500 + MARK),
         Ok(Request::Uncaught { code }) => assert!(code.len() <= 32 + MARK),
         Ok(Request::Tools { .. }) => {}
-        Err(b) => assert!(["invalid_request", "invalid_arguments"].contains(&b.code)),
+        Err(b) => assert!(["invalid_request", "invalid_arguments"].contains(&b.code.as_str())),
     }
     (got, read)
 }
@@ -1559,7 +1561,7 @@ proptest! {
         let broken = apply(&d, &mut line);
         let (got, read) = check_fd3_read(line.as_bytes());
         if broken {
-            prop_assert!(matches!(&got, Err(b) if b.code == "invalid_request" && b.id.is_null()), "{got:?}");
+            prop_assert!(matches!(&got, Err(b) if b.code.as_str() == "invalid_request" && b.id.is_null()), "{got:?}");
             return Ok(());
         }
         // Two properties spelled out, on what serde_json read.
@@ -1621,7 +1623,7 @@ proptest! {
         let line = object_text(&[("op".into(), json!(op).to_string()), (key.into(), nested)]);
         let got = check_fd3(line.as_bytes());
         if depth >= 130 {
-            prop_assert!(matches!(&got, Err(b) if b.code == "invalid_request"), "{got:?}");
+            prop_assert!(matches!(&got, Err(b) if b.code.as_str() == "invalid_request"), "{got:?}");
         }
     }
 }

@@ -503,7 +503,7 @@ except agent_tools.ToolError as e:
     let code = code.as_str();
     let r = e.run(&token, code, &[]);
     assert_eq!(r["status"], "ok", "{r}");
-    assert_eq!(r["output"], "revoked the run token of run run-1 expired\n");
+    assert_eq!(r["output"], "expired the run token of run run-1 expired\n");
     assert_eq!(e.calls_seen().len(), 1);
 }
 

@@ -6,8 +6,10 @@ import {
   ApprovalError,
   CallCancelledError,
   ConnectionClosedError,
+  DaemonError,
   ErrorCode,
   NotFoundError,
+  ProtocolError,
   ScriptgateError,
   connectError,
   type RpcErrorObject,
@@ -179,7 +181,7 @@ export interface ScriptgateClientEvents {
   cancelled: [params: ToolCancelled];
   /** Any notification from the daemon, the ones above included. */
   notification: [method: string, params: unknown];
-  /** An error the daemon sent with id null (e.g. -32700), or a line that could not be read. */
+  /** An error the daemon sent with id null (e.g. -32700, a {@link DaemonError}), or a line that could not be read (a {@link ProtocolError}). */
   protocolError: [error: ScriptgateError];
   /**
    * A handler answered something the daemon would refuse, threw, or timed out. Without
@@ -498,14 +500,14 @@ export class ScriptgateClient extends EventEmitter {
   async runScriptTool(token: string): Promise<RunScriptTool> {
     const r = (await this.request("run.describe", { token })) as DescribeResult;
     if (!isObject(r) || !isObject(r.tool)) {
-      throw new ScriptgateError(undefined, "run.describe answered no `tool`: this scriptgated predates the run_script tool definition", r, "run.describe");
+      throw new ProtocolError("run.describe answered no `tool`: this scriptgated predates the run_script tool definition", r);
     }
     return r.tool;
   }
 
-  /** `daemon.info`. */
+  /** `daemon.info` (it takes no params, and none are sent). */
   info(): Promise<DaemonInfo> {
-    return this.request("daemon.info", {}) as Promise<DaemonInfo>;
+    return this.request("daemon.info") as Promise<DaemonInfo>;
   }
 
   /**
@@ -558,9 +560,10 @@ export class ScriptgateClient extends EventEmitter {
 
   /**
    * Send any request (e.g. the `admin.*` extension) and resolve with its result;
-   * an error answer rejects with a {@link ScriptgateError} (the subclass of its code).
+   * an error answer rejects with a {@link DaemonError} (the subclass of its code).
+   * `params` left out (undefined) are not sent.
    */
-  request(method: string, params: unknown = {}, onResult?: (result: unknown) => void): Promise<unknown> {
+  request(method: string, params?: unknown, onResult?: (result: unknown) => void): Promise<unknown> {
     if (this.closed || this.closing) {
       return Promise.reject(this.closeReason(`connection closed; ${method} not sent`));
     }
@@ -569,7 +572,7 @@ export class ScriptgateClient extends EventEmitter {
       const p: Pending = { method, resolve, reject };
       if (onResult) p.onResult = onResult;
       this.pending.set(id, p);
-      if (!this.send({ jsonrpc: "2.0", id, method, params })) {
+      if (!this.send(params === undefined ? { jsonrpc: "2.0", id, method } : { jsonrpc: "2.0", id, method, params })) {
         this.pending.delete(id);
         reject(new TypeError(`${method}: params cannot be sent as JSON`));
       }
@@ -637,10 +640,7 @@ export class ScriptgateClient extends EventEmitter {
   private overflow(): void {
     this.partial = [];
     this.partialBytes = 0;
-    this.closedError ??= new ConnectionClosedError(
-      this.path,
-      `the daemon at ${this.path} sent a line longer than maxLineBytes (${this.maxLineBytes}); connection closed`,
-    );
+    this.closedError ??= new ProtocolError(`the daemon at ${this.path} sent a line longer than maxLineBytes (${this.maxLineBytes}); connection closed`);
     this.socket.destroy();
   }
 
@@ -654,7 +654,7 @@ export class ScriptgateClient extends EventEmitter {
       if (!isObject(v)) throw new Error("not a JSON object");
       msg = v as Message;
     } catch (e) {
-      this.emitSafely("protocolError", ScriptgateError.fromRpc({ code: ErrorCode.PARSE, message: `unreadable line from the daemon: ${errorMessage(e)}` }));
+      this.emitSafely("protocolError", new ProtocolError(`unreadable line from the daemon: ${errorMessage(e)}`, undefined, { cause: e }));
       return;
     }
     if (typeof msg.method === "string") {
@@ -663,19 +663,21 @@ export class ScriptgateClient extends EventEmitter {
       return;
     }
     if (msg.id === undefined || msg.id === null) {
-      const err = ScriptgateError.fromRpc(isObject(msg.error) ? msg.error : { code: ErrorCode.INVALID_REQUEST, message: "message without id or method" });
-      if (err.code === ErrorCode.PEER) this.peerRefusal = err;
+      const err = isObject(msg.error) ? ScriptgateError.fromRpc(msg.error) : new ProtocolError("message without id or method");
+      // An error with id null (a refused peer, a line too long, a cap): what the
+      // requests still pending fail with when the daemon then closes.
+      if (err instanceof DaemonError) this.peerRefusal = err;
       this.emitSafely("protocolError", err);
       return;
     }
     const p = typeof msg.id === "number" ? this.pending.get(msg.id) : undefined;
     if (!p) {
-      this.emitSafely("protocolError", ScriptgateError.fromRpc({ code: ErrorCode.INVALID_REQUEST, message: `answer to unknown request id ${JSON.stringify(msg.id)}` }));
+      this.emitSafely("protocolError", new ProtocolError(`answer to unknown request id ${JSON.stringify(msg.id)}`));
       return;
     }
     this.pending.delete(msg.id as number);
     if (msg.error !== undefined) {
-      p.reject(ScriptgateError.fromRpc(isObject(msg.error) ? msg.error : { code: ErrorCode.INTERNAL, message: "malformed error object" }, p.method));
+      p.reject(isObject(msg.error) ? ScriptgateError.fromRpc(msg.error, p.method) : new ProtocolError(`${p.method} answered a malformed error object: ${describeThrown(msg.error)}`));
       return;
     }
     try {

@@ -31,11 +31,26 @@ function str(v: unknown): string | undefined {
 
 /**
  * The base of every error this package throws: an error answer from the daemon
- * (then `code` is its JSON-RPC code; the subclass names it, e.g. {@link TokenError}
- * for -32010), the same refusal found locally (e.g. by {@link validateSnapshot},
- * which throws {@link SnapshotError} as the daemon would), or a connection failure
- * ({@link ConnectionError}: `code` undefined). `reason`, `field` and `tool` come from
- * the error's `data`.
+ * ({@link DaemonError}; `code` is its JSON-RPC code and the subclass names it, e.g.
+ * {@link TokenError} for -32010), the same refusal found locally (e.g. by
+ * {@link validateSnapshot}, which throws {@link SnapshotError} as the daemon would),
+ * a connection failure ({@link ConnectionError}: `code` undefined), or a message that
+ * is not protocol v1 ({@link ProtocolError}). `reason`, `field` and `tool` come from
+ * the error's `data`. The names and parents are the Python client's
+ * (tests/fixtures/wire/errors.json):
+ *
+ * ```text
+ * ScriptgateError
+ * ├── ConnectionError (path)
+ * │   ├── SocketNotFoundError, ConnectionRefusedError, PermissionDeniedError
+ * │   └── ConnectionClosedError
+ * ├── ProtocolError
+ * ├── DaemonError: ParseError, InvalidRequestError, MethodNotFoundError, InvalidParamsError,
+ * │   InternalError, PeerNotAllowedError, TokenError, SnapshotError, ToolsError,
+ * │   ApprovalError, BusyError, NotFoundError, StillRunningError, NotAdminError
+ * ├── CallCancelledError (a tool call's abort reason; this client's own)
+ * └── HandlerError (a handler answered what the daemon would refuse; this client's own)
+ * ```
  */
 export class ScriptgateError extends Error {
   readonly code: number | undefined;
@@ -63,14 +78,33 @@ export class ScriptgateError extends Error {
     const code = typeof e.code === "number" ? e.code : ErrorCode.INTERNAL;
     const message = typeof e.message === "string" ? e.message : "error without a message";
     const cls = BY_CODE.get(code);
-    return cls ? new cls(message, e.data, method) : new ScriptgateError(code, message, e.data, method);
+    return cls ? new cls(message, e.data, method) : new DaemonError(code, message, e.data, method);
   }
 }
 
-type CodedClass = new (message: string, data?: unknown, method?: string) => ScriptgateError;
+/**
+ * An error answer of the daemon (or the same refusal found before sending): `code` is
+ * its JSON-RPC code, one subclass per code of scriptgate-protocol(7); a code without
+ * one of its own is a `DaemonError`.
+ */
+export class DaemonError extends ScriptgateError {
+  declare readonly code: number;
+  constructor(code: number, message: string, data?: unknown, method?: string, options?: { cause?: unknown }) {
+    super(code, message, data, method, options);
+  }
+}
+
+/** The daemon sent something that is not protocol v1 (an over-long line, a line that is no JSON, an answer of the wrong shape); `code` is undefined. */
+export class ProtocolError extends ScriptgateError {
+  constructor(message: string, data?: unknown, options?: { cause?: unknown }) {
+    super(undefined, message, data, undefined, options);
+  }
+}
+
+type CodedClass = new (message: string, data?: unknown, method?: string) => DaemonError;
 
 function coded(code: number): CodedClass {
-  return class extends ScriptgateError {
+  return class extends DaemonError {
     static readonly code = code;
     constructor(message: string, data?: unknown, method?: string) {
       super(code, message, data, method);

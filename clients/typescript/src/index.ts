@@ -19,6 +19,8 @@ export {
 } from "./snapshot.js";
 export {
   ScriptgateError,
+  DaemonError,
+  ProtocolError,
   ParseError,
   InvalidRequestError,
   MethodNotFoundError,
@@ -66,4 +68,4 @@ export {
 export type { OtelApi } from "./otel.js";
 export { parseJson, stringifyJson } from "./json.js";
 export * from "./protocol.js";
-export { prepareWorkspace, scriptOwner, defaultRunAs, lookupUser, type Owner, type WorkspaceOptions } from "./workspace.js";
+export { prepareWorkspace, scriptOwner, defaultRunAs, lookupUser, lookupUserAsync, type Owner, type WorkspaceOptions } from "./workspace.js";

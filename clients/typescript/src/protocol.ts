@@ -66,6 +66,10 @@ export interface ScriptResult {
   memory_peak_bytes?: number;
   /** Extension: present when the limit backend measures it. */
   cpu_usec?: number;
+  /** Extension: limits of this script that were not in force (one line each). */
+  backend_notes?: string[];
+  /** Extension: the parts of the record the daemon could not write, each with why. */
+  record_incomplete?: string[];
 }
 
 export interface CancelResult {
@@ -80,13 +84,49 @@ export interface RevokeResult {
   cancelled: number;
 }
 
+/** `daemon.info`'s `limits`: the configured limits of every script. */
+export interface DaemonLimits {
+  max_calls: number;
+  max_concurrency: number;
+  timeout_s: number;
+  memory_max_bytes: number;
+  tasks_max: number;
+  output_max_bytes: number;
+  return_max_chars: number;
+  approval_timeout_s: number;
+  max_running: number;
+  [key: string]: number;
+}
+
+/** `daemon.info`'s `sandbox` (extension): what the start-up preflight found. */
+export interface SandboxInfo {
+  /** `ok`, `unavailable` (scripts will fail: `problem` says why and the fix) or `unchecked`. */
+  state: "ok" | "unavailable" | "unchecked";
+  nested_userns: "disable-userns" | "seccomp";
+  problem: string | null;
+  detail: string | null;
+}
+
+/** `daemon.info`'s `disk` (extension): `scripts.disk_max_bytes` and where it is in force. */
+export interface DiskInfo {
+  max_bytes: number;
+  roots: { root: string; in_force: boolean; why: string | null }[];
+}
+
+/** The answer of `daemon.info`. */
 export interface DaemonInfo {
   version: string;
   protocol: number;
   backend: string;
-  backend_notes?: unknown;
-  running?: number;
-  limits: { [key: string]: unknown };
+  backend_notes: string[];
+  running: number;
+  limits: DaemonLimits;
+  /** Extensions. */
+  limits_per_script?: boolean;
+  limits_enforced?: boolean;
+  sandbox?: SandboxInfo;
+  same_uid?: string[];
+  disk?: DiskInfo;
   [key: string]: unknown;
 }
 
@@ -188,6 +228,9 @@ export interface ApprovalRequest {
   description: string;
   code: string;
   tools: { name: string; class: ToolClass }[];
+  /** The script's trace, when it was started with one (as in {@link ToolCall}). */
+  traceparent?: string;
+  tracestate?: string;
 }
 
 /** What an approval handler may answer; `true` is `allow_once`, `false` is `deny`. */

@@ -1,6 +1,8 @@
-import { closeSync, constants, fchmodSync, fchownSync, fstatSync, mkdirSync, openSync } from "node:fs";
+import { constants, readFileSync } from "node:fs";
+import { mkdir, open, readFile } from "node:fs/promises";
+import { connect } from "node:net";
 import { dirname, resolve } from "node:path";
-import { execFileSync } from "node:child_process";
+import { execFile, execFileSync } from "node:child_process";
 import { DEFAULT_SOCKET } from "./client.js";
 
 export interface Owner {
@@ -8,14 +10,51 @@ export interface Owner {
   gid: number;
 }
 
-/** The uid and primary gid of a user, through id(1). */
-export function lookupUser(name: string): Owner {
-  const id = (flag: string) => Number(execFileSync("id", [flag, "--", name], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }).trim());
-  const owner = { uid: id("-u"), gid: id("-g") };
-  if (!Number.isSafeInteger(owner.uid) || !Number.isSafeInteger(owner.gid)) {
-    throw new Error(`cannot resolve user ${name}`);
+/** The user's line of /etc/passwd, if it has one. */
+function fromPasswd(passwd: string, name: string): Owner | undefined {
+  for (const line of passwd.split("\n")) {
+    const f = line.split(":");
+    if (f.length >= 4 && f[0] === name) {
+      const owner = { uid: Number(f[2]), gid: Number(f[3]) };
+      if (Number.isSafeInteger(owner.uid) && Number.isSafeInteger(owner.gid)) return owner;
+    }
   }
+  return undefined;
+}
+
+function checked(name: string, owner: Owner): Owner {
+  if (!Number.isSafeInteger(owner.uid) || !Number.isSafeInteger(owner.gid)) throw new Error(`cannot resolve user ${name}`);
   return owner;
+}
+
+function readPasswd(): string {
+  try {
+    return readFileSync("/etc/passwd", "utf8");
+  } catch {
+    return "";
+  }
+}
+
+/**
+ * The uid and primary gid of a user: from /etc/passwd, else (a user of another NSS
+ * source, such as LDAP, which Node cannot ask) through id(1).
+ */
+export function lookupUser(name: string): Owner {
+  const local = fromPasswd(readPasswd(), name);
+  if (local) return local;
+  const id = (flag: string) => Number(execFileSync("id", [flag, "--", name], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }).trim());
+  return checked(name, { uid: id("-u"), gid: id("-g") });
+}
+
+/** {@link lookupUser}, without blocking: /etc/passwd read asynchronously, id(1) only for a user it lacks. */
+export async function lookupUserAsync(name: string): Promise<Owner> {
+  const local = fromPasswd(await readFile("/etc/passwd", "utf8").catch(() => ""), name);
+  if (local) return local;
+  const id = (flag: string) =>
+    new Promise<number>((res, rej) =>
+      execFile("id", [flag, "--", name], { encoding: "utf8" }, (e, out) => (e ? rej(new Error(`cannot resolve user ${name}: ${e.message}`)) : res(Number(out.trim())))),
+    );
+  return checked(name, { uid: await id("-u"), gid: await id("-g") });
 }
 
 /**
@@ -44,6 +83,20 @@ export function scriptOwner(runAs?: string): Owner {
   return uid === 0 ? lookupUser(runAs ?? defaultRunAs()) : { uid, gid };
 }
 
+/** {@link scriptOwner}, without blocking. */
+async function scriptOwnerAsync(runAs?: string): Promise<Owner> {
+  const uid = process.getuid?.();
+  const gid = process.getgid?.();
+  if (uid === undefined || gid === undefined) throw new Error("scriptOwner needs a POSIX platform");
+  if (uid !== 0) return { uid, gid };
+  if (runAs !== undefined) return lookupUserAsync(runAs);
+  try {
+    return await lookupUserAsync(PACKAGED_RUN_AS);
+  } catch {
+    return lookupUserAsync("nobody");
+  }
+}
+
 export interface WorkspaceOptions {
   /** The daemon's `sandbox.run_as` (default {@link defaultRunAs}), used when this process is root. */
   runAs?: string;
@@ -64,55 +117,51 @@ const MAX_ANSWER = 1 << 20;
 // (the sandbox preflight) take a few seconds on a slow host.
 const ANSWER_TIMEOUT_MS = 30_000;
 
-// Run by a child node (this function is synchronous): one daemon.info round trip,
-// printing what the daemon said.
-const ASK_DAEMON = `
-const net = require("node:net");
-const [where, max] = [process.argv[1], Number(process.argv[2])];
-let said = null;
-const say = (text) => {
-  if (said === null) process.stdout.write((said = text));
-};
-// A peer the daemon does not serve gets the refusal on accept, and a close: our
-// request may then fail with EPIPE, and node drops what was read. The second try
-// only reads (the refusal comes unasked; a served peer never sees EPIPE).
-const ask = (request) => {
-  let got = "";
-  const s = net.connect(where, () => request && s.write('{"jsonrpc":"2.0","id":1,"method":"daemon.info"}\\n', () => {}));
-  const settle = (why) => {
-    s.destroy();
-    try {
-      const a = JSON.parse(got.split("\\n")[0]);
-      say(a && a.error ? String(a.error.message) : "ok");
-    } catch {
-      say("no answer at " + where + (why ? ": " + why : ""));
-    }
-  };
-  s.on("data", (d) => {
-    got += d;
-    if (got.includes("\\n") || got.length >= max) settle();
-  });
-  s.on("error", (e) => (request && e.code === "EPIPE" && !got ? (s.destroy(), ask(false)) : settle(e.message)));
-  s.on("end", () => settle());
-};
-ask(true);
-`;
-
 /**
- * One `daemon.info` round trip: the daemon gives a connecting engine its
- * `<root>/<uid>` before it reads the request. Returns what it said; never throws.
+ * One `daemon.info` round trip, in this process: the daemon gives a connecting
+ * engine its `<root>/<uid>` before it reads the request. Resolves with what it said
+ * (its error message, or "ok"); never rejects.
+ *
+ * A peer the daemon does not serve gets the refusal on accept, and a close: the
+ * request may then fail with EPIPE and what was read be dropped, so the second
+ * try only reads (the refusal comes unasked; a served peer never sees EPIPE).
  */
-function askDaemon(socket?: string): string {
+function askDaemon(socket?: string): Promise<string> {
   const where = socket || process.env["SCRIPTGATE_SOCKET"] || DEFAULT_SOCKET;
-  try {
-    return execFileSync(process.execPath, ["-e", ASK_DAEMON, where, String(MAX_ANSWER)], {
-      encoding: "utf8",
-      stdio: ["ignore", "pipe", "pipe"],
-      timeout: ANSWER_TIMEOUT_MS,
+  const ask = (request: boolean): Promise<string | "retry"> =>
+    new Promise((res) => {
+      let got = "";
+      let settled = false;
+      const s = connect(where, () => {
+        if (request) s.write('{"jsonrpc":"2.0","id":1,"method":"daemon.info"}\n', () => {});
+      });
+      const timer = setTimeout(() => settle(`no answer within ${ANSWER_TIMEOUT_MS} ms`), ANSWER_TIMEOUT_MS);
+      const settle = (why?: string, retry = false) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        s.destroy();
+        if (retry) return res("retry");
+        try {
+          const a = JSON.parse(got.split("\n")[0] ?? "") as { error?: { message?: unknown } } | null;
+          res(a && a.error ? String(a.error.message) : "ok");
+        } catch {
+          res(`no answer at ${where}${why ? `: ${why}` : ""}`);
+        }
+      };
+      s.setEncoding("utf8");
+      s.on("data", (d: string) => {
+        got += d;
+        if (got.includes("\n") || got.length >= MAX_ANSWER) settle();
+      });
+      s.on("error", (e: NodeJS.ErrnoException) => settle(e.message, request && e.code === "EPIPE" && !got));
+      s.on("end", () => settle());
     });
-  } catch (e) {
-    return `no answer at ${where}: ${(e as Error).message}`;
-  }
+  return ask(true).then((r) => (r === "retry" ? ask(false) : r)).then((r) => (r === "retry" ? `no answer at ${where}` : r));
+}
+
+function errno(e: unknown): string | undefined {
+  return (e as NodeJS.ErrnoException).code;
 }
 
 /**
@@ -120,8 +169,9 @@ function askDaemon(socket?: string): string {
  * 0755), give it to the script's uid ({@link defaultRunAs} when this process is root,
  * else our own uid) and set its mode (0700 unless given). An existing directory is
  * re-owned and re-moded; a symlink or a non-directory at `path` is refused (ELOOP,
- * ENOTDIR). Returns the absolute path. Its parents must be searchable by that uid
- * (not checked), and it must lie under one of the daemon's `workspace.roots`.
+ * ENOTDIR). Resolves with the absolute path. Its parents must be searchable by that
+ * uid (not checked), and it must lie under one of the daemon's `workspace.roots`.
+ * Asynchronous throughout, in this process.
  *
  * A non-root engine's workspaces live in `<root>/<uid>`, which the daemon makes at
  * start for each `[[auth.engine]]` user and on any engine's first connection. Under
@@ -129,18 +179,18 @@ function askDaemon(socket?: string): string {
  * create a parent, it asks the daemon (`daemon.info`, which starts it) and tries once
  * more; the error (EACCES) then names what the daemon said.
  */
-export function prepareWorkspace(path: string, options: WorkspaceOptions = {}): string {
+export async function prepareWorkspace(path: string, options: WorkspaceOptions = {}): Promise<string> {
   const p = resolve(path);
-  const owner = options.owner ?? scriptOwner(options.runAs);
+  const owner = options.owner ?? (await scriptOwnerAsync(options.runAs));
   try {
-    mkdirSync(dirname(p), { recursive: true, mode: 0o755 });
+    await mkdir(dirname(p), { recursive: true, mode: 0o755 });
   } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== "EACCES" || process.geteuid?.() === 0) throw e;
-    const said = askDaemon(options.socket);
+    if (errno(e) !== "EACCES" || process.geteuid?.() === 0) throw e;
+    const said = await askDaemon(options.socket);
     try {
-      mkdirSync(dirname(p), { recursive: true, mode: 0o755 });
+      await mkdir(dirname(p), { recursive: true, mode: 0o755 });
     } catch (again) {
-      if ((again as NodeJS.ErrnoException).code !== "EACCES") throw again;
+      if (errno(again) !== "EACCES") throw again;
       const err = new Error(
         `cannot create ${dirname(p)} (the daemon makes <root>/<uid> for engines it serves; it said: ${said})`,
       ) as NodeJS.ErrnoException;
@@ -149,17 +199,17 @@ export function prepareWorkspace(path: string, options: WorkspaceOptions = {}): 
     }
   }
   try {
-    mkdirSync(p, { mode: 0o700 });
+    await mkdir(p, { mode: 0o700 });
   } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
+    if (errno(e) !== "EEXIST") throw e;
   }
-  const fd = openSync(p, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
+  const fh = await open(p, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
   try {
-    const st = fstatSync(fd);
-    if (st.uid !== owner.uid || st.gid !== owner.gid) fchownSync(fd, owner.uid, owner.gid);
-    fchmodSync(fd, options.mode ?? 0o700);
+    const st = await fh.stat();
+    if (st.uid !== owner.uid || st.gid !== owner.gid) await fh.chown(owner.uid, owner.gid);
+    await fh.chmod(options.mode ?? 0o700);
   } finally {
-    closeSync(fd);
+    await fh.close();
   }
   return p;
 }

@@ -152,12 +152,13 @@ test("notifications reach the events; a parse error is reported and the connecti
   const seen = [];
   f.client.on("progress", (p) => seen.push(["progress", p.progress.done]));
   f.client.on("finished", (r) => seen.push(["finished", r.status]));
-  f.client.on("protocolError", (e) => seen.push(["protocolError", e.code]));
+  f.client.on("protocolError", (e) => seen.push(["protocolError", e.name, e.code]));
   try {
     await once(f.client, "finished");
     assert.equal((await f.client.info()).protocol, 1);
     await f.done;
-    assert.deepEqual(seen, [["progress", 1], ["protocolError", -32700], ["protocolError", -32700], ["finished", "ok"]]);
+    // The unreadable line is the client's finding (ProtocolError); the -32700 the daemon's (ParseError).
+    assert.deepEqual(seen, [["progress", 1], ["protocolError", "ProtocolError", undefined], ["protocolError", "ParseError", -32700], ["finished", "ok"]]);
   } finally {
     await f.close();
   }
@@ -542,7 +543,8 @@ test("one error class per daemon code (protocol(7): no -32014), with code, reaso
       assert.equal(sg.errorClassOf(code), cls);
     }
     const other = await f.client.request("x.y").catch((e) => e);
-    assert.equal(other.constructor, sg.ScriptgateError);
+    assert.equal(other.constructor, sg.DaemonError); // a code without a class of its own
+    assert.ok(other instanceof sg.ScriptgateError && other.code === -32099);
     assert.equal(sg.errorClassOf(-32014), undefined);
     await f.done;
   } finally {
@@ -671,18 +673,24 @@ test("validateSnapshot: a tool description is accepted; a non-string one and oth
   assert.throws(() => validateSnapshot(u), (e) => e instanceof sg.SnapshotError && e.reason === "unknown_field" && e.field === "tools[0].annotations");
 });
 
-test("prepareWorkspace: mode 0700 (parents 0755), owned by the script's uid, a symlink refused", T, () => {
+test("prepareWorkspace: mode 0700 (parents 0755), owned by the script's uid, a symlink refused", T, async () => {
   const dir = mkdtempSync(join(tmpdir(), "sg-ts-ws-"));
   try {
-    const ws = sg.prepareWorkspace(join(dir, "a", "b", "ws"));
+    const pending = sg.prepareWorkspace(join(dir, "a", "b", "ws"));
+    assert.ok(pending instanceof Promise, "asynchronous");
+    const ws = await pending;
+    assert.equal(ws, join(dir, "a", "b", "ws"));
     assert.equal(statSync(ws).mode & 0o777, 0o700);
     assert.equal(statSync(join(dir, "a", "b")).mode & 0o777, 0o755);
     assert.equal(statSync(ws).uid, sg.scriptOwner().uid);
+    assert.equal(statSync(ws).gid, sg.scriptOwner().gid);
+    assert.equal(await sg.prepareWorkspace(ws, { mode: 0o750 }), ws, "an existing directory is re-moded");
+    assert.equal(statSync(ws).mode & 0o777, 0o750);
     symlinkSync(ws, join(dir, "link"));
-    assert.throws(() => sg.prepareWorkspace(join(dir, "link")), (e) => e.code === "ELOOP" || e.code === "ENOTDIR");
+    await assert.rejects(sg.prepareWorkspace(join(dir, "link")), (e) => e.code === "ELOOP" || e.code === "ENOTDIR");
     assert.equal(lstatSync(join(dir, "link")).isSymbolicLink(), true);
     writeFileSync(join(dir, "file"), "");
-    assert.throws(() => sg.prepareWorkspace(join(dir, "file")), (e) => e.code === "ENOTDIR");
+    await assert.rejects(sg.prepareWorkspace(join(dir, "file")), (e) => e.code === "ENOTDIR");
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
@@ -693,12 +701,25 @@ test("prepareWorkspace: mode 0700 (parents 0755), owned by the script's uid, a s
 test("prepareWorkspace as a non-root engine before connecting: the daemon makes <root>/<uid>", { timeout: 60_000, skip: process.getuid() !== 0 && "needs root: runs the engine as nobody" }, async () => {
   const nobody = sg.lookupUser("nobody");
   const group = execFileSync("id", ["-gn", "nobody"], { encoding: "utf8" }).trim();
-  const prepare = (path, socket) =>
-    execFileSync(process.execPath, ["--input-type=module", "-e", `
-      import { prepareWorkspace } from ${JSON.stringify(new URL("../dist/index.js", import.meta.url).href)};
-      try { process.stdout.write(prepareWorkspace(process.argv[1], { socket: process.argv[2] })); }
-      catch (e) { process.stdout.write(e.code + ": " + e.message); process.exitCode = 3; }`, path, socket],
-      { uid: nobody.uid, gid: nobody.gid, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+  // The child counts the processes it starts (the async and the sync spawns both):
+  // prepareWorkspace starts none (it once ran a second node for its daemon.info).
+  const prepare = (path, socket, as = nobody, runAs = "") => {
+    const out = execFileSync(process.execPath, ["--no-deprecation", "--input-type=module", "-e", `
+      import { ChildProcess } from "node:child_process";
+      let spawned = 0;
+      const sync = process.binding("spawn_sync");
+      const s0 = sync.spawn;
+      sync.spawn = function (...a) { spawned++; return s0.apply(this, a); };
+      const a0 = ChildProcess.prototype.spawn;
+      ChildProcess.prototype.spawn = function (...a) { spawned++; return a0.apply(this, a); };
+      const { prepareWorkspace } = await import(${JSON.stringify(new URL("../dist/index.js", import.meta.url).href)});
+      try { const p = await prepareWorkspace(process.argv[1], { socket: process.argv[2], runAs: process.argv[3] || undefined }); process.stdout.write(spawned + " " + p); }
+      catch (e) { process.stdout.write(spawned + " " + e.code + ": " + e.message); process.exitCode = 3; }`, path, socket, runAs],
+      { uid: as.uid, gid: as.gid, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+    const [n, ...rest] = out.split(" ");
+    assert.equal(n, "0", `prepareWorkspace started ${n} processes`);
+    return rest.join(" ");
+  };
   const d = await startDaemon("", { allowedGroups: [group] });
   try {
     const mine = join(d.root, String(nobody.uid));
@@ -717,11 +738,22 @@ test("prepareWorkspace as a non-root engine before connecting: the daemon makes 
     try {
       prepare(join(only.root, String(nobody.uid), "ws"), only.socket);
     } catch (e) {
-      out = e.stdout;
+      const [n, ...rest] = e.stdout.split(" ");
+      assert.equal(n, "0", `prepareWorkspace started ${n} processes`);
+      out = rest.join(" ");
     }
     assert.match(out, /^EACCES: cannot create .* it said: uid \d+ may not use scriptgated/, out);
   } finally {
     await only.stop();
+  }
+  // As root: the script's uid is sandbox.run_as's, found without a process either.
+  const dir = mkdtempSync(join(tmpdir(), "sg-ts-ws-root-"));
+  try {
+    const ws = join(dir, "ws");
+    assert.equal(prepare(ws, "/nonexistent.sock", { uid: 0, gid: 0 }, "nobody"), ws);
+    assert.deepEqual([statSync(ws).uid, statSync(ws).gid], [nobody.uid, nobody.gid]);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
   }
 });
 

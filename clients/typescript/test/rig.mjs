@@ -37,7 +37,7 @@ export async function startDaemon(extra = "", { allowedGroups } = {}) {
   const dir = mkdtempSync(join(tmpdir(), "sg-ts-"));
   chmodSync(dir, 0o755); // the script's uid must traverse it to its workspace
   const root = join(dir, "roots");
-  const workspace = prepareWorkspace(join(root, "ws"));
+  const workspace = await prepareWorkspace(join(root, "ws"));
   const keyFile = join(dir, "token.key");
   writeFileSync(keyFile, KEY, { mode: 0o600 });
   const state = join(dir, "state");

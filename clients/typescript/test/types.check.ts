@@ -4,7 +4,9 @@ import {
   ScriptgateError,
   TokenError,
   ConnectionError,
+  DaemonError,
   mintToken,
+  prepareWorkspace,
   toolFromMcp,
   validateSnapshot,
   type ApprovalHandler,
@@ -69,7 +71,12 @@ async function follow(client: ScriptgateClient, id: string): Promise<number> {
 }
 void follow;
 const typed = (e: unknown) => (e instanceof TokenError ? e.reason : e instanceof ConnectionError ? e.path : undefined);
-void typed;
+const code = (e: DaemonError): number => e.code; // an error answer always has its code
+void typed, code;
+const workspace: Promise<string> = prepareWorkspace("/srv/ws/run-1");
+// @ts-expect-error: prepareWorkspace is asynchronous
+const workspaceNow: string = prepareWorkspace("/srv/ws/run-1");
+void workspace, workspaceNow;
 
 export async function engine(socket: string, key: Uint8Array, input: unknown): Promise<string> {
   validateSnapshot(input);

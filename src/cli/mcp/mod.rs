@@ -489,6 +489,46 @@ fn error_text(e: &rmcp::ErrorData) -> String {
     )
 }
 
+/// How a server was started, for its errors: its command line (shell-quoted)
+/// and the directory it was started in.
+fn started_as(spec: &ServerSpec) -> (String, String) {
+    let cwd = match std::env::current_dir() {
+        Ok(d) => d.display().to_string(),
+        Err(e) => format!("a working directory that cannot be named ({e})"),
+    };
+    let command = shlex::try_join(spec.argv.iter().map(String::as_str))
+        .unwrap_or_else(|_| spec.argv.join(" "));
+    (command, cwd)
+}
+
+/// The server's process, its stdio piped, in a process group of its own so
+/// that shutdown also reaches what it spawned (npx → node).
+fn spawn_server(spec: &ServerSpec) -> std::io::Result<tokio::process::Child> {
+    let mut cmd = tokio::process::Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd.process_group(0);
+    cmd.spawn()
+}
+
+/// A server of the handshake era that answered with a version scriptgate does
+/// not speak through `initialize`.
+fn unspoken_version(v: &ProtocolVersion) -> String {
+    format!(
+        "initialize: the server answered with MCP version {}, which scriptgate does not speak \
+         through initialize (it asks for {}, and takes {} to {}; {} has no initialize, \
+         and this server did not answer server/discover as that version does)",
+        clip(v.as_str(), 100),
+        HANDSHAKE_ASKS,
+        HANDSHAKE_VERSIONS[0],
+        HANDSHAKE_VERSIONS[HANDSHAKE_VERSIONS.len() - 1],
+        ProtocolVersion::V_2026_07_28,
+    )
+}
+
 impl Server {
     /// Start the server and reach it in either era (rmcp's client, Auto mode):
     /// `server/discover` first, `initialize` if it does not answer as a
@@ -502,26 +542,13 @@ impl Server {
         roots: Vec<String>,
         call_timeout: Duration,
     ) -> Result<Server, McpError> {
-        let cwd = match std::env::current_dir() {
-            Ok(d) => d.display().to_string(),
-            Err(e) => format!("a working directory that cannot be named ({e})"),
-        };
-        let command = shlex::try_join(spec.argv.iter().map(String::as_str))
-            .unwrap_or_else(|_| spec.argv.join(" "));
+        let (command, cwd) = started_as(spec);
         // What was run, and where: a relative path in it is relative to there.
         let err = |message: String| McpError::Server {
             name: spec.name.clone(),
             message: format!("started as `{command}` in {cwd}; {message}"),
         };
-        let mut cmd = tokio::process::Command::new(&spec.argv[0]);
-        cmd.args(&spec.argv[1..])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        // Its own process group, so that shutdown also reaches what it spawned (npx → node).
-        cmd.process_group(0);
-        let mut child = cmd.spawn().map_err(|e| McpError::Server {
+        let mut child = spawn_server(spec).map_err(|e| McpError::Server {
             name: spec.name.clone(),
             message: format!("cannot start `{command}` in {cwd}: {e}"),
         })?;
@@ -540,32 +567,28 @@ impl Server {
         let lines = || Lines::new(reader.clone(), stdin.clone(), shared.clone());
         let modern = || vec![ProtocolVersion::V_2026_07_28];
         let deadline = Instant::now() + START_TIMEOUT;
-        let auto = ClientLifecycleMode::Auto {
+        let handshake = |mode| {
+            tokio::time::timeout_at(
+                deadline,
+                serve_client_with_lifecycle(client(), lines(), mode),
+            )
+        };
+        let mut started = handshake(ClientLifecycleMode::Auto {
             preferred_versions: modern(),
             legacy_version: Some(HANDSHAKE_ASKS),
-        };
-        let mut started = tokio::time::timeout_at(
-            deadline,
-            serve_client_with_lifecycle(client(), lines(), auto),
-        )
+        })
         .await;
         if let Ok(Err(e)) = &started {
             // The probe was given up, and the server is modern all the same:
             // slow to start, it answered the probe after `PROBE_TIMEOUT`, then
             // refused the `initialize` that followed. Once more, in its era
             // only (rmcp's Auto mode does not come back from its fallback).
-            let again = shared.closed_with().is_none()
-                && (shared.late_modern() || initialize_refused_as_modern(e));
-            if again {
+            if shared.closed_with().is_none()
+                && (shared.late_modern() || initialize_refused_as_modern(e))
+            {
                 shared.new_session(None);
-                let discover = ClientLifecycleMode::Discover {
-                    preferred_versions: modern(),
-                };
-                started = tokio::time::timeout_at(
-                    deadline,
-                    serve_client_with_lifecycle(client(), lines(), discover),
-                )
-                .await;
+                let preferred_versions = modern();
+                started = handshake(ClientLifecycleMode::Discover { preferred_versions }).await;
             }
         }
         let phase = if shared.spoke_initialize() {
@@ -573,23 +596,17 @@ impl Server {
         } else {
             "server/discover"
         };
-        let service = match started {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                let why = shared.closed_with().unwrap_or_else(|| why_not_started(&e));
+        let why = match started {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(e)) => Err(shared.closed_with().unwrap_or_else(|| why_not_started(&e))),
+            Err(_) => Err(format!("no answer within {} s", START_TIMEOUT.as_secs())),
+        };
+        let service = match why {
+            Ok(s) => s,
+            Err(why) => {
                 end_group(pgid, stderr_read).await;
-                return Err(err(format!(
-                    "{phase} failed: {why}{}",
-                    stderr_note(&stderr_tail)
-                )));
-            }
-            Err(_) => {
-                end_group(pgid, stderr_read).await;
-                return Err(err(format!(
-                    "{phase} failed: no answer within {} s{}",
-                    START_TIMEOUT.as_secs(),
-                    stderr_note(&stderr_tail)
-                )));
+                let tail = stderr_note(&stderr_tail);
+                return Err(err(format!("{phase} failed: {why}{tail}")));
             }
         };
         let info = service.peer_info();
@@ -608,27 +625,29 @@ impl Server {
             call_timeout,
             tools_changed,
         };
-        if let Some(v) = version.filter(|v| !server.modern && !HANDSHAKE_VERSIONS.contains(v)) {
-            server.shutdown().await;
-            return Err(err(format!(
-                "initialize: the server answered with MCP version {}, which scriptgate does not speak \
-                 through initialize (it asks for {}, and takes {} to {}; {} has no initialize, \
-                 and this server did not answer server/discover as that version does)",
-                clip(v.as_str(), 100),
-                HANDSHAKE_ASKS,
-                HANDSHAKE_VERSIONS[0],
-                HANDSHAKE_VERSIONS[HANDSHAKE_VERSIONS.len() - 1],
-                ProtocolVersion::V_2026_07_28,
-            )));
+        server.accepted(version, tools).await.map_err(err)
+    }
+
+    /// A server just started, kept if it speaks a version of ours and offers
+    /// tools (shut down if not, and why); a 2026-07-28 one whose tool list may
+    /// change is followed.
+    async fn accepted(
+        self,
+        version: Option<ProtocolVersion>,
+        tools: Option<rmcp::model::ToolsCapability>,
+    ) -> Result<Server, String> {
+        if let Some(v) = version.filter(|v| !self.modern && !HANDSHAKE_VERSIONS.contains(v)) {
+            self.shutdown().await;
+            return Err(unspoken_version(&v));
         }
         let Some(tools) = tools else {
-            server.shutdown().await;
-            return Err(err("the server offers no tools".into()));
+            self.shutdown().await;
+            return Err("the server offers no tools".into());
         };
-        if server.modern && tools.list_changed == Some(true) {
-            server.follow_tool_list();
+        if self.modern && tools.list_changed == Some(true) {
+            self.follow_tool_list();
         }
-        Ok(server)
+        Ok(self)
     }
 
     /// In 2026-07-28 a server tells of a changed tool list only on a

@@ -447,7 +447,7 @@ impl Lines {
 }
 
 /// What `Lines::answer` made of a message.
-enum Answer {
+enum Routed {
     /// Not an answer: for rmcp to parse.
     Other,
     /// An answer for rmcp to parse; if it cannot, its request fails at once.
@@ -495,13 +495,13 @@ impl Lines {
     /// `server/discover` and `initialize` leniently, and drop other answers
     /// until they came (rmcp's handshake fails on any other). An `error` wins
     /// over a `result`, as before rmcp.
-    fn answer(&self, msg: &mut Value) -> Answer {
+    fn answer(&self, msg: &mut Value) -> Routed {
         if msg.get("method").is_some() {
             self.subscription_id(msg);
-            return Answer::Other;
+            return Routed::Other;
         }
         let Some(m) = msg.as_object_mut() else {
-            return Answer::Other;
+            return Routed::Other;
         };
         if m.contains_key("error") {
             m.remove("result");
@@ -518,7 +518,7 @@ impl Lines {
                 hs.probe = None;
                 hs.initialize = None;
             }
-            return Answer::Other;
+            return Routed::Other;
         };
         let id = match Self::rmcp_id(&hs, wire) {
             Wire::Ours(id) => id,
@@ -526,7 +526,7 @@ impl Lines {
                 if let Some(r) = m.get_mut("result") {
                     hs.late_modern |= lenient_discover(r).is_ok();
                 }
-                return Answer::Skip;
+                return Routed::Skip;
             }
         };
         m.insert(
@@ -535,7 +535,7 @@ impl Lines {
         );
         if let Some((probe, _, _)) = &hs.probe {
             if *probe != id {
-                return Answer::Skip;
+                return Routed::Skip;
             }
             hs.probe = None;
             let legacy = match m.get_mut("result") {
@@ -543,28 +543,28 @@ impl Lines {
                 None => m.get("error").and_then(supports_only_handshake_versions),
             };
             return match legacy {
-                Some(why) => Answer::Instead(Box::new(not_modern(why, id))),
-                None => Answer::Parse(id),
+                Some(why) => Routed::Instead(Box::new(not_modern(why, id))),
+                None => Routed::Parse(id),
             };
         }
         if let Some(init) = &hs.initialize {
             if *init != id {
-                return Answer::Skip;
+                return Routed::Skip;
             }
             hs.initialize = None;
             if let Some(result) = m.get_mut("result") {
                 lenient_initialize(result);
             }
-            return Answer::Parse(id);
+            return Routed::Parse(id);
         }
         drop(hs);
         let mut raw = self.shared.raw.lock().unwrap();
         match m.get_mut("result") {
             Some(result) if raw.wanted.remove(&id) => {
                 raw.results.insert(id.clone(), result.take());
-                Answer::Kept(id)
+                Routed::Kept(id)
             }
-            _ => Answer::Parse(id),
+            _ => Routed::Parse(id),
         }
     }
 
@@ -693,13 +693,13 @@ impl Transport<RoleClient> for Lines {
             };
             drop(line);
             let id = match self.answer(&mut msg) {
-                Answer::Kept(id) => {
+                Routed::Kept(id) => {
                     return Some(ServerJsonRpcMessage::response(ServerResult::empty(()), id))
                 }
-                Answer::Instead(instead) => return Some(*instead),
-                Answer::Skip => continue,
-                Answer::Parse(id) => Some(id),
-                Answer::Other => None,
+                Routed::Instead(instead) => return Some(*instead),
+                Routed::Skip => continue,
+                Routed::Parse(id) => Some(id),
+                Routed::Other => None,
             };
             match (serde_json::from_value::<ServerJsonRpcMessage>(msg), id) {
                 (Ok(JsonRpcMessage::Request(r)), _) if !self.shared.takes(&r.request) => {}

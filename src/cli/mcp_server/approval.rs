@@ -113,12 +113,21 @@ struct Used {
     until: Instant,
 }
 
+/// Why the grants' sealing key could not be made.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum GrantsError {
+    #[error("random key: {0}")]
+    Random(getrandom::Error),
+    #[error("{0}")]
+    Codec(#[from] rmcp::model::RequestStateError),
+}
+
 impl Grants {
-    pub(super) fn new() -> Result<Grants, String> {
+    pub(super) fn new() -> Result<Grants, GrantsError> {
         let mut key = vec![0u8; 32];
-        getrandom::getrandom(&mut key).map_err(|e| format!("random key: {e}"))?;
+        getrandom::getrandom(&mut key).map_err(GrantsError::Random)?;
         Ok(Grants {
-            codec: RequestStateCodec::try_new(key).map_err(|e| e.to_string())?,
+            codec: RequestStateCodec::try_new(key)?,
             used: Mutex::default(),
             max_used: MAX_USED,
             ttl: GRANT_TTL,

@@ -124,18 +124,7 @@ pub(super) async fn serve_http(
         sessions,
         tasks,
     });
-    let url = format!("http://{bound}/mcp");
-    let token = String::from_utf8_lossy(&token).into_owned();
-    eprintln!("scriptgate mcp: Streamable HTTP at {url}");
-    eprintln!(
-        "scriptgate mcp: every request needs the header \"Authorization: Bearer {token}\" (the token is in {}, kept across restarts); for a client's mcpServers:",
-        crate::text::escape(&token_file.display().to_string())
-    );
-    eprintln!(
-        "  {}",
-        serde_json::json!({"scriptgate": {"type": "http", "url": url, "headers": {"Authorization": format!("Bearer {token}")}}})
-    );
-    drop(token);
+    tell_how_to_connect(bound, token, token_file);
     let own = Arc::new(Semaphore::new(MAX_OWN_CONNECTIONS));
     let others = Arc::new(Others::default());
     let me = nix::unistd::geteuid().as_raw();
@@ -167,42 +156,72 @@ pub(super) async fn serve_http(
                 };
                 (Some(p), None)
             }
-            _ => (None, Some(others.admit())),
+            _ => (None, Some(others.join())),
         };
-        let gate = gate.clone();
-        let others = others.clone();
-        tokio::spawn(async move {
-            // Cancelled when this connection ends, however it ends.
-            let gone = CancellationToken::new();
-            let _closed = gone.clone().drop_guard();
-            let svc = {
-                let gone = gone.clone();
-                hyper::service::service_fn(move |req| {
-                    let (gate, gone) = (gate.clone(), gone.clone());
-                    async move { Ok::<_, Infallible>(gate.respond(req, gone).await) }
-                })
-            };
-            // Every path is the MCP endpoint; /mcp is the one documented.
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .max_buf_size(FREE_COST)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-            match other {
-                None => {
-                    let _ = conn.await;
-                }
-                Some((id, evicted)) => {
-                    tokio::select! {
-                        _ = conn => {}
-                        () = evicted.cancelled() => {}
-                    }
-                    others.remove(id);
-                }
-            }
-            drop(slot);
-        });
+        tokio::spawn(serve_connection(
+            gate.clone(),
+            others.clone(),
+            stream,
+            slot,
+            other,
+        ));
     }
+}
+
+/// Where clients reach the server, and with which header: on stderr.
+fn tell_how_to_connect(bound: std::net::SocketAddr, token: Vec<u8>, token_file: &Path) {
+    let url = format!("http://{bound}/mcp");
+    let token = String::from_utf8_lossy(&token).into_owned();
+    eprintln!("scriptgate mcp: Streamable HTTP at {url}");
+    eprintln!(
+        "scriptgate mcp: every request needs the header \"Authorization: Bearer {token}\" (the token is in {}, kept across restarts); for a client's mcpServers:",
+        crate::text::escape(&token_file.display().to_string())
+    );
+    eprintln!(
+        "  {}",
+        serde_json::json!({"scriptgate": {"type": "http", "url": url, "headers": {"Authorization": format!("Bearer {token}")}}})
+    );
+    drop(token);
+}
+
+/// One accepted connection, HTTP/1.1 until it ends (or, another user's, until
+/// it is evicted), holding its `slot` or its place among other users'.
+async fn serve_connection(
+    gate: Arc<Gate>,
+    others: Arc<Others>,
+    stream: tokio::net::TcpStream,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    other: Option<(u64, CancellationToken)>,
+) {
+    // Cancelled when this connection ends, however it ends.
+    let gone = CancellationToken::new();
+    let _closed = gone.clone().drop_guard();
+    let svc = {
+        let gone = gone.clone();
+        hyper::service::service_fn(move |req| {
+            let (gate, gone) = (gate.clone(), gone.clone());
+            async move { Ok::<_, Infallible>(gate.respond(req, gone).await) }
+        })
+    };
+    // Every path is the MCP endpoint; /mcp is the one documented.
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(FREE_COST)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+    match other {
+        None => {
+            let _ = conn.await;
+        }
+        Some((id, evicted)) => {
+            tokio::select! {
+                _ = conn => {}
+                () = evicted.cancelled() => {}
+            }
+            others.remove(id);
+        }
+    }
+    drop(slot);
 }
 
 /// The token in `path` (made if missing): at least 32 characters, visible ASCII.
@@ -238,7 +257,7 @@ struct Others {
 
 impl Others {
     /// A place for one more: past `MAX_OTHER_CONNECTIONS`, the oldest is closed.
-    fn admit(&self) -> (u64, CancellationToken) {
+    fn join(&self) -> (u64, CancellationToken) {
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let token = CancellationToken::new();
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());

@@ -33,10 +33,15 @@ use http::serve_http;
 use scripts::{Scripts, Where};
 use server::CodeMode;
 
-pub async fn serve(o: McpCmd) -> Result<(), Failure> {
+/// Where scripts run (an embedded daemon, or a daemon's socket, said on
+/// stderr), the configuration, the directory fresh workspaces go under, and
+/// this user's state directory.
+async fn runs_in(
+    o: &McpCmd,
+) -> Result<(Where, Config, std::path::PathBuf, std::path::PathBuf), Failure> {
     use super::target::{choose, Facts, Target};
     let target = choose(o.embedded, o.socket.as_deref(), &Facts::gather());
-    let (runs_in, cfg, base, state) = match &target {
+    Ok(match &target {
         Target::Embedded(why) => {
             let cfg = super::run::embedded_config(o.config.as_deref())?;
             let base = super::run::embedded_workspaces(&cfg);
@@ -75,13 +80,17 @@ pub async fn serve(o: McpCmd) -> Result<(), Failure> {
             let state = super::run::embedded_dirs(&cfg, true)?.0;
             (w, cfg, base, state)
         }
-    };
+    })
+}
+
+pub async fn serve(o: McpCmd) -> Result<(), Failure> {
+    let (runs_in, cfg, base, state) = runs_in(&o).await?;
     let tasks = tasks::Tasks::open(
         &state,
         cfg.state.dir.join("scriptgate.db"),
         cfg.audit.retain_days,
     )?;
-    let grants = approval::Grants::new().map_err(Failure::setup)?;
+    let grants = approval::Grants::new().map_err(|e| Failure::setup(e.to_string()))?;
     let identity = super::run::script_identity(&cfg)?;
     let tools = Tools::start(
         &o.servers.mcp,

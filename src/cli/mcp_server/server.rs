@@ -463,33 +463,9 @@ impl CodeMode {
             context.meta.get_progress_token(),
             approval,
         ));
-        let workspace = match crate::cli::run::fresh_workspace(&self.base, &self.identity) {
-            Ok(ws) => ws,
+        let launch = match self.launch(args, &ui, &who, key) {
+            Ok(l) => l,
             Err(f) => return result::refused(&f.message, None).into(),
-        };
-        let params = StartParams {
-            token: String::new(),
-            code: args.code,
-            tools: args.tools,
-            description: if args.description.is_empty() {
-                "scriptgate mcp run_script".into()
-            } else {
-                args.description
-            },
-            traceparent: None,
-            tracestate: None,
-        };
-        let launch = Launch {
-            snap: self.snapshot(workspace.clone()),
-            workspace,
-            params,
-            engine: Arc::new(CliEngine {
-                tools: self.tools.clone(),
-                ui: ui.clone(),
-            }),
-            ui: ui.clone(),
-            owner: who.clone(),
-            key,
         };
         match self.scripts.start(launch).await {
             Ok(s) => {
@@ -507,6 +483,42 @@ impl CodeMode {
                 result::refused(&f.message, note.as_deref()).into()
             }
         }
+    }
+
+    /// What starts the script of `args` in a fresh workspace, with the engine
+    /// that serves its calls through `ui`; or why no workspace can be made.
+    fn launch(
+        &self,
+        args: RunArgs,
+        ui: &Arc<McpUi>,
+        who: &Principal,
+        key: RequestKey,
+    ) -> Result<Launch, crate::cli::exit::Failure> {
+        let workspace = crate::cli::run::fresh_workspace(&self.base, &self.identity)?;
+        let params = StartParams {
+            token: String::new(),
+            code: args.code,
+            tools: args.tools,
+            description: if args.description.is_empty() {
+                "scriptgate mcp run_script".into()
+            } else {
+                args.description
+            },
+            traceparent: None,
+            tracestate: None,
+        };
+        Ok(Launch {
+            snap: self.snapshot(workspace.clone()),
+            workspace,
+            params,
+            engine: Arc::new(CliEngine {
+                tools: self.tools.clone(),
+                ui: ui.clone(),
+            }),
+            ui: ui.clone(),
+            owner: who.clone(),
+            key,
+        })
     }
 
     /// The `InputRequiredResult` that asks for the approval.

@@ -31,13 +31,14 @@ from typing import (
 )
 
 from . import _otel
+from . import errors
 from .errors import (
-    ApprovalError, ConnectFailed, ConnectionClosed, ConnectionRefused, InvalidParams, PermissionDenied, ProtocolError,
-    ScriptgateError, SocketNotFound, StillRunning, error_from_rpc,
+    ApprovalError, ConnectionClosedError, InvalidParamsError, PermissionDeniedError, ProtocolError, ScriptgateError,
+    SocketNotFoundError, StillRunningError, error_from_rpc,
 )
 from .types import (
-    ApprovalRequest, CallContext, CallProgress, ScriptResult, ScriptStatus, Started, Tool, ToolCall,
-    _mcp_dict,
+    ApprovalRequest, CallContext, CallProgress, CancelResult, DaemonInfo, RevokeResult, ScriptResult, ScriptStatus,
+    Started, Tool, ToolCall, _mcp_dict,
 )
 
 log = logging.getLogger("scriptgate_client")
@@ -287,7 +288,7 @@ class Client:
         self._notes: Optional["asyncio.Queue[Any]"] = None
         self._read_task: Optional["asyncio.Task[None]"] = None
         self._note_task: Optional["asyncio.Task[None]"] = None
-        self._closed: Optional[ScriptgateError] = ConnectionClosed("not connected")
+        self._closed: Optional[ScriptgateError] = ConnectionClosedError("not connected")
         #: The last error the daemon sent with id null (e.g. -32001, -32600).
         self.connection_error: Optional[ScriptgateError] = None
         #: Progress events dropped because the callbacks lagged.
@@ -318,26 +319,27 @@ class Client:
     # --- connection ---------------------------------------------------------
 
     async def connect(self) -> "Client":
-        """Connect; ``SocketNotFound``, ``ConnectionRefused``, ``PermissionDenied``
-        (all ``ConnectFailed``, naming the path) when that fails."""
+        """Connect; ``SocketNotFoundError``, ``ConnectionRefusedError``,
+        ``PermissionDeniedError`` (all ``scriptgate_client.ConnectionError``,
+        naming the path) when that fails."""
         if self._closed is None:
             return self
         p = self.path
         try:
             self._reader, self._writer = await asyncio.open_unix_connection(p, limit=self.max_line_bytes)
         except FileNotFoundError:
-            raise SocketNotFound(
+            raise SocketNotFoundError(
                 f"no socket at {p}: scriptgated does not listen there (is scriptgate.socket active? "
                 "the path is SCRIPTGATE_SOCKET, else /run/scriptgate/scriptgate.sock)", p) from None
         except ConnectionRefusedError:
-            raise ConnectionRefused(
+            raise errors.ConnectionRefusedError(
                 f"connection refused at {p}: the socket file exists but no scriptgated listens on it", p) from None
         except PermissionError:
-            raise PermissionDenied(
+            raise PermissionDeniedError(
                 f"permission denied connecting to {p}: this user may not open the socket (scriptgated serves "
                 "root and members of auth.allowed_groups, default group scriptgate)", p) from None
         except OSError as e:
-            raise ConnectFailed(f"cannot connect to {p}: {e.strerror or e}", p) from None
+            raise errors.ConnectionError(f"cannot connect to {p}: {e.strerror or e}", p) from None
         self._loop = asyncio.get_running_loop()
         self._executor = concurrent.futures.ThreadPoolExecutor(self.max_threads, "scriptgate-handler")
         self._wlock = asyncio.Lock()
@@ -361,7 +363,7 @@ class Client:
 
     async def close(self) -> None:
         """Close the connection; scripts it started are cancelled by the daemon."""
-        self._shutdown(ConnectionClosed(f"connection to {self.path} closed by the client", self.path))
+        self._shutdown(ConnectionClosedError(f"connection to {self.path} closed by the client", self.path))
         current = asyncio.current_task()
         tasks = [t for t in (self._read_task, self._note_task, *self._tasks) if t is not None and t is not current]
         for t in tasks:
@@ -418,6 +420,9 @@ class Client:
         code: str,
         tools: Iterable[Union[str, Tool]] = (),
         description: str = "",
+        *,
+        traceparent: Optional[str] = None,
+        tracestate: Optional[str] = None,
     ) -> Started:
         """``script.start``: ``Started(script_id, state)`` once the script runs.
 
@@ -425,18 +430,24 @@ class Client:
         needed the approval handler is asked before this returns. With
         OpenTelemetry, a ``scriptgate.run_script`` span is opened under the
         current context, sent as ``traceparent``/``tracestate``, and ended when
-        the script finishes."""
+        the script finishes. ``traceparent`` (and ``tracestate``) given here are
+        sent as they are instead, and no span is opened."""
         names = [t.name if isinstance(t, Tool) else t for t in tools]
         params: Dict[str, Any] = {"token": token, "code": code, "tools": names, "description": description}
-        span, trace_params = _otel.start_run_span()
+        if traceparent is not None:
+            span, trace_params = None, {"traceparent": traceparent}
+            if tracestate is not None:
+                trace_params["tracestate"] = tracestate
+        else:
+            span, trace_params = _otel.start_run_span()
         params.update(trace_params)
         pending = _PendingStart((code, description, tuple(sorted(set(names)))))
         self._starts.append(pending)
         try:
             try:
                 r = await self.request("script.start", params)
-            except InvalidParams as e:  # a daemon from before trace contexts: start untraced
-                if not trace_params or "traceparent" not in e.message:
+            except InvalidParamsError as e:  # a daemon from before trace contexts: start untraced
+                if not trace_params or traceparent is not None or "traceparent" not in e.message:
                     raise
                 log.warning("the daemon takes no traceparent (older than scriptgate issue 20): not traced")
                 params = {k: v for k, v in params.items() if k not in trace_params}
@@ -467,7 +478,7 @@ class Client:
         self, script_id: Union[str, Started], timeout_s: Optional[float] = None, *, token: Optional[str] = None
     ) -> ScriptResult:
         """``script.wait``: the result once the script has finished.
-        Raises ``StillRunning`` after ``timeout_s`` (the script goes on)."""
+        Raises ``StillRunningError`` after ``timeout_s`` (the script goes on)."""
         p: Dict[str, Any] = {"script_id": _sid(script_id)}
         if timeout_s is not None:
             p["timeout_s"] = timeout_s
@@ -489,7 +500,7 @@ class Client:
         started = await self.start(token, code, tools, description)
         try:
             return await self.wait(started.script_id, timeout_s)
-        except StillRunning:
+        except StillRunningError:
             log.info("script %s still ran after %s s: cancelling it", started.script_id, timeout_s)
             await self.cancel(started.script_id)
             return await self.wait(started.script_id)
@@ -500,17 +511,18 @@ class Client:
             p["token"] = token
         return ScriptStatus.from_dict(_object("script.status", await self.request("script.status", p)))
 
-    async def cancel(self, script_id: Union[str, Started], *, token: Optional[str] = None) -> Dict[str, Any]:
-        """``script.cancel``: answers ``{script_id, state}`` once the script has ended."""
+    async def cancel(self, script_id: Union[str, Started], *, token: Optional[str] = None) -> CancelResult:
+        """``script.cancel``: ``CancelResult(script_id, state, already_finished)``
+        once the script has ended (readable as a dict too: ``ans["state"]``)."""
         p: Dict[str, Any] = {"script_id": _sid(script_id)}
         if token is not None:
             p["token"] = token
-        return _object("script.cancel", await self.request("script.cancel", p))
+        return CancelResult.from_dict(_object("script.cancel", await self.request("script.cancel", p)))
 
-    async def revoke(self, token: str) -> Dict[str, Any]:
+    async def revoke(self, token: str) -> RevokeResult:
         """``run.revoke``: cancels the run's scripts, refuses its further starts
-        and calls. Answers ``{run_id, cancelled}``."""
-        return _object("run.revoke", await self.request("run.revoke", {"token": token}))
+        and calls. ``RevokeResult(run_id, cancelled)`` (readable as a dict too)."""
+        return RevokeResult.from_dict(_object("run.revoke", await self.request("run.revoke", {"token": token})))
 
     async def describe(self, token: str) -> str:
         """``run.describe``: the run_script tool description for the token's snapshot."""
@@ -530,9 +542,10 @@ class Client:
             raise ProtocolError(f"run.describe answered no `tool` (a daemon from before issue 20?): {r!r:.200}")
         return tool
 
-    async def info(self) -> Dict[str, Any]:
-        """``daemon.info``: ``{version, protocol, backend, limits, ...}``."""
-        return _object("daemon.info", await self.request("daemon.info"))
+    async def info(self) -> DaemonInfo:
+        """``daemon.info``: ``DaemonInfo(version, protocol, backend, limits, ...)``
+        (readable as a dict too: ``info["protocol"]``)."""
+        return DaemonInfo.from_dict(_object("daemon.info", await self.request("daemon.info")))
 
     def progress(self, script_id: Union[str, Started]) -> ProgressStream:
         """An async iterator of the script's progress events, ending with its
@@ -560,18 +573,18 @@ class Client:
     async def _send(self, msg: Union[Dict[str, Any], bytes]) -> None:
         data = msg if isinstance(msg, bytes) else _dumps(msg)
         if self._closed is not None or self._writer is None or self._wlock is None:
-            raise self._closed or ConnectionClosed("not connected")
+            raise self._closed or ConnectionClosedError("not connected")
         async with self._wlock:
             try:
                 self._writer.write(data)
                 await self._writer.drain()
             except (OSError, ConnectionError) as e:
-                self._shutdown(ConnectionClosed(f"connection to {self.path} lost: {e}", self.path))
-                raise self._closed or ConnectionClosed(str(e), self.path) from e
+                self._shutdown(ConnectionClosedError(f"connection to {self.path} lost: {e}", self.path))
+                raise self._closed or ConnectionClosedError(str(e), self.path) from e
 
     async def _read_loop(self) -> None:
         assert self._reader is not None and self._handler_slots is not None
-        why: ScriptgateError = ConnectionClosed(f"the daemon closed the connection ({self.path})", self.path)
+        why: ScriptgateError = ConnectionClosedError(f"the daemon closed the connection ({self.path})", self.path)
         try:
             while True:
                 try:
@@ -580,7 +593,7 @@ class Client:
                     why = ProtocolError(f"the daemon sent a line longer than {self.max_line_bytes} bytes")
                     break
                 except (OSError, ConnectionError) as e:
-                    why = ConnectionClosed(f"connection to {self.path} lost: {e}", self.path)
+                    why = ConnectionClosedError(f"connection to {self.path} lost: {e}", self.path)
                     break
                 if not line:
                     break
@@ -653,15 +666,18 @@ class Client:
 
     def _call_context(self, rid: Any, p: Dict[str, Any]) -> CallContext:
         args = p.get("arguments")
+        s = lambda k: p.get(k) if isinstance(p.get(k), str) else None
         call = ToolCall(
             script_id=str(p.get("script_id", "")),
             run_id=str(p.get("run_id", "")),
             call_id=str(p.get("call_id", "")),
             tool=str(p.get("tool", "")),
             arguments=args if isinstance(args, dict) else {},
+            traceparent=s("traceparent"),
+            tracestate=s("tracestate"),
+            span_id=s("span_id"),
         )
-        s = lambda k: p.get(k) if isinstance(p.get(k), str) else None
-        ctx = CallContext(call, rid, s("traceparent"), s("tracestate"), s("span_id"), self._emit_call_progress)
+        ctx = CallContext(call, rid, call.traceparent, call.tracestate, call.span_id, self._emit_call_progress)
         call.ctx = ctx
         return ctx
 
@@ -771,12 +787,15 @@ class Client:
 
     async def _serve_approval(self, p: Dict[str, Any]) -> Dict[str, str]:
         tools = p.get("tools")
+        s = lambda k: p.get(k) if isinstance(p.get(k), str) else None
         req = ApprovalRequest(
             script_id=str(p.get("script_id", "")),
             run_id=str(p.get("run_id", "")),
             description=str(p.get("description", "")),
             code=str(p.get("code", "")),
-            tools=[t for t in tools if isinstance(t, dict)] if isinstance(tools, list) else [],
+            tools=[t for t in tools if isinstance(t, dict)] if isinstance(tools, list) else [],  # type: ignore[misc]
+            traceparent=s("traceparent"),
+            tracestate=s("tracestate"),
         )
         fn = self._approval_handler
         if fn is None:
@@ -861,7 +880,7 @@ class Client:
             if note is None:
                 for streams in list(self._streams.values()):
                     for s in list(streams):
-                        s._q.put_nowait(self._closed or ConnectionClosed("connection closed", self.path))
+                        s._q.put_nowait(self._closed or ConnectionClosedError("connection closed", self.path))
                 return
             method, params = note
             cbs: List[Callable[[Any], Any]]

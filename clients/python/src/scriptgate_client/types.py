@@ -6,8 +6,10 @@ these types, before anything is sent. ``Snapshot.from_dict`` raises
 ``invalid_value``, and ``field`` naming the place, e.g. ``tools[2].input_schema``)
 just as the daemon would answer -32011.
 
-Types of the daemon's answers (``ScriptResult``, ``ScriptStatus``) are lenient
-instead: fields a newer daemon adds are kept in ``extra``.
+Types of the daemon's answers (``Started``, ``ScriptResult``, ``ScriptStatus``,
+``CancelResult``, ``RevokeResult``, ``DaemonInfo``) and requests (``ToolCall``,
+``ApprovalRequest``) are lenient instead: fields a newer daemon adds are kept in
+``extra``; ``to_dict()`` gives the wire object back.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
-
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TypedDict, Union
 from .errors import SnapshotError
 
 JSON = Any
@@ -317,13 +318,60 @@ def as_snapshot(s: SnapshotLike) -> Snapshot:
 
 
 # --- what the daemon sends ---------------------------------------------------
+#
+# One dataclass per answer, request and notification of scriptgate-protocol(7),
+# with the fields the page names. ``from_dict`` is lenient (a field a newer daemon
+# adds is kept in ``extra``); ``to_dict`` gives the wire object back as the daemon
+# sent it. The answers that were plain dicts before (``cancel``, ``revoke``,
+# ``info``) can still be read as dicts: ``ans["state"]``, ``"state" in ans``,
+# ``ans.get("x")`` read the wire object.
+
+
+class _ReadAsDict:
+    """Dict-style reads of the wire object, for code written when the answer was a dict."""
+
+    def to_dict(self) -> Dict[str, JSON]:  # pragma: no cover - every user defines it
+        raise NotImplementedError
+
+    def __getitem__(self, key: str) -> JSON:
+        return self.to_dict()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_dict()
+
+    def get(self, key: str, default: JSON = None) -> JSON:
+        return self.to_dict().get(key, default)
+
+    def keys(self) -> Any:
+        return self.to_dict().keys()
+
+
+def _int(v: Any) -> int:
+    return v if _is_int(v) else 0
+
+
+def _opt_int(v: Any) -> Optional[int]:
+    return v if _is_int(v) else None
+
+
+def _strs(v: Any) -> List[str]:
+    return [x for x in v if isinstance(x, str)] if isinstance(v, list) else []
+
+
+def _extra(d: Mapping[str, Any], known: Sequence[str]) -> Dict[str, JSON]:
+    return {k: v for k, v in d.items() if k not in known}
 
 
 @dataclass
 class Progress:
+    """What a script reported with ``agent_tools.progress(done, total, message)``."""
+
     done: int
     total: int
     message: str = ""
+
+    def to_dict(self) -> Dict[str, JSON]:
+        return {"done": self.done, "total": self.total, "message": self.message}
 
 
 @dataclass
@@ -338,13 +386,14 @@ class ScriptStatus:
     progress: Optional[Progress] = None
     extra: Dict[str, JSON] = field(default_factory=dict)
 
+    FIELDS = ("script_id", "state", "calls", "failures", "elapsed_ms", "progress")
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ScriptStatus":
         p = d.get("progress")
         prog = None
         if isinstance(p, Mapping):
             prog = Progress(int(p.get("done", 0)), int(p.get("total", 0)), str(p.get("message") or ""))
-        known = ("script_id", "state", "calls", "failures", "elapsed_ms", "progress")
         return cls(
             script_id=str(d.get("script_id", "")),
             state=str(d.get("state", "")),
@@ -352,13 +401,25 @@ class ScriptStatus:
             failures=int(d.get("failures") or 0),
             elapsed_ms=int(d.get("elapsed_ms") or 0),
             progress=prog,
-            extra={k: v for k, v in d.items() if k not in known},
+            extra=_extra(d, cls.FIELDS),
         )
+
+    def to_dict(self) -> Dict[str, JSON]:
+        return {
+            "script_id": self.script_id, "state": self.state, "calls": self.calls, "failures": self.failures,
+            "elapsed_ms": self.elapsed_ms, "progress": self.progress.to_dict() if self.progress else None,
+            **self.extra,
+        }
 
 
 @dataclass
 class ScriptResult:
-    """The result object (protocol section 6). ``text`` goes back to the model."""
+    """The result object (protocol section RESULT OBJECT). ``text`` goes back to the model.
+
+    Extensions, present only when the daemon sends them: ``memory_peak_bytes``
+    and ``cpu_usec`` (``None`` when the backend does not measure them: never read
+    that as 0), ``backend_notes`` (limits not in force), ``record_incomplete``
+    (parts of the record the daemon could not write)."""
 
     script_id: str
     run_id: str
@@ -373,6 +434,16 @@ class ScriptResult:
     error: Optional[str] = None
     text: str = ""
     extra: Dict[str, JSON] = field(default_factory=dict)
+    memory_peak_bytes: Optional[int] = None
+    cpu_usec: Optional[int] = None
+    backend_notes: List[str] = field(default_factory=list)
+    record_incomplete: List[str] = field(default_factory=list)
+
+    FIELDS = (
+        "script_id", "run_id", "status", "exit_code", "calls", "failures", "duration_ms",
+        "details_dir", "output", "output_truncated", "error", "text",
+        "memory_peak_bytes", "cpu_usec", "backend_notes", "record_incomplete",
+    )
 
     @property
     def ok(self) -> bool:
@@ -380,10 +451,6 @@ class ScriptResult:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ScriptResult":
-        known = (
-            "script_id", "run_id", "status", "exit_code", "calls", "failures", "duration_ms",
-            "details_dir", "output", "output_truncated", "error", "text",
-        )
         ec = d.get("exit_code")
         return cls(
             script_id=str(d.get("script_id", "")),
@@ -398,8 +465,148 @@ class ScriptResult:
             output_truncated=bool(d.get("output_truncated")),
             error=d.get("error") if isinstance(d.get("error"), str) else None,
             text=str(d.get("text") or ""),
-            extra={k: v for k, v in d.items() if k not in known},
+            extra=_extra(d, cls.FIELDS),
+            memory_peak_bytes=_opt_int(d.get("memory_peak_bytes")),
+            cpu_usec=_opt_int(d.get("cpu_usec")),
+            backend_notes=_strs(d.get("backend_notes")),
+            record_incomplete=_strs(d.get("record_incomplete")),
         )
+
+    def to_dict(self) -> Dict[str, JSON]:
+        out: Dict[str, JSON] = {
+            "script_id": self.script_id, "run_id": self.run_id, "status": self.status, "exit_code": self.exit_code,
+            "calls": self.calls, "failures": self.failures, "duration_ms": self.duration_ms,
+            "details_dir": self.details_dir, "output": self.output, "output_truncated": self.output_truncated,
+            "error": self.error, "text": self.text,
+        }
+        for k in ("memory_peak_bytes", "cpu_usec"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        for k in ("backend_notes", "record_incomplete"):
+            if getattr(self, k):
+                out[k] = list(getattr(self, k))
+        out.update(self.extra)
+        return out
+
+
+@dataclass
+class CancelResult(_ReadAsDict):
+    """The answer to ``script.cancel`` (and ``admin.cancel``): the script's state
+    once it has ended; ``already_finished`` when it had ended before the cancel."""
+
+    script_id: str
+    state: str
+    already_finished: bool = False
+    extra: Dict[str, JSON] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CancelResult":
+        return cls(str(d.get("script_id", "")), str(d.get("state", "")), d.get("already_finished") is True,
+                   _extra(d, ("script_id", "state", "already_finished")))
+
+    def to_dict(self) -> Dict[str, JSON]:
+        out: Dict[str, JSON] = {"script_id": self.script_id, "state": self.state}
+        if self.already_finished:
+            out["already_finished"] = True
+        out.update(self.extra)
+        return out
+
+
+@dataclass
+class RevokeResult(_ReadAsDict):
+    """The answer to ``run.revoke``: the run and how many of its scripts were cancelled."""
+
+    run_id: str
+    cancelled: int
+    extra: Dict[str, JSON] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RevokeResult":
+        return cls(str(d.get("run_id", "")), _int(d.get("cancelled")), _extra(d, ("run_id", "cancelled")))
+
+    def to_dict(self) -> Dict[str, JSON]:
+        return {"run_id": self.run_id, "cancelled": self.cancelled, **self.extra}
+
+
+@dataclass
+class SandboxInfo:
+    """``daemon.info``'s ``sandbox``: ``state`` ok, unavailable or unchecked;
+    ``problem`` (cause and fix) and ``detail`` (bwrap's words) when not ok."""
+
+    state: str
+    nested_userns: str
+    problem: Optional[str] = None
+    detail: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SandboxInfo":
+        s = lambda k: d.get(k) if isinstance(d.get(k), str) else None
+        return cls(str(d.get("state", "")), str(d.get("nested_userns", "")), s("problem"), s("detail"))
+
+    def to_dict(self) -> Dict[str, JSON]:
+        return {"state": self.state, "nested_userns": self.nested_userns, "problem": self.problem,
+                "detail": self.detail}
+
+
+@dataclass
+class DaemonInfo(_ReadAsDict):
+    """The answer to ``daemon.info``: ``{version, protocol, backend, backend_notes,
+    running, limits}`` and the extensions ``limits_per_script``,
+    ``limits_enforced``, ``sandbox``, ``same_uid``, ``disk`` (``None`` or empty
+    when the daemon does not send them). ``limits`` maps each configured limit
+    (``max_calls``, ``timeout_s``, ...) to its value."""
+
+    version: str
+    protocol: int
+    backend: str
+    backend_notes: List[str] = field(default_factory=list)
+    running: int = 0
+    limits: Dict[str, int] = field(default_factory=dict)
+    limits_per_script: Optional[bool] = None
+    limits_enforced: Optional[bool] = None
+    sandbox: Optional[SandboxInfo] = None
+    same_uid: List[str] = field(default_factory=list)
+    disk: Optional[Dict[str, JSON]] = None
+    extra: Dict[str, JSON] = field(default_factory=dict)
+
+    FIELDS = ("version", "protocol", "backend", "backend_notes", "running", "limits", "limits_per_script",
+              "limits_enforced", "sandbox", "same_uid", "disk")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "DaemonInfo":
+        b = lambda k: d.get(k) if isinstance(d.get(k), bool) else None
+        lim, sb, disk = d.get("limits"), d.get("sandbox"), d.get("disk")
+        return cls(
+            version=str(d.get("version", "")),
+            protocol=_int(d.get("protocol")),
+            backend=str(d.get("backend", "")),
+            backend_notes=_strs(d.get("backend_notes")),
+            running=_int(d.get("running")),
+            limits=dict(lim) if isinstance(lim, Mapping) else {},
+            limits_per_script=b("limits_per_script"),
+            limits_enforced=b("limits_enforced"),
+            sandbox=SandboxInfo.from_dict(sb) if isinstance(sb, Mapping) else None,
+            same_uid=_strs(d.get("same_uid")),
+            disk=dict(disk) if isinstance(disk, Mapping) else None,
+            extra=_extra(d, cls.FIELDS),
+        )
+
+    def to_dict(self) -> Dict[str, JSON]:
+        out: Dict[str, JSON] = {
+            "version": self.version, "protocol": self.protocol, "backend": self.backend,
+            "backend_notes": list(self.backend_notes), "running": self.running, "limits": dict(self.limits),
+        }
+        for k in ("limits_per_script", "limits_enforced"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        if self.sandbox is not None:
+            out["sandbox"] = self.sandbox.to_dict()
+        if self.same_uid:
+            out["same_uid"] = list(self.same_uid)
+        if self.disk is not None:
+            out["disk"] = dict(self.disk)
+        out.update(self.extra)
+        return out
 
 
 @dataclass
@@ -476,7 +683,10 @@ _DONE = _Done()
 
 @dataclass
 class ToolCall:
-    """A ``tool.call`` request from the daemon; ``arguments`` include the frozen ones."""
+    """A ``tool.call`` request from the daemon; ``arguments`` include the frozen
+    ones, numbers as the script wrote them (integers of up to 64 bits exactly).
+    ``traceparent``, ``tracestate`` and ``span_id`` are the call's trace context
+    (``None`` unless the script was started with one; also on ``ctx``)."""
 
     script_id: str
     run_id: str
@@ -484,10 +694,23 @@ class ToolCall:
     tool: str
     arguments: Dict[str, JSON]
     ctx: Optional[CallContext] = field(default=None, repr=False, compare=False)
+    traceparent: Optional[str] = None
+    tracestate: Optional[str] = None
+    span_id: Optional[str] = None
+
+    FIELDS = ("script_id", "run_id", "call_id", "tool", "arguments", "traceparent", "tracestate", "span_id")
+
+    def to_dict(self) -> Dict[str, JSON]:
+        out: Dict[str, JSON] = {"script_id": self.script_id, "run_id": self.run_id, "call_id": self.call_id,
+                                "tool": self.tool, "arguments": self.arguments}
+        for k in ("traceparent", "tracestate", "span_id"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        return out
 
 
 @dataclass
-class Started:
+class Started(_ReadAsDict):
     """The answer to ``script.start``: ``{script_id, state}`` (``running``)."""
 
     script_id: str
@@ -501,13 +724,32 @@ class Started:
             {k: v for k, v in d.items() if k not in ("script_id", "state")},
         )
 
+    def to_dict(self) -> Dict[str, JSON]:
+        return {"script_id": self.script_id, "state": self.state, **self.extra}
+
+
+#: A tool of an ``approval.request``: ``{"name": ..., "class": "write"}`` (a dict).
+ApprovalTool = TypedDict("ApprovalTool", {"name": str, "class": str})
+
 
 @dataclass
 class ApprovalRequest:
-    """An ``approval.request``: may the script run with these write tools?"""
+    """An ``approval.request``: may the script run with these write tools?
+    ``traceparent`` and ``tracestate``: the script's trace (``None`` without one)."""
 
     script_id: str
     run_id: str
     description: str
     code: str
-    tools: List[Dict[str, str]]
+    tools: List[ApprovalTool]
+    traceparent: Optional[str] = None
+    tracestate: Optional[str] = None
+
+    def to_dict(self) -> Dict[str, JSON]:
+        out: Dict[str, JSON] = {"script_id": self.script_id, "run_id": self.run_id,
+                                "description": self.description, "code": self.code,
+                                "tools": [dict(t) for t in self.tools]}
+        for k in ("traceparent", "tracestate"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        return out
