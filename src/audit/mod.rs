@@ -3,6 +3,7 @@
 //! write connection; readers use their own connection.
 
 pub(crate) mod checkpoint;
+pub mod connections;
 pub mod journal;
 pub mod live;
 pub(crate) mod metrics;
@@ -14,7 +15,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Mutex};
 
-const SCHEMA_VERSION: i64 = 7;
+const SCHEMA_VERSION: i64 = 8;
 
 /// Upper bounds of the script-duration histogram, in seconds.
 const DURATION_BOUNDS_S: [f64; 11] = [
@@ -140,6 +141,15 @@ const MIGRATIONS: &[&str] = &[
         at INTEGER NOT NULL,
         UNIQUE (dev, ino)
      );",
+    // v8: refused connections, counted per minute, uid and reason (one row
+    // each, however many; crate::audit::connections bounds the rows).
+    "CREATE TABLE refused_connections (
+        minute INTEGER NOT NULL,
+        peer_uid INTEGER NOT NULL,
+        reason TEXT NOT NULL,
+        count INTEGER NOT NULL,
+        PRIMARY KEY (minute, peer_uid, reason)
+     );",
 ];
 
 /// The first project quota id the daemon gives a workspace
@@ -158,6 +168,34 @@ fn trim_revocations(c: &Connection, bound: usize) -> rusqlite::Result<usize> {
            WHERE n > ?1)",
         [bound as i64],
     )
+}
+
+/// Add `counted` to `refused_connections` and the counters, keeping at most
+/// `bound` rows (the newest minutes), in one transaction.
+fn refused_connection_rows(
+    c: &mut Connection,
+    counted: &[connections::Counted],
+    bound: usize,
+) -> rusqlite::Result<()> {
+    let tx = c.transaction()?;
+    {
+        let mut s = tx.prepare_cached(
+            "INSERT INTO refused_connections (minute, peer_uid, reason, count) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (minute, peer_uid, reason) DO UPDATE SET count = count + excluded.count",
+        )?;
+        for (minute, uid, reason, n) in counted {
+            s.execute(params![minute, uid, reason, *n as i64])?;
+        }
+    }
+    for (_, _, reason, n) in counted {
+        bump(&tx, "connections_refused", reason, *n as f64)?;
+    }
+    tx.execute(
+        "DELETE FROM refused_connections WHERE rowid IN (
+           SELECT rowid FROM refused_connections ORDER BY minute DESC LIMIT -1 OFFSET ?1)",
+        [bound as i64],
+    )?;
+    tx.commit()
 }
 
 /// Record a revocation of `(scope, run_id)` (again: it becomes the newest of its
@@ -792,6 +830,23 @@ impl Store {
         .await
     }
 
+    /// Refused connections counted since the last write: each (minute, uid,
+    /// reason) one row, its count added to; the connections-refused counters
+    /// by reason; then the oldest minutes past
+    /// [`connections::MAX_ROWS`] dropped.
+    pub async fn refused_connections(
+        &self,
+        counted: Vec<connections::Counted>,
+    ) -> Result<(), StoreError> {
+        if counted.is_empty() {
+            return Ok(());
+        }
+        self.write("count refused connections", move |c| {
+            refused_connection_rows(c, &counted, connections::MAX_ROWS)
+        })
+        .await
+    }
+
     /// Record a revocation; past `policy::runs::REVOCATIONS_PER_SCOPE` of
     /// its scope, the oldest of that scope is deleted. The write is queued at
     /// once (the caller queues it under the lock of its in-memory set, so that
@@ -882,6 +937,7 @@ impl Store {
         self.write("prune", move |c| {
             let s = c.execute("DELETE FROM scripts WHERE status != 'running' AND ended_at IS NOT NULL AND ended_at < ?1", [cutoff])?;
             let r = c.execute("DELETE FROM refusals WHERE at < ?1", [cutoff])?;
+            c.execute("DELETE FROM refused_connections WHERE minute < ?1", [cutoff])?;
             Ok((s, r))
         })
         .await
@@ -1267,6 +1323,30 @@ impl Reader {
                 "at": r.get::<_, i64>(0)?, "run_id": r.get::<_, Option<String>>(1)?, "runner": r.get::<_, Option<String>>(2)?,
                 "peer_uid": r.get::<_, Option<i64>>(3)?, "peer_pid": r.get::<_, Option<i64>>(4)?, "code": r.get::<_, i64>(5)?,
                 "reason": r.get::<_, Option<String>>(6)?, "message": r.get::<_, String>(7)?,
+            }))
+        })?;
+        rows.collect()
+    }
+}
+
+impl Reader {
+    /// Refused connections per minute, uid and reason, newest first: `minute`
+    /// (ms), `peer_uid`, `reason`, `count`. A store of before v8 (the daemon
+    /// not restarted since the upgrade) has none.
+    pub fn refused_connections(&self, q: &Query) -> rusqlite::Result<Vec<Value>> {
+        let Ok(mut s) = self.c.prepare(
+            "SELECT minute, peer_uid, reason, count FROM refused_connections
+             WHERE minute >= ?1 - 59999 AND (?3 IS NULL OR peer_uid = ?3)
+             ORDER BY minute DESC, peer_uid, reason LIMIT ?2",
+        ) else {
+            return Ok(vec![]);
+        };
+        let peer = q.engine_uid.or(q.uid).map(i64::from);
+        let since = q.since_ms.unwrap_or(0);
+        let rows = s.query_map(params![since, q.limit.max(1) as i64, peer], |r| {
+            Ok(serde_json::json!({
+                "minute": r.get::<_, i64>(0)?, "peer_uid": r.get::<_, i64>(1)?,
+                "reason": r.get::<_, String>(2)?, "count": r.get::<_, i64>(3)?,
             }))
         })?;
         rows.collect()
@@ -1701,7 +1781,7 @@ mod tests {
                      ALTER TABLE scripts DROP COLUMN scope;
                      ALTER TABLE scripts DROP COLUMN trace_id;
                      ALTER TABLE scripts DROP COLUMN seen_at;
-                     DROP TABLE projects;
+                     DROP TABLE projects; DROP TABLE refused_connections;
                      CREATE TABLE revoked_runs (run_id TEXT PRIMARY KEY, at INTEGER NOT NULL);
                      PRAGMA user_version = 1;",
                 )
@@ -1848,6 +1928,62 @@ mod tests {
         forget_workspaces_at(&none, &[]).unwrap();
     }
 
+    /// A flood of refused connections is one row per minute, uid and reason,
+    /// its count added to; the table keeps the newest minutes within its
+    /// bound; the counters add up; the reader shows them newest first.
+    #[tokio::test]
+    async fn refused_connections_are_one_row_a_minute_and_the_table_is_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.db");
+        let (s, _) = Store::open(&p, None).unwrap();
+        for _ in 0..50 {
+            s.refused_connections(vec![(60_000, 40001, "peer_not_allowed", 100)])
+                .await
+                .unwrap();
+        }
+        let rows = |s: &Store| {
+            s.read("count", |c| {
+                c.query_row(
+                    "SELECT count(*), sum(count) FROM refused_connections",
+                    [],
+                    |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+                )
+            })
+            .unwrap()
+        };
+        assert_eq!(rows(&s), (1, 5000));
+        // Past the bound: the oldest minutes go.
+        s.write("past the bound", |c| {
+            let counted: Vec<_> = (0..30)
+                .map(|m| (120_000 + m * 60_000, 7, "too_many_connections", 1))
+                .collect();
+            refused_connection_rows(c, &counted, 10)
+        })
+        .await
+        .unwrap();
+        let (n, _) = rows(&s);
+        assert_eq!(n, 10);
+        let r = Reader::open(&p).unwrap();
+        let q = Query {
+            limit: 100,
+            ..Default::default()
+        };
+        let got = r.refused_connections(&q).unwrap();
+        assert_eq!(got.len(), 10);
+        assert_eq!(got[0]["minute"], 120_000 + 29 * 60_000, "newest first");
+        assert_eq!(got[9]["minute"], 120_000 + 20 * 60_000, "the oldest kept");
+        let metric: f64 = s
+            .read("metric", |c| {
+                c.query_row(
+                    "SELECT value FROM metrics WHERE name = 'connections_refused' AND label = 'peer_not_allowed'",
+                    [],
+                    |r| r.get(0),
+                )
+            })
+            .unwrap();
+        assert_eq!(metric, 5000.0, "the counter is not bounded with the rows");
+    }
+
     /// Revocations keep at most the bound of each scope, the newest; another
     /// scope's are untouched; a store of before v4 is trimmed when it migrates.
     #[tokio::test]
@@ -1891,7 +2027,7 @@ mod tests {
             tx.execute_batch(
                 "DROP INDEX revocations_scope; ALTER TABLE scripts DROP COLUMN trace_id;
                  ALTER TABLE scripts DROP COLUMN seen_at;
-                 DROP TABLE projects;
+                 DROP TABLE projects; DROP TABLE refused_connections;
                  PRAGMA user_version = 3;",
             )?;
             tx.commit()

@@ -1335,6 +1335,28 @@ fn uid_name(v: &Value) -> String {
     }
 }
 
+/// `scriptgate audit --refusals --connections`: connections refused at the
+/// socket, a row per minute, uid and reason, newest first.
+pub fn refused_connections(ctx: &Ctx, q: Query, json_out: bool) -> Result<String, Failure> {
+    let rows = ctx
+        .reader()?
+        .refused_connections(&q)
+        .map_err(|e| Failure::setup(e.to_string()))?;
+    Ok(rows_out(
+        &rows,
+        json_out,
+        &["MINUTE", "PEER_UID", "REASON", "COUNT"],
+        |r| {
+            vec![
+                rfc3339(r["minute"].as_i64().unwrap_or(0)),
+                uid_name(&r["peer_uid"]),
+                s(&r["reason"]),
+                s(&r["count"]),
+            ]
+        },
+    ))
+}
+
 pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<String, Failure> {
     let reader = ctx.reader()?;
     let store = |e: rusqlite::Error| Failure::setup(e.to_string());

@@ -187,6 +187,10 @@ pub struct AuditCmd {
     /// Refused starts instead of scripts.
     #[arg(long)]
     pub refusals: bool,
+    /// With --refusals: the connections refused at the socket instead, counted
+    /// per minute, uid and reason.
+    #[arg(long, requires = "refusals")]
+    pub connections: bool,
     #[command(flatten)]
     pub a: AdminArgs,
 }

@@ -144,6 +144,9 @@ fn audit_cmd(c: AuditCmd) -> ExitCode {
             engine_uid: c.engine.as_deref().map(admin::uid_of).transpose()?,
             limit: c.limit,
         };
+        if c.connections {
+            return admin::refused_connections(ctx, q, c.a.json);
+        }
         admin::audit(ctx, q, c.refusals, c.a.json)
     })
 }
