@@ -264,6 +264,10 @@ check "status: state ok, exit 0" bash -c 'test "$1" = 0 && grep -qE "^state +ok$
 check "status: backend systemd, sandbox ok" grep -qE '^backend +systemd' <<<"$status"
 check "status: sandbox ok" grep -qE '^sandbox +ok' <<<"$status"
 check "journal: limits in force" sh -c "journalctl -u scriptgate.service -o cat --no-pager | grep -q 'limits in force'"
+# The daemon's name, where an admin types it (the package's alias symlink, the
+# unit's LogExtraFields=OBJECT_SYSTEMD_UNIT=scriptgated.service).
+check "journalctl -u scriptgated finds the daemon's lines" sh -c "journalctl -u scriptgated -o cat --no-pager | grep -q 'limits in force'"
+check "systemctl status scriptgated shows scriptgate.service, running" sh -c "systemctl status scriptgated --no-pager | grep -q 'scriptgate.service' && systemctl status scriptgated --no-pager | grep -q 'active (running)'"
 run inet "$work/inet.py"
 expect inet 0 ok "inet ok"
 run whoami "$work/whoami.py"
