@@ -1329,7 +1329,88 @@ impl Reader {
     }
 }
 
+/// How big the audit store is and how fast it grows (`scriptgate audit
+/// --stats`, `scriptgate status`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StoreStats {
+    pub path: PathBuf,
+    /// The database file, its write-ahead log and its shared-memory index.
+    pub file_bytes: u64,
+    pub scripts: u64,
+    pub refusals: u64,
+    pub refused_connection_rows: u64,
+    /// The oldest script or refusal kept (ms), if any.
+    pub oldest_ms: Option<i64>,
+    /// Scripts started on each of the last [`STATS_DAYS`] days (UTC), oldest
+    /// first: `(the day's start in ms, scripts)`; today is the last, so far.
+    pub per_day: Vec<(i64, u64)>,
+}
+
+/// How many days `StoreStats::per_day` covers.
+pub const STATS_DAYS: i64 = 7;
+
+impl StoreStats {
+    /// Scripts a day over the whole days of `per_day` (today left out).
+    pub fn mean_per_day(&self) -> f64 {
+        let whole = &self.per_day[..self.per_day.len().saturating_sub(1)];
+        if whole.is_empty() {
+            return 0.0;
+        }
+        whole.iter().map(|(_, n)| *n as f64).sum::<f64>() / whole.len() as f64
+    }
+}
+
 impl Reader {
+    /// The store's size and growth, as of `now_ms`.
+    pub fn stats(&self, now_ms: i64) -> rusqlite::Result<StoreStats> {
+        let count = |table: &str| -> u64 {
+            self.c
+                .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .map_or(0, |n| n as u64)
+        };
+        let oldest = self.c.query_row(
+            "SELECT min(t) FROM (SELECT min(started_at) AS t FROM scripts
+                                 UNION ALL SELECT min(at) FROM refusals)",
+            [],
+            |r| r.get::<_, Option<i64>>(0),
+        )?;
+        let today = now_ms - now_ms.rem_euclid(86_400_000);
+        let first = today - (STATS_DAYS - 1) * 86_400_000;
+        let mut s = self.c.prepare(
+            "SELECT (started_at - ?1) / 86400000, count(*) FROM scripts
+             WHERE started_at >= ?1 GROUP BY 1",
+        )?;
+        let mut per_day: Vec<(i64, u64)> = (0..STATS_DAYS)
+            .map(|d| (first + d * 86_400_000, 0))
+            .collect();
+        let rows = s.query_map([first], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
+        for row in rows {
+            let (day, n) = row?;
+            if let Some(slot) = usize::try_from(day).ok().and_then(|d| per_day.get_mut(d)) {
+                slot.1 += n as u64;
+            }
+        }
+        let file_bytes = ["", "-wal", "-shm"]
+            .iter()
+            .filter_map(|suffix| {
+                let mut p = self.path.clone().into_os_string();
+                p.push(suffix);
+                std::fs::metadata(p).ok().map(|m| m.len())
+            })
+            .sum();
+        Ok(StoreStats {
+            path: self.path.clone(),
+            file_bytes,
+            scripts: count("scripts"),
+            refusals: count("refusals"),
+            refused_connection_rows: count("refused_connections"),
+            oldest_ms: oldest,
+            per_day,
+        })
+    }
+
     /// Refused connections per minute, uid and reason, newest first: `minute`
     /// (ms), `peer_uid`, `reason`, `count`. A store of before v8 (the daemon
     /// not restarted since the upgrade) has none.
@@ -1926,6 +2007,59 @@ mod tests {
         assert!(forget_workspaces_at(&none, &["/r/b".into()]).is_err());
         assert!(!none.exists(), "no store is created");
         forget_workspaces_at(&none, &[]).unwrap();
+    }
+
+    /// The store's size and growth: its rows, the oldest, scripts per day of
+    /// the last seven (a script of eight days ago is not in them), the files'
+    /// bytes.
+    #[tokio::test]
+    async fn stats_say_the_size_and_the_scripts_per_day() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.db");
+        let (s, _) = Store::open(&p, None).unwrap();
+        let day = 86_400_000_i64;
+        let now = 100 * day + 3_600_000; // 01:00 of day 100
+        let started = [now - 8 * day, now - 6 * day, now - 6 * day, now - day, now];
+        s.write("rows", move |c| {
+            for (i, at) in started.iter().enumerate() {
+                c.execute(
+                    "INSERT INTO scripts (script_id, run_id, code, approval, workspace, backend,
+                       started_at, status, details_dir) VALUES (?1, 'r', '', 'auto', '/w', 'rlimit', ?2, 'ok', '/d')",
+                    params![format!("s{i}"), at],
+                )?;
+            }
+            c.execute(
+                "INSERT INTO refusals (at, code, message) VALUES (?1, -32001, 'no')",
+                [now - 9 * day],
+            )
+        })
+        .await
+        .unwrap();
+        let st = Reader::open(&p).unwrap().stats(now).unwrap();
+        assert_eq!(
+            (st.scripts, st.refusals, st.refused_connection_rows),
+            (5, 1, 0)
+        );
+        assert_eq!(
+            st.oldest_ms,
+            Some(now - 9 * day),
+            "the refusal is the oldest"
+        );
+        assert_eq!(
+            st.per_day,
+            vec![
+                (94 * day, 2),
+                (95 * day, 0),
+                (96 * day, 0),
+                (97 * day, 0),
+                (98 * day, 0),
+                (99 * day, 1),
+                (100 * day, 1)
+            ]
+        );
+        assert_eq!(st.mean_per_day(), 0.5, "3 scripts in the 6 whole days");
+        let on_disk = std::fs::metadata(&p).unwrap().len();
+        assert!(st.file_bytes >= on_disk && on_disk > 0, "{st:?}");
     }
 
     /// A flood of refused connections is one row per minute, uid and reason,

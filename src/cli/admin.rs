@@ -20,8 +20,8 @@ use crate::config::{Config, DEFAULT_PATH};
 use crate::protocol::rpc::BoxFuture;
 use crate::protocol::rpc::{self, Bounds, CallError};
 use crate::protocol::{
-    AdminList, CallsPage, CallsParams, DaemonInfo, Method, PruneParams, Pruned, Resources,
-    RpcError, ScriptRef, ScriptState,
+    AdminList, CallsPage, CallsParams, DaemonInfo, ListedScript, Method, PruneParams, Pruned,
+    Resources, RpcError, ScriptRef, ScriptState,
 };
 use crate::time::{human_ms, rfc3339};
 use serde::Serialize;
@@ -340,12 +340,17 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
             state: &'a str,
             why: &'a [&'a str],
             daemon: &'a Value,
+            store: &'a Value,
+            restart: &'a Value,
         }
+        let (_, extras) = status_extras(ctx);
         let out = pretty(&Out {
             socket: &ctx.socket,
             state: state.word,
             why: &state.why,
             daemon: &raw,
+            store: &extras["store"],
+            restart: &extras["restart"],
         });
         return Ok((out, state.code));
     }
@@ -402,6 +407,7 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
     if let Some(d) = &info.disk {
         rows.push(vec!["disk".into(), crate::daemon::disk::summary(d)]);
     }
+    rows.extend(status_extras(ctx).0);
     Ok((pairs(&rows), state.code))
 }
 
@@ -1335,6 +1341,119 @@ fn uid_name(v: &Value) -> String {
     }
 }
 
+/// `scriptgate audit --stats`: the audit store's size and growth.
+pub fn store_stats(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
+    let st = ctx
+        .reader()?
+        .stats(crate::time::now_ms())
+        .map_err(|e| Failure::setup(e.to_string()))?;
+    if json_out {
+        return Ok(pretty(&st));
+    }
+    let days: Vec<String> = st
+        .per_day
+        .iter()
+        .map(|(day, n)| format!("{} {n}", &rfc3339(*day)[..10]))
+        .collect();
+    Ok(pairs(&[
+        vec!["store".into(), st.path.display().to_string()],
+        vec!["size".into(), store_size(&st)],
+        vec![
+            "rows".into(),
+            format!(
+                "{} scripts, {} refusals, {} refused-connection rows",
+                st.scripts, st.refusals, st.refused_connection_rows
+            ),
+        ],
+        vec!["oldest".into(), st.oldest_ms.map_or("-".into(), rfc3339)],
+        vec!["scripts a day".into(), days.join(", ")],
+        vec![
+            "growth".into(),
+            format!(
+                "{:.1} scripts a day (mean of the last {} whole days)",
+                st.mean_per_day(),
+                st.per_day.len().saturating_sub(1)
+            ),
+        ],
+    ]))
+}
+
+/// A store's size in a few words: its files' bytes and rows, since when.
+fn store_size(st: &crate::audit::StoreStats) -> String {
+    format!(
+        "{} ({} bytes: the database, its write-ahead log and index)",
+        bytes(Some(st.file_bytes)),
+        st.file_bytes
+    )
+}
+
+/// The running scripts a restart now would interrupt: those already older
+/// than `server.drain_s` (a restart gives each `drain_s` more to end), oldest
+/// first.
+fn cut_by_restart(scripts: &[ListedScript], drain_s: u64) -> Vec<&ListedScript> {
+    let mut cut: Vec<&ListedScript> = scripts
+        .iter()
+        .filter(|s| s.age_ms > drain_s.saturating_mul(1000))
+        .collect();
+    cut.sort_by_key(|s| std::cmp::Reverse(s.age_ms));
+    cut
+}
+
+/// `status`'s rows of the audit store and of a restart, and the same as JSON.
+fn status_extras(ctx: &Ctx) -> (Vec<Vec<String>>, Value) {
+    let drain_s = ctx.config.server.drain_s;
+    let listed = ctx
+        .call(Method::AdminList, &NoParams {})
+        .and_then(|raw| typed::<AdminList>(Method::AdminList, raw));
+    let (restart, restart_json) = match &listed {
+        Ok(list) => {
+            let cut = cut_by_restart(&list.scripts, drain_s);
+            let ids: Vec<String> = cut
+                .iter()
+                .map(|s| format!("{} (running {})", s.status.script_id, human_ms(s.age_ms)))
+                .collect();
+            let text = if ids.is_empty() {
+                format!("would interrupt none (no running script is older than server.drain_s, {drain_s} s)")
+            } else {
+                format!(
+                    "would interrupt {} running for more than server.drain_s ({drain_s} s): {}",
+                    ids.len(),
+                    ids.join(", ")
+                )
+            };
+            let json = serde_json::json!({"drain_s": drain_s,
+                "would_interrupt": cut.iter().map(|s| &s.status.script_id).collect::<Vec<_>>()});
+            (text, json)
+        }
+        Err(e) => (
+            format!("cannot list running scripts: {}", e.message),
+            Value::Null,
+        ),
+    };
+    let (store, store_json) = match ctx.reader().and_then(|r| {
+        r.stats(crate::time::now_ms())
+            .map_err(|e| Failure::setup(e.to_string()))
+    }) {
+        Ok(st) => (
+            format!(
+                "{}, {} scripts since {}, {:.1} a day over the last {} days (scriptgate audit --stats)",
+                bytes(Some(st.file_bytes)),
+                st.scripts,
+                st.oldest_ms.map_or("-".into(), rfc3339),
+                st.mean_per_day(),
+                st.per_day.len().saturating_sub(1)
+            ),
+            serde_json::to_value(&st).unwrap_or(Value::Null),
+        ),
+        Err(e) => (format!("cannot read: {}", e.message), Value::Null),
+    };
+    let rows = vec![vec!["store".into(), store], vec!["restart".into(), restart]];
+    (
+        rows,
+        serde_json::json!({"store": store_json, "restart": restart_json}),
+    )
+}
+
 /// `scriptgate audit --refusals --connections`: connections refused at the
 /// socket, a row per minute, uid and reason, newest first.
 pub fn refused_connections(ctx: &Ctx, q: Query, json_out: bool) -> Result<String, Failure> {
@@ -1421,6 +1540,28 @@ pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<Stri
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_restart_would_interrupt_the_scripts_older_than_drain_s_oldest_first() {
+        let listed = |id: &str, age_ms: u64| -> ListedScript {
+            serde_json::from_value(serde_json::json!({
+                "script_id": id, "state": "running", "calls": 0, "failures": 0,
+                "elapsed_ms": age_ms, "progress": null, "run_id": "r", "peer_uid": 0,
+                "uid": 65534, "unit": null, "age_ms": age_ms}))
+            .unwrap()
+        };
+        let running = [
+            listed("young", 30_000),
+            listed("old", 31_000),
+            listed("older", 900_000),
+        ];
+        let ids = |cut: Vec<&ListedScript>| -> Vec<String> {
+            cut.iter().map(|s| s.status.script_id.clone()).collect()
+        };
+        assert_eq!(ids(cut_by_restart(&running, 30)), ["older", "old"]);
+        assert!(cut_by_restart(&running, 900).is_empty());
+        assert_eq!(ids(cut_by_restart(&running, 0)).len(), 3);
+    }
 
     #[test]
     fn a_logged_call_cannot_drive_the_terminal() {

@@ -191,6 +191,10 @@ pub struct AuditCmd {
     /// per minute, uid and reason.
     #[arg(long, requires = "refusals")]
     pub connections: bool,
+    /// The audit store's size (its files' bytes, rows, oldest record) and its
+    /// growth (scripts a day over the last 7 days) instead.
+    #[arg(long, conflicts_with = "refusals")]
+    pub stats: bool,
     #[command(flatten)]
     pub a: AdminArgs,
 }

@@ -144,6 +144,9 @@ fn audit_cmd(c: AuditCmd) -> ExitCode {
             engine_uid: c.engine.as_deref().map(admin::uid_of).transpose()?,
             limit: c.limit,
         };
+        if c.stats {
+            return admin::store_stats(ctx, c.a.json);
+        }
         if c.connections {
             return admin::refused_connections(ctx, q, c.a.json);
         }
