@@ -37,6 +37,8 @@ pub struct Vouched {
     pub path: PathBuf,
     pub dev: u64,
     pub ino: u64,
+    /// The engine whose script the daemon recorded in it.
+    pub peer_uid: u32,
     /// The last script start in it the daemon recorded: a workspace is old only
     /// when this and its file system times are (scripts can set those).
     pub last_at_ms: i64,
@@ -271,12 +273,14 @@ fn vouch_workspace(
 }
 
 fn vouched_rows(c: &Connection) -> rusqlite::Result<Vec<Vouched>> {
-    let mut s = c.prepare("SELECT path, dev, ino, last_at FROM workspaces ORDER BY path")?;
+    let mut s =
+        c.prepare("SELECT path, dev, ino, last_at, peer_uid FROM workspaces ORDER BY path")?;
     let rows = s.query_map([], |r| {
         Ok(Vouched {
             path: PathBuf::from(r.get::<_, String>(0)?),
             dev: r.get::<_, i64>(1)? as u64,
             ino: r.get::<_, i64>(2)? as u64,
+            peer_uid: r.get::<_, i64>(4)? as u32,
             last_at_ms: r.get(3)?,
         })
     })?;

@@ -1072,7 +1072,28 @@ fn rows_out(
 /// Each part names its roots.
 /// The text, and the exit status: 1 when a workspace could not be removed, 11
 /// when an administrator who is not root could not have the daemon do it.
-pub fn prune(ctx: &Ctx, dry_run: bool) -> Result<(String, u8), Failure> {
+pub fn prune(
+    ctx: &Ctx,
+    dry_run: bool,
+    as_of_ms: Option<i64>,
+    json_out: bool,
+) -> Result<(String, u8), Failure> {
+    let mut parts = Vec::new();
+    let (text, code) = prune_parts(ctx, dry_run, as_of_ms, &mut parts)?;
+    if json_out {
+        return Ok((pretty(&parts), code));
+    }
+    Ok((text, code))
+}
+
+/// [`prune`]'s parts: the text, the exit status, and each part's answer as
+/// JSON in `parts` (`{"part": "system" | "embedded", "pruned": …}`).
+fn prune_parts(
+    ctx: &Ctx,
+    dry_run: bool,
+    as_of_ms: Option<i64>,
+    parts: &mut Vec<Value>,
+) -> Result<(String, u8), Failure> {
     let (uid, gid) = (
         nix::unistd::getuid().as_raw(),
         nix::unistd::getgid().as_raw(),
@@ -1082,7 +1103,7 @@ pub fn prune(ctx: &Ctx, dry_run: bool) -> Result<(String, u8), Failure> {
     let (mut out, mut code) = (String::new(), exit::OK);
     let mut worst = |c: u8| code = if code == exit::OK { c } else { code };
     if admin {
-        let (text, c) = prune_system(ctx, dry_run, root)?;
+        let (text, c) = prune_system(ctx, (dry_run, as_of_ms), root, parts)?;
         out.push_str(&text);
         worst(c);
     }
@@ -1102,7 +1123,7 @@ pub fn prune(ctx: &Ctx, dry_run: bool) -> Result<(String, u8), Failure> {
     let Some((state, workspaces)) = dirs else {
         return Ok((out, code));
     };
-    match prune_embedded(ctx, dry_run, &state, workspaces)? {
+    match prune_embedded(ctx, (dry_run, as_of_ms), &state, workspaces, parts)? {
         Some((text, c)) => {
             out.push_str(&text);
             worst(c);
@@ -1126,6 +1147,71 @@ pub fn prune(ctx: &Ctx, dry_run: bool) -> Result<(String, u8), Failure> {
     Ok((out, code))
 }
 
+/// A part of `scriptgate prune`: a dry run's listing (a table, escaped), then
+/// what the pass did or would do.
+fn prune_text(p: &Pruned) -> String {
+    let listing = if p.workspaces.is_empty() {
+        String::new()
+    } else {
+        let rows: Vec<Vec<String>> = p.workspaces.iter().map(planned_row).collect();
+        let more = if p.workspaces_more {
+            format!(
+                "(the {} least recently used listed; more are recorded)\n",
+                p.workspaces.len()
+            )
+        } else {
+            String::new()
+        };
+        table(
+            &[
+                "WORKSPACE",
+                "ENGINE",
+                "OWNER",
+                "LAST_USED",
+                "AGE",
+                "SIZE",
+                "WHAT",
+            ],
+            &rows,
+        ) + &more
+    };
+    let as_of = p
+        .as_of_ms
+        .map(|t| format!("as of {} (--as-of; nothing is removed):\n", rfc3339(t)))
+        .unwrap_or_default();
+    as_of + &listing + &crate::daemon::prune::report(p)
+}
+
+/// One workspace of a dry run's listing, as a row.
+fn planned_row(w: &crate::protocol::PlannedWorkspace) -> Vec<String> {
+    let due = rfc3339(w.due_ms);
+    let what = match w.action.as_str() {
+        "remove" => format!("removed at this pass (due since {due})"),
+        "remove_next_pass" => format!(
+            "removed at a later pass ({} of an owner a pass; due since {due})",
+            crate::daemon::prune::MAX_PER_OWNER
+        ),
+        "keep_in_use" => format!("kept: a script runs in it (due {due})"),
+        "keep" => format!("kept until {due}"),
+        other => other.to_string(),
+    };
+    let size = match (w.size_bytes, w.size_partial) {
+        (Some(b), false) => bytes(Some(b)),
+        (Some(b), true) => format!(">={}", bytes(Some(b))),
+        (None, _) => "-".into(),
+    };
+    let uid = |u: Option<u32>| u.map_or("-".into(), |u| uid_name(&Value::from(u)));
+    vec![
+        w.path.display().to_string(),
+        uid(w.engine_uid),
+        uid(w.owner_uid),
+        rfc3339(w.last_used_ms),
+        human_ms(w.age_ms.max(0) as u64),
+        size,
+        what,
+    ]
+}
+
 /// Exit 1 when a workspace could not be removed.
 fn pruned_code(p: &Pruned) -> u8 {
     if p.expired.iter().any(|c| c.error.is_some()) {
@@ -1146,18 +1232,24 @@ fn roots_text(roots: &[PathBuf]) -> String {
 /// The daemon's workspaces (`workspace.roots`): by the daemon (`admin.prune`);
 /// when it does not answer, read here: all of them by root, and by an
 /// administrator only as far as they can see, which is said.
-fn prune_system(ctx: &Ctx, dry_run: bool, root: bool) -> Result<(String, u8), Failure> {
-    use crate::daemon::prune;
+fn prune_system(
+    ctx: &Ctx,
+    (dry_run, as_of_ms): (bool, Option<i64>),
+    root: bool,
+    parts: &mut Vec<Value>,
+) -> Result<(String, u8), Failure> {
     // Read here only when the daemon is not running; a daemon that fails or
     // goes away mid-pass is an error (a second pass beside its own would race it).
-    if let Some(raw) = ctx.call_if_running(Method::AdminPrune, &PruneParams { dry_run })? {
+    let params = PruneParams { dry_run, as_of_ms };
+    if let Some(raw) = ctx.call_if_running(Method::AdminPrune, &params)? {
         let p: Pruned = typed(Method::AdminPrune, raw)?;
+        parts.push(serde_json::json!({"part": "system", "pruned": &p}));
         let head = format!(
             "workspaces under {} (workspace.roots), by the daemon at {}:\n",
             roots_text(&p.roots),
             ctx.socket.display()
         );
-        return Ok((head + &prune::report(&p), pruned_code(&p)));
+        return Ok((head + &prune_text(&p), pruned_code(&p)));
     }
     let ws = &ctx.config.workspace;
     let head = format!(
@@ -1176,9 +1268,15 @@ fn prune_system(ctx: &Ctx, dry_run: bool, root: bool) -> Result<(String, u8), Fa
     // their engines' (the daemon removes them, or root).
     let look_only = dry_run || !root;
     let db = ctx.config.state.dir.join("scriptgate.db");
-    let (p, recorded, warning) =
-        pass_here(&ctx.reader()?, &db, &ws.roots, ws.retain_days, look_only)?;
-    let mut out = head + &prune::report(&p) + &warning;
+    let (p, recorded, warning) = pass_here(
+        &ctx.reader()?,
+        &db,
+        &ws.roots,
+        ws.retain_days,
+        (look_only, as_of_ms),
+    )?;
+    parts.push(serde_json::json!({"part": "system", "pruned": &p}));
+    let mut out = head + &prune_text(&p) + &warning;
     if root {
         return Ok((out, pruned_code(&p)));
     }
@@ -1222,11 +1320,11 @@ fn prune_system(ctx: &Ctx, dry_run: bool, root: bool) -> Result<(String, u8), Fa
 /// configuration's `workspace.retain_days`. None when there is no such store.
 fn prune_embedded(
     ctx: &Ctx,
-    dry_run: bool,
+    (dry_run, as_of_ms): (bool, Option<i64>),
     state: &Path,
     workspaces: PathBuf,
+    parts: &mut Vec<Value>,
 ) -> Result<Option<(String, u8)>, Failure> {
-    use crate::daemon::prune;
     let db = state.join("scriptgate.db");
     if !db.exists() {
         return Ok(None);
@@ -1246,11 +1344,9 @@ fn prune_embedded(
         )));
     }
     let reader = Reader::open(&db).map_err(|e| Failure::setup(e.to_string()))?;
-    let (p, _, warning) = pass_here(&reader, &db, &roots, days, dry_run)?;
-    Ok(Some((
-        head + &prune::report(&p) + &warning,
-        pruned_code(&p),
-    )))
+    let (p, _, warning) = pass_here(&reader, &db, &roots, days, (dry_run, as_of_ms))?;
+    parts.push(serde_json::json!({"part": "embedded", "pruned": &p}));
+    Ok(Some((head + &prune_text(&p) + &warning, pruned_code(&p))))
 }
 
 /// A pass of this process over the workspaces under `roots` recorded in
@@ -1265,24 +1361,17 @@ fn pass_here(
     db: &Path,
     roots: &[PathBuf],
     days: u64,
-    look_only: bool,
+    (look_only, as_of_ms): (bool, Option<i64>),
 ) -> Result<(Pruned, usize, String), Failure> {
     use crate::daemon::prune;
     let store = |e: rusqlite::Error| Failure::setup(e.to_string());
     let busy = reader.running_workspaces().map_err(store)?;
     let vouched = reader.vouched_workspaces().map_err(store)?;
     let in_use = |p: &Path| busy.iter().any(|b| Path::new(b).starts_with(p));
-    let (plan, failed) = if look_only {
-        let now = crate::time::now_ms();
-        (prune::plan(roots, &vouched, days, now, &in_use), vec![])
-    } else {
-        prune::run_pass(roots, &vouched, days, &in_use)
-    };
-    let p = prune::pruned(&plan, &failed, days, look_only, roots);
+    let (p, paths) = prune::pass_or_look(roots, &vouched, days, look_only, as_of_ms, &in_use);
     if look_only {
         return Ok((p, vouched.len(), String::new()));
     }
-    let paths = prune::to_forget(&plan, &failed);
     let warning = match crate::audit::forget_workspaces_at(db, &paths) {
         Ok(()) => String::new(),
         Err(e) => format!(

@@ -158,10 +158,11 @@ fn audit_cmd(c: AuditCmd) -> ExitCode {
 /// (`admin::prune`).
 fn prune_cmd(c: PruneCmd) -> ExitCode {
     let r = admin::Ctx::load(c.socket.clone(), c.config.clone())
-        .and_then(|ctx| admin::prune(&ctx, c.dry_run));
+        .and_then(|ctx| admin::prune(&ctx, c.dry_run, c.as_of, c.json));
+    let form = if c.json { Form::Exact } else { Form::Text };
     match r {
         Ok((out, code)) => {
-            print_out(Form::Text, &out);
+            print_out(form, &out);
             ExitCode::from(code)
         }
         Err(f) => fail("prune", f),

@@ -1087,7 +1087,9 @@ impl Session {
                 rpc::answer_turn().await;
                 to_value(d.calls_page(p).await?)
             }
-            EngineRequest::AdminPrune(p) => to_value(d.prune_workspaces(p.dry_run).await?),
+            EngineRequest::AdminPrune(p) => {
+                to_value(d.prune_workspaces(p.dry_run, p.as_of_ms).await?)
+            }
         }
     }
 }
