@@ -1182,6 +1182,15 @@ fn prune_text(p: &Pruned) -> String {
     as_of + &listing + &crate::daemon::prune::report(p)
 }
 
+/// An age as people read a workspace's: days past one day (`40d 3h`).
+fn age_text(ms: i64) -> String {
+    const DAY: i64 = 86_400_000;
+    match ms.max(0) {
+        ms if ms >= DAY => format!("{}d {}h", ms / DAY, ms % DAY / 3_600_000),
+        ms => human_ms(ms as u64),
+    }
+}
+
 /// One workspace of a dry run's listing, as a row.
 fn planned_row(w: &crate::protocol::PlannedWorkspace) -> Vec<String> {
     let due = rfc3339(w.due_ms);
@@ -1206,7 +1215,7 @@ fn planned_row(w: &crate::protocol::PlannedWorkspace) -> Vec<String> {
         uid(w.engine_uid),
         uid(w.owner_uid),
         rfc3339(w.last_used_ms),
-        human_ms(w.age_ms.max(0) as u64),
+        age_text(w.age_ms),
         size,
         what,
     ]
@@ -1629,6 +1638,13 @@ pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<Stri
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_workspace_age_is_in_days_past_one_day() {
+        assert_eq!(age_text(40 * 86_400_000 + 3 * 3_600_000 + 5), "40d 3h");
+        assert_eq!(age_text(-5), human_ms(0));
+        assert_eq!(age_text(90_000), human_ms(90_000));
+    }
 
     #[test]
     fn a_restart_would_interrupt_the_scripts_older_than_drain_s_oldest_first() {
