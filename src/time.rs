@@ -124,6 +124,28 @@ fn utc_ms(dt: DateTime) -> Result<i64, String> {
         .map_err(|e| e.to_string())
 }
 
+/// `--as-of`: a moment to judge retention at, as a UTC date or date-time
+/// (as `--since` reads them), or a duration ahead of now with a `+` (`+40d`).
+/// A bare duration is refused: back or ahead would be a guess.
+pub fn parse_as_of(v: &str, now_ms: i64) -> Result<i64, String> {
+    if let Some(ahead) = v.strip_prefix('+') {
+        let back = parse_since(ahead, now_ms)
+            .map_err(|e| format!("--as-of {v:?}: {}", e.replace("--since ", "")))?;
+        return Ok(now_ms.saturating_add(now_ms.saturating_sub(back)));
+    }
+    if v.parse::<Span>().is_ok() {
+        return Err(format!(
+            "--as-of {v:?}: a duration needs a sign: +{v} (ahead of now); or give a date (2027-01-31, 2027-01-31T07:00:00Z)"
+        ));
+    }
+    parse_since(v, now_ms).map_err(|e| e.replacen("--since", "--as-of", 1))
+}
+
+/// `--as-of` as a clap `value_parser`: the moment in ms since the epoch.
+pub fn as_of_arg(v: &str) -> Result<i64, String> {
+    parse_as_of(v, SystemClock.now_ms())
+}
+
 /// `--since` as a clap `value_parser`: the bound in ms since the epoch, from now.
 pub fn since_arg(v: &str) -> Result<i64, String> {
     parse_since(v, SystemClock.now_ms())
@@ -139,6 +161,23 @@ mod tests {
         assert_eq!(rfc3339(1_796_000_000_123), "2026-11-30T00:53:20.123Z");
         assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(rfc3339(-1), "1969-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn as_of_is_a_date_or_a_signed_duration_ahead() {
+        let now = 1_796_000_000_000;
+        assert_eq!(parse_as_of("+40d", now).unwrap(), now + 40 * 86_400_000);
+        assert_eq!(parse_as_of("1970-01-02", now).unwrap(), 86_400_000);
+        assert_eq!(
+            parse_as_of("2027-01-31T07:00:00Z", now).unwrap(),
+            1_801_378_800_000
+        );
+        let e = parse_as_of("40d", now).unwrap_err();
+        assert!(e.contains("+40d"), "{e}");
+        assert!(parse_as_of("+-5d", now).is_err());
+        assert!(parse_as_of("2026-02-31", now)
+            .unwrap_err()
+            .starts_with("--as-of"));
     }
 
     #[test]

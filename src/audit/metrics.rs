@@ -189,6 +189,16 @@ fn scripts_and_calls(o: &mut String, s: &Source) {
         "reason",
         s.labelled("refusals"),
     );
+    by_label(
+        o,
+        (
+            "scriptgate_connections_refused_total",
+            "counter",
+            "Connections refused at the socket, by reason (written every 10 s).",
+        ),
+        "reason",
+        s.labelled("connections_refused"),
+    );
 }
 
 /// The script-duration histogram.
@@ -343,6 +353,11 @@ mod tests {
                 ("calls".into(), "".into(), 120.0),
                 ("failures".into(), "".into(), 3.0),
                 ("refusals".into(), "signature".into(), 2.0),
+                (
+                    "connections_refused".into(),
+                    "peer_not_allowed".into(),
+                    3001.0,
+                ),
                 ("duration_bucket".into(), "0.5".into(), 4.0),
                 ("duration_bucket".into(), "+Inf".into(), 6.0),
                 ("duration_sum".into(), "".into(), 12.5),

@@ -3,6 +3,7 @@
 //! write connection; readers use their own connection.
 
 pub(crate) mod checkpoint;
+pub mod connections;
 pub mod journal;
 pub mod live;
 pub(crate) mod metrics;
@@ -14,7 +15,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Mutex};
 
-const SCHEMA_VERSION: i64 = 7;
+const SCHEMA_VERSION: i64 = 8;
 
 /// Upper bounds of the script-duration histogram, in seconds.
 const DURATION_BOUNDS_S: [f64; 11] = [
@@ -36,6 +37,8 @@ pub struct Vouched {
     pub path: PathBuf,
     pub dev: u64,
     pub ino: u64,
+    /// The engine whose script the daemon recorded in it.
+    pub peer_uid: u32,
     /// The last script start in it the daemon recorded: a workspace is old only
     /// when this and its file system times are (scripts can set those).
     pub last_at_ms: i64,
@@ -140,6 +143,15 @@ const MIGRATIONS: &[&str] = &[
         at INTEGER NOT NULL,
         UNIQUE (dev, ino)
      );",
+    // v8: refused connections, counted per minute, uid and reason (one row
+    // each, however many; crate::audit::connections bounds the rows).
+    "CREATE TABLE refused_connections (
+        minute INTEGER NOT NULL,
+        peer_uid INTEGER NOT NULL,
+        reason TEXT NOT NULL,
+        count INTEGER NOT NULL,
+        PRIMARY KEY (minute, peer_uid, reason)
+     );",
 ];
 
 /// The first project quota id the daemon gives a workspace
@@ -158,6 +170,34 @@ fn trim_revocations(c: &Connection, bound: usize) -> rusqlite::Result<usize> {
            WHERE n > ?1)",
         [bound as i64],
     )
+}
+
+/// Add `counted` to `refused_connections` and the counters, keeping at most
+/// `bound` rows (the newest minutes), in one transaction.
+fn refused_connection_rows(
+    c: &mut Connection,
+    counted: &[connections::Counted],
+    bound: usize,
+) -> rusqlite::Result<()> {
+    let tx = c.transaction()?;
+    {
+        let mut s = tx.prepare_cached(
+            "INSERT INTO refused_connections (minute, peer_uid, reason, count) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (minute, peer_uid, reason) DO UPDATE SET count = count + excluded.count",
+        )?;
+        for (minute, uid, reason, n) in counted {
+            s.execute(params![minute, uid, reason, *n as i64])?;
+        }
+    }
+    for (_, _, reason, n) in counted {
+        bump(&tx, "connections_refused", reason, *n as f64)?;
+    }
+    tx.execute(
+        "DELETE FROM refused_connections WHERE rowid IN (
+           SELECT rowid FROM refused_connections ORDER BY minute DESC LIMIT -1 OFFSET ?1)",
+        [bound as i64],
+    )?;
+    tx.commit()
 }
 
 /// Record a revocation of `(scope, run_id)` (again: it becomes the newest of its
@@ -233,12 +273,14 @@ fn vouch_workspace(
 }
 
 fn vouched_rows(c: &Connection) -> rusqlite::Result<Vec<Vouched>> {
-    let mut s = c.prepare("SELECT path, dev, ino, last_at FROM workspaces ORDER BY path")?;
+    let mut s =
+        c.prepare("SELECT path, dev, ino, last_at, peer_uid FROM workspaces ORDER BY path")?;
     let rows = s.query_map([], |r| {
         Ok(Vouched {
             path: PathBuf::from(r.get::<_, String>(0)?),
             dev: r.get::<_, i64>(1)? as u64,
             ino: r.get::<_, i64>(2)? as u64,
+            peer_uid: r.get::<_, i64>(4)? as u32,
             last_at_ms: r.get(3)?,
         })
     })?;
@@ -792,6 +834,23 @@ impl Store {
         .await
     }
 
+    /// Refused connections counted since the last write: each (minute, uid,
+    /// reason) one row, its count added to; the connections-refused counters
+    /// by reason; then the oldest minutes past
+    /// [`connections::MAX_ROWS`] dropped.
+    pub async fn refused_connections(
+        &self,
+        counted: Vec<connections::Counted>,
+    ) -> Result<(), StoreError> {
+        if counted.is_empty() {
+            return Ok(());
+        }
+        self.write("count refused connections", move |c| {
+            refused_connection_rows(c, &counted, connections::MAX_ROWS)
+        })
+        .await
+    }
+
     /// Record a revocation; past `policy::runs::REVOCATIONS_PER_SCOPE` of
     /// its scope, the oldest of that scope is deleted. The write is queued at
     /// once (the caller queues it under the lock of its in-memory set, so that
@@ -882,6 +941,7 @@ impl Store {
         self.write("prune", move |c| {
             let s = c.execute("DELETE FROM scripts WHERE status != 'running' AND ended_at IS NOT NULL AND ended_at < ?1", [cutoff])?;
             let r = c.execute("DELETE FROM refusals WHERE at < ?1", [cutoff])?;
+            c.execute("DELETE FROM refused_connections WHERE minute < ?1", [cutoff])?;
             Ok((s, r))
         })
         .await
@@ -1267,6 +1327,111 @@ impl Reader {
                 "at": r.get::<_, i64>(0)?, "run_id": r.get::<_, Option<String>>(1)?, "runner": r.get::<_, Option<String>>(2)?,
                 "peer_uid": r.get::<_, Option<i64>>(3)?, "peer_pid": r.get::<_, Option<i64>>(4)?, "code": r.get::<_, i64>(5)?,
                 "reason": r.get::<_, Option<String>>(6)?, "message": r.get::<_, String>(7)?,
+            }))
+        })?;
+        rows.collect()
+    }
+}
+
+/// How big the audit store is and how fast it grows (`scriptgate audit
+/// --stats`, `scriptgate status`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StoreStats {
+    pub path: PathBuf,
+    /// The database file, its write-ahead log and its shared-memory index.
+    pub file_bytes: u64,
+    pub scripts: u64,
+    pub refusals: u64,
+    pub refused_connection_rows: u64,
+    /// The oldest script or refusal kept (ms), if any.
+    pub oldest_ms: Option<i64>,
+    /// Scripts started on each of the last [`STATS_DAYS`] days (UTC), oldest
+    /// first: `(the day's start in ms, scripts)`; today is the last, so far.
+    pub per_day: Vec<(i64, u64)>,
+}
+
+/// How many days `StoreStats::per_day` covers.
+pub const STATS_DAYS: i64 = 7;
+
+impl StoreStats {
+    /// Scripts a day over the whole days of `per_day` (today left out).
+    pub fn mean_per_day(&self) -> f64 {
+        let whole = &self.per_day[..self.per_day.len().saturating_sub(1)];
+        if whole.is_empty() {
+            return 0.0;
+        }
+        whole.iter().map(|(_, n)| *n as f64).sum::<f64>() / whole.len() as f64
+    }
+}
+
+impl Reader {
+    /// The store's size and growth, as of `now_ms`.
+    pub fn stats(&self, now_ms: i64) -> rusqlite::Result<StoreStats> {
+        let count = |table: &str| -> u64 {
+            self.c
+                .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .map_or(0, |n| n as u64)
+        };
+        let oldest = self.c.query_row(
+            "SELECT min(t) FROM (SELECT min(started_at) AS t FROM scripts
+                                 UNION ALL SELECT min(at) FROM refusals)",
+            [],
+            |r| r.get::<_, Option<i64>>(0),
+        )?;
+        let today = now_ms - now_ms.rem_euclid(86_400_000);
+        let first = today - (STATS_DAYS - 1) * 86_400_000;
+        let mut s = self.c.prepare(
+            "SELECT (started_at - ?1) / 86400000, count(*) FROM scripts
+             WHERE started_at >= ?1 GROUP BY 1",
+        )?;
+        let mut per_day: Vec<(i64, u64)> = (0..STATS_DAYS)
+            .map(|d| (first + d * 86_400_000, 0))
+            .collect();
+        let rows = s.query_map([first], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
+        for row in rows {
+            let (day, n) = row?;
+            if let Some(slot) = usize::try_from(day).ok().and_then(|d| per_day.get_mut(d)) {
+                slot.1 += n as u64;
+            }
+        }
+        let file_bytes = ["", "-wal", "-shm"]
+            .iter()
+            .filter_map(|suffix| {
+                let mut p = self.path.clone().into_os_string();
+                p.push(suffix);
+                std::fs::metadata(p).ok().map(|m| m.len())
+            })
+            .sum();
+        Ok(StoreStats {
+            path: self.path.clone(),
+            file_bytes,
+            scripts: count("scripts"),
+            refusals: count("refusals"),
+            refused_connection_rows: count("refused_connections"),
+            oldest_ms: oldest,
+            per_day,
+        })
+    }
+
+    /// Refused connections per minute, uid and reason, newest first: `minute`
+    /// (ms), `peer_uid`, `reason`, `count`. A store of before v8 (the daemon
+    /// not restarted since the upgrade) has none.
+    pub fn refused_connections(&self, q: &Query) -> rusqlite::Result<Vec<Value>> {
+        let Ok(mut s) = self.c.prepare(
+            "SELECT minute, peer_uid, reason, count FROM refused_connections
+             WHERE minute >= ?1 - 59999 AND (?3 IS NULL OR peer_uid = ?3)
+             ORDER BY minute DESC, peer_uid, reason LIMIT ?2",
+        ) else {
+            return Ok(vec![]);
+        };
+        let peer = q.engine_uid.or(q.uid).map(i64::from);
+        let since = q.since_ms.unwrap_or(0);
+        let rows = s.query_map(params![since, q.limit.max(1) as i64, peer], |r| {
+            Ok(serde_json::json!({
+                "minute": r.get::<_, i64>(0)?, "peer_uid": r.get::<_, i64>(1)?,
+                "reason": r.get::<_, String>(2)?, "count": r.get::<_, i64>(3)?,
             }))
         })?;
         rows.collect()
@@ -1701,7 +1866,7 @@ mod tests {
                      ALTER TABLE scripts DROP COLUMN scope;
                      ALTER TABLE scripts DROP COLUMN trace_id;
                      ALTER TABLE scripts DROP COLUMN seen_at;
-                     DROP TABLE projects;
+                     DROP TABLE projects; DROP TABLE refused_connections;
                      CREATE TABLE revoked_runs (run_id TEXT PRIMARY KEY, at INTEGER NOT NULL);
                      PRAGMA user_version = 1;",
                 )
@@ -1848,6 +2013,115 @@ mod tests {
         forget_workspaces_at(&none, &[]).unwrap();
     }
 
+    /// The store's size and growth: its rows, the oldest, scripts per day of
+    /// the last seven (a script of eight days ago is not in them), the files'
+    /// bytes.
+    #[tokio::test]
+    async fn stats_say_the_size_and_the_scripts_per_day() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.db");
+        let (s, _) = Store::open(&p, None).unwrap();
+        let day = 86_400_000_i64;
+        let now = 100 * day + 3_600_000; // 01:00 of day 100
+        let started = [now - 8 * day, now - 6 * day, now - 6 * day, now - day, now];
+        s.write("rows", move |c| {
+            for (i, at) in started.iter().enumerate() {
+                c.execute(
+                    "INSERT INTO scripts (script_id, run_id, code, approval, workspace, backend,
+                       started_at, status, details_dir) VALUES (?1, 'r', '', 'auto', '/w', 'rlimit', ?2, 'ok', '/d')",
+                    params![format!("s{i}"), at],
+                )?;
+            }
+            c.execute(
+                "INSERT INTO refusals (at, code, message) VALUES (?1, -32001, 'no')",
+                [now - 9 * day],
+            )
+        })
+        .await
+        .unwrap();
+        let st = Reader::open(&p).unwrap().stats(now).unwrap();
+        assert_eq!(
+            (st.scripts, st.refusals, st.refused_connection_rows),
+            (5, 1, 0)
+        );
+        assert_eq!(
+            st.oldest_ms,
+            Some(now - 9 * day),
+            "the refusal is the oldest"
+        );
+        assert_eq!(
+            st.per_day,
+            vec![
+                (94 * day, 2),
+                (95 * day, 0),
+                (96 * day, 0),
+                (97 * day, 0),
+                (98 * day, 0),
+                (99 * day, 1),
+                (100 * day, 1)
+            ]
+        );
+        assert_eq!(st.mean_per_day(), 0.5, "3 scripts in the 6 whole days");
+        let on_disk = std::fs::metadata(&p).unwrap().len();
+        assert!(st.file_bytes >= on_disk && on_disk > 0, "{st:?}");
+    }
+
+    /// A flood of refused connections is one row per minute, uid and reason,
+    /// its count added to; the table keeps the newest minutes within its
+    /// bound; the counters add up; the reader shows them newest first.
+    #[tokio::test]
+    async fn refused_connections_are_one_row_a_minute_and_the_table_is_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.db");
+        let (s, _) = Store::open(&p, None).unwrap();
+        for _ in 0..50 {
+            s.refused_connections(vec![(60_000, 40001, "peer_not_allowed", 100)])
+                .await
+                .unwrap();
+        }
+        let rows = |s: &Store| {
+            s.read("count", |c| {
+                c.query_row(
+                    "SELECT count(*), sum(count) FROM refused_connections",
+                    [],
+                    |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+                )
+            })
+            .unwrap()
+        };
+        assert_eq!(rows(&s), (1, 5000));
+        // Past the bound: the oldest minutes go.
+        s.write("past the bound", |c| {
+            let counted: Vec<_> = (0..30)
+                .map(|m| (120_000 + m * 60_000, 7, "too_many_connections", 1))
+                .collect();
+            refused_connection_rows(c, &counted, 10)
+        })
+        .await
+        .unwrap();
+        let (n, _) = rows(&s);
+        assert_eq!(n, 10);
+        let r = Reader::open(&p).unwrap();
+        let q = Query {
+            limit: 100,
+            ..Default::default()
+        };
+        let got = r.refused_connections(&q).unwrap();
+        assert_eq!(got.len(), 10);
+        assert_eq!(got[0]["minute"], 120_000 + 29 * 60_000, "newest first");
+        assert_eq!(got[9]["minute"], 120_000 + 20 * 60_000, "the oldest kept");
+        let metric: f64 = s
+            .read("metric", |c| {
+                c.query_row(
+                    "SELECT value FROM metrics WHERE name = 'connections_refused' AND label = 'peer_not_allowed'",
+                    [],
+                    |r| r.get(0),
+                )
+            })
+            .unwrap();
+        assert_eq!(metric, 5000.0, "the counter is not bounded with the rows");
+    }
+
     /// Revocations keep at most the bound of each scope, the newest; another
     /// scope's are untouched; a store of before v4 is trimmed when it migrates.
     #[tokio::test]
@@ -1891,7 +2165,7 @@ mod tests {
             tx.execute_batch(
                 "DROP INDEX revocations_scope; ALTER TABLE scripts DROP COLUMN trace_id;
                  ALTER TABLE scripts DROP COLUMN seen_at;
-                 DROP TABLE projects;
+                 DROP TABLE projects; DROP TABLE refused_connections;
                  PRAGMA user_version = 3;",
             )?;
             tx.commit()

@@ -20,8 +20,8 @@ use crate::config::{Config, DEFAULT_PATH};
 use crate::protocol::rpc::BoxFuture;
 use crate::protocol::rpc::{self, Bounds, CallError};
 use crate::protocol::{
-    AdminList, CallsPage, CallsParams, DaemonInfo, Method, PruneParams, Pruned, Resources,
-    RpcError, ScriptRef, ScriptState,
+    AdminList, CallsPage, CallsParams, DaemonInfo, ListedScript, Method, PruneParams, Pruned,
+    Resources, RpcError, ScriptRef, ScriptState,
 };
 use crate::time::{human_ms, rfc3339};
 use serde::Serialize;
@@ -340,12 +340,17 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
             state: &'a str,
             why: &'a [&'a str],
             daemon: &'a Value,
+            store: &'a Value,
+            restart: &'a Value,
         }
+        let (_, extras) = status_extras(ctx);
         let out = pretty(&Out {
             socket: &ctx.socket,
             state: state.word,
             why: &state.why,
             daemon: &raw,
+            store: &extras["store"],
+            restart: &extras["restart"],
         });
         return Ok((out, state.code));
     }
@@ -402,6 +407,7 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
     if let Some(d) = &info.disk {
         rows.push(vec!["disk".into(), crate::daemon::disk::summary(d)]);
     }
+    rows.extend(status_extras(ctx).0);
     Ok((pairs(&rows), state.code))
 }
 
@@ -1066,7 +1072,28 @@ fn rows_out(
 /// Each part names its roots.
 /// The text, and the exit status: 1 when a workspace could not be removed, 11
 /// when an administrator who is not root could not have the daemon do it.
-pub fn prune(ctx: &Ctx, dry_run: bool) -> Result<(String, u8), Failure> {
+pub fn prune(
+    ctx: &Ctx,
+    dry_run: bool,
+    as_of_ms: Option<i64>,
+    json_out: bool,
+) -> Result<(String, u8), Failure> {
+    let mut parts = Vec::new();
+    let (text, code) = prune_parts(ctx, dry_run, as_of_ms, &mut parts)?;
+    if json_out {
+        return Ok((pretty(&parts), code));
+    }
+    Ok((text, code))
+}
+
+/// [`prune`]'s parts: the text, the exit status, and each part's answer as
+/// JSON in `parts` (`{"part": "system" | "embedded", "pruned": …}`).
+fn prune_parts(
+    ctx: &Ctx,
+    dry_run: bool,
+    as_of_ms: Option<i64>,
+    parts: &mut Vec<Value>,
+) -> Result<(String, u8), Failure> {
     let (uid, gid) = (
         nix::unistd::getuid().as_raw(),
         nix::unistd::getgid().as_raw(),
@@ -1076,7 +1103,7 @@ pub fn prune(ctx: &Ctx, dry_run: bool) -> Result<(String, u8), Failure> {
     let (mut out, mut code) = (String::new(), exit::OK);
     let mut worst = |c: u8| code = if code == exit::OK { c } else { code };
     if admin {
-        let (text, c) = prune_system(ctx, dry_run, root)?;
+        let (text, c) = prune_system(ctx, (dry_run, as_of_ms), root, parts)?;
         out.push_str(&text);
         worst(c);
     }
@@ -1096,7 +1123,7 @@ pub fn prune(ctx: &Ctx, dry_run: bool) -> Result<(String, u8), Failure> {
     let Some((state, workspaces)) = dirs else {
         return Ok((out, code));
     };
-    match prune_embedded(ctx, dry_run, &state, workspaces)? {
+    match prune_embedded(ctx, (dry_run, as_of_ms), &state, workspaces, parts)? {
         Some((text, c)) => {
             out.push_str(&text);
             worst(c);
@@ -1120,6 +1147,80 @@ pub fn prune(ctx: &Ctx, dry_run: bool) -> Result<(String, u8), Failure> {
     Ok((out, code))
 }
 
+/// A part of `scriptgate prune`: a dry run's listing (a table, escaped), then
+/// what the pass did or would do.
+fn prune_text(p: &Pruned) -> String {
+    let listing = if p.workspaces.is_empty() {
+        String::new()
+    } else {
+        let rows: Vec<Vec<String>> = p.workspaces.iter().map(planned_row).collect();
+        let more = if p.workspaces_more {
+            format!(
+                "(the {} least recently used listed; more are recorded)\n",
+                p.workspaces.len()
+            )
+        } else {
+            String::new()
+        };
+        table(
+            &[
+                "WORKSPACE",
+                "ENGINE",
+                "OWNER",
+                "LAST_USED",
+                "AGE",
+                "SIZE",
+                "WHAT",
+            ],
+            &rows,
+        ) + &more
+    };
+    let as_of = p
+        .as_of_ms
+        .map(|t| format!("as of {} (--as-of; nothing is removed):\n", rfc3339(t)))
+        .unwrap_or_default();
+    as_of + &listing + &crate::daemon::prune::report(p)
+}
+
+/// An age as people read a workspace's: days past one day (`40d 3h`).
+fn age_text(ms: i64) -> String {
+    const DAY: i64 = 86_400_000;
+    match ms.max(0) {
+        ms if ms >= DAY => format!("{}d {}h", ms / DAY, ms % DAY / 3_600_000),
+        ms => human_ms(ms as u64),
+    }
+}
+
+/// One workspace of a dry run's listing, as a row.
+fn planned_row(w: &crate::protocol::PlannedWorkspace) -> Vec<String> {
+    let due = rfc3339(w.due_ms);
+    let what = match w.action.as_str() {
+        "remove" => format!("removed at this pass (due since {due})"),
+        "remove_next_pass" => format!(
+            "removed at a later pass ({} of an owner a pass; due since {due})",
+            crate::daemon::prune::MAX_PER_OWNER
+        ),
+        "keep_in_use" => format!("kept: a script runs in it (due {due})"),
+        "keep" => format!("kept until {due}"),
+        other => other.to_string(),
+    };
+    let size = match (w.size_bytes, w.size_partial) {
+        (Some(b), false) => bytes(Some(b)),
+        (Some(b), true) => format!(">={}", bytes(Some(b))),
+        (None, _) => "-".into(),
+    };
+    let uid = |u: Option<u32>| u.map_or("-".into(), |u| uid_name(&Value::from(u)));
+    vec![
+        w.path.display().to_string(),
+        uid(w.engine_uid),
+        uid(w.owner_uid),
+        rfc3339(w.last_used_ms),
+        age_text(w.age_ms),
+        size,
+        what,
+    ]
+}
+
 /// Exit 1 when a workspace could not be removed.
 fn pruned_code(p: &Pruned) -> u8 {
     if p.expired.iter().any(|c| c.error.is_some()) {
@@ -1140,18 +1241,24 @@ fn roots_text(roots: &[PathBuf]) -> String {
 /// The daemon's workspaces (`workspace.roots`): by the daemon (`admin.prune`);
 /// when it does not answer, read here: all of them by root, and by an
 /// administrator only as far as they can see, which is said.
-fn prune_system(ctx: &Ctx, dry_run: bool, root: bool) -> Result<(String, u8), Failure> {
-    use crate::daemon::prune;
+fn prune_system(
+    ctx: &Ctx,
+    (dry_run, as_of_ms): (bool, Option<i64>),
+    root: bool,
+    parts: &mut Vec<Value>,
+) -> Result<(String, u8), Failure> {
     // Read here only when the daemon is not running; a daemon that fails or
     // goes away mid-pass is an error (a second pass beside its own would race it).
-    if let Some(raw) = ctx.call_if_running(Method::AdminPrune, &PruneParams { dry_run })? {
+    let params = PruneParams { dry_run, as_of_ms };
+    if let Some(raw) = ctx.call_if_running(Method::AdminPrune, &params)? {
         let p: Pruned = typed(Method::AdminPrune, raw)?;
+        parts.push(serde_json::json!({"part": "system", "pruned": &p}));
         let head = format!(
             "workspaces under {} (workspace.roots), by the daemon at {}:\n",
             roots_text(&p.roots),
             ctx.socket.display()
         );
-        return Ok((head + &prune::report(&p), pruned_code(&p)));
+        return Ok((head + &prune_text(&p), pruned_code(&p)));
     }
     let ws = &ctx.config.workspace;
     let head = format!(
@@ -1170,9 +1277,15 @@ fn prune_system(ctx: &Ctx, dry_run: bool, root: bool) -> Result<(String, u8), Fa
     // their engines' (the daemon removes them, or root).
     let look_only = dry_run || !root;
     let db = ctx.config.state.dir.join("scriptgate.db");
-    let (p, recorded, warning) =
-        pass_here(&ctx.reader()?, &db, &ws.roots, ws.retain_days, look_only)?;
-    let mut out = head + &prune::report(&p) + &warning;
+    let (p, recorded, warning) = pass_here(
+        &ctx.reader()?,
+        &db,
+        &ws.roots,
+        ws.retain_days,
+        (look_only, as_of_ms),
+    )?;
+    parts.push(serde_json::json!({"part": "system", "pruned": &p}));
+    let mut out = head + &prune_text(&p) + &warning;
     if root {
         return Ok((out, pruned_code(&p)));
     }
@@ -1216,11 +1329,11 @@ fn prune_system(ctx: &Ctx, dry_run: bool, root: bool) -> Result<(String, u8), Fa
 /// configuration's `workspace.retain_days`. None when there is no such store.
 fn prune_embedded(
     ctx: &Ctx,
-    dry_run: bool,
+    (dry_run, as_of_ms): (bool, Option<i64>),
     state: &Path,
     workspaces: PathBuf,
+    parts: &mut Vec<Value>,
 ) -> Result<Option<(String, u8)>, Failure> {
-    use crate::daemon::prune;
     let db = state.join("scriptgate.db");
     if !db.exists() {
         return Ok(None);
@@ -1240,11 +1353,9 @@ fn prune_embedded(
         )));
     }
     let reader = Reader::open(&db).map_err(|e| Failure::setup(e.to_string()))?;
-    let (p, _, warning) = pass_here(&reader, &db, &roots, days, dry_run)?;
-    Ok(Some((
-        head + &prune::report(&p) + &warning,
-        pruned_code(&p),
-    )))
+    let (p, _, warning) = pass_here(&reader, &db, &roots, days, (dry_run, as_of_ms))?;
+    parts.push(serde_json::json!({"part": "embedded", "pruned": &p}));
+    Ok(Some((head + &prune_text(&p) + &warning, pruned_code(&p))))
 }
 
 /// A pass of this process over the workspaces under `roots` recorded in
@@ -1259,24 +1370,17 @@ fn pass_here(
     db: &Path,
     roots: &[PathBuf],
     days: u64,
-    look_only: bool,
+    (look_only, as_of_ms): (bool, Option<i64>),
 ) -> Result<(Pruned, usize, String), Failure> {
     use crate::daemon::prune;
     let store = |e: rusqlite::Error| Failure::setup(e.to_string());
     let busy = reader.running_workspaces().map_err(store)?;
     let vouched = reader.vouched_workspaces().map_err(store)?;
     let in_use = |p: &Path| busy.iter().any(|b| Path::new(b).starts_with(p));
-    let (plan, failed) = if look_only {
-        let now = crate::time::now_ms();
-        (prune::plan(roots, &vouched, days, now, &in_use), vec![])
-    } else {
-        prune::run_pass(roots, &vouched, days, &in_use)
-    };
-    let p = prune::pruned(&plan, &failed, days, look_only, roots);
+    let (p, paths) = prune::pass_or_look(roots, &vouched, days, look_only, as_of_ms, &in_use);
     if look_only {
         return Ok((p, vouched.len(), String::new()));
     }
-    let paths = prune::to_forget(&plan, &failed);
     let warning = match crate::audit::forget_workspaces_at(db, &paths) {
         Ok(()) => String::new(),
         Err(e) => format!(
@@ -1333,6 +1437,141 @@ fn uid_name(v: &Value) -> String {
         Ok(Some(u)) => format!("{uid} ({})", u.name),
         _ => uid.to_string(),
     }
+}
+
+/// `scriptgate audit --stats`: the audit store's size and growth.
+pub fn store_stats(ctx: &Ctx, json_out: bool) -> Result<String, Failure> {
+    let st = ctx
+        .reader()?
+        .stats(crate::time::now_ms())
+        .map_err(|e| Failure::setup(e.to_string()))?;
+    if json_out {
+        return Ok(pretty(&st));
+    }
+    let days: Vec<String> = st
+        .per_day
+        .iter()
+        .map(|(day, n)| format!("{} {n}", &rfc3339(*day)[..10]))
+        .collect();
+    Ok(pairs(&[
+        vec!["store".into(), st.path.display().to_string()],
+        vec!["size".into(), store_size(&st)],
+        vec![
+            "rows".into(),
+            format!(
+                "{} scripts, {} refusals, {} refused-connection rows",
+                st.scripts, st.refusals, st.refused_connection_rows
+            ),
+        ],
+        vec!["oldest".into(), st.oldest_ms.map_or("-".into(), rfc3339)],
+        vec!["scripts a day".into(), days.join(", ")],
+        vec![
+            "growth".into(),
+            format!(
+                "{:.1} scripts a day (mean of the last {} whole days)",
+                st.mean_per_day(),
+                st.per_day.len().saturating_sub(1)
+            ),
+        ],
+    ]))
+}
+
+/// A store's size in a few words: its files' bytes and rows, since when.
+fn store_size(st: &crate::audit::StoreStats) -> String {
+    format!(
+        "{} ({} bytes: the database, its write-ahead log and index)",
+        bytes(Some(st.file_bytes)),
+        st.file_bytes
+    )
+}
+
+/// The running scripts a restart now would interrupt: those already older
+/// than `server.drain_s` (a restart gives each `drain_s` more to end), oldest
+/// first.
+fn cut_by_restart(scripts: &[ListedScript], drain_s: u64) -> Vec<&ListedScript> {
+    let mut cut: Vec<&ListedScript> = scripts
+        .iter()
+        .filter(|s| s.age_ms > drain_s.saturating_mul(1000))
+        .collect();
+    cut.sort_by_key(|s| std::cmp::Reverse(s.age_ms));
+    cut
+}
+
+/// `status`'s rows of the audit store and of a restart, and the same as JSON.
+fn status_extras(ctx: &Ctx) -> (Vec<Vec<String>>, Value) {
+    let drain_s = ctx.config.server.drain_s;
+    let listed = ctx
+        .call(Method::AdminList, &NoParams {})
+        .and_then(|raw| typed::<AdminList>(Method::AdminList, raw));
+    let (restart, restart_json) = match &listed {
+        Ok(list) => {
+            let cut = cut_by_restart(&list.scripts, drain_s);
+            let ids: Vec<String> = cut
+                .iter()
+                .map(|s| format!("{} (running {})", s.status.script_id, human_ms(s.age_ms)))
+                .collect();
+            let text = if ids.is_empty() {
+                format!("would interrupt none (no running script is older than server.drain_s, {drain_s} s)")
+            } else {
+                format!(
+                    "would interrupt {} running for more than server.drain_s ({drain_s} s): {}",
+                    ids.len(),
+                    ids.join(", ")
+                )
+            };
+            let json = serde_json::json!({"drain_s": drain_s,
+                "would_interrupt": cut.iter().map(|s| &s.status.script_id).collect::<Vec<_>>()});
+            (text, json)
+        }
+        Err(e) => (
+            format!("cannot list running scripts: {}", e.message),
+            Value::Null,
+        ),
+    };
+    let (store, store_json) = match ctx.reader().and_then(|r| {
+        r.stats(crate::time::now_ms())
+            .map_err(|e| Failure::setup(e.to_string()))
+    }) {
+        Ok(st) => (
+            format!(
+                "{}, {} scripts since {}, {:.1} a day over the last {} days (scriptgate audit --stats)",
+                bytes(Some(st.file_bytes)),
+                st.scripts,
+                st.oldest_ms.map_or("-".into(), rfc3339),
+                st.mean_per_day(),
+                st.per_day.len().saturating_sub(1)
+            ),
+            serde_json::to_value(&st).unwrap_or(Value::Null),
+        ),
+        Err(e) => (format!("cannot read: {}", e.message), Value::Null),
+    };
+    let rows = vec![vec!["store".into(), store], vec!["restart".into(), restart]];
+    (
+        rows,
+        serde_json::json!({"store": store_json, "restart": restart_json}),
+    )
+}
+
+/// `scriptgate audit --refusals --connections`: connections refused at the
+/// socket, a row per minute, uid and reason, newest first.
+pub fn refused_connections(ctx: &Ctx, q: Query, json_out: bool) -> Result<String, Failure> {
+    let rows = ctx
+        .reader()?
+        .refused_connections(&q)
+        .map_err(|e| Failure::setup(e.to_string()))?;
+    Ok(rows_out(
+        &rows,
+        json_out,
+        &["MINUTE", "PEER_UID", "REASON", "COUNT"],
+        |r| {
+            vec![
+                rfc3339(r["minute"].as_i64().unwrap_or(0)),
+                uid_name(&r["peer_uid"]),
+                s(&r["reason"]),
+                s(&r["count"]),
+            ]
+        },
+    ))
 }
 
 pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<String, Failure> {
@@ -1399,6 +1638,35 @@ pub fn audit(ctx: &Ctx, q: Query, refusals: bool, json_out: bool) -> Result<Stri
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_workspace_age_is_in_days_past_one_day() {
+        assert_eq!(age_text(40 * 86_400_000 + 3 * 3_600_000 + 5), "40d 3h");
+        assert_eq!(age_text(-5), human_ms(0));
+        assert_eq!(age_text(90_000), human_ms(90_000));
+    }
+
+    #[test]
+    fn a_restart_would_interrupt_the_scripts_older_than_drain_s_oldest_first() {
+        let listed = |id: &str, age_ms: u64| -> ListedScript {
+            serde_json::from_value(serde_json::json!({
+                "script_id": id, "state": "running", "calls": 0, "failures": 0,
+                "elapsed_ms": age_ms, "progress": null, "run_id": "r", "peer_uid": 0,
+                "uid": 65534, "unit": null, "age_ms": age_ms}))
+            .unwrap()
+        };
+        let running = [
+            listed("young", 30_000),
+            listed("old", 31_000),
+            listed("older", 900_000),
+        ];
+        let ids = |cut: Vec<&ListedScript>| -> Vec<String> {
+            cut.iter().map(|s| s.status.script_id.clone()).collect()
+        };
+        assert_eq!(ids(cut_by_restart(&running, 30)), ["older", "old"]);
+        assert!(cut_by_restart(&running, 900).is_empty());
+        assert_eq!(ids(cut_by_restart(&running, 0)).len(), 3);
+    }
 
     #[test]
     fn a_logged_call_cannot_drive_the_terminal() {

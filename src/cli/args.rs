@@ -101,9 +101,17 @@ pub enum Cmd {
 
 #[derive(Args, Debug)]
 pub struct PruneCmd {
-    /// Only show what would be removed.
+    /// Only show what would be removed: every recorded workspace with its
+    /// engine, owner, last use, age, size and what will happen to it and when.
     #[arg(long)]
     pub dry_run: bool,
+    /// With --dry-run: judge retention as of DATE (2027-01-31,
+    /// 2027-01-31T07:00:00Z) or a duration ahead (+40d) instead of now.
+    #[arg(long, value_name = "DATE", requires = "dry_run", value_parser = crate::time::as_of_arg)]
+    pub as_of: Option<i64>,
+    /// The answers as JSON (exact): [{"part": "system" | "embedded", "pruned": …}].
+    #[arg(long)]
+    pub json: bool,
     /// The daemon's socket (an administrator who is not root prunes through it).
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
@@ -187,6 +195,14 @@ pub struct AuditCmd {
     /// Refused starts instead of scripts.
     #[arg(long)]
     pub refusals: bool,
+    /// With --refusals: the connections refused at the socket instead, counted
+    /// per minute, uid and reason.
+    #[arg(long, requires = "refusals")]
+    pub connections: bool,
+    /// The audit store's size (its files' bytes, rows, oldest record) and its
+    /// growth (scripts a day over the last 7 days) instead.
+    #[arg(long, conflicts_with = "refusals")]
+    pub stats: bool,
     #[command(flatten)]
     pub a: AdminArgs,
 }

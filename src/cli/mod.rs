@@ -144,6 +144,12 @@ fn audit_cmd(c: AuditCmd) -> ExitCode {
             engine_uid: c.engine.as_deref().map(admin::uid_of).transpose()?,
             limit: c.limit,
         };
+        if c.stats {
+            return admin::store_stats(ctx, c.a.json);
+        }
+        if c.connections {
+            return admin::refused_connections(ctx, q, c.a.json);
+        }
         admin::audit(ctx, q, c.refusals, c.a.json)
     })
 }
@@ -152,10 +158,11 @@ fn audit_cmd(c: AuditCmd) -> ExitCode {
 /// (`admin::prune`).
 fn prune_cmd(c: PruneCmd) -> ExitCode {
     let r = admin::Ctx::load(c.socket.clone(), c.config.clone())
-        .and_then(|ctx| admin::prune(&ctx, c.dry_run));
+        .and_then(|ctx| admin::prune(&ctx, c.dry_run, c.as_of, c.json));
+    let form = if c.json { Form::Exact } else { Form::Text };
     match r {
         Ok((out, code)) => {
-            print_out(Form::Text, &out);
+            print_out(form, &out);
             ExitCode::from(code)
         }
         Err(f) => fail("prune", f),

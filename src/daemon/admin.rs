@@ -164,7 +164,13 @@ impl Daemon {
     pub async fn prune_workspaces(
         &self,
         dry_run: bool,
+        as_of_ms: Option<i64>,
     ) -> Result<crate::protocol::Pruned, RpcError> {
+        if as_of_ms.is_some() && !dry_run {
+            return Err(RpcError::invalid_params(
+                "as_of_ms is for a dry run only: a pass removes as of now",
+            ));
+        }
         let _one = self.prune_pass.lock().await;
         let ws = &self.cfg.workspace;
         let (days, roots) = (ws.retain_days, ws.roots.clone());
@@ -172,6 +178,7 @@ impl Daemon {
             return Ok(crate::protocol::Pruned {
                 dry_run,
                 roots,
+                as_of_ms,
                 ..Default::default()
             });
         }
@@ -182,24 +189,18 @@ impl Daemon {
             .vouched_workspaces()
             .map_err(|e| RpcError::internal(e.to_string()))?;
         let r = roots.clone();
-        let (plan, failed) = tokio::task::spawn_blocking(move || {
+        let (pruned, forget) = tokio::task::spawn_blocking(move || {
             let in_use = |p: &Path| busy.iter().any(|b| b.starts_with(p));
-            if dry_run {
-                let now = crate::time::now_ms();
-                (prune::plan(&r, &vouched, days, now, &in_use), vec![])
-            } else {
-                prune::run_pass(&r, &vouched, days, &in_use)
-            }
+            prune::pass_or_look(&r, &vouched, days, dry_run, as_of_ms, &in_use)
         })
         .await
         .map_err(|e| RpcError::internal(e.to_string()))?;
         if !dry_run {
-            let forget = prune::to_forget(&plan, &failed);
             if let Err(e) = self.store.forget_workspaces(forget).await {
                 tracing::warn!("workspace retention: {e}");
             }
         }
-        Ok(prune::pruned(&plan, &failed, days, dry_run, &roots))
+        Ok(pruned)
     }
 
     /// At a clean stop or idle exit, after the last row: fold the audit store's

@@ -86,6 +86,8 @@ pub struct Daemon {
     registry: Arc<Registry<Running>>,
     /// Refused starts past a rate are counted, not recorded one by one.
     refusals: Mutex<RefusalLimiter<Reason>>,
+    /// Refused connections counted, not yet written (`audit::connections`).
+    refused_connections: Mutex<crate::audit::connections::Refused>,
     revoked: RevokedRuns,
     changed: tokio::sync::Notify,
     /// Set on SIGTERM: no new script starts (graceful stop, `server.drain_s`).
@@ -170,6 +172,7 @@ impl Daemon {
             settings,
             registry: Registry::new(cfg.server.max_running),
             refusals: Mutex::new(RefusalLimiter::new(crate::daemon::ratelimit::STARTS)),
+            refused_connections: Mutex::default(),
             revoked,
             changed: tokio::sync::Notify::new(),
             stopping: Default::default(),
@@ -198,19 +201,41 @@ impl Daemon {
                 d.flush_refusals().await;
             }
         });
+        self.spawn_checkpoints();
+    }
+
+    /// Running scripts' counts written every checkpoint tick; a write that
+    /// keeps failing (a full state filesystem) is said once, then at most once
+    /// a minute, and its recovery once (`audit::checkpoint::Failing`).
+    fn spawn_checkpoints(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(crate::audit::checkpoint::TICK);
             let mut written = crate::audit::checkpoint::Checkpoint::default();
+            // A full state filesystem fails every tick: said once a minute.
+            let mut failing = crate::audit::checkpoint::Failing::default();
+            use crate::audit::checkpoint::Say;
             loop {
                 tick.tick().await;
                 let Some(d) = weak.upgrade() else { break };
                 let now = d.live_counts();
-                let alive = now.iter().map(|(id, _, _)| id.clone()).collect();
+                let alive: Vec<String> = now.iter().map(|(id, _, _)| id.clone()).collect();
                 let changed = written.changed(now);
-                match d.store.checkpoint_counts(changed.clone(), alive).await {
-                    Ok(()) => written.written(&changed),
-                    Err(e) => tracing::warn!("{e}"),
+                if changed.is_empty() && alive.is_empty() {
+                    continue; // nothing written: neither a failure nor a recovery
+                }
+                let said = match d.store.checkpoint_counts(changed.clone(), alive).await {
+                    Ok(()) => {
+                        written.written(&changed);
+                        failing.succeeded(std::time::Instant::now())
+                    }
+                    Err(e) => Some(failing.failed(std::time::Instant::now(), &e.to_string())),
+                };
+                match said {
+                    Some(Say::Warn(line)) => tracing::warn!("{line}"),
+                    Some(Say::Quiet(line)) => tracing::debug!("{line}"),
+                    Some(Say::Recovered(line)) => tracing::info!("{line}"),
+                    None => {}
                 }
             }
         });

@@ -116,6 +116,10 @@ pub struct Plan {
     pub expired: Vec<Created>,
     /// Recorded, but recent or in use.
     pub kept: usize,
+    /// Those kept, oldest first.
+    pub held: Vec<Created>,
+    /// Due, but past [`MAX_PER_OWNER`] of their owner: the next pass's.
+    pub deferred: Vec<Created>,
     /// A bound was reached: more may be due at the next pass.
     pub more: bool,
     /// Recorded workspaces that are certainly gone (ENOENT in their opened
@@ -346,11 +350,13 @@ pub fn decide(mut found: Vec<Created>, cutoff: i64) -> Plan {
     for c in found {
         if c.last_used_ms >= cutoff || c.in_use {
             plan.kept += 1;
+            plan.held.push(c);
             continue;
         }
         let n = per_owner.entry(c.owner.clone()).or_default();
         if *n >= MAX_PER_OWNER {
             plan.more = true;
+            plan.deferred.push(c);
             continue;
         }
         *n += 1;
@@ -453,6 +459,30 @@ pub fn run_pass(
     (plan, failed)
 }
 
+/// A pass (`dry_run` false: removes, as of now) or a look (a dry run, as of
+/// `as_of_ms` or now, with the listing of every workspace): what
+/// `admin.prune` answers, and what the store is to forget after a pass.
+pub fn pass_or_look(
+    roots: &[PathBuf],
+    vouched: &[Vouched],
+    retain_days: u64,
+    dry_run: bool,
+    as_of_ms: Option<i64>,
+    in_use: &dyn Fn(&Path) -> bool,
+) -> (crate::protocol::Pruned, Vec<PathBuf>) {
+    if !dry_run {
+        let (plan, failed) = run_pass(roots, vouched, retain_days, in_use);
+        let forget = to_forget(&plan, &failed);
+        return (pruned(&plan, &failed, retain_days, false, roots), forget);
+    }
+    let now = as_of_ms.unwrap_or_else(crate::time::now_ms);
+    let plan = plan(roots, vouched, retain_days, now, in_use);
+    let mut p = pruned(&plan, &[], retain_days, true, roots);
+    (p.workspaces, p.workspaces_more) = listing(&plan, vouched, roots, retain_days, now);
+    p.as_of_ms = as_of_ms;
+    (p, vec![])
+}
+
 /// What the store forgets after a pass that removed (not a dry run): the expired
 /// workspaces removed without error, and those certainly gone. The daemon's pass
 /// and `scriptgate prune`'s both forget these; a workspace that could not be
@@ -501,7 +531,109 @@ pub fn pruned(
             .collect(),
         kept: plan.kept,
         more: plan.more,
+        ..Default::default()
     }
+}
+
+/// Workspaces a dry run lists at most (`Pruned::workspaces`), oldest use first.
+pub const MAX_LISTED: usize = 1000;
+/// Directory entries a dry run's sizes look at in all; past it, sizes are
+/// partial (at least).
+pub const MAX_SIZE_ENTRIES: usize = 1_000_000;
+
+/// A dry run's listing: every workspace the pass could look at, oldest use
+/// first, with its engine, owner, last use, age and size as of `now_ms`, and
+/// what will happen to it and when. Sizes are measured here (opened from the
+/// root down, symlinks not followed). The listing, and whether more were left
+/// out.
+pub fn listing(
+    plan: &Plan,
+    vouched: &[Vouched],
+    roots: &[PathBuf],
+    retain_days: u64,
+    now_ms: i64,
+) -> (Vec<crate::protocol::PlannedWorkspace>, bool) {
+    let roots: Vec<PathBuf> = roots
+        .iter()
+        .filter_map(|r| std::fs::canonicalize(r).ok())
+        .collect();
+    let mut all: Vec<(&Created, &str)> = plan
+        .expired
+        .iter()
+        .map(|c| (c, "remove"))
+        .chain(plan.deferred.iter().map(|c| (c, "remove_next_pass")))
+        .chain(
+            plan.held
+                .iter()
+                .map(|c| (c, if c.in_use { "keep_in_use" } else { "keep" })),
+        )
+        .collect();
+    all.sort_by(|a, b| (a.0.last_used_ms, &a.0.path).cmp(&(b.0.last_used_ms, &b.0.path)));
+    let more = all.len() > MAX_LISTED;
+    let mut budget = MAX_SIZE_ENTRIES;
+    let listed = all
+        .into_iter()
+        .take(MAX_LISTED)
+        .map(|(c, action)| {
+            let opened = open_below(&c.path, &roots).ok().map(|(_, fd, _)| fd);
+            let owner_uid = opened
+                .as_ref()
+                .and_then(|fd| fstat(fd).ok())
+                .map(|s| s.st_uid);
+            let (size, partial) = match &opened {
+                Some(fd) => size_of(fd, &mut budget),
+                None => (None, true),
+            };
+            crate::protocol::PlannedWorkspace {
+                path: c.path.clone(),
+                engine_uid: vouched
+                    .iter()
+                    .find(|v| v.path == c.path)
+                    .map(|v| v.peer_uid),
+                owner_uid,
+                last_used_ms: c.last_used_ms,
+                age_ms: now_ms.saturating_sub(c.last_used_ms),
+                size_bytes: size,
+                size_partial: partial,
+                action: action.to_string(),
+                due_ms: c
+                    .last_used_ms
+                    .saturating_add((retain_days as i64).saturating_mul(86_400_000)),
+            }
+        })
+        .collect();
+    (listed, more)
+}
+
+/// The bytes the files below the opened directory hold (allocated blocks),
+/// looking at most at `budget` entries (taken from it) and [`MAX_DEPTH`]
+/// levels; partial when a bound was met or a directory could not be read.
+fn size_of(dir: &OwnedFd, budget: &mut usize) -> (Option<u64>, bool) {
+    fn walk(dir: &OwnedFd, depth: usize, budget: &mut usize, total: &mut u64) -> bool {
+        let Ok(names) = names(dir, budget) else {
+            return false;
+        };
+        let mut complete = *budget > 0 && depth <= MAX_DEPTH;
+        for name in names {
+            let Ok(st) = fstatat(dir, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
+                complete = false;
+                continue;
+            };
+            *total += (st.st_blocks as u64).saturating_mul(512);
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                match open_dir(dir, &name) {
+                    Ok(sub) if depth < MAX_DEPTH => {
+                        complete &= walk(&sub, depth + 1, budget, total)
+                    }
+                    _ => complete = false,
+                }
+            }
+        }
+        complete
+    }
+    let mut total = 0;
+    let complete = walk(dir, 0, budget, &mut total);
+    (Some(total), !complete)
 }
 
 /// What `scriptgate prune` prints: one line per workspace, then a summary.
@@ -583,6 +715,7 @@ mod tests {
             path: ws.to_path_buf(),
             dev: m.dev(),
             ino: m.ino(),
+            peer_uid: m.uid(),
             last_at_ms: crate::time::now_ms() - days * 86_400_000,
         }
     }
@@ -650,6 +783,7 @@ mod tests {
             more: false,
             gone: vec![PathBuf::from("/r/1006/gone")],
             unknown: vec![(PathBuf::from("/r/1006/dark"), io::Error::other("EIO"))],
+            ..Default::default()
         };
         let failed = vec![(PathBuf::from("/r/1006/b"), io::Error::other("busy"))];
         assert_eq!(
@@ -861,6 +995,106 @@ mod tests {
         mark_created(&fresh, "test").unwrap();
         let p = super::plan(&roots, &[recorded(&fresh, 40)], 30, now, &|_| false);
         assert!(p.expired.is_empty());
+    }
+
+    /// A dry run lists every workspace with its owner, size and what will
+    /// happen and when; as of a later moment, a recent one is due; nothing is
+    /// removed; a symlink in a workspace is sized as a link, not followed.
+    #[test]
+    fn a_dry_run_lists_each_workspace_with_its_fate_and_as_of_a_later_day() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("root");
+        let (old, new, busy) = (root.join("old"), root.join("new"), root.join("busy"));
+        for ws in [&old, &new, &busy] {
+            std::fs::create_dir_all(ws).unwrap();
+            mark_created(ws, "test").unwrap();
+        }
+        std::fs::write(old.join("data"), vec![1u8; 64 * 1024]).unwrap();
+        std::os::unix::fs::symlink("/usr", new.join("usr")).unwrap();
+        age_ws(&old, 40);
+        let roots = vec![root.clone()];
+        let vouched = [recorded(&old, 40), recorded(&new, 0), recorded(&busy, 0)];
+        let now = crate::time::now_ms();
+        let in_use = |p: &Path| p.ends_with("busy");
+        let (p, forget) = pass_or_look(&roots, &vouched, 30, true, None, &in_use);
+        assert!(
+            forget.is_empty() && old.exists(),
+            "a dry run removes nothing"
+        );
+        let fate: Vec<(&str, &str)> = p
+            .workspaces
+            .iter()
+            .map(|w| {
+                (
+                    w.path.file_name().unwrap().to_str().unwrap(),
+                    w.action.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(fate[0], ("old", "remove"), "oldest first: {fate:?}");
+        assert!(fate.contains(&("new", "keep")) && fate.contains(&("busy", "keep_in_use")));
+        let w = &p.workspaces[0];
+        let me = nix::unistd::getuid().as_raw();
+        assert_eq!((w.engine_uid, w.owner_uid), (Some(me), Some(me)));
+        assert!(
+            !w.size_partial && w.size_bytes.unwrap() >= 64 * 1024,
+            "{w:?}"
+        );
+        assert!(w.age_ms >= 39 * 86_400_000 && w.due_ms == w.last_used_ms + 30 * 86_400_000);
+        let n = p.workspaces.iter().find(|w| w.path == new).unwrap();
+        assert!(
+            n.size_bytes.unwrap() < 64 * 1024,
+            "the symlink is not followed: {n:?}"
+        );
+        // As of 31 days on, the recent one is due too; the busy one stays.
+        let later = now + 31 * 86_400_000;
+        let (p, _) = pass_or_look(&roots, &vouched, 30, true, Some(later), &in_use);
+        assert_eq!(p.as_of_ms, Some(later));
+        let due: Vec<&str> = p
+            .workspaces
+            .iter()
+            .filter(|w| w.action == "remove")
+            .map(|w| w.path.file_name().unwrap().to_str().unwrap())
+            .collect();
+        assert_eq!(due, ["old", "new"]);
+        assert!(new.exists());
+    }
+
+    /// The listing's bounds: at most MAX_LISTED workspaces (the least recently
+    /// used), said when more are recorded; a size walk past its budget of
+    /// entries is a lower bound, said as partial.
+    #[test]
+    fn the_listing_and_its_sizes_are_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("root");
+        let mut vouched = vec![];
+        for i in 0..=MAX_LISTED {
+            let ws = root.join(format!("w{i:04}"));
+            std::fs::create_dir_all(&ws).unwrap();
+            mark_created(&ws, "test").unwrap();
+            vouched.push(recorded(&ws, 0));
+        }
+        let (p, _) = pass_or_look(
+            std::slice::from_ref(&root),
+            &vouched,
+            30,
+            true,
+            None,
+            &|_| false,
+        );
+        assert_eq!(p.workspaces.len(), MAX_LISTED);
+        assert!(p.workspaces_more && p.kept == MAX_LISTED + 1);
+        let ws: OwnedFd = File::open(root.join("w0000")).unwrap().into();
+        std::fs::write(root.join("w0000/a"), b"x").unwrap();
+        let mut budget = 1;
+        let (size, partial) = size_of(&ws, &mut budget);
+        assert!(
+            partial && size.is_some(),
+            "one entry of .agent and a: partial"
+        );
+        let mut budget = 100;
+        assert!(!size_of(&ws, &mut budget).1);
+        assert!(budget < 100, "the budget is spent");
     }
 
     /// The directory is swapped for another after its check (an engine that can

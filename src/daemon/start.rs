@@ -129,8 +129,26 @@ impl Daemon {
             .await;
     }
 
-    /// Write the summary of refusals that were only counted, if there are any.
+    /// A connection of `uid` refused at the gate for `reason`: counted (a
+    /// map update; written with the next [`Daemon::flush_refusals`]).
+    pub fn count_refused_connection(&self, uid: u32, reason: &'static str) {
+        self.refused_connections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .count(now_ms(), uid, reason);
+    }
+
+    /// Write the refused connections counted, then the summary of refused
+    /// starts that were only counted, if there are any.
     pub async fn flush_refusals(&self) {
+        let counted = self
+            .refused_connections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Err(e) = self.store.refused_connections(counted).await {
+            tracing::warn!("{e}");
+        }
         let Some(s) = self.refusals.lock().unwrap().take() else {
             return;
         };

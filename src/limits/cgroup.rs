@@ -216,19 +216,30 @@ pub fn read_back(
     own: &str,
     l: &Limits,
     cpu_quota_percent: u32,
+    keeper_tasks: u64,
 ) -> Enforcement {
     let mut e = Enforcement::default();
-    for (key, want, controller, v1, v2) in [
+    // (key, its value, the unit's own bound): a scope's pids.max also has room
+    // for its keeper (`limits::SCOPE_KEEPER_TASKS`).
+    for (key, set, want, controller, v1, v2) in [
         (
             "memory_max_bytes",
+            l.memory_max_bytes,
             l.memory_max_bytes,
             "memory",
             "memory.limit_in_bytes",
             "memory.max",
         ),
-        ("tasks_max", l.tasks_max, "pids", "pids.max", "pids.max"),
+        (
+            "tasks_max",
+            l.tasks_max,
+            l.tasks_max.saturating_add(keeper_tasks),
+            "pids",
+            "pids.max",
+            "pids.max",
+        ),
     ] {
-        let not = |why: String| format!("{key} = {want} is not in force: {why}");
+        let not = |why: String| format!("{key} = {set} is not in force: {why}");
         match controller_dir(fs, proc_cgroup, controller, own) {
             Err(why) => e.problems.push(not(why.to_string())),
             Ok(dir) => {
@@ -670,19 +681,40 @@ mod tests {
             ],
         );
         let proc = "0::/svc/script-ab\n";
-        let e = read_back(d.path(), proc, "script-ab", &limits(1 << 20, 32), 50);
+        let e = read_back(d.path(), proc, "script-ab", &limits(1 << 20, 32), 50, 0);
         assert_eq!(e, Enforcement::default());
         assert!(e.enforced());
         // Stricter than asked is in force; looser, or "max", is not.
         std::fs::write(leaf.join("pids.max"), "max\n").unwrap();
         std::fs::write(leaf.join("cpu.max"), "max 100000\n").unwrap();
-        let e = read_back(d.path(), proc, "script-ab", &limits(2 << 20, 32), 50);
+        let e = read_back(d.path(), proc, "script-ab", &limits(2 << 20, 32), 50, 0);
         assert_eq!(e.problems.len(), 1, "{e:?}");
         assert!(
             e.problems[0].starts_with("tasks_max = 32 is not in force: "),
             "{e:?}"
         );
         assert!(e.problems[0].ends_with("pids.max says \"max\""), "{e:?}");
+        // A scope's bound has room for its keeper, and says tasks_max all the same.
+        std::fs::write(leaf.join("pids.max"), "33\n").unwrap();
+        let scope = |keeper| {
+            read_back(
+                d.path(),
+                proc,
+                "script-ab",
+                &limits(2 << 20, 32),
+                50,
+                keeper,
+            )
+        };
+        assert!(scope(1).problems.is_empty(), "{:?}", scope(1));
+        let e = scope(0);
+        assert_eq!(
+            e.problems,
+            [format!(
+                "tasks_max = 32 is not in force: {} says \"33\"",
+                leaf.join("pids.max").display()
+            )]
+        );
         assert_eq!(
             e.notes.len(),
             1,
@@ -712,6 +744,7 @@ mod tests {
             "0::/svc/script-ab\n",
             "script-ab",
             &limits(1 << 20, 32),
+            0,
             0,
         );
         assert_eq!(e.problems.len(), 2, "{e:?}");
@@ -755,6 +788,7 @@ mod tests {
             "scriptgate-ab.scope",
             &limits(200 << 20, 64),
             100,
+            1,
         );
         assert_eq!(e.problems, ["memory_max_bytes = 209715200 is not in force: the script is in memory cgroup /machine/c1, not in its own scriptgate-ab.scope (the controller is not writable, or not delegated)"]);
         assert!(e.notes.is_empty(), "{e:?}");
@@ -771,6 +805,7 @@ mod tests {
             "scriptgate-ab.scope",
             &limits(200 << 20, 64),
             100,
+            1,
         );
         assert!(
             e.problems[0].contains("memory.limit_in_bytes says \"9223372036854771712\""),
@@ -782,7 +817,8 @@ mod tests {
             &proc,
             "scriptgate-ab.scope",
             &limits(200 << 20, 64),
-            100
+            100,
+            1
         )
         .enforced());
     }

@@ -24,6 +24,24 @@ pub const RLIMIT_SHARED: &str = "rlimit: limits are per process and per uid, not
 memory_max_bytes caps each process's address space, and tasks_max is shared by every \
 script of one uid, so one script can take another's processes";
 
+/// The tasks of a scope that are not the sandbox's: the keeper that holds it
+/// until its counters are read (`Backend::needs_keeper`). The scope's
+/// `TasksMax=` is `tasks_max` plus these, so that `tasks_max` counts the same
+/// tasks on the systemd and cgroup backends: bwrap's process outside the sandbox,
+/// the sandbox's init, and every process and thread of the script
+/// (scriptgate.toml(5)).
+pub const SCOPE_KEEPER_TASKS: u64 = 1;
+
+/// The limits a backend's unit is given for `l`: the systemd scope also holds
+/// its keeper, which `tasks_max` does not count.
+fn unit_limits(backend: &Backend, l: &Limits) -> Limits {
+    let mut l = l.clone();
+    if backend.needs_keeper() {
+        l.tasks_max = l.tasks_max.saturating_add(SCOPE_KEEPER_TASKS);
+    }
+    l
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Systemd,
@@ -238,9 +256,10 @@ impl Backend {
     ) -> Result<Placement, LimitsError> {
         match self {
             Backend::Systemd(s) => {
+                let l = unit_limits(self, l);
                 let unit = s
                     .manager
-                    .start_scope(script_id, pids, l, s.cpu_quota_percent)
+                    .start_scope(script_id, pids, &l, s.cpu_quota_percent)
                     .await?;
                 Ok(Placement::Scope {
                     unit,
@@ -287,7 +306,14 @@ impl Backend {
         };
         let file = proc.join(pid.to_string()).join("cgroup");
         match std::fs::read_to_string(&file) {
-            Ok(text) => cgroup::read_back(fs, &text, &own, l, cpu),
+            Ok(text) => {
+                let keeper = if self.needs_keeper() {
+                    SCOPE_KEEPER_TASKS
+                } else {
+                    0
+                };
+                cgroup::read_back(fs, &text, &own, l, cpu, keeper)
+            }
             Err(e) => Enforcement {
                 problems: vec![format!("limits cannot be checked: {}: {e}", file.display())],
                 notes: vec![],

@@ -758,6 +758,10 @@ pub struct CallLine {
 pub struct PruneParams {
     #[serde(default)]
     pub dry_run: bool,
+    /// Judge retention as of this moment (ms) instead of now: only with
+    /// `dry_run` (extension; absent: now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub as_of_ms: Option<i64>,
 }
 
 /// The answer to `admin.prune` (and what `scriptgate prune` prints from):
@@ -783,6 +787,45 @@ pub struct Pruned {
     pub kept: usize,
     /// A bound of the pass was reached: more may be due at the next.
     pub more: bool,
+    /// The moment the pass judged at, when it was not now (`as_of_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub as_of_ms: Option<i64>,
+    /// A dry run's every recorded workspace it could look at, oldest use first,
+    /// with what will happen to it (at most `daemon::prune::MAX_LISTED`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workspaces: Vec<PlannedWorkspace>,
+    /// More workspaces than listed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub workspaces_more: bool,
+}
+
+/// One workspace of a dry run's listing (`Pruned::workspaces`).
+///
+/// ```json
+/// {"path": "/var/lib/scriptgate/workspaces/1000/run-x", "engine_uid": 1000,
+///  "owner_uid": 1000, "last_used_ms": 1764000000000, "age_ms": 2764800000,
+///  "size_bytes": 40960, "size_partial": false, "action": "remove",
+///  "due_ms": 1766592000000}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedWorkspace {
+    pub path: std::path::PathBuf,
+    /// The uid of the engine whose script the daemon recorded in it.
+    pub engine_uid: Option<u32>,
+    /// The directory's owner (the uid its scripts ran as).
+    pub owner_uid: Option<u32>,
+    pub last_used_ms: i64,
+    /// Since its last use, at the moment judged.
+    pub age_ms: i64,
+    /// Bytes its files hold (allocated), or at least this many when
+    /// `size_partial` (a bound of the walk met, or a directory not readable).
+    pub size_bytes: Option<u64>,
+    pub size_partial: bool,
+    /// `remove` (this pass), `remove_next_pass` (due, past the per-owner bound
+    /// of one pass), `keep` (until `due_ms`), `keep_in_use` (a script runs in it).
+    pub action: String,
+    /// When it is due: its last use plus `retain_days`.
+    pub due_ms: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -361,7 +361,7 @@ async fn workspace_retention(d: Arc<Daemon>) {
     loop {
         t.tick().await;
         // The pass `admin.prune` runs too (one at a time).
-        let pass = match d.prune_workspaces(false).await {
+        let pass = match d.prune_workspaces(false, None).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!("workspace retention: {}", e.message);

@@ -671,6 +671,15 @@ struct Caller<S = std::os::unix::net::UnixStream> {
     live: Live,
 }
 
+/// A peer's pid as a log line says it: the number, or "unknown" (a peer in
+/// another pid namespace has pid 0 in `SO_PEERCRED`).
+fn pid_text(pid: Option<i32>) -> String {
+    match pid {
+        Some(p) if p > 0 => p.to_string(),
+        _ => "unknown".into(),
+    }
+}
+
 impl<S> std::fmt::Debug for Caller<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Caller(uid {}, gid {})", self.uid, self.gid)
@@ -755,16 +764,16 @@ impl Gate {
             Err(e) if e.reason() == Reason::PeerNotAllowed => {
                 return self.refuse(c, e, |c| {
                     format!(
-                        "connection refused: uid {} (pid {:?}) is not root nor in auth.allowed_groups or auth.admin_groups",
-                        c.uid, c.pid
+                        "connection refused: uid {} (pid {}) is not root nor in auth.allowed_groups or auth.admin_groups",
+                        c.uid, pid_text(c.pid)
                     )
                 })
             }
             Err(e) => {
                 let line = format!(
-                    "connection refused (uid {}, pid {:?}): {}",
+                    "connection refused (uid {}, pid {}): {}",
                     c.uid,
-                    c.pid,
+                    pid_text(c.pid),
                     e.message()
                 );
                 return self.refuse(c, e, |_| line);
@@ -808,8 +817,9 @@ impl Gate {
         let message = e.message().to_string();
         self.refuse(c, e, |c| {
             format!(
-                "connection refused (uid {}, pid {:?}): {message}",
-                c.uid, c.pid
+                "connection refused (uid {}, pid {}): {message}",
+                c.uid,
+                pid_text(c.pid)
             )
         });
     }
@@ -836,6 +846,9 @@ impl Gate {
     /// and no log: a peer looping on connect costs an accept and a close. The
     /// gate never waits: the listen backlog is drained at full speed.
     fn refuse(&self, c: Caller, e: Refused, line: impl FnOnce(&Caller) -> String) {
+        // Every refusal is counted (per uid and minute, bounded), logged or not.
+        self.daemon
+            .count_refused_connection(c.uid, e.reason().as_str());
         if c.uid != 0 {
             let allowed = self
                 .pace
@@ -1074,7 +1087,9 @@ impl Session {
                 rpc::answer_turn().await;
                 to_value(d.calls_page(p).await?)
             }
-            EngineRequest::AdminPrune(p) => to_value(d.prune_workspaces(p.dry_run).await?),
+            EngineRequest::AdminPrune(p) => {
+                to_value(d.prune_workspaces(p.dry_run, p.as_of_ms).await?)
+            }
         }
     }
 }
@@ -1131,6 +1146,13 @@ mod tests {
         admin: 16,
     };
     const ENGINE: Role = Role::Engine { admin: false };
+
+    #[test]
+    fn a_pid_is_logged_as_a_number_or_unknown() {
+        assert_eq!(pid_text(Some(1251)), "1251");
+        assert_eq!(pid_text(Some(0)), "unknown");
+        assert_eq!(pid_text(None), "unknown");
+    }
 
     fn counts(engine: usize, admin: usize, this_uid: usize) -> Counts {
         Counts {

@@ -393,6 +393,150 @@ fn an_administrators_prune_goes_through_the_daemon_or_says_what_it_cannot_see() 
     assert_eq!(recorded(&db), Vec::<PathBuf>::new());
 }
 
+/// Issue 35 item 3: a dry run lists each workspace with its engine, owner,
+/// last use, age, size and what will happen to it and when (a table, and
+/// exact JSON); `--as-of` tries the retention at a later moment and removes
+/// nothing.
+#[test]
+#[ignore = "needs root: engines and administrators of other uids (cargo test --test it admin:: -- --include-ignored)"]
+fn a_dry_run_lists_every_workspace_and_its_fate_and_as_of_tries_a_later_day() {
+    require_root("engines and administrators of other uids");
+    let rig = admin_rig();
+    std::fs::set_permissions(&rig.key_file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::os::unix::fs::chown(&rig.key_file, Some(0), Some(GAMES)).unwrap();
+    std::fs::set_permissions(&rig.root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (old, new) = (
+        run_as(&rig, 40003, GAMES, &[], None),
+        run_as(&rig, 40003, GAMES, &[], None),
+    );
+    // Only the old one aged: its times, and its recorded last start.
+    let t = std::time::SystemTime::now() - Duration::from_secs(40 * 86_400);
+    for p in [
+        old.join(".agent/scripts"),
+        old.join(".agent/workspace.json"),
+        old.clone(),
+    ] {
+        std::fs::File::open(&p).unwrap().set_modified(t).unwrap();
+    }
+    let ms = t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let c = rusqlite::Connection::open(rig.state.join("scriptgate.db")).unwrap();
+    c.busy_timeout(Duration::from_secs(10)).unwrap();
+    let path = old.to_str().unwrap();
+    assert_eq!(
+        c.execute(
+            "UPDATE workspaces SET last_at = ?1 WHERE path = ?2",
+            rusqlite::params![ms, path]
+        )
+        .unwrap(),
+        1
+    );
+    drop(c);
+
+    let dry = |extra: &[&str]| -> (Option<i32>, String) {
+        let mut args: Vec<&OsStr> = vec!["prune".as_ref(), "--dry-run".as_ref()];
+        args.extend(extra.iter().map(OsStr::new));
+        let o = rig_cli_as(&rig, 40002, LIST, &args, None);
+        (o.status.code(), text(&o.stdout) + &text(&o.stderr))
+    };
+    let (code, out) = dry(&["--json"]);
+    assert_eq!(code, Some(0), "{out}");
+    let parts: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(parts[0]["part"], "system", "{out}");
+    let p = &parts[0]["pruned"];
+    let ws = p["workspaces"].as_array().unwrap();
+    assert_eq!(ws.len(), 2, "{p}");
+    let (w0, w1) = (&ws[0], &ws[1]);
+    assert_eq!(w0["path"], path, "the least recently used first: {p}");
+    assert_eq!(
+        (w0["action"].as_str(), w1["action"].as_str()),
+        (Some("remove"), Some("keep"))
+    );
+    for w in ws {
+        assert_eq!(
+            (w["engine_uid"].as_u64(), w["owner_uid"].as_u64()),
+            (Some(40003), Some(40003))
+        );
+        assert!(
+            w["size_bytes"].as_u64().unwrap() > 0 && w["size_partial"] == false,
+            "{w}"
+        );
+        assert_eq!(
+            w["due_ms"].as_i64().unwrap(),
+            w["last_used_ms"].as_i64().unwrap() + 30 * 86_400_000
+        );
+    }
+    assert!(
+        w0["age_ms"].as_i64().unwrap() >= 40 * 86_400_000 - 60_000,
+        "{w0}"
+    );
+    assert!(p.get("as_of_ms").is_none(), "judged now: {p}");
+
+    // The table: escaped cells, what happens and when.
+    let (code, out) = dry(&[]);
+    assert_eq!(code, Some(0), "{out}");
+    let head = out
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .collect::<Vec<_>>();
+    assert_eq!(
+        head,
+        [
+            "WORKSPACE",
+            "ENGINE",
+            "OWNER",
+            "LAST_USED",
+            "AGE",
+            "SIZE",
+            "WHAT"
+        ],
+        "{out}"
+    );
+    let line = |ws: &Path| {
+        out.lines()
+            .find(|l| l.starts_with(ws.to_str().unwrap()))
+            .unwrap_or_else(|| panic!("{out}"))
+            .to_string()
+    };
+    assert!(
+        line(&old).contains("removed at this pass (due since "),
+        "{out}"
+    );
+    assert!(line(&new).contains("kept until "), "{out}");
+    assert!(out.contains("1 workspace would be removed"), "{out}");
+
+    // As of 31 days on, both are due; nothing is removed.
+    let (code, out) = dry(&["--as-of", "+31d", "--json"]);
+    assert_eq!(code, Some(0), "{out}");
+    let parts: Vec<Value> = serde_json::from_str(&out).unwrap();
+    let p = &parts[0]["pruned"];
+    assert!(p["as_of_ms"].as_i64().is_some(), "{p}");
+    let actions: Vec<&str> = p["workspaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["remove", "remove"], "{p}");
+    assert!(old.exists() && new.exists(), "a dry run removes nothing");
+    let (code, out) = dry(&["--as-of", "+31d"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("(--as-of; nothing is removed)"), "{out}");
+    // Bad input: a clear error.
+    let (code, out) = dry(&["--as-of", "31d"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("+31d"), "{out}");
+    let o = rig_cli_as(
+        &rig,
+        40002,
+        LIST,
+        &["prune".as_ref(), "--as-of".as_ref(), "+1d".as_ref()],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2), "--as-of without --dry-run");
+}
+
 /// Item 11: a user's `scriptgate prune` prunes their own embedded workspaces
 /// (`scriptgate run` without a system daemon: ~/.local/state/scriptgate/
 /// workspaces), with the configuration's retention, and names that root. A

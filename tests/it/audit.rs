@@ -628,3 +628,70 @@ fn audit_by_uid_user_and_engine_with_names_beside_uids() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// `status` says how big the audit store is and how fast it grows, and which
+/// running scripts a restart now would interrupt (those older than
+/// server.drain_s); `audit --stats` says the store's size and growth in full.
+#[test]
+fn status_shows_the_store_and_what_a_restart_would_interrupt() {
+    let rig = Rig::with_config("[server]\ndrain_s = 1\n");
+    let e = rig.engine();
+    let token = rig.token(&rig.snapshot("auto"));
+    for _ in 0..2 {
+        assert_eq!(e.run(&token, "print('done')", &[])["status"], "ok");
+    }
+    let waits = "import os, time\nwhile not os.path.exists('stop'):\n    time.sleep(0.05)\n";
+    let id = e.start(&token, waits, &[]).unwrap();
+
+    // Older than drain_s (1 s): a restart would interrupt it.
+    let mut t = String::new();
+    eventually(
+        "the running script older than drain_s",
+        Duration::from_secs(20),
+        || {
+            t = out(&rig.cli(["status"]));
+            t.contains("restart  would interrupt 1 running for more than server.drain_s (1 s): ")
+        },
+    );
+    assert!(t.contains(&format!(": {id} (running ")), "{t}");
+    assert!(
+        t.contains("store    ") && t.contains(" 3 scripts since "),
+        "{t}"
+    );
+    let j: Value = serde_json::from_slice(&rig.cli(["status", "--json"]).stdout).unwrap();
+    assert_eq!(
+        j["restart"],
+        json!({"drain_s": 1, "would_interrupt": [id]}),
+        "{j}"
+    );
+    assert_eq!(j["store"]["scripts"], 3, "{j}");
+
+    // audit --stats: exact in JSON.
+    let o = rig.cli(["audit", "--stats", "--json"]);
+    assert!(o.status.success(), "{o:?}");
+    let st: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows: Vec<Value> = serde_json::from_slice(&rig.cli(["audit", "--json"]).stdout).unwrap();
+    let oldest = rows.iter().map(|r| r["started_at"].as_i64().unwrap()).min();
+    assert_eq!(st["oldest_ms"].as_i64(), oldest, "{st}");
+    assert_eq!(
+        (st["scripts"].as_u64(), st["refusals"].as_u64()),
+        (Some(3), Some(0))
+    );
+    let days = st["per_day"].as_array().unwrap();
+    assert_eq!(days.len(), 7);
+    assert_eq!(days[6][1], 3, "today's scripts: {st}");
+    let db = std::fs::metadata(rig.state.join("scriptgate.db"))
+        .unwrap()
+        .len();
+    assert!(st["file_bytes"].as_u64().unwrap() >= db, "{st}");
+    let text = out(&rig.cli(["audit", "--stats"]));
+    assert!(text.contains("3 scripts, 0 refusals"), "{text}");
+
+    std::fs::write(rig.workspace.join("stop"), "").unwrap();
+    assert_eq!(e.wait(&id)["status"], "ok");
+    eventually(
+        "no script left to interrupt",
+        Duration::from_secs(10),
+        || out(&rig.cli(["status"])).contains("restart  would interrupt none"),
+    );
+}

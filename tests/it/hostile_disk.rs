@@ -315,3 +315,95 @@ fn a_disk_bound_that_cannot_be_in_force_says_why() {
         "{r}"
     );
 }
+
+/// Fills the workspace's filesystem, then runs on while `fill.bin` is there,
+/// and until `stop` is: the daemon checkpoints its counts on a full disk, then
+/// on a disk with room again.
+const FILL_AND_WAIT: &str = r#"
+import os, time
+with open("fill.bin", "wb", buffering=0) as f:
+    try:
+        while True:
+            f.write(b"\0" * 65536)
+    except OSError as e:
+        print("full:", e.strerror, flush=True)
+while os.path.exists("fill.bin") or not os.path.exists("stop"):
+    time.sleep(0.05)
+print("stopped")
+"#;
+
+/// Lines of the daemon's log with all of `words`.
+fn log_lines(rig: &Rig, words: &[&str]) -> usize {
+    rig.log_text()
+        .lines()
+        .filter(|l| words.iter().all(|w| l.contains(w)))
+        .count()
+}
+
+#[test]
+#[ignore = "needs root: mounts a tmpfs for the workspace and the state dir"]
+fn a_full_state_dir_is_warned_of_once_not_at_every_checkpoint_and_its_recovery_is_said() {
+    require_root("mounts a tmpfs for the workspace and the state dir");
+    let mut rig = Rig::new();
+    rig.stop(nix::sys::signal::Signal::SIGTERM);
+    let mut mounts = Mounts(vec![]);
+    let disk = rig.dir.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    mounts.tmpfs(&disk, "24m", 0);
+    let (ws, state) = (disk.join("ws"), disk.join("state"));
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::create_dir(&state).unwrap();
+    chown_to_script_uid(&ws);
+    mounts.bind(&ws, &rig.workspace);
+    std::fs::create_dir_all(&rig.state).unwrap();
+    mounts.bind(&state, &rig.state);
+    // The failures not said at warning are said at debug: the test counts them.
+    rig.start_with(|c| {
+        c.env("SCRIPTGATE_LOG", "info,scriptgate=debug");
+    });
+    let e = rig.engine();
+    let token = rig.token(&rig.snapshot("auto"));
+    let id = e.start(&token, FILL_AND_WAIT, &[]).unwrap();
+
+    let full = "checkpoint running scripts' counts: database or disk is full";
+    // Four failed checkpoints (one said, three not): each a tick (2 s) apart.
+    eventually(
+        "three failed checkpoints not said at warning",
+        Duration::from_secs(60),
+        || log_lines(&rig, &[full, "DEBUG", "not said since the last warning"]) >= 3,
+    );
+    assert_eq!(
+        log_lines(&rig, &[full, "WARN"]),
+        1,
+        "a warning per checkpoint: {}",
+        rig.log_text()
+    );
+    assert!(
+        log_lines(&rig, &[full, "WARN", "at most once a minute"]) == 1,
+        "{}",
+        rig.log_text()
+    );
+
+    std::fs::remove_file(rig.workspace.join("fill.bin")).unwrap();
+    eventually(
+        "the checkpoint's recovery said",
+        Duration::from_secs(30),
+        || {
+            log_lines(
+                &rig,
+                &[
+                    "INFO",
+                    "checkpoint running scripts' counts: written again, after",
+                ],
+            ) == 1
+        },
+    );
+    std::fs::write(rig.workspace.join("stop"), "").unwrap();
+    let r = e.wait(&id);
+    assert_eq!(r["status"], "ok", "{r}");
+    assert!(r["output"].as_str().unwrap().contains("stopped"), "{r}");
+    assert_eq!(log_lines(&rig, &[full, "WARN"]), 1, "{}", rig.log_text());
+    assert_eq!(db_row(&rig, &id).0, "ok");
+    drop(e);
+    rig.stop(nix::sys::signal::Signal::SIGTERM);
+}

@@ -358,9 +358,20 @@ fn prune_removes_only_old_workspaces_scriptgate_created() {
         ),
         "{out}"
     );
+    // The listing (issue 35 item 3), then the line per workspace due.
+    assert!(
+        out.lines().nth(1).unwrap().starts_with("WORKSPACE "),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(&format!("{} ", done.display()))
+                && l.contains("removed at this pass")),
+        "{out}"
+    );
     assert_eq!(
         out.lines()
-            .nth(1)
+            .find(|l| l.starts_with("would remove "))
             .unwrap()
             .split(" (last used")
             .next()

@@ -181,6 +181,69 @@ for _ in range(3000):
         Duration::from_secs(10),
         || daemon_fds(&rig) <= fds,
     );
+    // The pid is a number, never Rust's `Some(…)`.
+    let log = rig.log_text();
+    let first = log
+        .lines()
+        .find(|l| l.contains("connection refused: uid 40001"))
+        .unwrap();
+    let pid = first
+        .split("(pid ")
+        .nth(1)
+        .and_then(|r| r.split(')').next());
+    assert!(
+        pid.is_some_and(|p| p.parse::<u32>().is_ok()) && !log.contains("Some("),
+        "{first}"
+    );
+    // Every refused connection is counted, logged or not: a row per minute
+    // (the flood spans one or two), however many connections.
+    let minutes = 1 + took.as_secs() / 60 + 1;
+    let counted = || {
+        let o = rig.cli([
+            "audit",
+            "--refusals",
+            "--connections",
+            "--uid",
+            "40001",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{o:?}");
+        let rows: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+        (
+            rows.len() as u64,
+            rows.iter()
+                .map(|r| r["count"].as_u64().unwrap())
+                .sum::<u64>(),
+            rows,
+        )
+    };
+    eventually(
+        "3001 refused connections counted (written every 10 s)",
+        Duration::from_secs(30),
+        || counted().1 == 3001,
+    );
+    let (n, _, rows) = counted();
+    assert!(
+        (1..=minutes).contains(&n),
+        "{n} rows for {took:?}: {rows:?}"
+    );
+    assert!(
+        rows.iter()
+            .all(|r| r["reason"] == "peer_not_allowed" && r["peer_uid"] == 40001),
+        "{rows:?}"
+    );
+    let text = rig.cli(["audit", "--refusals", "--connections"]);
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.starts_with("MINUTE"), "{text}");
+    assert!(
+        text.contains("40001") && text.contains("peer_not_allowed"),
+        "{text}"
+    );
+    let metrics = String::from_utf8(rig.cli(["metrics"]).stdout).unwrap();
+    assert!(
+        metrics.contains("scriptgate_connections_refused_total{reason=\"peer_not_allowed\"} 3001"),
+        "{metrics}"
+    );
     // Engines are still served.
     let e = rig.engine();
     assert!(e.request("daemon.info", json!({})).is_ok());
