@@ -1538,7 +1538,10 @@ pub(crate) fn config_rows(c: &crate::protocol::ConfigState) -> Vec<Vec<String>> 
     if let Some(r) = &c.last_reload {
         let text = match &r.error {
             None => format!("{}: reloaded", rfc3339(r.at_ms)),
-            Some(e) => format!("{}: refused, the running configuration kept: {e}", rfc3339(r.at_ms)),
+            Some(e) => format!(
+                "{}: refused, the running configuration kept: {e}",
+                rfc3339(r.at_ms)
+            ),
         };
         rows.push(vec!["reload".into(), text]);
     }
@@ -1777,7 +1780,10 @@ mod tests {
             t.contains("pending  pending restart: server.max_connections, auth.engine ("),
             "{t}"
         );
-        assert!(t.contains("refused, the running configuration kept: line 2: bad\\x1b[2J"), "{t}");
+        assert!(
+            t.contains("refused, the running configuration kept: line 2: bad\\x1b[2J"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -8,13 +8,13 @@ use crate::audit::StartRow;
 use crate::daemon::admission::Admitted;
 use crate::daemon::approval::Approval;
 use crate::daemon::{disk, Daemon, Live, Peer};
-use std::sync::Arc;
 use crate::protocol::refusal::{Reason, Refused};
 use crate::protocol::StartParams;
 use crate::sys::{ArtifactDir, SysError, WorkspaceDir};
 use crate::time::now_ms;
 use std::fs::File;
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 
 /// A script's record in its workspace, created before anything runs.
 pub(crate) struct Record {
@@ -49,7 +49,8 @@ impl Daemon {
         a: &Admitted,
         approval: Approval,
     ) -> Result<Record, Refused> {
-        let disk_note = disk::bound(&self.store, &a.workspace, live.cfg.scripts.disk_max_bytes).await;
+        let disk_note =
+            disk::bound(&self.store, &a.workspace, live.cfg.scripts.disk_max_bytes).await;
         let script_code = crate::sys::sealed_copy(c"scriptgate-script", p.code.as_bytes())
             .map_err(|e| Refused::internal(format!("cannot hold the script's code: {e}")))?;
         self.keep_reserve_for_start(&live.cfg.state)?;

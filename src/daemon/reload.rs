@@ -76,12 +76,13 @@ impl Daemon {
         let Some(l) = loaded.as_mut() else {
             return Err("this daemon was started without a configuration file".into());
         };
-        let read = Config::load_with_source(&l.source.path, l.source.explicit)
-            .and_then(|(file, source)| {
+        let read = Config::load_with_source(&l.source.path, l.source.explicit).and_then(
+            |(file, source)| {
                 file.read_key()?;
                 let r = self.live().cfg.reloaded(&file, &l.source.path)?;
                 Ok((r, source))
-            });
+            },
+        );
         let at_ms = now_ms();
         match read {
             Ok((r, source)) => {

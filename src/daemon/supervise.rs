@@ -188,7 +188,8 @@ impl Daemon {
             Err(_) => true,
             Ok(e) => e.setup_failed,
         } || matches!(&*running.stop.borrow(), Some(Stop::EngineLost));
-        let result = self.build_result(&sid, &running, outcome, config.cfg.scripts.return_max_chars);
+        let result =
+            self.build_result(&sid, &running, outcome, config.cfg.scripts.return_max_chars);
         self.record_result(&sid, &running, &result, config.cfg.state.reserve_bytes)
             .await;
         // Recorded first, then deregistered and the slot freed, and only then

@@ -200,7 +200,9 @@ async fn run(
         Err(e) => return fail(&format!("listening socket: {e}")),
     };
     // 3. From here on only what scripts need.
-    if let Err(e) = crate::sys::drop_daemon_capabilities(daemon.live().cfg.scripts.disk_max_bytes > 0) {
+    if let Err(e) =
+        crate::sys::drop_daemon_capabilities(daemon.live().cfg.scripts.disk_max_bytes > 0)
+    {
         tracing::warn!("could not drop capabilities: {e}");
     }
     // 4. Ready: `systemctl start` returns now, and the status line begins.
@@ -275,7 +277,8 @@ fn announce_ready(daemon: &Daemon) {
             "scriptgated ready (backend {backend}; {notes}; {preflight})"
         );
     }
-    if let Err(e) = crate::audit::metrics::write_daemon_file(&daemon.live().cfg.state.dir, &daemon.info())
+    if let Err(e) =
+        crate::audit::metrics::write_daemon_file(&daemon.live().cfg.state.dir, &daemon.info())
     {
         tracing::warn!("cannot write daemon.json for scriptgate metrics: {e}");
     }
@@ -369,9 +372,9 @@ async fn reload_on_hangup(d: Arc<Daemon>) {
                     );
                 }
             }
-            Err(e) => tracing::error!(
-                "SIGHUP: configuration not reloaded, the running one is kept: {e}"
-            ),
+            Err(e) => {
+                tracing::error!("SIGHUP: configuration not reloaded, the running one is kept: {e}")
+            }
         }
         let n = d.running_count();
         let status = format!("{n} script{} running", if n == 1 { "" } else { "s" });

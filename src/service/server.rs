@@ -1045,9 +1045,11 @@ impl Session {
             return Err(RpcError::not_admin());
         }
         if self.admin_only && !method.admin_only() && method != Method::DaemonInfo {
-            return Err(
-                admin_only_peer(self.peer.uid(), &self.daemon.live().cfg.auth.allowed_groups).into(),
-            );
+            return Err(admin_only_peer(
+                self.peer.uid(),
+                &self.daemon.live().cfg.auth.allowed_groups,
+            )
+            .into());
         }
         let engine = self.peer.engine();
         let (d, conn, who) = (
