@@ -273,6 +273,45 @@ expect inet 0 ok "inet ok"
 run whoami "$work/whoami.py"
 expect whoami 0 ok "user scriptgate-script"
 
+section "systemctl reload: live keys applied, a restart-only key pending, the unit active again"
+# Inside this boot, with the packaged configuration: timeout_s (live) and
+# max_connections (restart only) changed, then the file put back as it was.
+conf=/etc/scriptgate/scriptgate.toml
+cp -p "$conf" "$work/packaged.toml"
+pid=$(systemctl show -p MainPID --value scriptgate.service)
+sed -i 's/^timeout_s = 1800$/timeout_s = 1700/' "$conf"
+printf '\n[server]\nmax_connections = 200\n' >>"$conf"
+# (The packaged file has no [server] table: the one appended is the only one.)
+check "changed file: scriptgated --check-config" scriptgated --check-config
+status=$(scriptgate status 2>&1)
+check "status before the reload: changed on disk, not reloaded" says '^config +changed on disk since .*, not reloaded' "$status"
+check "systemctl reload scriptgate" systemctl reload scriptgate
+reloaded=no
+for _ in $(seq 100); do
+  journalctl -u scriptgate.service -o cat --no-pager | grep -q 'SIGHUP: configuration reloaded (in force for new scripts: scripts.timeout_s)' && { reloaded=yes; break; }
+  sleep 0.2
+done
+check "journal: configuration reloaded, scripts.timeout_s in force" test "$reloaded" = yes
+check "journal: pending restart: server.max_connections" sh -c "journalctl -u scriptgate.service -o cat --no-pager | grep -q 'SIGHUP: pending restart: server.max_connections'"
+for _ in $(seq 100); do [ "$(systemctl is-active scriptgate.service)" = active ] && break; sleep 0.2; done
+check "the unit is active again after the reload (READY=1)" test "$(systemctl is-active scriptgate.service)" = active
+check "the daemon kept its pid" test "$(systemctl show -p MainPID --value scriptgate.service)" = "$pid"
+status=$(scriptgate status 2>&1)
+echo "$status" | grep -E '^(daemon|config|pending|reload|limits) ' | sed 's/^/  /'
+check "status: as on disk, since when the daemon runs" bash -c 'says "^config +as on disk: /etc/scriptgate/scriptgate.toml" "$1" && says "^daemon +running at .* since " "$1"' _ "$status"
+check "status: pending restart: server.max_connections" says '^pending +pending restart: server.max_connections ' "$status"
+check "status: timeout_s 1700 in force" says '^limits .*timeout_s 1700' "$status"
+cp -p "$work/packaged.toml" "$conf"
+check "systemctl reload scriptgate (the packaged file back)" systemctl reload scriptgate
+for _ in $(seq 100); do
+  scriptgate status 2>&1 | grep -qE '^limits .*timeout_s 1800' && ! scriptgate status 2>&1 | grep -qE '^pending ' && break
+  sleep 0.2
+done
+status=$(scriptgate status 2>&1)
+check "status: timeout_s 1800 again, nothing pending" bash -c 'says "^limits .*timeout_s 1800" "$1" && ! grep -qE "^pending " <<<"$1"' _ "$status"
+run fleet "$ex/fleet_summary.py"
+expect fleet 0 ok "500 devices"
+
 section "a non-root engine, step by step, as README.Debian says (user gateway)"
 # The commands of README.Debian's "A non-root engine, step by step", taken from
 # the installed file itself and run in order, so the walkthrough cannot drift
