@@ -863,6 +863,12 @@ check "remove keeps the config and the audit store" test -e $conf -a -e /var/lib
 if out=$(apt-get purge -y scriptgate 2>&1); then ok "apt purge"; else bad "apt purge" "$out"; fi
 check "purge removes the config, key and audit store" sh -c "test ! -e /etc/scriptgate/scriptgate.toml -a ! -e /etc/scriptgate/token.key -a ! -e /var/lib/scriptgate/scriptgate.db"
 check "purge leaves no unit" sh -c "! systemctl cat scriptgate.socket >/dev/null 2>&1"
+if [ "$apparmor4" = yes ]; then
+  # postrm unloads the profiles (remove and purge): aa-status lists none of them.
+  check "purge: aa-status lists no scriptgated, scriptgated_bwrap, scriptgated_script" \
+    sh -c "aa-status >'$work/aa.txt' 2>&1; ! grep -qE '^ +scriptgated(_bwrap|_script)?( |\$)' '$work/aa.txt'"
+  check "purge removes the profile's copy" test ! -e /etc/apparmor.d/scriptgated
+fi
 check "purge removes the metrics file from the collector's directory" test ! -e /var/lib/prometheus/node-exporter/scriptgate.prom
 
 echo
