@@ -21,6 +21,7 @@ pub(crate) mod approval;
 pub(crate) mod calls;
 pub(crate) mod disk;
 pub(crate) mod lifecycle;
+pub(crate) mod live;
 pub(crate) mod lookup;
 pub(crate) mod peers;
 pub(crate) mod prune;
@@ -33,8 +34,8 @@ pub(crate) mod running;
 pub(crate) mod start;
 pub(crate) mod supervise;
 
+pub use live::Live;
 pub use peers::{Access, Peer, PeerGroups};
-pub use reload::Live;
 
 use crate::audit::Store;
 use crate::config::Config;
@@ -75,7 +76,7 @@ pub struct Daemon {
     /// swapped whole by a reload; each start takes it once.
     live: RwLock<Arc<Live>>,
     /// The file it came from and what reloads made of it (None: embedded).
-    loaded: Mutex<Option<reload::Loaded>>,
+    loaded: Mutex<Option<live::Loaded>>,
     /// When this daemon started, ms since the epoch.
     started_ms: i64,
     /// `<state>/runtime`, where `agent_tools.py` is (every launch mounts it).

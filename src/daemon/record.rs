@@ -67,7 +67,7 @@ impl Daemon {
             .map_err(|e| record_error("cannot write the script's record", &a.workspace, e))
         {
             Ok(logs) => self
-                .insert_row(live, script_id, peer, p, a, approval, &details_dir)
+                .insert_row(live, script_id, peer, p, a, approval)
                 .await
                 .map(|()| logs),
             Err(e) => Err(e),
@@ -115,8 +115,8 @@ impl Daemon {
         p: &StartParams,
         a: &Admitted,
         approval: Approval,
-        details_dir: &str,
     ) -> Result<(), Refused> {
+        let details_dir = format!(".agent/scripts/{script_id}");
         // Retention's mark: the workspace's (dev, inode) when it may remove it
         // once unused (`prune::vouch`). Only while retention is on (decided by
         // the configuration as loaded); a workspace is marked at its next start
@@ -139,7 +139,7 @@ impl Daemon {
             backend: self.backend.kind.as_str().into(),
             unit: self.backend.backend.unit_for(script_id),
             started_at_ms: now_ms(),
-            details_dir: details_dir.to_string(),
+            details_dir,
             scope: a.run_key.scope.to_db(),
             vouched,
             trace_id: a.trace.as_ref().map(|t| t.trace_id.clone()),

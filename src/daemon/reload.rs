@@ -6,35 +6,11 @@
 
 use crate::config::{Config, Reloaded, Source};
 use crate::daemon::admission::Rules;
+use crate::daemon::live::{Live, Loaded};
 use crate::daemon::Daemon;
 use crate::protocol::{ConfigState, LastReload};
 use crate::time::now_ms;
 use std::sync::Arc;
-
-/// What every start reads of the configuration, swapped whole by a reload:
-/// the configuration in force and what is derived from it.
-pub struct Live {
-    /// The configuration in force: as loaded at start, with the live keys of
-    /// the last reload that checked.
-    pub cfg: Config,
-    /// What admission decides with (`cfg` and the preflight).
-    pub(crate) rules: Rules,
-    /// What every script's launch takes from the daemon.
-    pub(crate) settings: crate::script::Settings,
-}
-
-/// The file the configuration came from, and what the reloads made of it.
-#[derive(Debug, Clone)]
-pub(crate) struct Loaded {
-    pub(crate) source: Source,
-    /// When the configuration in force was read (the start or the last reload
-    /// that checked).
-    pub(crate) loaded_ms: i64,
-    /// Keys whose value in the file differs from the running one and need a
-    /// restart, as of the last read.
-    pub(crate) pending: Vec<String>,
-    pub(crate) last: Option<LastReload>,
-}
 
 impl Daemon {
     /// The configuration in force now (one start takes it once).

@@ -615,12 +615,16 @@ fn systemctl_reload_goes_through_reloading_and_ready() {
     std::fs::write(&config, text.replace("timeout_s = 120", "timeout_s = 30")).unwrap();
     let before = journal().matches("Changed running -> reload").count();
     rig.sh_ok("systemctl kill --kill-whom=main -s HUP scriptgate.service");
-    eventually("the unit through reload by notification", Duration::from_secs(20), || {
-        let j = journal();
-        j.matches("Changed running -> reload").count() > before
-            && j.contains("in force for new scripts: scripts.timeout_s")
-            && j.matches("Changed reload -> running").count() > before
-    });
+    eventually(
+        "the unit through reload by notification",
+        Duration::from_secs(20),
+        || {
+            let j = journal();
+            j.matches("Changed running -> reload").count() > before
+                && j.contains("in force for new scripts: scripts.timeout_s")
+                && j.matches("Changed reload -> running").count() > before
+        },
+    );
     rig.sh_ok("systemd-analyze log-level info");
     assert_eq!(rig.is_active("scriptgate.service"), "active");
     let info = e.request("daemon.info", json!({})).unwrap();
