@@ -13,7 +13,9 @@
 //! - `lookup`: finding a script for a connection (`script.wait`, `status`,
 //!   `cancel`), `run.revoke` and `run.describe`;
 //! - `admin`: `daemon.info`, `admin.list`, `admin.calls`, `admin.prune`;
-//! - `lifecycle`: connections being served, a graceful stop.
+//! - `lifecycle`: connections being served, a graceful stop;
+//! - `live` and `reload`: the configuration in force, which a start takes once
+//!   and a reload (SIGHUP) swaps whole.
 
 pub(crate) mod admin;
 pub(crate) mod admission;
