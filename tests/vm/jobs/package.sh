@@ -280,8 +280,8 @@ conf=/etc/scriptgate/scriptgate.toml
 cp -p "$conf" "$work/packaged.toml"
 pid=$(systemctl show -p MainPID --value scriptgate.service)
 sed -i 's/^timeout_s = 1800$/timeout_s = 1700/' "$conf"
-printf '\n[server]\nmax_connections = 200\n' >>"$conf"
-# (The packaged file has no [server] table: the one appended is the only one.)
+# The packaged file has a [server] table (drain_s) and no max_connections in it.
+sed -i 's/^\[server\]$/[server]\nmax_connections = 200/' "$conf"
 check "changed file: scriptgated --check-config" scriptgated --check-config
 status=$(scriptgate status 2>&1)
 check "status before the reload: changed on disk, not reloaded" says '^config +changed on disk since .*, not reloaded' "$status"
@@ -298,7 +298,8 @@ check "the unit is active again after the reload (READY=1)" test "$(systemctl is
 check "the daemon kept its pid" test "$(systemctl show -p MainPID --value scriptgate.service)" = "$pid"
 status=$(scriptgate status 2>&1)
 echo "$status" | grep -E '^(daemon|config|pending|reload|limits) ' | sed 's/^/  /'
-check "status: as on disk, since when the daemon runs" bash -c 'says "^config +as on disk: /etc/scriptgate/scriptgate.toml" "$1" && says "^daemon +running at .* since " "$1"' _ "$status"
+check "status: as on disk" says '^config +as on disk: /etc/scriptgate/scriptgate.toml' "$status"
+check "status: since when the daemon runs" says '^daemon +running at .* since ' "$status"
 check "status: pending restart: server.max_connections" says '^pending +pending restart: server.max_connections ' "$status"
 check "status: timeout_s 1700 in force" says '^limits .*timeout_s 1700' "$status"
 cp -p "$work/packaged.toml" "$conf"
@@ -308,7 +309,8 @@ for _ in $(seq 100); do
   sleep 0.2
 done
 status=$(scriptgate status 2>&1)
-check "status: timeout_s 1800 again, nothing pending" bash -c 'says "^limits .*timeout_s 1800" "$1" && ! grep -qE "^pending " <<<"$1"' _ "$status"
+check "status: timeout_s 1800 again" says '^limits .*timeout_s 1800' "$status"
+check "status: nothing pending" bash -c '! grep -qE "^pending " <<<"$1"' _ "$status"
 run fleet "$ex/fleet_summary.py"
 expect fleet 0 ok "500 devices"
 
