@@ -394,6 +394,176 @@ impl Config {
     }
 }
 
+/// The keys a reload applies (`systemctl reload scriptgate`, SIGHUP;
+/// scriptgated(8) RELOAD): each is read anew by every script that starts after
+/// it, and by the daemon's hourly passes; a running script keeps what it started
+/// with. Every other key is read at start only: a changed value is named
+/// "pending restart" and the running value kept until a restart.
+pub const LIVE_KEYS: &[&str] = &[
+    "server.drain_s",
+    "scripts.max_calls",
+    "scripts.max_concurrency",
+    "scripts.timeout_s",
+    "scripts.memory_max_bytes",
+    "scripts.tasks_max",
+    "scripts.output_max_bytes",
+    "scripts.return_max_chars",
+    "scripts.approval_timeout_s",
+    "scripts.file_max_bytes",
+    "scripts.nofile_max",
+    "sandbox.tmp_size_bytes",
+    "state.reserve_bytes",
+    "workspace.retain_days",
+    "audit.retain_days",
+];
+
+/// What a reload makes of the running configuration and the file's.
+#[derive(Debug)]
+pub struct Reloaded {
+    /// The running configuration with the file's live keys (`LIVE_KEYS`).
+    pub cfg: Config,
+    /// The live keys whose value changed, `table.key`.
+    pub applied: Vec<String>,
+    /// The other keys whose value in the file differs from the running one.
+    pub pending: Vec<String>,
+}
+
+impl Config {
+    /// The running configuration (`self`) with the live keys of `file` (a
+    /// checked configuration); the keys that differ and need a restart are
+    /// named, and keep their running value. The result is checked again (a
+    /// live key may be bound by a pending one: `scripts.file_max_bytes` by
+    /// `server.max_message_bytes`).
+    pub fn reloaded(&self, file: &Config, path: &Path) -> Result<Reloaded, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
+        let as_value = |c: &Config| serde_json::to_value(c).map_err(|e| invalid(e.to_string()));
+        let (mut merged, new) = (as_value(self)?, as_value(file)?);
+        let (mut applied, mut pending) = (Vec::new(), Vec::new());
+        let tables: std::collections::BTreeSet<&String> = merged
+            .as_object()
+            .into_iter()
+            .chain(new.as_object())
+            .flat_map(|o| o.keys())
+            .collect();
+        let tables: Vec<String> = tables.into_iter().cloned().collect();
+        for table in tables {
+            let old_t = merged.get(&table).cloned().unwrap_or_default();
+            let new_t = new.get(&table).cloned().unwrap_or_default();
+            let keys: std::collections::BTreeSet<&String> = old_t
+                .as_object()
+                .into_iter()
+                .chain(new_t.as_object())
+                .flat_map(|o| o.keys())
+                .collect();
+            for key in keys {
+                let (was, now) = (old_t.get(key), new_t.get(key));
+                if was == now {
+                    continue;
+                }
+                let name = format!("{table}.{key}");
+                match (LIVE_KEYS.contains(&name.as_str()), now) {
+                    (true, Some(v)) => {
+                        merged[&table][key] = v.clone();
+                        applied.push(name);
+                    }
+                    _ => pending.push(name),
+                }
+            }
+        }
+        let cfg: Config = serde_json::from_value(merged).map_err(|e| invalid(e.to_string()))?;
+        cfg.validate(path).map_err(|e| match e {
+            ConfigError::Invalid { path, message } => ConfigError::Invalid {
+                path,
+                message: format!(
+                    "{message} (with the running values of the settings that need a restart: {})",
+                    pending.join(", ")
+                ),
+            },
+            e => e,
+        })?;
+        Ok(Reloaded {
+            cfg,
+            applied,
+            pending,
+        })
+    }
+}
+
+/// The configuration file as the daemon read it: what `scriptgate status`
+/// compares with the file on disk now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Source {
+    pub path: PathBuf,
+    /// Whether `--config` named it (a missing default file means defaults).
+    pub explicit: bool,
+    /// SHA-256 of its bytes, hex; None: no file (the defaults).
+    pub digest: Option<String>,
+}
+
+/// The most of a configuration file read to compare it with the loaded one.
+pub const SOURCE_MAX_BYTES: u64 = 4 << 20;
+
+impl Source {
+    /// The file at `path` now: its digest (None: no such file), or why it
+    /// cannot be read. Reads at most [`SOURCE_MAX_BYTES`].
+    pub fn digest_now(path: &Path) -> Result<Option<String>, String> {
+        use sha2::{Digest as _, Sha256};
+        use std::io::Read;
+        let file = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.to_string()),
+        };
+        let mut bytes = Vec::new();
+        file.take(SOURCE_MAX_BYTES)
+            .read_to_end(&mut bytes)
+            .map_err(|e| e.to_string())?;
+        let d: [u8; 32] = Sha256::digest(&bytes).into();
+        Ok(Some(d.iter().map(|b| format!("{b:02x}")).collect()))
+    }
+}
+
+impl Config {
+    /// [`Config::load`], and the file's digest as it was parsed.
+    pub fn load_with_source(path: &Path, explicit: bool) -> Result<(Config, Source), ConfigError> {
+        let read = |source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let text = match std::fs::read(path) {
+            Ok(b) => Some(b),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => None,
+            Err(e) => return Err(read(e)),
+        };
+        let cfg = match &text {
+            Some(b) => {
+                let t = std::str::from_utf8(b).map_err(|e| ConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message: format!("not UTF-8: {e}"),
+                })?;
+                Config::parse(t, path)?
+            }
+            None => Config::default(),
+        };
+        let digest = text.map(|b| {
+            use sha2::{Digest as _, Sha256};
+            let d: [u8; 32] = Sha256::digest(&b).into();
+            d.iter().map(|b| format!("{b:02x}")).collect()
+        });
+        Ok((
+            cfg,
+            Source {
+                path: path.to_path_buf(),
+                explicit,
+                digest,
+            },
+        ))
+    }
+}
+
 /// Read the key the way sudo-rs reads its policy (`secure_open`): open first, then
 /// judge the open file, so that nothing can be swapped in between the check and
 /// the read. `O_NOFOLLOW` refuses a symlink in the last component, `O_NONBLOCK`
@@ -491,6 +661,53 @@ mod tests {
         let documented = Config::parse(block, Path::new("scriptgate.toml.5")).unwrap();
         let empty = Config::parse("", Path::new("x.toml")).unwrap();
         assert_eq!(format!("{documented:?}"), format!("{empty:?}"));
+    }
+
+    /// A reload takes the file's live keys, keeps the running value of every
+    /// other key and names it pending; a merge that does not check is refused.
+    #[test]
+    fn a_reload_applies_the_live_keys_and_names_the_rest_pending() {
+        let p = Path::new("c");
+        let running = Config::parse("[server]\nmax_connections = 10\n", p).unwrap();
+        let file = Config::parse(
+            "[server]\nmax_connections = 20\ndrain_s = 5\n[scripts]\nmemory_max_bytes = 1000000\n\
+             [sandbox]\nrun_as = \"daemon\"\n[[auth.engine]]\nuser = \"gw\"\ntoken_key_file = \"/k\"\n",
+            p,
+        )
+        .unwrap();
+        let r = running.reloaded(&file, p).unwrap();
+        assert_eq!(r.applied, ["scripts.memory_max_bytes", "server.drain_s"]);
+        assert_eq!(
+            r.pending,
+            ["auth.engine", "sandbox.run_as", "server.max_connections"]
+        );
+        assert_eq!(r.cfg.scripts.memory_max_bytes, 1000000);
+        assert_eq!(r.cfg.server.drain_s, 5);
+        assert_eq!(r.cfg.server.max_connections, 10);
+        assert_eq!(r.cfg.sandbox.run_as, "nobody");
+        assert!(r.cfg.auth.engines.is_empty());
+        // The same file again: nothing applied, the same keys still pending.
+        let again = r.cfg.reloaded(&file, p).unwrap();
+        assert!(again.applied.is_empty());
+        assert_eq!(again.pending, r.pending);
+        // Every live key names a key of the configuration.
+        let keys = serde_json::to_value(Config::default()).unwrap();
+        for k in LIVE_KEYS {
+            let (t, key) = k.split_once('.').unwrap();
+            assert!(keys[t].get(key).is_some(), "{k}");
+        }
+        // file_max_bytes (live) below the running max_message_bytes (pending): refused.
+        let file = Config::parse(
+            "[server]\nmax_message_bytes = 2048\n[scripts]\nfile_max_bytes = 4096\n",
+            p,
+        )
+        .unwrap();
+        let e = running.reloaded(&file, p).unwrap_err().to_string();
+        assert!(
+            e.contains("scripts.file_max_bytes")
+                && e.contains("settings that need a restart: server.max_connections, server.max_message_bytes"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -383,8 +383,15 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
         [] => state.word.to_string(),
         why => format!("{}: {}", state.word, why.join("; ")),
     };
+    let since = info.started_ms.map_or(String::new(), |t| {
+        let up = crate::time::now_ms().saturating_sub(t).max(0) as u64;
+        format!(" since {} (up {})", rfc3339(t), human_ms(up))
+    });
     let rows = vec![
-        vec!["daemon".into(), format!("running at {}", ctx.socket.display())],
+        vec![
+            "daemon".into(),
+            format!("running at {}{since}", ctx.socket.display()),
+        ],
         vec!["state".into(), state_row],
         vec!["version".into(), format!("{} (protocol {})", info.version, info.protocol)],
         vec!["backend".into(), backend],
@@ -406,6 +413,9 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
     let mut rows = rows;
     if let Some(d) = &info.disk {
         rows.push(vec!["disk".into(), crate::daemon::disk::summary(d)]);
+    }
+    if let Some(c) = &info.config {
+        rows.extend(config_rows(c));
     }
     rows.extend(status_extras(ctx).0);
     Ok((pairs(&rows), state.code))
@@ -1497,6 +1507,47 @@ fn cut_by_restart(scripts: &[ListedScript], drain_s: u64) -> Vec<&ListedScript> 
     cut
 }
 
+/// `status`'s rows of the configuration: whether the daemon runs with the file
+/// as it is on disk, what waits for a restart, and the last reload (pure).
+pub(crate) fn config_rows(c: &crate::protocol::ConfigState) -> Vec<Vec<String>> {
+    let read = rfc3339(c.loaded_ms);
+    let changed = c.modified_ms.map_or("?".into(), rfc3339);
+    let config = match (c.on_disk.as_str(), &c.digest) {
+        ("same", None) => format!("defaults: no {} (as on disk, read {read})", c.path),
+        ("same", Some(_)) => format!("as on disk: {} (read {read})", c.path),
+        ("changed", _) => format!(
+            "changed on disk since {changed}, not reloaded: {} (read {read}; systemctl reload scriptgate)",
+            c.path
+        ),
+        ("missing", _) => format!(
+            "{} is missing on disk; the daemon runs with what it read {read}",
+            c.path
+        ),
+        (other, _) => format!("{}: {other}; the daemon runs with what it read {read}", c.path),
+    };
+    let mut rows = vec![vec!["config".into(), config]];
+    if !c.pending_restart.is_empty() {
+        rows.push(vec![
+            "pending".into(),
+            format!(
+                "pending restart: {} (changed in the file, in force after systemctl restart scriptgate)",
+                c.pending_restart.join(", ")
+            ),
+        ]);
+    }
+    if let Some(r) = &c.last_reload {
+        let text = match &r.error {
+            None => format!("{}: reloaded", rfc3339(r.at_ms)),
+            Some(e) => format!(
+                "{}: refused, the running configuration kept: {e}",
+                rfc3339(r.at_ms)
+            ),
+        };
+        rows.push(vec!["reload".into(), text]);
+    }
+    rows
+}
+
 /// `status`'s rows of the audit store and of a restart, and the same as JSON.
 fn status_extras(ctx: &Ctx) -> (Vec<Vec<String>>, Value) {
     let drain_s = ctx.config.server.drain_s;
@@ -1694,6 +1745,45 @@ mod tests {
                         "problem": null, "detail": null}
         }))
         .unwrap()
+    }
+
+    /// `status` says whether the daemon runs with the file on disk, names the
+    /// keys pending a restart, and the last reload with its refusal.
+    #[test]
+    fn the_config_rows_say_on_disk_pending_and_the_last_reload() {
+        let mut c = crate::protocol::ConfigState {
+            path: "/etc/s.toml".into(),
+            digest: Some("ab".into()),
+            loaded_ms: 0,
+            on_disk: "same".into(),
+            modified_ms: Some(86_400_000),
+            pending_restart: vec![],
+            last_reload: None,
+        };
+        let text = |c: &crate::protocol::ConfigState| pairs(&config_rows(c));
+        assert_eq!(
+            text(&c),
+            "config  as on disk: /etc/s.toml (read 1970-01-01T00:00:00.000Z)\n"
+        );
+        c.on_disk = "changed".into();
+        c.pending_restart = vec!["server.max_connections".into(), "auth.engine".into()];
+        c.last_reload = Some(crate::protocol::LastReload {
+            at_ms: 0,
+            error: Some("line 2: bad\u{1b}[2J".into()),
+        });
+        let t = text(&c);
+        assert!(
+            t.contains("config   changed on disk since 1970-01-02T00:00:00.000Z, not reloaded: /etc/s.toml"),
+            "{t}"
+        );
+        assert!(
+            t.contains("pending  pending restart: server.max_connections, auth.engine ("),
+            "{t}"
+        );
+        assert!(
+            t.contains("refused, the running configuration kept: line 2: bad\\x1b[2J"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -13,7 +13,8 @@ use std::time::Instant;
 impl Daemon {
     /// `daemon.info`: what this daemon is and what bounds its scripts.
     pub fn info(&self) -> DaemonInfo {
-        let s = &self.cfg.scripts;
+        let live = self.live();
+        let s = &live.cfg.scripts;
         DaemonInfo {
             version: VERSION.into(),
             protocol: crate::protocol::PROTOCOL_VERSION,
@@ -24,13 +25,13 @@ impl Daemon {
             sandbox: Some(self.preflight.sandbox.info.clone()),
             same_uid: same_uid(
                 nix::unistd::geteuid().is_root(),
-                &self.cfg.sandbox.run_as,
+                &live.cfg.sandbox.run_as,
                 self.backend.kind.as_str(),
             ),
             running: self.running_count(),
             disk: Some(disk::info(
                 s.disk_max_bytes,
-                &self.cfg.workspace.roots,
+                &live.cfg.workspace.roots,
                 true,
             )),
             limits: DaemonLimits {
@@ -42,8 +43,10 @@ impl Daemon {
                 output_max_bytes: s.output_max_bytes,
                 return_max_chars: s.return_max_chars,
                 approval_timeout_s: s.approval_timeout_s,
-                max_running: self.cfg.server.max_running,
+                max_running: live.cfg.server.max_running,
             },
+            started_ms: Some(self.started_ms),
+            config: self.config_state(),
         }
     }
 
@@ -126,7 +129,7 @@ impl Daemon {
             let (workspace, details_dir, run_uid) = match d.registry.running(&p.script_id) {
                 Some(r) => (r.workspace.clone(), r.details_dir.clone(), r.run_uid),
                 None => {
-                    let db = d.cfg.state.dir.join("scriptgate.db");
+                    let db = d.live().cfg.state.dir.join("scriptgate.db");
                     let row = crate::audit::Reader::open(&db)
                         .map_err(|e| RpcError::internal(e.to_string()))?
                         .script(&p.script_id)
@@ -172,7 +175,8 @@ impl Daemon {
             ));
         }
         let _one = self.prune_pass.lock().await;
-        let ws = &self.cfg.workspace;
+        let live = self.live();
+        let ws = &live.cfg.workspace;
         let (days, roots) = (ws.retain_days, ws.roots.clone());
         if days == 0 {
             return Ok(crate::protocol::Pruned {

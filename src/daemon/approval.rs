@@ -53,6 +53,7 @@ impl Daemon {
     /// connection's bound while it waits), else say why no one is asked.
     pub(crate) async fn seek_approval(
         &self,
+        live: &crate::daemon::Live,
         engine: &dyn EngineLink,
         script_id: &str,
         a: &Admitted,
@@ -81,7 +82,7 @@ impl Daemon {
             traceparent: a.trace.as_ref().map(|t| t.child_traceparent()),
             tracestate: a.trace.as_ref().and_then(|t| t.state.clone()),
         };
-        let timeout = Duration::from_secs(self.cfg.scripts.approval_timeout_s);
+        let timeout = Duration::from_secs(live.cfg.scripts.approval_timeout_s);
         match engine.approval_request(request, timeout).await {
             Ok(true) => Ok(Approval::AllowOnce),
             Ok(false) => Err(approval_error(

@@ -28,11 +28,12 @@ impl Daemon {
         token_str: &str,
     ) -> Result<Described, RpcError> {
         let claims = token::verify(token_str, self.peers.key_for(engine), true)?;
-        let limits = Limits::effective(&self.cfg.scripts, &claims.snapshot.limits);
+        let live = self.live();
+        let limits = Limits::effective(&live.cfg.scripts, &claims.snapshot.limits);
         let text = crate::policy::describe::describe(
             &claims.snapshot,
             &limits,
-            self.cfg.scripts.return_max_chars,
+            live.cfg.scripts.return_max_chars,
         );
         Ok(Described {
             tool: crate::policy::describe::run_script_tool(&text),

@@ -13,7 +13,9 @@
 //! - `lookup`: finding a script for a connection (`script.wait`, `status`,
 //!   `cancel`), `run.revoke` and `run.describe`;
 //! - `admin`: `daemon.info`, `admin.list`, `admin.calls`, `admin.prune`;
-//! - `lifecycle`: connections being served, a graceful stop.
+//! - `lifecycle`: connections being served, a graceful stop;
+//! - `live` and `reload`: the configuration in force, which a start takes once
+//!   and a reload (SIGHUP) swaps whole.
 
 pub(crate) mod admin;
 pub(crate) mod admission;
@@ -21,17 +23,20 @@ pub(crate) mod approval;
 pub(crate) mod calls;
 pub(crate) mod disk;
 pub(crate) mod lifecycle;
+pub(crate) mod live;
 pub(crate) mod lookup;
 pub(crate) mod peers;
 pub(crate) mod prune;
 pub mod ratelimit;
 pub(crate) mod record;
 pub(crate) mod registry;
+pub(crate) mod reload;
 pub(crate) mod roots;
 pub(crate) mod running;
 pub(crate) mod start;
 pub(crate) mod supervise;
 
+pub use live::Live;
 pub use peers::{Access, Peer, PeerGroups};
 
 use crate::audit::Store;
@@ -69,19 +74,22 @@ const AGENT_TOOLS_PY: &str = include_str!("../sandbox/agent_tools.py");
 /// protocol method is one of its methods, taking the [`Peer`] or [`Access`] the
 /// caller established.
 pub struct Daemon {
-    /// The configuration as loaded (`scriptgate.toml`), never changed after.
-    pub cfg: Config,
+    /// The configuration in force and what derives from it (`reload::Live`):
+    /// swapped whole by a reload; each start takes it once.
+    live: RwLock<Arc<Live>>,
+    /// The file it came from and what reloads made of it (None: embedded).
+    loaded: Mutex<Option<live::Loaded>>,
+    /// When this daemon started, ms since the epoch.
+    started_ms: i64,
+    /// `<state>/runtime`, where `agent_tools.py` is (every launch mounts it).
+    runtime_dir: PathBuf,
     /// The shared key, the `[[auth.engine]]` entries and the workspace roots.
     peers: Peers,
-    /// What admission decides with, taken from `cfg` and the preflight at load.
-    rules: Rules,
     pub store: Store,
     pub backend: Picked,
     /// What the start-up preflight found (see `preflight`).
     pub preflight: crate::sandbox::preflight::Preflight,
     spawner: Spawner,
-    /// What every script's launch takes from the daemon.
-    settings: crate::script::Settings,
     /// Running and finished scripts, `max_running` slots, pending approvals.
     registry: Arc<Registry<Running>>,
     /// Refused starts past a rate are counted, not recorded one by one.
@@ -152,7 +160,7 @@ impl Daemon {
             Arc::new(RwLock::new(store.revoked_runs()?.into_iter().collect()));
         let settings = crate::script::Settings::new(
             &cfg,
-            runtime_dir,
+            runtime_dir.clone(),
             preflight.sandbox.disable_userns,
             backend.backend.clone(),
         );
@@ -162,15 +170,22 @@ impl Daemon {
             Roots::new(cfg.workspace.roots.clone()),
             cfg.auth.allowed_groups.clone(),
         );
+        let registry = Registry::new(cfg.server.max_running);
         let d = Daemon {
-            rules: Rules::new(&cfg, &preflight),
+            live: RwLock::new(Arc::new(Live {
+                rules: Rules::new(&cfg, &preflight),
+                settings,
+                cfg,
+            })),
+            loaded: Mutex::new(None),
+            started_ms: crate::time::now_ms(),
+            runtime_dir,
             peers,
             store,
             backend,
             preflight,
             spawner,
-            settings,
-            registry: Registry::new(cfg.server.max_running),
+            registry,
             refusals: Mutex::new(RefusalLimiter::new(crate::daemon::ratelimit::STARTS)),
             refused_connections: Mutex::default(),
             revoked,
@@ -179,7 +194,6 @@ impl Daemon {
             prune_pass: tokio::sync::Mutex::new(()),
             answering: Mutex::default(),
             usage: tokio::sync::Mutex::new(None),
-            cfg,
         };
         d.peers.engine_dirs_at_start();
         let d = Arc::new(d);

@@ -7,13 +7,14 @@
 use crate::audit::StartRow;
 use crate::daemon::admission::Admitted;
 use crate::daemon::approval::Approval;
-use crate::daemon::{Daemon, Peer};
+use crate::daemon::{disk, Daemon, Live, Peer};
 use crate::protocol::refusal::{Reason, Refused};
 use crate::protocol::StartParams;
 use crate::sys::{ArtifactDir, SysError, WorkspaceDir};
 use crate::time::now_ms;
 use std::fs::File;
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 
 /// A script's record in its workspace, created before anything runs.
 pub(crate) struct Record {
@@ -26,6 +27,9 @@ pub(crate) struct Record {
     pub(crate) script_code: OwnedFd,
     /// Why `scripts.disk_max_bytes` is not in force for this script, if it is not.
     pub(crate) disk_note: Option<String>,
+    /// The configuration in force when the start began: the script keeps it
+    /// to its end, whatever a reload changes meanwhile.
+    pub(crate) live: Arc<Live>,
 }
 
 /// The record's three files that stay open: calls.jsonl, output.txt, stderr.txt.
@@ -38,16 +42,18 @@ impl Daemon {
     /// in full is removed.
     pub(crate) async fn create_record(
         &self,
+        live: &Arc<Live>,
         script_id: &str,
         peer: Peer,
         p: &StartParams,
         a: &Admitted,
         approval: Approval,
-        disk_note: Option<String>,
     ) -> Result<Record, Refused> {
+        let disk_note =
+            disk::bound(&self.store, &a.workspace, live.cfg.scripts.disk_max_bytes).await;
         let script_code = crate::sys::sealed_copy(c"scriptgate-script", p.code.as_bytes())
             .map_err(|e| Refused::internal(format!("cannot hold the script's code: {e}")))?;
-        self.keep_reserve_for_start()?;
+        self.keep_reserve_for_start(&live.cfg.state)?;
         let art = ArtifactDir::create(&a.workspace, script_id, a.identity, peer.uid() == 0)
             .map_err(|e| {
                 record_error(
@@ -61,7 +67,7 @@ impl Daemon {
             .map_err(|e| record_error("cannot write the script's record", &a.workspace, e))
         {
             Ok(logs) => self
-                .insert_row(script_id, peer, p, a, approval, &details_dir)
+                .insert_row(live, script_id, peer, p, a, approval)
                 .await
                 .map(|()| logs),
             Err(e) => Err(e),
@@ -77,13 +83,13 @@ impl Daemon {
             stderr_file,
             script_code,
             disk_note,
+            live: live.clone(),
         })
     }
 
     /// The state directory's reserve set aside: refused only when its
     /// filesystem is full (any other failure is logged, and the start goes on).
-    fn keep_reserve_for_start(&self) -> Result<(), Refused> {
-        let state = &self.cfg.state;
+    fn keep_reserve_for_start(&self, state: &crate::config::State) -> Result<(), Refused> {
         match self.store.keep_reserve(state.reserve_bytes) {
             Err(e) if is_no_space(&e) => Err(no_space(format!(
                 "the filesystem of state.dir {} is full: the {} bytes kept there for \
@@ -103,18 +109,19 @@ impl Daemon {
     /// The audit row of a script about to start.
     async fn insert_row(
         &self,
+        live: &Live,
         script_id: &str,
         peer: Peer,
         p: &StartParams,
         a: &Admitted,
         approval: Approval,
-        details_dir: &str,
     ) -> Result<(), Refused> {
+        let details_dir = format!(".agent/scripts/{script_id}");
         // Retention's mark: the workspace's (dev, inode) when it may remove it
         // once unused (`prune::vouch`). Only while retention is on (decided by
         // the configuration as loaded); a workspace is marked at its next start
         // once it is turned on.
-        let vouched = (self.cfg.workspace.retain_days > 0)
+        let vouched = (live.cfg.workspace.retain_days > 0)
             .then(|| crate::daemon::prune::vouch(&a.workspace.dir, peer.uid(), a.identity.uid))
             .flatten();
         let row = StartRow {
@@ -132,7 +139,7 @@ impl Daemon {
             backend: self.backend.kind.as_str().into(),
             unit: self.backend.backend.unit_for(script_id),
             started_at_ms: now_ms(),
-            details_dir: details_dir.to_string(),
+            details_dir,
             scope: a.run_key.scope.to_db(),
             vouched,
             trace_id: a.trace.as_ref().map(|t| t.trace_id.clone()),
@@ -141,7 +148,7 @@ impl Daemon {
             if e.is_full() {
                 no_space(format!(
                     "the filesystem of state.dir {} is full: {e}; free space there",
-                    self.cfg.state.dir.display()
+                    live.cfg.state.dir.display()
                 ))
             } else {
                 Refused::internal(format!("audit store: {e}"))

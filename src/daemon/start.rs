@@ -5,7 +5,7 @@
 use crate::audit::RefusalRow;
 use crate::daemon::admission::Admission;
 use crate::daemon::ratelimit::Verdict;
-use crate::daemon::{disk, Daemon, Peer};
+use crate::daemon::{Daemon, Live, Peer};
 use crate::protocol::refusal::Refused;
 use crate::protocol::token::{RunRef, Signed};
 use crate::protocol::{RpcError, StartParams, Started};
@@ -21,29 +21,33 @@ fn new_script_id() -> String {
 }
 
 impl Daemon {
-    /// Step 1's checker, with what it reads of this daemon.
-    pub(crate) fn admission(&self) -> Admission<'_> {
+    /// Step 1's checker, with what it reads of this daemon and of the
+    /// configuration in force for this start.
+    pub(crate) fn admission<'a>(&'a self, live: &'a Live) -> Admission<'a> {
         Admission {
             peers: &self.peers,
             revoked: &self.revoked,
-            rules: &self.rules,
+            rules: &live.rules,
             stopping: &self.stopping,
         }
     }
 
     /// `script.start`. Refusals are audited (and logged at warning priority) under
     /// the run the token names once its signature holds, even when the token is
-    /// then refused (expired, a bad snapshot).
+    /// then refused (expired, a bad snapshot). The start reads the
+    /// configuration in force once: a reload meanwhile changes the next start,
+    /// not this one.
     pub async fn start(
         self: &Arc<Self>,
         peer: Peer,
         engine: Arc<dyn EngineLink>,
         p: StartParams,
     ) -> Result<Started, RpcError> {
-        let (run, r) = match self.admission().verify(peer, &p.token) {
+        let live = self.live();
+        let (run, r) = match self.admission(&live).verify(peer, &p.token) {
             Ok(signed) => (
                 signed.run(),
-                self.start_signed(peer, engine, p, signed).await,
+                self.start_signed(&live, peer, engine, p, signed).await,
             ),
             Err(e) => (None, Err(e)),
         };
@@ -59,6 +63,7 @@ impl Daemon {
     /// engine decides, and nothing runs before it is recorded.
     async fn start_signed(
         self: &Arc<Self>,
+        live: &Arc<Live>,
         peer: Peer,
         engine: Arc<dyn EngineLink>,
         p: StartParams,
@@ -66,30 +71,24 @@ impl Daemon {
     ) -> Result<Started, Refused> {
         // 1. Admit: nothing runs unless the run is proven, not revoked, and its
         //    workspace, plan, identity and limits hold.
-        let admitted = self.admission().admit(peer, &p, signed)?;
+        let admitted = self.admission(live).admit(peer, &p, signed)?;
         let script_id = new_script_id();
         // 2. One approval for all declared write tools. A start waiting for it
         //    holds no max_running slot, so an engine that never answers blocks
         //    only its own starts.
         let approval = self
-            .seek_approval(engine.as_ref(), &script_id, &admitted, &p)
+            .seek_approval(live, engine.as_ref(), &script_id, &admitted, &p)
             .await?;
         // 3. A max_running slot, held until the script's end is recorded. The
         //    approval may have taken long: a daemon that began to stop meanwhile
         //    starts nothing.
-        self.admission().check_not_stopping()?;
+        self.admission(live).check_not_stopping()?;
         let slot = self.registry.reserve_slot()?;
         // 4. The record: first the workspace's disk bound, which its files are
         //    under too (their project's quota, `daemon::disk`); then the record
         //    directory and the audit row, before anything runs.
-        let disk_note = disk::bound(
-            &self.store,
-            &admitted.workspace,
-            self.cfg.scripts.disk_max_bytes,
-        )
-        .await;
         let record = self
-            .create_record(&script_id, peer, &p, &admitted, approval, disk_note)
+            .create_record(live, &script_id, peer, &p, &admitted, approval)
             .await?;
         // 5. Start it; answer once it runs.
         self.supervise(script_id, peer, engine, admitted, record, slot)

@@ -31,6 +31,8 @@ struct Job {
     result: watch::Sender<Option<ScriptResult>>,
     /// Freed once the result is recorded and the script deregistered.
     slot: Slot<Running>,
+    /// The configuration in force when it started, kept to its end.
+    live: Arc<crate::daemon::Live>,
 }
 
 impl Daemon {
@@ -63,6 +65,7 @@ impl Daemon {
             stop: stop_tx,
             result: result_rx,
         });
+        let live = rec.live.clone();
         let (broker, launch) = self.broker_and_launch(&script_id, &engine, &running, a, rec);
         self.register(&script_id, &running);
         let (started, started_rx) = tokio::sync::oneshot::channel();
@@ -76,6 +79,7 @@ impl Daemon {
             started,
             result,
             slot,
+            live,
         };
         tokio::spawn(self.clone().run_to_end(job));
         match started_rx.await {
@@ -116,7 +120,7 @@ impl Daemon {
             live: running.live.clone(),
             calls_log: rec.calls_log,
             revoked: self.revoked.clone(),
-            max_line: self.cfg.server.max_message_bytes,
+            max_line: rec.live.cfg.server.max_message_bytes,
             trace: a.trace.clone(),
         });
         let workspace = RunWorkspace::new(
@@ -136,7 +140,7 @@ impl Daemon {
             (nix::unistd::Uid::effective().as_raw() != a.identity.uid).then_some(a.identity);
         let notes = rec.disk_note.into_iter().collect();
         let run = Run::new(workspace, record, identity, a.limits, notes);
-        (broker, Launch::new(&self.settings, run))
+        (broker, Launch::new(&rec.live.settings, run))
     }
 
     /// Register a script as running. `run.revoke` adds the run before it scans the
@@ -165,6 +169,7 @@ impl Daemon {
             started,
             result: result_tx,
             slot,
+            live: config,
         } = job;
         let ticker = tokio::spawn(progress_ticker(
             sid.clone(),
@@ -183,8 +188,10 @@ impl Daemon {
             Err(_) => true,
             Ok(e) => e.setup_failed,
         } || matches!(&*running.stop.borrow(), Some(Stop::EngineLost));
-        let result = self.build_result(&sid, &running, outcome);
-        self.record_result(&sid, &running, &result).await;
+        let result =
+            self.build_result(&sid, &running, outcome, config.cfg.scripts.return_max_chars);
+        self.record_result(&sid, &running, &result, config.cfg.state.reserve_bytes)
+            .await;
         // Recorded first, then deregistered and the slot freed, and only then
         // told: whoever hears of the end can start the next script at once.
         self.registry.finish(&sid, running.owner);
@@ -206,12 +213,18 @@ impl Daemon {
     /// The result and the tools' counts into the audit row; then the state
     /// directory's reserve set aside again if it was used (and space has come
     /// back); otherwise the next start tries.
-    async fn record_result(&self, sid: &str, running: &Running, result: &ScriptResult) {
+    async fn record_result(
+        &self,
+        sid: &str,
+        running: &Running,
+        result: &ScriptResult,
+        reserve_bytes: u64,
+    ) {
         let counts = json!(*running.live.tool_counts.lock().unwrap());
         if let Err(e) = self.store.finish(result, counts).await {
             tracing::error!(script_id = %sid, "cannot record the result: {e}");
         }
-        let _ = self.store.keep_reserve(self.cfg.state.reserve_bytes);
+        let _ = self.store.keep_reserve(reserve_bytes);
     }
 
     /// The result object of a script that ended (or never started).
@@ -220,6 +233,7 @@ impl Daemon {
         sid: &str,
         running: &Running,
         outcome: Result<Ended, SpawnError>,
+        return_max_chars: usize,
     ) -> ScriptResult {
         let live = &running.live;
         let e = outcome.unwrap_or_else(|e| Ended::not_started(&e));
@@ -231,7 +245,7 @@ impl Daemon {
         let note = result_note(
             e.output_truncated,
             &record_incomplete,
-            self.cfg.scripts.return_max_chars,
+            return_max_chars,
             &running.details_dir,
         );
         ScriptResult {

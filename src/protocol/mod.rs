@@ -588,6 +588,49 @@ pub struct DaemonInfo {
     /// in force there (extension).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk: Option<DiskInfo>,
+    /// When this daemon started, ms since the epoch (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<i64>,
+    /// The configuration file and whether the daemon runs with it as it is on
+    /// disk (extension; absent for an embedded daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<ConfigState>,
+}
+
+/// `daemon.info`'s `config`: the file the daemon read, whether it still is as
+/// read, and what a reload left for a restart (scriptgated(8) RELOAD).
+///
+/// ```json
+/// {"path": "/etc/scriptgate/scriptgate.toml", "digest": "5f1c…", "loaded_ms": 1764780000000,
+///  "on_disk": "changed", "modified_ms": 1764781000000,
+///  "pending_restart": ["server.max_connections"],
+///  "last_reload": {"at_ms": 1764780500000, "error": null}}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConfigState {
+    pub path: String,
+    /// SHA-256 of the file as read, hex; null: there was no file (defaults).
+    pub digest: Option<String>,
+    /// When the configuration in force was read: the start, or the last
+    /// reload that checked.
+    pub loaded_ms: i64,
+    /// The file now: "same" (as read), "changed", "missing" or
+    /// "unreadable: WHY".
+    pub on_disk: String,
+    /// The file's modification time now.
+    pub modified_ms: Option<i64>,
+    /// Keys whose value in the file differs from the running one and take
+    /// effect at the next restart only.
+    pub pending_restart: Vec<String>,
+    /// The last reload: when, and why it was refused (null: it checked).
+    pub last_reload: Option<LastReload>,
+}
+
+/// [`ConfigState`]'s `last_reload`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LastReload {
+    pub at_ms: i64,
+    pub error: Option<String>,
 }
 
 /// `daemon.info`'s `disk`: the bound on what a workspace holds while its scripts

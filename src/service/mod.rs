@@ -89,7 +89,7 @@ pub fn main() -> ExitCode {
         Some(p) => (p.clone(), true),
         None => (PathBuf::from(DEFAULT_PATH), false),
     };
-    let cfg = match Config::load(&path, explicit) {
+    let (cfg, source) = match Config::load_with_source(&path, explicit) {
         Ok(c) => c,
         Err(e) => return cannot_start(&activated, &e),
     };
@@ -119,6 +119,7 @@ pub fn main() -> ExitCode {
     };
     let code = rt.block_on(run(
         cfg,
+        source,
         key,
         activated,
         args.listen,
@@ -159,6 +160,7 @@ fn err_lines(prefix: &str, text: &str) -> String {
 /// serving until a signal or idle exit, then interrupting what still runs.
 async fn run(
     cfg: Config,
+    source: crate::config::Source,
     key: Vec<u8>,
     activated: Vec<OwnedFd>,
     listen: Option<PathBuf>,
@@ -172,6 +174,7 @@ async fn run(
         Ok(d) => d,
         Err(e) => return cannot_start(activated.as_slice(), &e),
     };
+    daemon.loaded_from(source);
     // Scripts a killed daemon left running: their record is completed now, and so is
     // their journal entry.
     for r in &interrupted {
@@ -191,13 +194,15 @@ async fn run(
     let listener = match listener(
         activated,
         listen.as_deref(),
-        &daemon.cfg.auth.allowed_groups,
+        &daemon.live().cfg.auth.allowed_groups,
     ) {
         Ok(l) => l,
         Err(e) => return fail(&format!("listening socket: {e}")),
     };
     // 3. From here on only what scripts need.
-    if let Err(e) = crate::sys::drop_daemon_capabilities(daemon.cfg.scripts.disk_max_bytes > 0) {
+    if let Err(e) =
+        crate::sys::drop_daemon_capabilities(daemon.live().cfg.scripts.disk_max_bytes > 0)
+    {
         tracing::warn!("could not drop capabilities: {e}");
     }
     // 4. Ready: `systemctl start` returns now, and the status line begins.
@@ -249,7 +254,7 @@ fn announce_ready(daemon: &Daemon) {
     let preflight = daemon.preflight.summary();
     if daemon
         .preflight
-        .blocks_scripts(daemon.cfg.sandbox.require_enforced_limits)
+        .blocks_scripts(daemon.live().cfg.sandbox.require_enforced_limits)
     {
         // No script can run: at err, where `journalctl -p err` looks.
         tracing::error!(
@@ -272,7 +277,8 @@ fn announce_ready(daemon: &Daemon) {
             "scriptgated ready (backend {backend}; {notes}; {preflight})"
         );
     }
-    if let Err(e) = crate::audit::metrics::write_daemon_file(&daemon.cfg.state.dir, &daemon.info())
+    if let Err(e) =
+        crate::audit::metrics::write_daemon_file(&daemon.live().cfg.state.dir, &daemon.info())
     {
         tracing::warn!("cannot write daemon.json for scriptgate metrics: {e}");
     }
@@ -289,27 +295,10 @@ struct Housekeeping(Vec<tokio::task::JoinHandle<()>>);
 impl Housekeeping {
     fn start(daemon: &Arc<Daemon>, watchdog_usec: Option<u64>) -> Housekeeping {
         let mut tasks = Vec::new();
-        let d = daemon.clone();
-        tasks.push(tokio::spawn(async move {
-            let days = d.cfg.audit.retain_days;
-            if days == 0 {
-                return; // retain_days = 0 keeps everything
-            }
-            let mut t = tokio::time::interval(Duration::from_secs(3600));
-            loop {
-                t.tick().await;
-                match d.store.prune(days).await {
-                    Ok((0, 0)) => {}
-                    Ok((s, r)) => tracing::info!(
-                        "audit retention ({days} days): pruned {s} scripts and {r} refusals"
-                    ),
-                    Err(e) => tracing::warn!("audit retention: {e}"),
-                }
-            }
-        }));
+        tasks.push(tokio::spawn(audit_retention(daemon.clone())));
         let d = daemon.clone();
         tasks.push(tokio::spawn(workspace_retention(d)));
-        tasks.push(tokio::spawn(refuse_reload()));
+        tasks.push(tokio::spawn(reload_on_hangup(daemon.clone())));
         let d = daemon.clone();
         tasks.push(tokio::spawn(async move {
             loop {
@@ -332,20 +321,67 @@ impl Housekeeping {
     }
 }
 
-/// SIGHUP does not reload (the unit has no ExecReload=): it is logged and
-/// otherwise ignored, instead of ending the daemon as its default action would.
-/// A new config takes effect with `systemctl restart scriptgate`, which lets
-/// running scripts finish first (server.drain_s).
-async fn refuse_reload() {
+/// `[audit] retain_days`: at start, then hourly, audit rows older than that
+/// many days are removed (0 keeps everything). Read at every pass: a reload
+/// changes the next one.
+async fn audit_retention(d: Arc<Daemon>) {
+    let mut t = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        t.tick().await;
+        let days = d.live().cfg.audit.retain_days;
+        if days == 0 {
+            continue; // retain_days = 0 keeps everything
+        }
+        match d.store.prune(days).await {
+            Ok((0, 0)) => {}
+            Ok((s, r)) => {
+                tracing::info!("audit retention ({days} days): pruned {s} scripts and {r} refusals")
+            }
+            Err(e) => tracing::warn!("audit retention: {e}"),
+        }
+    }
+}
+
+/// SIGHUP (`systemctl reload scriptgate`, the unit's `ExecReload=`): the
+/// configuration file is read again (`Daemon::reload`). systemd is told
+/// `RELOADING=1` with the monotonic time first and `READY=1` when done, so that
+/// the unit is "reloading" meanwhile and active again after. What changed is
+/// logged at info, the keys that need a restart at warning ("pending restart:
+/// KEY, ..."), and a file that does not check at err, the running
+/// configuration kept.
+async fn reload_on_hangup(d: Arc<Daemon>) {
     use tokio::signal::unix::{signal, SignalKind};
     let Ok(mut hup) = signal(SignalKind::hangup()) else {
         return;
     };
     while hup.recv().await.is_some() {
-        tracing::warn!(
-            "SIGHUP ignored: scriptgated does not reload its configuration; \
-             run \"systemctl restart scriptgate\" (running scripts may finish first, server.drain_s)"
-        );
+        let mut reloading = vec![sd_notify::NotifyState::Reloading];
+        reloading.extend(sd_notify::NotifyState::monotonic_usec_now().ok());
+        let _ = sd_notify::notify(&reloading);
+        match d.reload() {
+            Ok(r) => {
+                let applied = match r.applied.as_slice() {
+                    [] => "no setting that applies live changed".to_string(),
+                    a => format!("in force for new scripts: {}", a.join(", ")),
+                };
+                tracing::info!("SIGHUP: configuration reloaded ({applied})");
+                if !r.pending.is_empty() {
+                    tracing::warn!(
+                        "SIGHUP: pending restart: {} (changed in the file; the running values are kept until \"systemctl restart scriptgate\")",
+                        r.pending.join(", ")
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::error!("SIGHUP: configuration not reloaded, the running one is kept: {e}")
+            }
+        }
+        let n = d.running_count();
+        let status = format!("{n} script{} running", if n == 1 { "" } else { "s" });
+        let _ = sd_notify::notify(&[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status(&status),
+        ]);
     }
 }
 
@@ -353,13 +389,13 @@ async fn refuse_reload() {
 /// scriptgate created that nothing used for that long (crate::daemon::prune; bounded per
 /// pass, never an engine's own workspace, never one a running script uses).
 async fn workspace_retention(d: Arc<Daemon>) {
-    let days = d.cfg.workspace.retain_days;
-    if days == 0 {
-        return;
-    }
     let mut t = tokio::time::interval(Duration::from_secs(3600));
     loop {
         t.tick().await;
+        let days = d.live().cfg.workspace.retain_days;
+        if days == 0 {
+            continue;
+        }
         // The pass `admin.prune` runs too (one at a time).
         let pass = match d.prune_workspaces(false, None).await {
             Ok(p) => p,
@@ -426,7 +462,7 @@ async fn serve_until_stopped(
         _ = int.recv() => "SIGINT",
     };
     daemon.stop_starting();
-    let drain = Duration::from_secs(daemon.cfg.server.drain_s);
+    let drain = Duration::from_secs(daemon.live().cfg.server.drain_s);
     let n = daemon.running_count();
     if n == 0 {
         tracing::info!("{signal}: stopping");

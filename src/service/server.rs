@@ -117,7 +117,8 @@ pub async fn serve(
     idle_exit: Option<Duration>,
 ) -> std::io::Result<()> {
     let live = Arc::new(Liveness::new());
-    let sv = &daemon.cfg.server;
+    let config = daemon.live();
+    let sv = &config.cfg.server;
     let gate = Arc::new(Gate {
         daemon: daemon.clone(),
         main: tokio::runtime::Handle::current(),
@@ -727,7 +728,7 @@ impl Gate {
                     let d = gate.daemon.clone();
                     let engines = d.has_engine_entries();
                     let g = tokio::task::spawn_blocking(move || {
-                        look_up(key.0, key.1, &d.cfg.auth, engines)
+                        look_up(key.0, key.1, &d.live().cfg.auth, engines)
                     })
                     .await;
                     let failed = g.as_ref().err().map(ToString::to_string);
@@ -967,7 +968,8 @@ async fn connection(gate: &Gate, c: Caller<UnixStream>, role: Role, peer: Peer) 
     // dropped before the writer is awaited: the writer ends with the last one).
     daemon.serving(id, endpoint.clone());
     let conn = Arc::new(Conn { id, endpoint });
-    let sv = &daemon.cfg.server;
+    let config = daemon.live();
+    let sv = &config.cfg.server;
     let timed_out = format!(
         "a message was not completed within server.line_timeout_s = {} s; closing the connection",
         sv.line_timeout_s
@@ -1043,9 +1045,11 @@ impl Session {
             return Err(RpcError::not_admin());
         }
         if self.admin_only && !method.admin_only() && method != Method::DaemonInfo {
-            return Err(
-                admin_only_peer(self.peer.uid(), &self.daemon.cfg.auth.allowed_groups).into(),
-            );
+            return Err(admin_only_peer(
+                self.peer.uid(),
+                &self.daemon.live().cfg.auth.allowed_groups,
+            )
+            .into());
         }
         let engine = self.peer.engine();
         let (d, conn, who) = (

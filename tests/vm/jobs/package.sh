@@ -273,6 +273,47 @@ expect inet 0 ok "inet ok"
 run whoami "$work/whoami.py"
 expect whoami 0 ok "user scriptgate-script"
 
+section "systemctl reload: live keys applied, a restart-only key pending, the unit active again"
+# Inside this boot, with the packaged configuration: timeout_s (live) and
+# max_connections (restart only) changed, then the file put back as it was.
+conf=/etc/scriptgate/scriptgate.toml
+cp -p "$conf" "$work/packaged.toml"
+pid=$(systemctl show -p MainPID --value scriptgate.service)
+sed -i 's/^timeout_s = 1800$/timeout_s = 1700/' "$conf"
+# The packaged file has a [server] table (drain_s) and no max_connections in it.
+sed -i 's/^\[server\]$/[server]\nmax_connections = 200/' "$conf"
+check "changed file: scriptgated --check-config" scriptgated --check-config
+status=$(scriptgate status 2>&1)
+check "status before the reload: changed on disk, not reloaded" says '^config +changed on disk since .*, not reloaded' "$status"
+check "systemctl reload scriptgate" systemctl reload scriptgate
+reloaded=no
+for _ in $(seq 100); do
+  journalctl -u scriptgate.service -o cat --no-pager | grep -q 'SIGHUP: configuration reloaded (in force for new scripts: scripts.timeout_s)' && { reloaded=yes; break; }
+  sleep 0.2
+done
+check "journal: configuration reloaded, scripts.timeout_s in force" test "$reloaded" = yes
+check "journal: pending restart: server.max_connections" sh -c "journalctl -u scriptgate.service -o cat --no-pager | grep -q 'SIGHUP: pending restart: server.max_connections'"
+for _ in $(seq 100); do [ "$(systemctl is-active scriptgate.service)" = active ] && break; sleep 0.2; done
+check "the unit is active again after the reload (READY=1)" test "$(systemctl is-active scriptgate.service)" = active
+check "the daemon kept its pid" test "$(systemctl show -p MainPID --value scriptgate.service)" = "$pid"
+status=$(scriptgate status 2>&1)
+echo "$status" | grep -E '^(daemon|config|pending|reload|limits) ' | sed 's/^/  /'
+check "status: as on disk" says '^config +as on disk: /etc/scriptgate/scriptgate.toml' "$status"
+check "status: since when the daemon runs" says '^daemon +running at .* since ' "$status"
+check "status: pending restart: server.max_connections" says '^pending +pending restart: server.max_connections ' "$status"
+check "status: timeout_s 1700 in force" says '^limits .*timeout_s 1700' "$status"
+cp -p "$work/packaged.toml" "$conf"
+check "systemctl reload scriptgate (the packaged file back)" systemctl reload scriptgate
+for _ in $(seq 100); do
+  scriptgate status 2>&1 | grep -qE '^limits .*timeout_s 1800' && ! scriptgate status 2>&1 | grep -qE '^pending ' && break
+  sleep 0.2
+done
+status=$(scriptgate status 2>&1)
+check "status: timeout_s 1800 again" says '^limits .*timeout_s 1800' "$status"
+check "status: nothing pending" bash -c '! grep -qE "^pending " <<<"$1"' _ "$status"
+run fleet "$ex/fleet_summary.py"
+expect fleet 0 ok "500 devices"
+
 section "a non-root engine, step by step, as README.Debian says (user gateway)"
 # The commands of README.Debian's "A non-root engine, step by step", taken from
 # the installed file itself and run in order, so the walkthrough cannot drift
@@ -824,6 +865,12 @@ check "remove keeps the config and the audit store" test -e $conf -a -e /var/lib
 if out=$(apt-get purge -y scriptgate 2>&1); then ok "apt purge"; else bad "apt purge" "$out"; fi
 check "purge removes the config, key and audit store" sh -c "test ! -e /etc/scriptgate/scriptgate.toml -a ! -e /etc/scriptgate/token.key -a ! -e /var/lib/scriptgate/scriptgate.db"
 check "purge leaves no unit" sh -c "! systemctl cat scriptgate.socket >/dev/null 2>&1"
+if [ "$apparmor4" = yes ]; then
+  # postrm unloads the profiles (remove and purge): aa-status lists none of them.
+  check "purge: aa-status lists no scriptgated, scriptgated_bwrap, scriptgated_script" \
+    sh -c "aa-status >'$work/aa.txt' 2>&1; ! grep -qE '^ +scriptgated(_bwrap|_script)?( |\$)' '$work/aa.txt'"
+  check "purge removes the profile's copy" test ! -e /etc/apparmor.d/scriptgated
+fi
 check "purge removes the metrics file from the collector's directory" test ! -e /var/lib/prometheus/node-exporter/scriptgate.prom
 
 echo
