@@ -12,7 +12,7 @@ const env = process.env, [socket = env.SCRIPTGATE_SOCKET ?? "/run/scriptgate/scr
   keyFile = env.SCRIPTGATE_KEY_FILE ?? "/etc/scriptgate/token.key", root = env.SCRIPTGATE_WORKSPACE_ROOT ?? `/var/lib/scriptgate/workspaces${process.getuid() ? `/${process.getuid()}` : ""}`] = process.argv.slice(2);
 const fleet = new Map(["SN1", "SN2", "SN3", "SN4"].map((sn, i) => [sn, { sn, online: i !== 2, fw: i % 2 ? "1.3" : "1.2" }]));
 const SN = { type: "object", properties: { sn: { type: "string" } }, required: ["sn"] };
-const snapshot = { workspace: await prepareWorkspace(join(root, `engine-${process.pid}`)), permission_mode: "approval", tools: [
+const snapshot = { workspace: await prepareWorkspace(join(root, `engine-${process.pid}`), { createdBy: "examples/engine.mjs" }), permission_mode: "approval", tools: [
   { name: "fleet__list_devices", class: "read", input_schema: { type: "object" } },
   { name: "fleet__get_device_status", class: "read", input_schema: SN },
   { name: "fleet__reboot_device", class: "write", input_schema: SN }] };

@@ -29,7 +29,7 @@ def tool(call):  # stands in for the engine's normal tool path (policy, MCP, res
     return {"text": str(dev), "structured": dev, "is_error": False}
 async def main():
     run_id = f"example-{uuid.uuid4().hex[:8]}"
-    snap = Snapshot(str(prepare_workspace(os.path.join(ROOT, run_id))), "approval", [Tool.read("fleet__list_devices",
+    snap = Snapshot(str(prepare_workspace(os.path.join(ROOT, run_id), created_by="examples/engine.py")), "approval", [Tool.read("fleet__list_devices",
         {"type": "object"}), Tool.read("fleet__get_device_status", SN), Tool.write("fleet__reboot_device", SN)])
     approve = lambda req: print("approving", [t["name"] for t in req.tools], file=sys.stderr) or True
     async with Client(SOCK, tool_handler=tool, approval_handler=approve) as sg:

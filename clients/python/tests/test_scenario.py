@@ -31,6 +31,7 @@ from scriptgate_client import (
     Tool,
     ToolCall,
     mint_token,
+    prepare_workspace,
 )
 
 from conftest import KEY, REPO, Daemon
@@ -428,6 +429,45 @@ def test_example_engine(daemon: Daemon) -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.startswith("run_script ok:"), p.stdout
     assert "rebooted" in p.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="admin.prune answers root and auth.admin_groups only")
+def test_example_engine_workspace_is_left_to_retention(daemon: Daemon) -> None:
+    """The example marks the workspace it makes (created_by), so the daemon records
+    it and retention removes it once unused: a dry run 40 days ahead lists it."""
+    before = set(daemon.root.glob("example-*"))
+    p = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "engine.py"), str(daemon.socket), str(daemon.key_file), str(daemon.root)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    (ws,) = set(daemon.root.glob("example-*")) - before
+    marker = json.loads((ws / ".agent" / "workspace.json").read_text())
+    assert marker["created_by"] == "examples/engine.py" and marker["uid"] == 0, marker
+    assert (ws / ".agent" / "workspace.json").stat().st_mode & 0o777 == 0o600
+
+    async def main() -> Any:
+        async with Client(daemon.socket) as sg:
+            now = await sg.request("admin.prune", {"dry_run": True})
+            later = await sg.request("admin.prune", {"dry_run": True, "as_of_ms": int(time.time() * 1000) + 40 * 86400_000})
+            return now, later
+
+    now, later = run(main())
+    assert str(ws) not in [w["path"] for w in now["expired"]], now
+    assert str(ws) in [w["path"] for w in later["expired"]], later
+
+
+def test_prepare_workspace_marks_only_what_it_creates(tmp_path: Path) -> None:
+    made = prepare_workspace(tmp_path / "new", created_by="my-engine", uid=os.geteuid(), gid=os.getegid())
+    marker = json.loads((made / ".agent" / "workspace.json").read_text())
+    assert marker["created_by"] == "my-engine" and marker["uid"] == os.geteuid()
+    assert isinstance(marker["created_at_ms"], int)
+    assert (made / ".agent").stat().st_mode & 0o777 == 0o700
+    (tmp_path / "old").mkdir()
+    kept = prepare_workspace(tmp_path / "old", created_by="my-engine", uid=os.geteuid(), gid=os.getegid())
+    assert not (kept / ".agent").exists()
+    plain = prepare_workspace(tmp_path / "plain", uid=os.geteuid(), gid=os.getegid())
+    assert not (plain / ".agent").exists()
 
 
 # --- issue 20 -------------------------------------------------------------------------

@@ -109,6 +109,15 @@ export interface WorkspaceOptions {
    * for `<root>/<uid>` when a non-root process may not create a parent.
    */
   socket?: string;
+  /**
+   * Your engine's name: when this call creates the directory, it also writes the
+   * retention marker `.agent/workspace.json` (this process's, mode 0600 in a 0700
+   * `.agent`), as `scriptgate run` does for the workspaces it makes. Once a script of
+   * this engine has run in it, the daemon's `[workspace] retain_days` removes it when
+   * unused (scriptgated(8), WORKSPACE RETENTION). A directory that already existed is
+   * never marked.
+   */
+  createdBy?: string;
 }
 
 // The daemon's answer to daemon.info is one line, far below this.
@@ -160,6 +169,19 @@ function askDaemon(socket?: string): Promise<string> {
   return ask(true).then((r) => (r === "retry" ? ask(false) : r)).then((r) => (r === "retry" ? `no answer at ${where}` : r));
 }
 
+/** Write the retention marker below the just-created workspace `ws`. */
+async function mark(ws: string, createdBy: string): Promise<void> {
+  const agent = `${ws}/.agent`;
+  await mkdir(agent, { mode: 0o700 });
+  const text = JSON.stringify({ created_by: createdBy, created_at_ms: Date.now(), uid: process.geteuid?.() ?? 0 });
+  const f = await open(`${agent}/workspace.json`, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
+  try {
+    await f.writeFile(text + "\n");
+  } finally {
+    await f.close();
+  }
+}
+
 function errno(e: unknown): string | undefined {
   return (e as NodeJS.ErrnoException).code;
 }
@@ -198,11 +220,16 @@ export async function prepareWorkspace(path: string, options: WorkspaceOptions =
       throw err;
     }
   }
+  let made = true;
   try {
     await mkdir(p, { mode: 0o700 });
   } catch (e) {
     if (errno(e) !== "EEXIST") throw e;
+    made = false;
   }
+  // Marked before it is given away: until then the new directory is this process's
+  // alone (0700), so nobody else can put a link in it between the steps.
+  if (made && options.createdBy !== undefined) await mark(p, options.createdBy);
   const fh = await open(p, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
   try {
     const st = await fh.stat();

@@ -2,12 +2,13 @@
 // against a real scriptgated (see rig.mjs).
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { chmodSync, mkdirSync, readFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { setTimeout as sleep } from "node:timers/promises";
 import { createHmac } from "node:crypto";
-import { ApprovalError, ScriptgateClient, ScriptgateError, mintToken, validateSnapshot } from "../dist/index.js";
+import { ApprovalError, ScriptgateClient, ScriptgateError, mintToken, prepareWorkspace, validateSnapshot } from "../dist/index.js";
 import { KEY, startDaemon } from "./rig.mjs";
 
 // A test that fails only for want of a daemon change in flight (issue 9) is marked
@@ -499,4 +500,40 @@ test("examples/engine.mjs runs against the daemon", T, async () => {
   const out = stdout.trim().split("\n");
   assert.match(out[0], /^run_script ok: 6 calls, 0 failed, /);
   assert.deepEqual(out.slice(1), ["SN3 rebooted", "4 devices checked"]);
+  // It marked the workspace it made (createdBy), so the daemon recorded it and
+  // retention removes it once unused: a dry run 40 days ahead lists it.
+  const made = readdirSync(rig.root).filter((n) => n.startsWith("engine-"));
+  assert.equal(made.length, 1, `${made}`);
+  const ws = join(rig.root, made[0]);
+  const marker = JSON.parse(readFileSync(join(ws, ".agent", "workspace.json"), "utf8"));
+  assert.equal(marker.created_by, "examples/engine.mjs");
+  assert.equal(statSync(join(ws, ".agent", "workspace.json")).mode & 0o777, 0o600);
+  if (process.getuid() !== 0) return; // admin.prune answers root and auth.admin_groups only
+  const admin = await ScriptgateClient.connect(rig.socket);
+  try {
+    const expired = async (as_of_ms) =>
+      (await admin.request("admin.prune", as_of_ms ? { dry_run: true, as_of_ms } : { dry_run: true })).expired.map((w) => w.path);
+    assert.ok(!(await expired()).includes(ws));
+    assert.ok((await expired(Date.now() + 40 * 86_400_000)).includes(ws));
+  } finally {
+    await admin.close();
+  }
+});
+
+test("prepareWorkspace marks only the directory it creates, and only when asked", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "sg-ts-mark-"));
+  try {
+    const owner = { uid: process.getuid(), gid: process.getgid() };
+    const made = await prepareWorkspace(join(dir, "new"), { owner, createdBy: "my-engine" });
+    const marker = JSON.parse(readFileSync(join(made, ".agent", "workspace.json"), "utf8"));
+    assert.equal(marker.created_by, "my-engine");
+    assert.equal(marker.uid, process.geteuid());
+    assert.ok(Number.isInteger(marker.created_at_ms));
+    assert.equal(statSync(join(made, ".agent")).mode & 0o777, 0o700);
+    mkdirSync(join(dir, "old"));
+    assert.ok(!existsSync(join(await prepareWorkspace(join(dir, "old"), { owner, createdBy: "my-engine" }), ".agent")));
+    assert.ok(!existsSync(join(await prepareWorkspace(join(dir, "plain"), { owner }), ".agent")));
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

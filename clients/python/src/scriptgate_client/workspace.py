@@ -18,6 +18,7 @@ import json
 import os
 import pwd
 import socket as _socket
+import time
 from pathlib import Path
 from typing import Optional, Tuple, Union
 
@@ -61,6 +62,7 @@ def prepare_workspace(
     gid: Optional[int] = None,
     mode: int = 0o700,
     socket: Optional[PathLike] = None,
+    created_by: Optional[str] = None,
 ) -> Path:
     """Create ``path`` (and missing parents, mode 0755) and give it to the uid
     scripts run as, with ``mode``. Returns the absolute path.
@@ -74,6 +76,13 @@ def prepare_workspace(
     ``$SCRIPTGATE_SOCKET``, then ``/run/scriptgate/scriptgate.sock``), which makes
     that directory on connect, and tries again. ``PermissionError`` names the
     daemon's answer when that did not help.
+
+    ``created_by`` (e.g. your engine's name): when this call creates the
+    directory, it also writes the retention marker ``.agent/workspace.json``
+    (this process's, mode 0600 in a 0700 ``.agent``), as ``scriptgate run`` does
+    for the workspaces it makes. Once a script of this engine has run in it, the
+    daemon's ``[workspace] retain_days`` removes it when unused (scriptgated(8),
+    WORKSPACE RETENTION). A directory that already existed is never marked.
     """
     p = Path(os.path.abspath(os.fspath(path)))
     if uid is None or gid is None:
@@ -97,16 +106,35 @@ def prepare_workspace(
             ) from None
     try:
         os.mkdir(p, 0o700)
+        made = True
     except FileExistsError:
-        pass
+        made = False
     fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
+        if made and created_by is not None:
+            _mark(fd, created_by)
         if os.fstat(fd).st_uid != uid or os.fstat(fd).st_gid != gid:
             os.fchown(fd, uid, gid)
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
     return p
+
+
+MARKER_DIR, MARKER = ".agent", "workspace.json"
+
+
+def _mark(ws_fd: int, created_by: str) -> None:
+    """Write the retention marker below the opened, just-created workspace."""
+    os.mkdir(MARKER_DIR, 0o700, dir_fd=ws_fd)
+    agent = os.open(MARKER_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=ws_fd)
+    try:
+        f = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=agent)
+    finally:
+        os.close(agent)
+    text = json.dumps({"created_by": created_by, "created_at_ms": int(time.time() * 1000), "uid": os.geteuid()})
+    with os.fdopen(f, "w") as out:
+        out.write(text + "\n")
 
 
 def _ask_daemon(path: Optional[PathLike]) -> str:
