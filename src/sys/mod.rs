@@ -564,18 +564,21 @@ impl PidFd {
 /// CAP_SETUID; the change clears the thread's effective capabilities.
 fn as_thread_euid<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> io::Result<T> {
     std::thread::scope(|s| {
-        s.spawn(move || {
-            let keep = libc::uid_t::MAX; // -1: leave the real and saved uids
-            // SAFETY: a raw syscall on integers; it changes this thread's
-            // credentials only, and this thread runs nothing but `f` after it.
-            let rc = unsafe { libc::syscall(libc::SYS_setresuid, keep, uid, keep) };
-            if rc != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(f())
-        })
-        .join()
-        .map_err(|_| io::Error::other("the signalling thread panicked"))?
+        std::thread::Builder::new()
+            .name("scriptgate-signal".into())
+            .spawn_scoped(s, move || {
+                // -1: the real and saved uids stay as they are.
+                let keep = libc::uid_t::MAX;
+                // SAFETY: a raw syscall on integers; it changes this thread's
+                // credentials only, and this thread runs nothing but `f` after it.
+                let rc = unsafe { libc::syscall(libc::SYS_setresuid, keep, uid, keep) };
+                if rc != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(f())
+            })?
+            .join()
+            .map_err(|_| io::Error::other("the signalling thread panicked"))?
     })
 }
 
@@ -1074,6 +1077,54 @@ pub fn ensure_engine_dir(root: &Path, owner: Identity) -> Result<PathBuf, SysErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Without CAP_KILL a root process cannot signal a process of another uid;
+    /// `PidFd::kill` of one opened with that uid can (the signal goes from a
+    /// thread that takes the uid), which is why the daemon keeps no CAP_KILL.
+    #[test]
+    fn a_process_of_another_uid_is_killed_without_cap_kill() {
+        use std::os::unix::process::ExitStatusExt;
+        if !Uid::effective().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let id = Identity {
+            uid: 65534,
+            gid: 65534,
+        };
+        let mut cmd = std::process::Command::new("sleep");
+        cmd.arg("600");
+        install_pre_exec(
+            &mut cmd,
+            ChildSetup {
+                identity: Some(id),
+                rlimits: vec![],
+                dups: vec![],
+                parent_pid: std::process::id() as libc::pid_t,
+            },
+        );
+        let mut child = cmd.spawn().unwrap();
+        let pid = child.id() as i32;
+        // Capabilities are per thread: this one alone gives up CAP_KILL, as the
+        // daemon does (and the thread `kill` starts inherits that).
+        let (plain, as_owner) = std::thread::spawn(move || {
+            use caps::{CapSet, Capability};
+            caps::drop(None, CapSet::Effective, Capability::CAP_KILL).unwrap();
+            caps::drop(None, CapSet::Permitted, Capability::CAP_KILL).unwrap();
+            let plain = PidFd::open(pid).unwrap().kill();
+            let as_owner = PidFd::open_as(pid, Some(id)).unwrap().kill();
+            (plain, as_owner)
+        })
+        .join()
+        .unwrap();
+        let refused = plain.expect_err("a kill as root, without CAP_KILL");
+        assert_eq!(refused.raw_os_error(), Some(libc::EPERM));
+        as_owner.unwrap();
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+        // The calling thread's credentials are its own still.
+        assert!(Uid::effective().is_root());
+        assert!(caps::has_cap(None, caps::CapSet::Effective, caps::Capability::CAP_KILL).unwrap());
+    }
 
     /// The owner's bits for the owner, the group's for the primary group only,
     /// the others' for everyone else; each bit asked for must be there.
