@@ -604,10 +604,17 @@ fn as_thread_euid<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> io::Result
 /// it builds the sandbox in a user namespace of its own, as the script's uid.)
 /// No CAP_KILL (its sandboxes are signalled as their own uid) and no
 /// CAP_DAC_READ_SEARCH (CAP_DAC_OVERRIDE covers every read and search it does).
+///
+/// Capabilities are per thread: it refuses to run once the process has more than
+/// one (the others would keep theirs); threads started after it inherit the
+/// smaller sets.
 pub fn drop_daemon_capabilities(quotas: bool) -> Result<(), CapabilityError> {
     use caps::{CapSet, Capability as C};
     if !Uid::effective().is_root() {
         return Ok(());
+    }
+    if !single_threaded() {
+        return Err(CapabilityError::Threads);
     }
     let keep: caps::CapsHashSet = DAEMON_CAPABILITIES
         .iter()
@@ -635,6 +642,9 @@ pub const DAEMON_CAPABILITIES: [caps::Capability; 5] = [
 /// Which step of [`drop_daemon_capabilities`] failed; the caps crate's words.
 #[derive(Debug, thiserror::Error)]
 pub enum CapabilityError {
+    /// Called with more than one thread, whose others would keep theirs.
+    #[error("more than one thread: the others would keep every capability")]
+    Threads,
     /// Reading the permitted set.
     #[error("{0}")]
     Read(#[source] caps::errors::CapsError),
