@@ -281,6 +281,9 @@ echo "  daemon capabilities: $got_caps"
 command -v capsh >/dev/null && echo "  capsh --decode CapEff: $(capsh --decode="$(sed -n 's/^CapEff:[[:space:]]*//p' "/proc/$pid/status")")"
 check "the daemon's capabilities are exactly the documented set ($documented_caps)" test "$got_caps" = \
   "CapEff=$documented_caps CapPrm=$documented_caps CapBnd=$documented_caps CapInh=- CapAmb=-"
+# Capabilities are per thread: every thread of the daemon has the same.
+threads_caps=$(cat /proc/$pid/task/*/status 2>&1 | grep -E '^Cap(Eff|Prm)' | sort | uniq -c | wc -l)
+check "every thread of the daemon ($(ls /proc/$pid/task | wc -l)) has those capabilities" test "$threads_caps" = 2
 unit_caps=$(systemctl show -P CapabilityBoundingSet scriptgate.service)
 check "the unit's CapabilityBoundingSet= is that set ($unit_caps)" test \
   "$(tr ' ' '\n' <<<"$unit_caps" | sort | tr '\n' ' ')" = "cap_chown cap_dac_override cap_fowner cap_setgid cap_setuid "
