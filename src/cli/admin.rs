@@ -302,6 +302,9 @@ pub fn state_of(info: &DaemonInfo, limits_required: bool) -> State {
     if info.limits_enforced == Some(false) {
         why.push("limits are not in force (see backend)");
     }
+    if info.backend != "rlimit" && info.all_scripts.as_ref().is_some_and(|a| !a.in_force) {
+        why.push("the bound on all scripts together is not in force (see all scripts)");
+    }
     if info.backend == "rlimit" {
         why.push("the scripts of one uid share their limits (backend rlimit)");
     } else if !info.backend_notes.is_empty() && info.limits_enforced != Some(false) {
@@ -413,6 +416,12 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
     let mut rows = rows;
     if let Some(d) = &info.disk {
         rows.push(vec!["disk".into(), crate::daemon::disk::summary(d)]);
+    }
+    if let Some(a) = &info.all_scripts {
+        rows.push(vec![
+            "all scripts".into(),
+            crate::limits::aggregate::summary(a),
+        ]);
     }
     if let Some(c) = &info.config {
         rows.extend(config_rows(c));
