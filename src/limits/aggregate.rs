@@ -196,6 +196,9 @@ pub fn read_back(a: &mut AllScripts, dir: Option<&Path>) {
 
 /// One line on the bound, for `status` and `--check-config`.
 pub fn summary(a: &AllScripts) -> String {
+    if let (None, Some(p)) = (&a.cgroup, &a.problem) {
+        return format!("none: {p}");
+    }
     let part = |n: u64, what: &str| {
         if n == 0 {
             format!("no {what} bound")

@@ -156,7 +156,7 @@ fn settings(out: &mut String, f: &Findings, cfg: &Config) {
     ));
     let all = crate::limits::aggregate::decide(s, &f.host);
     out.push_str(&format!(
-        "all scripts    {}\n",
+        "total          {}\n",
         crate::limits::aggregate::summary(&all)
     ));
     out.push_str(&format!(
@@ -378,7 +378,7 @@ mod tests {
         assert!(text.contains("note: systemd: no bus"));
         assert!(text.contains("/usr/bin/bwrap (bubblewrap 0.8.0)"));
         assert!(
-            text.contains("all scripts    memory 1536 MiB, 4096 tasks, CPU 150% together (derived: total_memory_max_bytes: 75% of the host's 2048 MiB, "),
+            text.contains("total          memory 1536 MiB, 4096 tasks, CPU 150% together (derived: total_memory_max_bytes: 75% of the host's 2048 MiB, "),
             "{text}"
         );
         assert!(text.ends_with("the configuration is ok\n"), "{text}");
