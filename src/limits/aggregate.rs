@@ -144,6 +144,23 @@ pub fn read_back(a: &mut AllScripts, dir: Option<&Path>) {
     a.cgroup = Some(dir.display().to_string());
     let read = |f: &str| std::fs::read_to_string(dir.join(f));
     let mut problems = vec![];
+    // A file that says the bound is no bound where its controller is not
+    // enabled (a v2 directory whose parent did not enable it, a tmpfs posing as
+    // cgroupfs): the controller must be in the directory's own list.
+    let controllers = read("cgroup.controllers").unwrap_or_default();
+    for (c, wanted) in [
+        ("memory", a.memory_max_bytes > 0),
+        ("pids", a.tasks_max > 0),
+        ("cpu", a.cpu_quota_percent > 0),
+    ] {
+        if wanted && !controllers.split_whitespace().any(|x| x == c) {
+            problems.push(format!(
+                "the {c} controller is not enabled for {} (its cgroup.controllers: {:?})",
+                dir.display(),
+                controllers.trim()
+            ));
+        }
+    }
     for (key, want, file) in [
         ("total_memory_max_bytes", a.memory_max_bytes, "memory.max"),
         ("total_tasks_max", a.tasks_max, "pids.max"),
@@ -327,6 +344,7 @@ mod tests {
     fn read_back_says_what_is_in_force_and_what_all_scripts_hold() {
         let d = tempfile::tempdir().unwrap();
         let w = |f: &str, v: &str| std::fs::write(d.path().join(f), v).unwrap();
+        w("cgroup.controllers", "cpu memory pids\n");
         w("memory.max", "536870912\n");
         w("pids.max", "24\n");
         w("cpu.max", "150000 100000\n");
@@ -371,6 +389,20 @@ mod tests {
             "{}",
             summary(&a)
         );
+        // A controller not enabled there: its files say nothing.
+        w("pids.max", "24\n");
+        w("cpu.max", "150000 100000\n");
+        w("cgroup.controllers", "memory\n");
+        read_back(&mut a, Some(d.path()));
+        assert_eq!(
+            a.problem.clone().unwrap(),
+            format!(
+                "the pids controller is not enabled for {0} (its cgroup.controllers: \"memory\"); \
+                 the cpu controller is not enabled for {0} (its cgroup.controllers: \"memory\")",
+                d.path().display()
+            )
+        );
+        w("cgroup.controllers", "cpu memory pids\n");
         // No bound asked: "max" is right.
         let mut none = AllScripts {
             memory_max_bytes: 0,
