@@ -91,7 +91,7 @@ impl Daemon {
         let mut a = aggregate::decide(&self.live().cfg.scripts, &aggregate::Host::read());
         let said = aggregate::summary(&a);
         match self.backend.backend.bound_all(&a).await {
-            Ok(()) if self.backend.backend.all_scripts_dir().is_some() => {
+            Ok(()) if self.backend.backend.all_scripts_place().is_some() => {
                 tracing::info!("all scripts together: {said}")
             }
             Ok(()) => tracing::debug!("all scripts together: not bounded on the rlimit backend"),
@@ -111,12 +111,12 @@ impl Daemon {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let dir = self.backend.backend.all_scripts_dir();
+        let place = self.backend.backend.all_scripts_place();
         if a.problem.is_some() {
-            a.cgroup = dir.map(|d| d.display().to_string());
+            a.cgroup = place.map(|p| p.dir().display().to_string());
             a.in_force = false;
         } else {
-            crate::limits::aggregate::read_back(&mut a, dir.as_deref());
+            crate::limits::aggregate::read_back(&mut a, place.as_ref());
         }
         a
     }

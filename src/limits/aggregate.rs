@@ -130,85 +130,154 @@ fn limit(text: &str) -> Option<u64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
-/// What the cgroup `dir` holding all scripts says of `a` (its `in_force`,
-/// `problem`, and what all scripts hold now). `dir` None: the backend has no
-/// such cgroup (rlimit).
-pub fn read_back(a: &mut AllScripts, dir: Option<&Path>) {
-    let Some(dir) = dir else {
+/// Where the cgroup holding all scripts is: `fs` (normally /sys/fs/cgroup)
+/// and its path below it. On cgroup v2 its files are in `fs/rel`; on a hybrid
+/// host (v1 memory, pids and cpu controllers beside an empty v2 tree) systemd
+/// puts the slice's bound in the v1 hierarchies, where it is read back.
+#[derive(Debug, Clone)]
+pub struct Place {
+    pub fs: std::path::PathBuf,
+    pub rel: String,
+}
+
+impl Place {
+    pub fn dir(&self) -> std::path::PathBuf {
+        match self.rel.as_str() {
+            "" => self.fs.clone(),
+            rel => self.fs.join(rel),
+        }
+    }
+}
+
+/// The file that holds `controller`'s bound for `place`, and what it is: the
+/// v2 file where the v2 directory has the controller enabled, else the v1
+/// hierarchy's, else why there is none.
+fn bound_file(
+    place: &Place,
+    controllers: &str,
+    controller: &str,
+) -> Result<(std::path::PathBuf, bool), String> {
+    let dir = place.dir();
+    if controllers.split_whitespace().any(|x| x == controller) {
+        let f = match controller {
+            "memory" => "memory.max",
+            "pids" => "pids.max",
+            _ => "cpu.max",
+        };
+        return Ok((dir.join(f), true));
+    }
+    let v1 = match controller {
+        "memory" => vec![("memory", "memory.limit_in_bytes")],
+        "pids" => vec![("pids", "pids.max")],
+        _ => vec![
+            ("cpu,cpuacct", "cpu.cfs_quota_us"),
+            ("cpu", "cpu.cfs_quota_us"),
+        ],
+    };
+    for (h, f) in v1 {
+        let p = place.fs.join(h).join(&place.rel).join(f);
+        if p.exists() {
+            return Ok((p, false));
+        }
+    }
+    Err(format!(
+        "the {controller} controller is not enabled for {} (its cgroup.controllers: {:?}), nor is there a v1 {controller} cgroup for it",
+        dir.display(),
+        controllers.trim()
+    ))
+}
+
+/// What the cgroup at `place` holding all scripts says of `a` (its
+/// `in_force`, `problem`, and what all scripts hold now). `place` None: the
+/// backend has no such cgroup (rlimit).
+pub fn read_back(a: &mut AllScripts, place: Option<&Place>) {
+    let Some(place) = place else {
         a.in_force = false;
         a.problem = Some(
             "the rlimit backend has no cgroup for all scripts: nothing bounds them together".into(),
         );
         return;
     };
+    let dir = place.dir();
     a.cgroup = Some(dir.display().to_string());
-    let read = |f: &str| std::fs::read_to_string(dir.join(f));
-    let mut problems = vec![];
+    let read = |p: &Path| std::fs::read_to_string(p);
     // A file that says the bound is no bound where its controller is not
     // enabled (a v2 directory whose parent did not enable it, a tmpfs posing as
-    // cgroupfs): the controller must be in the directory's own list.
-    let controllers = read("cgroup.controllers").unwrap_or_default();
-    for (c, wanted) in [
-        ("memory", a.memory_max_bytes > 0),
-        ("pids", a.tasks_max > 0),
-        ("cpu", a.cpu_quota_percent > 0),
+    // cgroupfs) says nothing: the controller must be in the directory's own list.
+    let controllers = read(&dir.join("cgroup.controllers")).unwrap_or_default();
+    let mut problems = vec![];
+    for (key, want, controller) in [
+        ("total_memory_max_bytes", a.memory_max_bytes, "memory"),
+        ("total_tasks_max", a.tasks_max, "pids"),
+        (
+            "total_cpu_quota_percent",
+            u64::from(a.cpu_quota_percent),
+            "cpu",
+        ),
     ] {
-        if wanted && !controllers.split_whitespace().any(|x| x == c) {
+        if want == 0 {
+            continue;
+        }
+        let (file, v2) = match bound_file(place, &controllers, controller) {
+            Ok(f) => f,
+            Err(why) => {
+                problems.push(format!("{key} = {want} is not in force: {why}"));
+                continue;
+            }
+        };
+        let text = match read(&file) {
+            Ok(t) => t,
+            Err(e) => {
+                problems.push(format!(
+                    "{key} = {want} cannot be read back: {}: {e}",
+                    file.display()
+                ));
+                continue;
+            }
+        };
+        let held = match (controller, v2) {
+            ("cpu", true) => {
+                let mut it = text.split_whitespace();
+                let q = it.next().and_then(|q| q.parse::<u64>().ok());
+                let p = it.next().and_then(|p| p.parse::<u64>().ok());
+                matches!((q, p), (Some(q), Some(p)) if p > 0 && q * 100 <= p * want + p)
+            }
+            ("cpu", false) => {
+                let q = text.trim().parse::<i64>().ok();
+                let p = read(&file.with_file_name("cpu.cfs_period_us"))
+                    .ok()
+                    .and_then(|t| t.trim().parse::<u64>().ok());
+                matches!((q, p), (Some(q), Some(p)) if q > 0 && p > 0 && (q as u64) * 100 <= p * want + p)
+            }
+            _ => limit(&text).is_some_and(|n| n <= want),
+        };
+        if !held {
             problems.push(format!(
-                "the {c} controller is not enabled for {} (its cgroup.controllers: {:?})",
-                dir.display(),
-                controllers.trim()
+                "{key} = {want} is not in force: {} says {:?}",
+                file.display(),
+                text.trim()
             ));
         }
     }
-    for (key, want, file) in [
-        ("total_memory_max_bytes", a.memory_max_bytes, "memory.max"),
-        ("total_tasks_max", a.tasks_max, "pids.max"),
-    ] {
-        match read(file) {
-            Ok(t) => match (want, limit(&t)) {
-                (0, _) => {}
-                (w, Some(n)) if w > 0 && n <= w => {}
-                _ => problems.push(format!(
-                    "{key} = {want} is not in force: {} says {:?}",
-                    dir.join(file).display(),
-                    t.trim()
-                )),
-            },
-            Err(e) => problems.push(format!(
-                "{key} = {want} cannot be read back: {}: {e}",
-                dir.join(file).display()
-            )),
-        }
-    }
-    if a.cpu_quota_percent > 0 {
-        let want = u64::from(a.cpu_quota_percent);
-        match read("cpu.max") {
-            Ok(t) => {
-                let mut it = t.split_whitespace();
-                let q = it.next().and_then(|q| q.parse::<u64>().ok());
-                let p = it.next().and_then(|p| p.parse::<u64>().ok());
-                match (q, p) {
-                    (Some(q), Some(p)) if p > 0 && q * 100 <= p * want + p => {}
-                    _ => problems.push(format!(
-                        "total_cpu_quota_percent = {want} is not in force: {} says {:?}",
-                        dir.join("cpu.max").display(),
-                        t.trim()
-                    )),
-                }
-            }
-            Err(e) => problems.push(format!(
-                "total_cpu_quota_percent = {want} cannot be read back: {}: {e}",
-                dir.join("cpu.max").display()
-            )),
-        }
-    }
-    a.memory_current_bytes = read("memory.current").ok().and_then(|t| limit(&t));
-    a.tasks_current = read("pids.current").ok().and_then(|t| limit(&t));
+    let number = |f: &str| read(&dir.join(f)).ok().and_then(|t| limit(&t));
+    a.memory_current_bytes = number("memory.current").or_else(|| {
+        read(
+            &place
+                .fs
+                .join("memory")
+                .join(&place.rel)
+                .join("memory.usage_in_bytes"),
+        )
+        .ok()
+        .and_then(|t| limit(&t))
+    });
+    a.tasks_current = number("pids.current").or_else(|| {
+        read(&place.fs.join("pids").join(&place.rel).join("pids.current"))
+            .ok()
+            .and_then(|t| limit(&t))
+    });
     a.in_force = problems.is_empty();
-    if !problems.is_empty() {
-        a.problem = Some(problems.join("; "));
-    }
+    a.problem = (!problems.is_empty()).then(|| problems.join("; "));
 }
 
 /// One line on the bound, for `status` and `--check-config`.
@@ -340,6 +409,47 @@ mod tests {
         assert!(a.notes[0].contains("no MemTotal"), "{:?}", a.notes);
     }
 
+    /// A hybrid host: systemd puts the slice's bound in the v1 hierarchies.
+    #[test]
+    fn read_back_on_a_hybrid_host_reads_the_v1_hierarchies() {
+        let d = tempfile::tempdir().unwrap();
+        let put = |dir: &str, f: &str, v: &str| {
+            let p = d.path().join(dir).join("scriptgate.slice");
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::write(p.join(f), v).unwrap();
+        };
+        put("unified", "cgroup.controllers", "");
+        put("memory", "memory.limit_in_bytes", "536870912\n");
+        put("memory", "memory.usage_in_bytes", "4096\n");
+        put("pids", "pids.max", "24\n");
+        put("pids", "pids.current", "3\n");
+        put("cpu,cpuacct", "cpu.cfs_quota_us", "150000\n");
+        put("cpu,cpuacct", "cpu.cfs_period_us", "100000\n");
+        let place = Place {
+            fs: d.path().to_path_buf(),
+            rel: "scriptgate.slice".into(),
+        };
+        let mut a = AllScripts {
+            memory_max_bytes: 512 << 20,
+            tasks_max: 24,
+            cpu_quota_percent: 150,
+            ..AllScripts::default()
+        };
+        read_back(&mut a, Some(&place));
+        assert!(a.in_force, "{a:?}");
+        assert_eq!(
+            (a.memory_current_bytes, a.tasks_current),
+            (Some(4096), Some(3))
+        );
+        put("cpu,cpuacct", "cpu.cfs_quota_us", "-1\n");
+        read_back(&mut a, Some(&place));
+        assert!(!a.in_force);
+        assert!(
+            a.problem.unwrap().ends_with("cpu.cfs_quota_us says \"-1\""),
+            "v1's no quota"
+        );
+    }
+
     #[test]
     fn read_back_says_what_is_in_force_and_what_all_scripts_hold() {
         let d = tempfile::tempdir().unwrap();
@@ -356,7 +466,11 @@ mod tests {
             cpu_quota_percent: 150,
             ..AllScripts::default()
         };
-        read_back(&mut a, Some(d.path()));
+        let place = Place {
+            fs: d.path().to_path_buf(),
+            rel: String::new(),
+        };
+        read_back(&mut a, Some(&place));
         assert!(a.in_force, "{a:?}");
         assert_eq!(
             (a.memory_current_bytes, a.tasks_current),
@@ -372,7 +486,7 @@ mod tests {
         // Looser than asked, or "max" where a bound is asked: not in force.
         w("pids.max", "max\n");
         w("cpu.max", "max 100000\n");
-        read_back(&mut a, Some(d.path()));
+        read_back(&mut a, Some(&place));
         assert!(!a.in_force);
         let p = a.problem.clone().unwrap();
         assert!(
@@ -393,12 +507,14 @@ mod tests {
         w("pids.max", "24\n");
         w("cpu.max", "150000 100000\n");
         w("cgroup.controllers", "memory\n");
-        read_back(&mut a, Some(d.path()));
+        read_back(&mut a, Some(&place));
         assert_eq!(
             a.problem.clone().unwrap(),
             format!(
-                "the pids controller is not enabled for {0} (its cgroup.controllers: \"memory\"); \
-                 the cpu controller is not enabled for {0} (its cgroup.controllers: \"memory\")",
+                "total_tasks_max = 24 is not in force: the pids controller is not enabled for {0} \
+                 (its cgroup.controllers: \"memory\"), nor is there a v1 pids cgroup for it; \
+                 total_cpu_quota_percent = 150 is not in force: the cpu controller is not enabled \
+                 for {0} (its cgroup.controllers: \"memory\"), nor is there a v1 cpu cgroup for it",
                 d.path().display()
             )
         );
@@ -411,7 +527,7 @@ mod tests {
             ..AllScripts::default()
         };
         w("memory.max", "max\n");
-        read_back(&mut none, Some(d.path()));
+        read_back(&mut none, Some(&place));
         assert!(none.in_force && none.problem.is_none(), "{none:?}");
         // No cgroup at all: rlimit.
         read_back(&mut none, None);
@@ -422,7 +538,16 @@ mod tests {
             .contains("nothing bounds them together"));
         // A missing file names itself.
         let mut gone = a.clone();
-        read_back(&mut gone, Some(&d.path().join("nope")));
-        assert!(gone.problem.unwrap().contains("cannot be read back: "));
+        let nope = Place {
+            fs: d.path().to_path_buf(),
+            rel: "nope".into(),
+        };
+        read_back(&mut gone, Some(&nope));
+        assert!(
+            gone.problem
+                .unwrap()
+                .contains("nor is there a v1 memory cgroup for it"),
+            "gone"
+        );
     }
 }

@@ -336,12 +336,27 @@ impl Backend {
         }
     }
 
-    /// The cgroup directory that holds every script, where the bound on all
-    /// of them is read back (None: rlimit).
-    pub fn all_scripts_dir(&self) -> Option<PathBuf> {
+    /// The cgroup that holds every script, where the bound on all of them is
+    /// read back (None: rlimit).
+    pub fn all_scripts_place(&self) -> Option<aggregate::Place> {
         match self {
-            Backend::Systemd(s) => Some(s.cgroupfs.join(systemd::SLICE)),
-            Backend::Cgroup(c) => Some(c.tree.scripts()),
+            Backend::Systemd(s) => Some(aggregate::Place {
+                fs: s.cgroupfs.clone(),
+                rel: systemd::SLICE.into(),
+            }),
+            Backend::Cgroup(c) => {
+                let dir = c.tree.scripts();
+                Some(match dir.strip_prefix(&c.cgroupfs) {
+                    Ok(rel) => aggregate::Place {
+                        fs: c.cgroupfs.clone(),
+                        rel: rel.display().to_string(),
+                    },
+                    Err(_) => aggregate::Place {
+                        fs: dir,
+                        rel: String::new(),
+                    },
+                })
+            }
             Backend::Rlimit => None,
         }
     }
