@@ -47,7 +47,6 @@ impl Daemon {
             },
             started_ms: Some(self.started_ms),
             config: self.config_state(),
-            all_scripts: Some(self.all_scripts_info()),
         }
     }
 
