@@ -147,7 +147,7 @@ impl Daemon {
         )
         .await?;
         let state = cfg.state.dir.clone();
-        std::fs::create_dir_all(&state).map_err(io_error("create state dir", &state))?;
+        make_state_dir(&state)?;
         let runtime_dir = write_runtime_module(&state)?;
         let spawner = Spawner::start();
         let preflight =
@@ -279,6 +279,19 @@ impl Daemon {
     pub fn connected(&self, role: Role, peer: Peer) {
         self.peers.connected(role, peer)
     }
+}
+
+/// The state directory and whichever of its parents are missing, each 0755
+/// whatever the umask (scriptgate.service's is 0077): script uids pass through
+/// it to `runtime/` and `exec/`. One that exists is left as it is (the unit's
+/// StateDirectory=, or an admin's).
+fn make_state_dir(state: &Path) -> Result<(), StartupError> {
+    let missing: Vec<&Path> = state.ancestors().take_while(|p| !p.exists()).collect();
+    std::fs::create_dir_all(state).map_err(io_error("create state dir", state))?;
+    for dir in missing.into_iter().rev() {
+        crate::sys::chmod(dir, 0o755).map_err(io_error("chmod", dir))?;
+    }
+    Ok(())
 }
 
 /// `<state>/runtime/agent_tools.py`, the module every sandbox mounts read-only;

@@ -147,7 +147,7 @@ async fn probe_once(
     };
     drop(seccomp_fd);
     let pid = child.id() as i32;
-    let pidfd = PidFd::open(pid);
+    let pidfd = PidFd::open_as(pid, identity);
     let exited = wait_child(pid);
     let read_err = async {
         let mut buf = Vec::new();
@@ -273,7 +273,7 @@ pub async fn check_limits(
         Err(e) => return cannot(format!("{sleep}: {e}")),
     };
     let pid = child.id();
-    let pidfd = PidFd::open(pid as i32);
+    let pidfd = PidFd::open_as(pid as i32, identity);
     let exited = wait_child(pid as i32);
     let id = format!("preflight-{}", std::process::id());
     let placed = backend.place(&id, limits, &[pid]).await;

@@ -540,7 +540,7 @@ pub async fn run(
 
     // 6. Wait for the end, or make it: the timeout counts from here, once the
     //    script can run.
-    let init = sandbox_init(ours.info).await;
+    let init = sandbox_init(ours.info, launch.identity).await;
     let (cut, exit) = wait_or_stop(
         &mut sandbox,
         init.as_ref(),
@@ -647,7 +647,7 @@ async fn spawn_sandbox(
         stderr,
     } = child_ends;
     let cmd = command(launch, &fixed, stdout, stderr);
-    let sandbox = match spawn_supervised(spawner, cmd).await {
+    let sandbox = match spawn_supervised(spawner, cmd, launch.identity).await {
         Ok(s) => s,
         Err(e) => {
             let e = SpawnError::Spawn {
@@ -845,12 +845,13 @@ impl Sandbox {
 async fn spawn_supervised(
     spawner: &Spawner,
     cmd: std::process::Command,
+    identity: Option<Identity>,
 ) -> std::io::Result<Sandbox> {
     let child = spawner.spawn(cmd).await?;
     let pid = child.id() as i32;
     Ok(Sandbox {
         pid,
-        bwrap: PidFd::open(pid),
+        bwrap: PidFd::open_as(pid, identity),
         exited: Some(wait_child(pid)),
     })
 }
@@ -983,7 +984,7 @@ async fn place_behind_gate(
                 let kpid = k.id() as i32;
                 pids.push(kpid as u32);
                 placed.keeper = Some(Keeper {
-                    pidfd: PidFd::open(kpid),
+                    pidfd: PidFd::open_as(kpid, identity),
                     exited: wait_child(kpid),
                 });
             }
@@ -1018,12 +1019,12 @@ async fn place_behind_gate(
 
 /// bwrap reports the sandbox's PID 1 once it exists; hold it by pidfd. If bwrap
 /// fails before that, the pipe closes and its stderr says why.
-async fn sandbox_init(info: OwnedFd) -> Option<PidFd> {
+async fn sandbox_init(info: OwnedFd, identity: Option<Identity>) -> Option<PidFd> {
     tokio::time::timeout(Duration::from_secs(10), read_child_pid(info))
         .await
         .ok()
         .flatten()
-        .and_then(|pid| PidFd::open(pid).ok())
+        .and_then(|pid| PidFd::open_as(pid, identity).ok())
 }
 
 /// Step 6: the sandbox's exit, or (timeout, a stop) why it was cut short and the

@@ -110,6 +110,15 @@ pub fn main() -> ExitCode {
     if let Err(e) = cloexec {
         tracing::warn!("cannot mark inherited descriptors close-on-exec: {e}");
     }
+    // 3. Only the capabilities scripts need (scriptgated(8), Privileges), while
+    //    this is the only thread: capabilities are per thread, and every thread
+    //    the runtime and the daemon start from here on inherits this one's. (A
+    //    drop on one thread of many left the others all of root's.) The state,
+    //    the engines' directories, the audit store and the socket's group below
+    //    take only kept ones.
+    if let Err(e) = crate::sys::drop_daemon_capabilities(cfg.scripts.disk_max_bytes > 0) {
+        tracing::warn!("could not drop capabilities: {e}");
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -156,7 +165,7 @@ fn err_lines(prefix: &str, text: &str) -> String {
 }
 
 /// The daemon's life, in order: state (which completes what a killed daemon left
-/// running), the socket, capabilities dropped, ready, the housekeeping tasks,
+/// running), the socket, ready, the housekeeping tasks,
 /// serving until a signal or idle exit, then interrupting what still runs.
 async fn run(
     cfg: Config,
@@ -188,8 +197,7 @@ async fn run(
             trace_id: None,
         });
     }
-    // 2. The socket (systemd's, or our own --listen), still with every capability:
-    //    binding and chgrp may need them.
+    // 2. The socket (systemd's, or our own --listen; its group takes CAP_CHOWN).
     let bound = activated.is_none();
     let listener = match listener(
         activated,
@@ -199,18 +207,12 @@ async fn run(
         Ok(l) => l,
         Err(e) => return fail(&format!("listening socket: {e}")),
     };
-    // 3. From here on only what scripts need.
-    if let Err(e) =
-        crate::sys::drop_daemon_capabilities(daemon.live().cfg.scripts.disk_max_bytes > 0)
-    {
-        tracing::warn!("could not drop capabilities: {e}");
-    }
-    // 4. Ready: `systemctl start` returns now, and the status line begins.
+    // 3. Ready: `systemctl start` returns now, and the status line begins.
     announce_ready(&daemon);
     let housekeeping = Housekeeping::start(&daemon, watchdog_usec);
-    // 5. Serve until a signal, idle exit or an accept error.
+    // 4. Serve until a signal, idle exit or an accept error.
     let code = serve_until_stopped(&daemon, listener, idle_exit).await;
-    // 6. Stop: running scripts are interrupted and recorded before we exit.
+    // 5. Stop: running scripts are interrupted and recorded before we exit.
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     daemon.interrupt_all(Duration::from_secs(10)).await;
     daemon.flush_refusals().await;

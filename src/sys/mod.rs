@@ -398,7 +398,10 @@ pub fn install_pre_exec(cmd: &mut std::process::Command, s: ChildSetup) {
             }
             // 3. Identity: groups first (needs CAP_SETGID), then gid, then uid; after
             //    setresuid to a non-root uid every capability is gone.
+            //    A child started as another uid gets umask 0022, whatever the
+            //    daemon's own (scriptgate.service gives it 0077, for its files).
             if let Some(id) = s.identity {
+                libc::umask(0o022);
                 check(libc::setgroups(0, std::ptr::null()))?;
                 check(libc::setresgid(id.gid, id.gid, id.gid))?;
                 check(libc::setresuid(id.uid, id.uid, id.uid))?;
@@ -488,67 +491,136 @@ fn raise_fd(fd: OwnedFd) -> io::Result<OwnedFd> {
 }
 
 /// A process handle that cannot be confused with a later process of the same pid.
-pub struct PidFd(OwnedFd);
+pub struct PidFd {
+    fd: OwnedFd,
+    /// The uid the process runs as, when a root daemon switched to it for the
+    /// process (`ChildSetup::identity`); None: the caller's own, or one it may
+    /// signal as it is.
+    runs_as: Option<u32>,
+}
 
 impl PidFd {
+    /// A process of the caller's own uid (or one it may signal as it is).
     pub fn open(pid: i32) -> io::Result<PidFd> {
+        PidFd::open_as(pid, None)
+    }
+
+    /// A process that runs as `runs_as` (the script's identity; None: the
+    /// caller's own): `kill` then signals it as that uid.
+    pub fn open_as(pid: i32, runs_as: Option<Identity>) -> io::Result<PidFd> {
         // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: fd is a fresh descriptor returned by pidfd_open.
-        Ok(PidFd(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+        Ok(PidFd {
+            // SAFETY: fd is a fresh descriptor returned by pidfd_open.
+            fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) },
+            runs_as: runs_as.map(|id| id.uid),
+        })
     }
 
     /// SIGKILL the process; if it is the init of a PID namespace, the kernel then
     /// kills every process in that namespace.
+    ///
+    /// A root daemon keeps no CAP_KILL: a process it started as the script's uid
+    /// is signalled by a thread of its own that takes that uid as its effective
+    /// uid first (`as_thread_euid`), and the kernel lets a uid signal its own
+    /// processes. (CAP_SETUID, which the daemon keeps to start scripts as their
+    /// uid, is what that switch takes.)
     pub fn kill(&self) -> io::Result<()> {
-        // SAFETY: pidfd_send_signal on a pidfd we own, with no siginfo.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.0.as_raw_fd(),
-                libc::SIGKILL,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            // ESRCH: it is gone already, which is what we wanted.
-            if e.raw_os_error() != Some(libc::ESRCH) {
-                return Err(e);
+        let send = || {
+            // SAFETY: pidfd_send_signal on a pidfd we own, with no siginfo.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    self.fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                // ESRCH: it is gone already, which is what we wanted.
+                if e.raw_os_error() != Some(libc::ESRCH) {
+                    return Err(e);
+                }
             }
+            Ok(())
+        };
+        match self.runs_as {
+            Some(uid) if uid != Uid::effective().as_raw() => as_thread_euid(uid, send)?,
+            _ => send(),
         }
-        Ok(())
     }
 }
 
-/// Keep only the capabilities the daemon needs, when it runs as root: switching to
-/// the script's uid, owning its record files, writing into workspaces it does not
-/// own, and killing sandboxes; with `quotas` (`scripts.disk_max_bytes` set),
-/// CAP_SYS_ADMIN too, which setting a project quota's limit takes
-/// (`quota::set_project_limit`). (bwrap needs none: it builds the sandbox in a
-/// user namespace of its own, as the script's uid.) The unit's
-/// CapabilityBoundingSet is the same list.
+/// Run `f` on a thread of its own whose effective uid is `uid` (its real and
+/// saved uids stay the caller's); the thread ends with `f`, and with it the
+/// changed credentials. Credentials are per thread in the kernel: the raw
+/// setresuid(2) changes only the calling thread's (glibc's wrapper would change
+/// every thread's). Taking a uid other than the real or saved one takes
+/// CAP_SETUID; the change clears the thread's effective capabilities.
+fn as_thread_euid<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> io::Result<T> {
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("scriptgate-signal".into())
+            .spawn_scoped(s, move || {
+                // -1: the real and saved uids stay as they are.
+                let keep = libc::uid_t::MAX;
+                // SAFETY: a raw syscall on integers; it changes this thread's
+                // credentials only, and this thread runs nothing but `f` after it.
+                let rc = unsafe { libc::syscall(libc::SYS_setresuid, keep, uid, keep) };
+                if rc != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(f())
+            })?
+            .join()
+            .map_err(|_| io::Error::other("the signalling thread panicked"))?
+    })
+}
+
+/// Keep only the capabilities the daemon needs, when it runs as root (each one's
+/// use, as scriptgate.service's CapabilityBoundingSet= lists it, which must be
+/// the same set):
+/// - CAP_SETUID, CAP_SETGID: a child switches to the script's uid and gid and
+///   drops every supplementary group before it execs bwrap (`install_pre_exec`);
+///   a thread takes the script's uid to signal its sandbox (`PidFd::kill`);
+/// - CAP_CHOWN: the script's record directory and files, and its stdout and
+///   stderr pipes, are given to its uid (`ArtifactDir`, `give_pipe`); an
+///   engine's `<root>/<uid>` to that engine (`ensure_engine_dir`); the audit
+///   store to the admin group;
+/// - CAP_DAC_OVERRIDE: workspaces are engines' directories (0700, say): the
+///   daemon walks to them, opens them, writes the record into them and removes
+///   expired ones (retention) whatever their modes;
+/// - CAP_FOWNER: retention removes what scripts left in sticky directories of
+///   their workspaces, and `scripts.disk_max_bytes` gives workspaces' files,
+///   owned by the engines, a project id (`quota::set_project`).
+///
+/// With `quotas` (`scripts.disk_max_bytes` set), CAP_SYS_ADMIN too, which setting
+/// a project quota's limit takes (`quota::set_project_limit`). (bwrap needs none:
+/// it builds the sandbox in a user namespace of its own, as the script's uid.)
+/// No CAP_KILL (its sandboxes are signalled as their own uid) and no
+/// CAP_DAC_READ_SEARCH (CAP_DAC_OVERRIDE covers every read and search it does).
+///
+/// Capabilities are per thread: it refuses to run once the process has more than
+/// one (the others would keep theirs); threads started after it inherit the
+/// smaller sets.
 pub fn drop_daemon_capabilities(quotas: bool) -> Result<(), CapabilityError> {
     use caps::{CapSet, Capability as C};
     if !Uid::effective().is_root() {
         return Ok(());
     }
-    let keep: caps::CapsHashSet = [
-        C::CAP_SETUID,
-        C::CAP_SETGID,
-        C::CAP_CHOWN,
-        C::CAP_FOWNER,
-        C::CAP_DAC_OVERRIDE,
-        C::CAP_DAC_READ_SEARCH,
-        C::CAP_KILL,
-    ]
-    .into_iter()
-    .chain(quotas.then_some(C::CAP_SYS_ADMIN))
-    .collect();
+    if !single_threaded() {
+        return Err(CapabilityError::Threads);
+    }
+    let keep: caps::CapsHashSet = DAEMON_CAPABILITIES
+        .iter()
+        .copied()
+        .chain(quotas.then_some(C::CAP_SYS_ADMIN))
+        .collect();
     let have = caps::read(None, CapSet::Permitted).map_err(CapabilityError::Read)?;
     let keep: caps::CapsHashSet = keep.intersection(&have).copied().collect();
     caps::set(None, CapSet::Effective, &keep).map_err(CapabilityError::SetEffective)?;
@@ -557,9 +629,22 @@ pub fn drop_daemon_capabilities(quotas: bool) -> Result<(), CapabilityError> {
     Ok(())
 }
 
+/// The capabilities a root daemon keeps ([`drop_daemon_capabilities`] says for
+/// what); scriptgate.service's CapabilityBoundingSet= is the same set.
+pub const DAEMON_CAPABILITIES: [caps::Capability; 5] = [
+    caps::Capability::CAP_SETUID,
+    caps::Capability::CAP_SETGID,
+    caps::Capability::CAP_CHOWN,
+    caps::Capability::CAP_DAC_OVERRIDE,
+    caps::Capability::CAP_FOWNER,
+];
+
 /// Which step of [`drop_daemon_capabilities`] failed; the caps crate's words.
 #[derive(Debug, thiserror::Error)]
 pub enum CapabilityError {
+    /// Called with more than one thread, whose others would keep theirs.
+    #[error("more than one thread: the others would keep every capability")]
+    Threads,
     /// Reading the permitted set.
     #[error("{0}")]
     Read(#[source] caps::errors::CapsError),
@@ -1002,6 +1087,54 @@ pub fn ensure_engine_dir(root: &Path, owner: Identity) -> Result<PathBuf, SysErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Without CAP_KILL a root process cannot signal a process of another uid;
+    /// `PidFd::kill` of one opened with that uid can (the signal goes from a
+    /// thread that takes the uid), which is why the daemon keeps no CAP_KILL.
+    #[test]
+    fn a_process_of_another_uid_is_killed_without_cap_kill() {
+        use std::os::unix::process::ExitStatusExt;
+        if !Uid::effective().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let id = Identity {
+            uid: 65534,
+            gid: 65534,
+        };
+        let mut cmd = std::process::Command::new("sleep");
+        cmd.arg("600");
+        install_pre_exec(
+            &mut cmd,
+            ChildSetup {
+                identity: Some(id),
+                rlimits: vec![],
+                dups: vec![],
+                parent_pid: std::process::id() as libc::pid_t,
+            },
+        );
+        let mut child = cmd.spawn().unwrap();
+        let pid = child.id() as i32;
+        // Capabilities are per thread: this one alone gives up CAP_KILL, as the
+        // daemon does (and the thread `kill` starts inherits that).
+        let (plain, as_owner) = std::thread::spawn(move || {
+            use caps::{CapSet, Capability};
+            caps::drop(None, CapSet::Effective, Capability::CAP_KILL).unwrap();
+            caps::drop(None, CapSet::Permitted, Capability::CAP_KILL).unwrap();
+            let plain = PidFd::open(pid).unwrap().kill();
+            let as_owner = PidFd::open_as(pid, Some(id)).unwrap().kill();
+            (plain, as_owner)
+        })
+        .join()
+        .unwrap();
+        let refused = plain.expect_err("a kill as root, without CAP_KILL");
+        assert_eq!(refused.raw_os_error(), Some(libc::EPERM));
+        as_owner.unwrap();
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+        // The calling thread's credentials are its own still.
+        assert!(Uid::effective().is_root());
+        assert!(caps::has_cap(None, caps::CapSet::Effective, caps::Capability::CAP_KILL).unwrap());
+    }
 
     /// The owner's bits for the owner, the group's for the primary group only,
     /// the others' for everyone else; each bit asked for must be there.

@@ -153,7 +153,10 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
             .and_then(|s| s.split_whitespace().next())
             .and_then(|s| s.parse().ok())
             .unwrap();
-        assert!(exposure <= 4.5, "exposure {exposure} above the 4.5 target");
+        assert!(
+            exposure <= 3.8,
+            "exposure {exposure} above 3.8 (scriptgated(8), SYSTEMD)"
+        );
 
         assert_eq!(rig.is_active("scriptgate.socket"), "active");
         // SocketMode=0666: the daemon's SO_PEERCRED check is the gate.
