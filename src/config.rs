@@ -157,6 +157,17 @@ pub struct Scripts {
     /// RLIMIT_NOFILE of every process of a script, on every backend (the unit
     /// raises the daemon's own to 65536, which scripts would otherwise inherit).
     pub nofile_max: u64,
+    /// Memory of all scripts together (extension; `scriptgate.slice`'s
+    /// `MemoryMax=`, or `memory.max` of the cgroup backend's `scripts` node).
+    /// None (the key absent): derived from the host
+    /// (`crate::limits::aggregate`); 0: no bound.
+    pub total_memory_max_bytes: Option<u64>,
+    /// Tasks of all scripts together (`TasksMax=`, `pids.max`). None: the
+    /// stated default (`crate::limits::aggregate`); 0: no bound.
+    pub total_tasks_max: Option<u64>,
+    /// CPU of all scripts together, in percent of one CPU (`CPUQuota=`,
+    /// `cpu.max`). None: derived from the host's CPUs; 0: no quota.
+    pub total_cpu_quota_percent: Option<u32>,
 }
 impl Default for Scripts {
     fn default() -> Self {
@@ -174,6 +185,9 @@ impl Default for Scripts {
             file_max_bytes: 1 << 30,
             disk_max_bytes: 0,
             nofile_max: 1024,
+            total_memory_max_bytes: None,
+            total_tasks_max: None,
+            total_cpu_quota_percent: None,
         }
     }
 }
@@ -315,6 +329,36 @@ impl Config {
                 s.nofile_max
             ));
         }
+        // All scripts together below one script's own bound: that one could
+        // never reach its own limit, the total would be the real one.
+        for (total, key, one, one_key) in [
+            (
+                s.total_memory_max_bytes,
+                "total_memory_max_bytes",
+                s.memory_max_bytes,
+                "memory_max_bytes",
+            ),
+            (
+                s.total_tasks_max,
+                "total_tasks_max",
+                s.tasks_max,
+                "tasks_max",
+            ),
+            (
+                s.total_cpu_quota_percent.map(u64::from),
+                "total_cpu_quota_percent",
+                u64::from(s.cpu_quota_percent),
+                "cpu_quota_percent",
+            ),
+        ] {
+            if let Some(t) = total.filter(|&t| t > 0 && one > 0 && t < one) {
+                return bad(format!(
+                    "scripts.{key} = {t} is below scripts.{one_key} = {one}: all scripts together \
+                     would get less than one script may have; raise {key}, lower {one_key}, \
+                     or set {key} = 0 (no bound on all scripts together)"
+                ));
+            }
+        }
         // bwrap, under the same RLIMIT_FSIZE, copies the script into the sandbox.
         let code_max = self.server.max_message_bytes as u64;
         if s.file_max_bytes != 0 && s.file_max_bytes < code_max {
@@ -411,6 +455,9 @@ pub const LIVE_KEYS: &[&str] = &[
     "scripts.approval_timeout_s",
     "scripts.file_max_bytes",
     "scripts.nofile_max",
+    "scripts.total_memory_max_bytes",
+    "scripts.total_tasks_max",
+    "scripts.total_cpu_quota_percent",
     "sandbox.tmp_size_bytes",
     "state.reserve_bytes",
     "workspace.retain_days",
@@ -730,6 +777,67 @@ mod tests {
         }
         let e = Config::parse("[scripts]\nfile_max_bytes = 4096\n", Path::new("c")).unwrap_err();
         assert!(e.to_string().contains("server.max_message_bytes"), "{e}");
+    }
+
+    /// The totals of all scripts: absent is None (derived), 0 is no bound,
+    /// below one script's own limit is refused, naming both keys.
+    #[test]
+    fn totals_are_optional_and_not_below_one_script() {
+        let c = Config::parse("", Path::new("c")).unwrap();
+        assert_eq!(
+            (
+                c.scripts.total_memory_max_bytes,
+                c.scripts.total_tasks_max,
+                c.scripts.total_cpu_quota_percent
+            ),
+            (None, None, None)
+        );
+        let c = Config::parse(
+            "[scripts]\ntotal_memory_max_bytes = 0\ntotal_tasks_max = 256\ntotal_cpu_quota_percent = 150\n",
+            Path::new("c"),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.scripts.total_memory_max_bytes,
+                c.scripts.total_tasks_max,
+                c.scripts.total_cpu_quota_percent
+            ),
+            (Some(0), Some(256), Some(150))
+        );
+        for (text, said) in [
+            (
+                "total_memory_max_bytes = 1048576",
+                "scripts.total_memory_max_bytes = 1048576 is below scripts.memory_max_bytes = 1073741824",
+            ),
+            (
+                "total_tasks_max = 255",
+                "scripts.total_tasks_max = 255 is below scripts.tasks_max = 256",
+            ),
+            (
+                "total_cpu_quota_percent = 50",
+                "scripts.total_cpu_quota_percent = 50 is below scripts.cpu_quota_percent = 100",
+            ),
+        ] {
+            let e = Config::parse(&format!("[scripts]\n{text}\n"), Path::new("c"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(said), "{e}");
+            assert!(e.contains("= 0 (no bound on all scripts together)"), "{e}");
+        }
+        // No quota per script: any total CPU is fine.
+        Config::parse(
+            "[scripts]\ncpu_quota_percent = 0\ntotal_cpu_quota_percent = 10\n",
+            Path::new("c"),
+        )
+        .unwrap();
+        // A total put back to absent by a reload is applied (derived again), not pending.
+        let p = Path::new("c");
+        let running = Config::parse("[scripts]\ntotal_tasks_max = 300\n", p).unwrap();
+        let r = running.reloaded(&Config::default(), p).unwrap();
+        assert_eq!(r.applied, ["scripts.total_tasks_max"]);
+        assert!(r.pending.is_empty(), "{:?}", r.pending);
+        assert_eq!(r.cfg.scripts.total_tasks_max, None);
     }
 
     #[test]

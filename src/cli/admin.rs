@@ -302,6 +302,9 @@ pub fn state_of(info: &DaemonInfo, limits_required: bool) -> State {
     if info.limits_enforced == Some(false) {
         why.push("limits are not in force (see backend)");
     }
+    if info.backend != "rlimit" && info.all_scripts.as_ref().is_some_and(|a| !a.in_force) {
+        why.push("the bound on all scripts together is not in force (see total)");
+    }
     if info.backend == "rlimit" {
         why.push("the scripts of one uid share their limits (backend rlimit)");
     } else if !info.backend_notes.is_empty() && info.limits_enforced != Some(false) {
@@ -413,6 +416,9 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
     let mut rows = rows;
     if let Some(d) = &info.disk {
         rows.push(vec!["disk".into(), crate::daemon::disk::summary(d)]);
+    }
+    if let Some(a) = &info.all_scripts {
+        rows.push(vec!["total".into(), crate::limits::aggregate::summary(a)]);
     }
     if let Some(c) = &info.config {
         rows.extend(config_rows(c));
@@ -1819,6 +1825,32 @@ mod tests {
         assert_eq!(
             (s.word, s.code, s.why.len()),
             ("unavailable", exit::UNAVAILABLE, 1)
+        );
+    }
+
+    /// The bound on all scripts together not in force degrades the state,
+    /// on the backends that have one; rlimit has none, said by its own cause.
+    #[test]
+    fn a_total_not_in_force_is_degraded() {
+        let mut i = info("cgroup", Some(true), &[], "ok");
+        i.all_scripts = Some(crate::protocol::AllScripts {
+            in_force: true,
+            cgroup: Some("/sys/fs/cgroup/x/scripts".into()),
+            ..Default::default()
+        });
+        assert_eq!(state_of(&i, true).word, "ok");
+        i.all_scripts.as_mut().unwrap().in_force = false;
+        let s = state_of(&i, true);
+        assert_eq!((s.word, s.code), ("degraded", exit::DEGRADED));
+        assert_eq!(
+            s.why,
+            ["the bound on all scripts together is not in force (see total)"]
+        );
+        let mut r = info("rlimit", None, &["x"], "ok");
+        r.all_scripts = Some(crate::protocol::AllScripts::default());
+        assert_eq!(
+            state_of(&r, false).why,
+            ["the scripts of one uid share their limits (backend rlimit)"]
         );
     }
 }

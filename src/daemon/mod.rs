@@ -108,6 +108,9 @@ pub struct Daemon {
     /// The connections being served, by id, until their last answer is queued
     /// (`answers_written`, the barrier before a stop).
     answering: Mutex<std::collections::HashMap<u64, crate::protocol::rpc::Endpoint>>,
+    /// The bound on all scripts together as last decided and set (start,
+    /// reload): its `problem` is why setting it failed (`bound_all_scripts`).
+    all_scripts: Mutex<crate::protocol::AllScripts>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -194,8 +197,10 @@ impl Daemon {
             prune_pass: tokio::sync::Mutex::new(()),
             answering: Mutex::default(),
             usage: tokio::sync::Mutex::new(None),
+            all_scripts: Mutex::default(),
         };
         d.peers.engine_dirs_at_start();
+        d.bound_all_scripts().await;
         let d = Arc::new(d);
         d.spawn_tickers();
         Ok((d, interrupted))

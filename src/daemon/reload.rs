@@ -81,6 +81,46 @@ impl Daemon {
         }
     }
 
+    /// Decide the bound on all scripts together from the configuration in
+    /// force and the host (`limits::aggregate`) and set it on the backend: at
+    /// start and after each reload (its keys are live; running scripts are
+    /// held to it at once). A failure is logged and kept for `daemon.info`;
+    /// scripts still run, each within its own limits.
+    pub async fn bound_all_scripts(&self) {
+        use crate::limits::aggregate;
+        let mut a = aggregate::decide(&self.live().cfg.scripts, &aggregate::Host::read());
+        let said = aggregate::summary(&a);
+        match self.backend.backend.bound_all(&a).await {
+            Ok(()) if self.backend.backend.all_scripts_place().is_some() => {
+                tracing::info!("all scripts together: {said}")
+            }
+            Ok(()) => tracing::debug!("all scripts together: not bounded on the rlimit backend"),
+            Err(e) => {
+                tracing::warn!("all scripts together: the bound is NOT in force ({said}): {e}");
+                a.problem = Some(format!("could not be set: {e}"));
+            }
+        }
+        *self.all_scripts.lock().unwrap_or_else(|p| p.into_inner()) = a;
+    }
+
+    /// `daemon.info`'s `all_scripts`: the bound as set, read back from its
+    /// cgroup, with what all scripts hold now.
+    pub(crate) fn all_scripts_info(&self) -> crate::protocol::AllScripts {
+        let mut a = self
+            .all_scripts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let place = self.backend.backend.all_scripts_place();
+        if a.problem.is_some() {
+            a.cgroup = place.map(|p| p.dir().display().to_string());
+            a.in_force = false;
+        } else {
+            crate::limits::aggregate::read_back(&mut a, place.as_ref());
+        }
+        a
+    }
+
     /// `daemon.info`'s `config`: the file, whether the daemon runs with it as
     /// it is on disk now, what a restart would still change, the last reload.
     pub(crate) fn config_state(&self) -> Option<ConfigState> {

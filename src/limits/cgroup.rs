@@ -43,6 +43,10 @@ pub enum CgroupError {
     /// A script's process could not be moved into its leaf.
     #[error(transparent)]
     Add(io::Error),
+    /// The bound on all scripts together could not be written on the
+    /// `scripts` node (the message names the file and the value).
+    #[error(transparent)]
+    Bound(io::Error),
     /// The process is in no cgroup of a hierarchy with the controller, nor in a v2
     /// one.
     #[error("the script is in no {controller} cgroup")]
@@ -341,8 +345,12 @@ impl Tree {
     }
 
     /// Move the daemon into a leaf of its own (cgroup v2 has no processes in inner
-    /// nodes that have controllers enabled), then enable the controllers for leaves.
-    /// The order matters: the subtree_control write fails while we sit in the root.
+    /// nodes that have controllers enabled), then enable the controllers for its
+    /// children: the `daemon` leaf and the `scripts` node, which holds every
+    /// script's leaf (and the bound on all of them together, `bound_all`), and
+    /// has the controllers enabled for them in turn. The order matters: the
+    /// subtree_control write fails while we sit in the root. The daemon is not
+    /// under `scripts`: all scripts together cannot take its memory or tasks.
     pub fn init(&self, own_pid: u32) -> io::Result<()> {
         let leaf = self.root.join("daemon");
         mkdir(&leaf)?;
@@ -353,12 +361,54 @@ impl Tree {
             .filter(|c| controllers.split_whitespace().any(|x| x == **c))
             .map(|c| format!("+{c}"))
             .collect();
-        write(&self.root.join("cgroup.subtree_control"), &enable.join(" "))
+        write(&self.root.join("cgroup.subtree_control"), &enable.join(" "))?;
+        mkdir(&self.scripts())?;
+        write(
+            &self.scripts().join("cgroup.subtree_control"),
+            &enable.join(" "),
+        )
+    }
+
+    /// The node that holds every script's leaf.
+    pub fn scripts(&self) -> PathBuf {
+        self.root.join("scripts")
+    }
+
+    /// Write the bound on all scripts together (`memory.max`, `pids.max`,
+    /// `cpu.max` of the `scripts` node; 0 is `max`, no bound). A running
+    /// script is held to a lowered bound at once: memory is reclaimed, or the
+    /// OOM killer takes a process; tasks over it make no new ones.
+    pub fn bound_all(&self, a: &crate::protocol::AllScripts) -> Result<(), CgroupError> {
+        let or_max = |n: u64| {
+            if n == 0 {
+                "max".to_string()
+            } else {
+                n.to_string()
+            }
+        };
+        let dir = self.scripts();
+        let cpu = match a.cpu_quota_percent {
+            0 => "max 100000".to_string(),
+            p => format!("{} 100000", u64::from(p) * 1000),
+        };
+        for (file, v) in [
+            ("memory.max", or_max(a.memory_max_bytes)),
+            ("pids.max", or_max(a.tasks_max)),
+            ("cpu.max", cpu),
+        ] {
+            // The cpu controller may not be delegated: then no CPU bound,
+            // which the read-back says.
+            if file == "cpu.max" && !dir.join(file).exists() && a.cpu_quota_percent == 0 {
+                continue;
+            }
+            write(&dir.join(file), &v).map_err(CgroupError::Bound)?;
+        }
+        Ok(())
     }
 
     /// A leaf for one script, with its limits written.
     pub fn leaf(&self, script_id: &str, l: &Limits, cpu_quota_percent: u32) -> io::Result<Leaf> {
-        let dir = self.root.join(leaf_name(script_id));
+        let dir = self.scripts().join(leaf_name(script_id));
         mkdir(&dir)?;
         let leaf = Leaf { dir };
         write(
@@ -591,12 +641,57 @@ mod tests {
             std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap(),
             "+memory +pids +cpu"
         );
+        // The scripts' leaves are one level down, in a node of their own that
+        // the daemon is not in: it carries the bound on all of them.
+        assert_eq!(t.scripts(), root.join("scripts"));
+        assert_eq!(
+            std::fs::read_to_string(root.join("scripts/cgroup.subtree_control")).unwrap(),
+            "+memory +pids +cpu"
+        );
+    }
+
+    #[test]
+    fn the_bound_on_all_scripts_is_written_on_their_node() {
+        let (d, root) = fake_tree();
+        let t = Tree::detect(d.path(), "0::/system.slice/scriptgate.service").unwrap();
+        t.init(4242).unwrap();
+        let read = |f: &str| std::fs::read_to_string(root.join("scripts").join(f)).unwrap();
+        let a = crate::protocol::AllScripts {
+            memory_max_bytes: 512 << 20,
+            tasks_max: 24,
+            cpu_quota_percent: 150,
+            ..Default::default()
+        };
+        t.bound_all(&a).unwrap();
+        assert_eq!(
+            (read("memory.max"), read("pids.max"), read("cpu.max")),
+            ("536870912".into(), "24".into(), "150000 100000".into())
+        );
+        // 0: no bound ("max"), as a reload that lifts it writes.
+        t.bound_all(&crate::protocol::AllScripts::default())
+            .unwrap();
+        assert_eq!(
+            (read("memory.max"), read("pids.max"), read("cpu.max")),
+            ("max".into(), "max".into(), "max 100000".into())
+        );
+        // The daemon's own leaf is not under it.
+        assert!(!root.join("scripts/daemon").exists());
+        // A node that cannot be written names the file and the value.
+        std::fs::remove_dir_all(root.join("scripts")).unwrap();
+        let e = t.bound_all(&a).unwrap_err();
+        assert!(matches!(e, CgroupError::Bound(_)), "{e:?}");
+        assert!(
+            e.to_string()
+                .contains(&format!("{}", root.join("scripts/memory.max").display())),
+            "{e}"
+        );
     }
 
     #[test]
     fn a_leaf_gets_limits_processes_kill_and_counters() {
         let (d, root) = fake_tree();
         let t = Tree::detect(d.path(), "0::/system.slice/scriptgate.service").unwrap();
+        t.init(4242).unwrap();
         let l = Limits::effective(&Scripts::default(), &Default::default());
         let leaf = t
             .leaf(
@@ -609,7 +704,7 @@ mod tests {
                 50,
             )
             .unwrap();
-        let dir = root.join("script-abc");
+        let dir = root.join("scripts/script-abc");
         assert_eq!(leaf.dir, dir);
         assert_eq!(
             std::fs::read_to_string(dir.join("memory.max")).unwrap(),

@@ -11,6 +11,7 @@
 //! `auto` takes the first that works, in that order, and says why the others did not.
 //! With `systemd` and `cgroup` the sandbox does not exec until it is in its unit.
 
+pub mod aggregate;
 pub mod cgroup;
 pub mod systemd;
 pub mod usage;
@@ -323,6 +324,45 @@ impl Backend {
 }
 
 impl Backend {
+    /// Bound all scripts together (`aggregate::decide`): `scriptgate.slice`'s
+    /// `MemoryMax=`, `TasksMax=` and `CPUQuotaPerSecUSec=` (runtime properties,
+    /// over D-Bus; the slice started so that its cgroup exists), or the cgroup
+    /// backend's `scripts` node. The rlimit backend has nothing to write.
+    pub async fn bound_all(&self, a: &crate::protocol::AllScripts) -> Result<(), LimitsError> {
+        match self {
+            Backend::Systemd(s) => Ok(s.manager.bound_slice(a).await?),
+            Backend::Cgroup(c) => Ok(c.tree.bound_all(a)?),
+            Backend::Rlimit => Ok(()),
+        }
+    }
+
+    /// The cgroup that holds every script, where the bound on all of them is
+    /// read back (None: rlimit).
+    pub fn all_scripts_place(&self) -> Option<aggregate::Place> {
+        match self {
+            Backend::Systemd(s) => Some(aggregate::Place {
+                fs: s.cgroupfs.clone(),
+                rel: systemd::SLICE.into(),
+            }),
+            Backend::Cgroup(c) => {
+                let dir = c.tree.scripts();
+                Some(match dir.strip_prefix(&c.cgroupfs) {
+                    Ok(rel) => aggregate::Place {
+                        fs: c.cgroupfs.clone(),
+                        rel: rel.display().to_string(),
+                    },
+                    Err(_) => aggregate::Place {
+                        fs: dir,
+                        rel: String::new(),
+                    },
+                })
+            }
+            Backend::Rlimit => None,
+        }
+    }
+}
+
+impl Backend {
     /// What the script whose sandbox is `pid` holds now (`admin.list`): its
     /// cgroup's counters under a unit, its process tree's sums on rlimit.
     pub fn usage(&self, pid: u32) -> crate::protocol::Resources {
@@ -476,11 +516,15 @@ mod tests {
         std::fs::create_dir_all(d.path().join("proc/4242")).unwrap();
         std::fs::write(
             d.path().join("proc/4242/cgroup"),
-            "0::/system.slice/scriptgate.service/script-ab\n",
+            "0::/system.slice/scriptgate.service/scripts/script-ab\n",
         )
         .unwrap();
         std::fs::write(d.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
-        std::fs::write(root.join("script-ab/cgroup.controllers"), "cpu pids\n").unwrap();
+        std::fs::write(
+            root.join("scripts/script-ab/cgroup.controllers"),
+            "cpu pids\n",
+        )
+        .unwrap();
         let e = b.verify("ab", 4242, &limits());
         assert!(!e.enforced());
         assert_eq!(e.problems.len(), 1, "{e:?}");
@@ -489,7 +533,7 @@ mod tests {
             "{e:?}"
         );
         std::fs::write(
-            root.join("script-ab/cgroup.controllers"),
+            root.join("scripts/script-ab/cgroup.controllers"),
             "cpu memory pids\n",
         )
         .unwrap();

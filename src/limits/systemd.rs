@@ -21,6 +21,8 @@ use zbus::zvariant::{OwnedObjectPath, OwnedValue, Value};
 const DEST: &str = "org.freedesktop.systemd1";
 const PATH: &str = "/org/freedesktop/systemd1";
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
+/// The slice every script's scope is in (systemd/scriptgate.slice).
+pub const SLICE: &str = "scriptgate.slice";
 
 /// Why the system manager cannot be used, or a scope did not start.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +52,14 @@ pub enum SystemdError {
     /// The scope was not active within 2 s; it was stopped.
     #[error("{unit} did not become active")]
     NotActive { unit: String },
+    /// systemd refused the bound on all scripts together, or to start the
+    /// slice that carries it.
+    #[error("{method} scriptgate.slice: {source}")]
+    Slice {
+        method: &'static str,
+        #[source]
+        source: zbus::Error,
+    },
 }
 
 #[derive(Clone)]
@@ -248,6 +258,42 @@ impl Manager {
         Err(SystemdError::NotActive { unit })
     }
 
+    /// The bound on all scripts together, on `scriptgate.slice`: runtime
+    /// properties (`SetUnitProperties`, kept in /run until a reboot or the
+    /// next start or reload sets them again), 0 as infinity; then the slice is
+    /// started, so that its cgroup, and the bound in it, exist before the
+    /// first script.
+    pub async fn bound_slice(&self, a: &crate::protocol::AllScripts) -> Result<(), SystemdError> {
+        let props = slice_properties(a);
+        self.bus
+            .call_method(
+                Some(DEST),
+                PATH,
+                Some(MANAGER),
+                "SetUnitProperties",
+                &(SLICE, true, props),
+            )
+            .await
+            .map_err(|source| SystemdError::Slice {
+                method: "SetUnitProperties",
+                source,
+            })?;
+        self.bus
+            .call_method(
+                Some(DEST),
+                PATH,
+                Some(MANAGER),
+                "StartUnit",
+                &(SLICE, "replace"),
+            )
+            .await
+            .map_err(|source| SystemdError::Slice {
+                method: "StartUnit",
+                source,
+            })?;
+        Ok(())
+    }
+
     async fn start_transient(
         &self,
         script_id: &str,
@@ -262,7 +308,7 @@ impl Manager {
                 "Description",
                 Value::from(format!("scriptgate script {script_id}")),
             ),
-            ("Slice", Value::from("scriptgate.slice")),
+            ("Slice", Value::from(SLICE)),
             ("PIDs", Value::from(pids.to_vec())),
             ("MemoryAccounting", Value::from(true)),
             ("TasksAccounting", Value::from(true)),
@@ -301,9 +347,55 @@ impl Manager {
     }
 }
 
+/// The slice's properties for `a`: systemd's "infinity" (u64::MAX) for 0.
+fn slice_properties(a: &crate::protocol::AllScripts) -> Vec<(&'static str, Value<'static>)> {
+    let or_infinity = |n: u64| if n == 0 { u64::MAX } else { n };
+    vec![
+        ("MemoryAccounting", Value::from(true)),
+        ("TasksAccounting", Value::from(true)),
+        ("CPUAccounting", Value::from(true)),
+        ("MemoryMax", Value::from(or_infinity(a.memory_max_bytes))),
+        ("TasksMax", Value::from(or_infinity(a.tasks_max))),
+        (
+            "CPUQuotaPerSecUSec",
+            Value::from(match a.cpu_quota_percent {
+                0 => u64::MAX,
+                p => u64::from(p) * 10_000,
+            }),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{ScopeEnd, SystemdError};
+    use super::{slice_properties, ScopeEnd, SystemdError};
+    use zbus::zvariant::Value;
+
+    /// The slice's bound: bytes, tasks and CPU time per second as systemd
+    /// takes them; no bound is systemd's infinity.
+    #[test]
+    fn the_slice_gets_the_bound_and_infinity_for_none() {
+        let a = crate::protocol::AllScripts {
+            memory_max_bytes: 512 << 20,
+            tasks_max: 24,
+            cpu_quota_percent: 150,
+            ..Default::default()
+        };
+        let p = slice_properties(&a);
+        fn get<'a>(p: &[(&str, Value<'a>)], k: &str) -> Value<'a> {
+            p.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.clone())
+                .unwrap()
+        }
+        assert_eq!(get(&p, "MemoryMax"), Value::from(512u64 << 20));
+        assert_eq!(get(&p, "TasksMax"), Value::from(24u64));
+        assert_eq!(get(&p, "CPUQuotaPerSecUSec"), Value::from(1_500_000u64));
+        let none = slice_properties(&crate::protocol::AllScripts::default());
+        for k in ["MemoryMax", "TasksMax", "CPUQuotaPerSecUSec"] {
+            assert_eq!(get(&none, k), Value::from(u64::MAX), "{k}");
+        }
+    }
 
     /// The words `sandbox.backend`, check-config and a refused start show.
     #[test]

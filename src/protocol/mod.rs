@@ -595,6 +595,48 @@ pub struct DaemonInfo {
     /// disk (extension; absent for an embedded daemon).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<ConfigState>,
+    /// The bound on all scripts together (`scripts.total_*`), where it is
+    /// written, whether it reads back in force, and what all scripts hold now
+    /// (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub all_scripts: Option<AllScripts>,
+}
+
+/// `daemon.info`'s `all_scripts`: memory, tasks and CPU of every script at
+/// once (0: no bound), on `scriptgate.slice` or the cgroup backend's `scripts`
+/// node.
+///
+/// ```json
+/// {"memory_max_bytes": 1610612736, "tasks_max": 4096, "cpu_quota_percent": 150,
+///  "derived": ["total_memory_max_bytes: 75% of the host's 2048 MiB"], "notes": [],
+///  "cgroup": "/sys/fs/cgroup/scriptgate.slice", "in_force": true, "problem": null,
+///  "memory_current_bytes": 10485760, "tasks_current": 7}
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AllScripts {
+    pub memory_max_bytes: u64,
+    pub tasks_max: u64,
+    /// Percent of one CPU.
+    pub cpu_quota_percent: u32,
+    /// The keys left out of the file, each with what its value came from.
+    #[serde(default)]
+    pub derived: Vec<String>,
+    /// What is odd about the values (a derived total below one script's).
+    #[serde(default)]
+    pub notes: Vec<String>,
+    /// The cgroup directory that holds all scripts (null: none, rlimit).
+    #[serde(default)]
+    pub cgroup: Option<String>,
+    /// Its limit files read back as asked.
+    #[serde(default)]
+    pub in_force: bool,
+    /// Why not, or why they could not be set.
+    #[serde(default)]
+    pub problem: Option<String>,
+    #[serde(default)]
+    pub memory_current_bytes: Option<u64>,
+    #[serde(default)]
+    pub tasks_current: Option<u64>,
 }
 
 /// `daemon.info`'s `config`: the file the daemon read, whether it still is as

@@ -32,6 +32,8 @@ pub struct Findings {
     pub problems: Vec<String>,
     /// bwrap's own `--version` line, if it ran.
     pub bwrap_version: Option<String>,
+    /// What the bound on all scripts together is derived from.
+    pub host: crate::limits::aggregate::Host,
 }
 
 /// The report's text and whether the configuration passes.
@@ -152,6 +154,11 @@ fn settings(out: &mut String, f: &Findings, cfg: &Config) {
         "limits         timeout {} s, memory {} bytes, {} tasks, {} calls, {} running at once\n",
         s.timeout_s, s.memory_max_bytes, s.tasks_max, s.max_calls, cfg.server.max_running
     ));
+    let all = crate::limits::aggregate::decide(s, &f.host);
+    out.push_str(&format!(
+        "total          {}\n",
+        crate::limits::aggregate::summary(&all)
+    ));
     out.push_str(&format!(
         "enforcement    {} (sandbox.require_enforced_limits); the daemon reads the limits back at start\n",
         if cfg.sandbox.require_enforced_limits {
@@ -190,6 +197,7 @@ pub fn gather(path: &Path, explicit: bool) -> Findings {
         backend: None,
         problems: vec![],
         bwrap_version: None,
+        host: crate::limits::aggregate::Host::read(),
     };
     let Ok(cfg) = &f.config else { return f };
     let key = cfg.read_key();
@@ -355,6 +363,10 @@ mod tests {
             backend: Some(Ok((Kind::Cgroup, vec!["systemd: no bus".into()]))),
             problems: vec![],
             bwrap_version: Some("bubblewrap 0.8.0".into()),
+            host: crate::limits::aggregate::Host {
+                mem_total_bytes: Some(2 << 30),
+                cpus: 2,
+            },
         }
     }
 
@@ -365,6 +377,10 @@ mod tests {
         assert!(text.contains("backend        cgroup (sandbox.backend = auto)"));
         assert!(text.contains("note: systemd: no bus"));
         assert!(text.contains("/usr/bin/bwrap (bubblewrap 0.8.0)"));
+        assert!(
+            text.contains("total          memory 1536 MiB, 4096 tasks, CPU 150% together (derived: total_memory_max_bytes: 75% of the host's 2048 MiB, "),
+            "{text}"
+        );
         assert!(text.ends_with("the configuration is ok\n"), "{text}");
     }
 

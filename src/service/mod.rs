@@ -362,6 +362,7 @@ async fn reload_on_hangup(d: Arc<Daemon>) {
         let _ = sd_notify::notify(&reloading);
         match d.reload() {
             Ok(r) => {
+                d.bound_all_scripts().await;
                 let applied = match r.applied.as_slice() {
                     [] => "no setting that applies live changed".to_string(),
                     a => format!("in force for new scripts: {}", a.join(", ")),

@@ -387,7 +387,15 @@ fn limits_not_in_force_are_loud_and_refused_when_required() {
     assert!(st.contains("LIMITS NOT ENFORCED"), "{st}");
     assert!(
         st.lines().any(|l| l.starts_with("state")
-            && l.ends_with("degraded: limits are not in force (see backend)")),
+            && l.ends_with("degraded: limits are not in force (see backend); the bound on all scripts together is not in force (see total)")),
+        "{st}"
+    );
+    // The total's files on the fake tree take the writes, but no controller
+    // is enabled there: not in force either, and said why.
+    assert!(
+        st.lines().any(|l| l.starts_with("total ")
+            && l.contains(": NOT in force, total_memory_max_bytes = ")
+            && l.contains("the memory controller is not enabled for /sys/fs/cgroup/scripts")),
         "{st}"
     );
     // Not required: the script runs, and its result says what was not in force.

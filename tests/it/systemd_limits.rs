@@ -168,6 +168,20 @@ fn writable_controllers_are_read_back_as_in_force() {
     let info = e.request("daemon.info", json!({})).unwrap();
     assert_eq!(info["limits_enforced"], true, "{info}");
     assert_eq!(info["backend_notes"], json!([]), "{info}");
+    // All scripts together: scriptgate.slice carries the bound (here derived:
+    // 4096 tasks), set over D-Bus at start and read back (on this hybrid host
+    // from the v1 hierarchies).
+    let all = &info["all_scripts"];
+    assert_eq!(
+        (&all["tasks_max"], &all["in_force"], &all["problem"]),
+        (&json!(4096), &json!(true), &json!(null)),
+        "{info}"
+    );
+    let o = rig
+        .nsenter(&["systemctl", "show", "-P", "TasksMax", "scriptgate.slice"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "4096", "{o:?}");
     let r = e.run(&rig.token(), "print('in force')", &[]);
     assert_eq!(r["status"], "ok", "{r}");
     assert!(r.get("backend_notes").is_none(), "{r}");

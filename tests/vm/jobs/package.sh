@@ -71,7 +71,7 @@ expect() {
   fi
 }
 # The config: the packaged one with [scripts] and [sandbox] replaced.
-write_conf() { # BACKEND MEMORY TASKS CPU_PERCENT TIMEOUT (env ROOTS, DISK)
+write_conf() { # BACKEND MEMORY TASKS CPU_PERCENT TIMEOUT (env ROOTS, DISK, TOTALS: lines of [scripts])
   # (A default with quotes is set here: inside a here-document, ${X:-"y"} loses them.)
   local roots=${ROOTS:-'"/var/lib/scriptgate/workspaces"'}
   cat >"$conf" <<EOF
@@ -95,6 +95,7 @@ timeout_s = $5
 memory_max_bytes = $2
 tasks_max = $3
 cpu_quota_percent = $4
+${TOTALS:-}
 
 [sandbox]
 backend = "$1"
@@ -119,6 +120,59 @@ running_id() {
     sleep 0.2
   done
   return 1
+}
+# together BACKEND DIR: all scripts together (scripts.total_*), on the cgroup DIR
+# that holds every script: the bound is written there and shown by status; with
+# one script holding 10 threads, another within its own tasks_max 16 gets fewer
+# threads than alone (13), and alone again it gets its 13; a reload sets a new
+# total at once.
+together() {
+  local b=$1 dir=$2 ws="" n alone status bg want=8
+  [ "$b" = systemd ] && want=6
+  TOTALS=$'total_memory_max_bytes = 402653184\ntotal_tasks_max = 24\ntotal_cpu_quota_percent = 30' \
+    write_conf "$b" 134217728 16 20 60
+  restart "$b" all scripts together || return
+  status=$(scriptgate status 2>&1)
+  echo "$status" | grep -E '^(state|total) ' | sed 's/^/  /'
+  check "$b: status shows the bound on all scripts together, in force" \
+    says "^total +memory 384 MiB, 24 tasks, CPU 30% together in $dir: in force" "$status"
+  check "$b: status state ok with it" says '^state +ok$' "$status"
+  check "$b: $dir carries it (memory.max pids.max cpu.max)" \
+    test "$(cat $dir/memory.max) $(cat $dir/pids.max) $(cat $dir/cpu.max)" = "402653184 24 30000 100000"
+  run "${b}_hold" "$work/hold.py" &
+  bg=$!
+  if running_id >/dev/null; then
+    for _ in $(seq 300); do
+      ws=$(sed -n 's/^scriptgate: workspace //p' "$work/${b}_hold.err")
+      [ -n "$ws" ] && [ -e "$ws/held" ] && break
+      sleep 0.2
+    done
+    check "$b: the first script holds its 10 threads" test -n "$ws" -a -e "$ws/held"
+    echo "  all scripts now: pids.current $(cat $dir/pids.current) of pids.max $(cat $dir/pids.max)"
+    run "${b}_together" "$work/tasks.py"
+    expect "${b}_together" 0 ok "refused thread"
+    n=$(jget "$work/${b}_together.json" output | sed -n 's/^threads //p')
+    echo "figure ${b}_threads_beside_a_holder_at_total_24 ${n:-none}"
+    # 24 less the holder's 13 tasks and the second's own 3 (bwrap, init, main
+    # thread), and on systemd each scope's keeper: 6 threads (systemd), 8 (cgroup).
+    check "$b: beside it, the second (tasks_max 16) gets $want threads, not its 13 (${n:-none}): the total held" \
+      test "${n:-none}" = "$want"
+    touch "$ws/go"
+    wait $bg; rc=$?
+    expect "${b}_hold" 0 ok "held 10 threads"
+  else
+    bad "$b: a running script is listed (all scripts together)" "$(scriptgate ps 2>&1)"
+    wait $bg
+  fi
+  run "${b}_alone" "$work/tasks.py"
+  alone=$(jget "$work/${b}_alone.json" output | sed -n 's/^threads //p')
+  check "$b: alone again, it gets its 13 threads (${alone:-none})" test "${alone:-none}" = 13
+  # The totals are live: a reload sets a new one on the cgroup at once.
+  sed -i 's/^total_tasks_max = 24$/total_tasks_max = 40/' "$conf"
+  systemctl reload scriptgate
+  for _ in $(seq 150); do [ "$(cat $dir/pids.max)" = 40 ] && break; sleep 0.2; done
+  check "$b: systemctl reload sets total_tasks_max 40 on $dir" test "$(cat $dir/pids.max)" = 40
+  check "$b: status shows it" says "^total +memory 384 MiB, 40 tasks, CPU 30% together" "$(scriptgate status 2>&1)"
 }
 denials() { journalctl -k --no-pager -o cat 2>/dev/null | grep -c 'apparmor="DENIED"'; }
 
@@ -163,6 +217,21 @@ except RuntimeError as e:
     print("refused thread", n + 1, e)
 ev.set()
 print("threads", n)
+EOF
+# Holds 10 threads (13 tasks of its tasks_max: bwrap, init, main thread and
+# them) until the job drops a file `go` in its workspace; says `held` there first.
+cat >"$work/hold.py" <<'EOF'
+import os, threading, time
+ev = threading.Event()
+for i in range(10):
+    threading.Thread(target=ev.wait).start()
+open("held", "w").close()
+for _ in range(3000):
+    if os.path.exists("go"):
+        break
+    time.sleep(0.1)
+ev.set()
+print("held 10 threads")
 EOF
 cat >"$work/cpu.py" <<'EOF'
 import time
@@ -293,6 +362,10 @@ echo "$status" | sed 's/^/  /'
 check "status: state ok, exit 0" bash -c 'test "$1" = 0 && grep -qE "^state +ok$" <<<"$2"' _ "$status_rc" "$status"
 check "status: backend systemd, sandbox ok" grep -qE '^backend +systemd' <<<"$status"
 check "status: sandbox ok" grep -qE '^sandbox +ok' <<<"$status"
+check "status: all scripts together, derived from the host, in force on scriptgate.slice" \
+  says '^total +memory [0-9]+ MiB, 4096 tasks, CPU [0-9]+% together \(derived: total_memory_max_bytes: 75% of the host.s [0-9]+ MiB, .*\) in /sys/fs/cgroup/scriptgate.slice: in force' "$status"
+check "scriptgate.slice has the derived bound (TasksMax=4096)" \
+  test "$(systemctl show -P TasksMax scriptgate.slice)" = 4096
 check "journal: limits in force" sh -c "journalctl -u scriptgate.service -o cat --no-pager | grep -q 'limits in force'"
 # The daemon's name, where an admin types it (the package's alias symlink, the
 # unit's LogExtraFields=OBJECT_SYSTEMD_UNIT=scriptgated.service).
@@ -486,6 +559,9 @@ expect tester_fleet 0 ok "500 devices"
 run tester_mem "$work/mem.py" as_tester
 expect tester_mem 5 oom
 
+section "systemd backend: all scripts together (scriptgate.slice)"
+together systemd /sys/fs/cgroup/scriptgate.slice
+
 section "cgroup backend (a delegated v2 subtree of scriptgate.service)"
 write_conf cgroup 134217728 16 20 60
 restart cgroup
@@ -512,7 +588,7 @@ expect cg_inet 0 ok "inet ok"
 run cg_cancel "$work/sleep.py" &
 bg=$!
 if id=$(running_id); then
-  leaf=/sys/fs/cgroup/system.slice/scriptgate.service/script-$id
+  leaf=/sys/fs/cgroup/system.slice/scriptgate.service/scripts/script-$id
   echo "  leaf $leaf: $(wc -l <"$leaf/cgroup.procs" 2>&1) processes"
   scriptgate cancel "$id" >/dev/null 2>&1
   wait $bg; rc=$?
@@ -522,6 +598,9 @@ else
   bad "a running script is listed (cgroup)" "$(scriptgate ps 2>&1)"
   wait $bg
 fi
+
+section "cgroup backend: all scripts together (the scripts node of its subtree)"
+together cgroup /sys/fs/cgroup/system.slice/scriptgate.service/scripts
 
 write_conf cgroup 134217728 16 20 3
 restart cgroup timeout
