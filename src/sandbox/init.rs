@@ -25,13 +25,24 @@
 //! - when the script exits, kills what is left in the namespace, reaps it, and
 //!   writes the tree's largest resident set, `getrusage(RUSAGE_CHILDREN)`, to
 //!   REPORT_FD (close-on-exec, never the script's) as `{"max_rss_kib": N}`; then
-//!   exits with the script's status (128 + signal when killed by one).
+//!   exits with the script's status (128 + signal when killed by one);
+//! - ends the sandbox when the daemon is gone: REPORT_FD is the write end of a
+//!   pipe whose only reader is the daemon, so the pipe reports an error (no
+//!   reader left) the moment the daemon dies, however it died. The init then
+//!   kills the namespace and exits, and bwrap with it. (bwrap's
+//!   `--die-with-parent` is not enough: the kernel sends a parent-death signal
+//!   with the dying parent's credentials, and a root daemon without CAP_KILL
+//!   may not signal a process of the script's uid, so bwrap would outlive a
+//!   daemon killed with SIGKILL.)
 
 use crate::sandbox::abi::{FD_REPLIES, FD_USAGE};
-use nix::sys::signal::{kill, Signal};
-use nix::sys::wait::{waitpid, WaitStatus};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::ffi::OsString;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -112,7 +123,13 @@ fn run(args: Vec<OsString>) -> i32 {
     // the script's alone.
     crate::sys::close_fds(0, 1);
     crate::sys::close_fds(FD_REPLIES - 1, FD_USAGE - 1);
-    let status = reap(main);
+    let status = match reap(main, report.as_fd()) {
+        Reaped::Ended(status) => status,
+        Reaped::DaemonGone => {
+            eprintln!("scriptgate init: the daemon is gone; the sandbox ends");
+            return 137;
+        }
+    };
     let peak = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
         .map(|u| u.max_rss())
         .unwrap_or(0);
@@ -125,12 +142,86 @@ fn run(args: Vec<OsString>) -> i32 {
     }
 }
 
+/// How the namespace ended.
+enum Reaped {
+    /// Every process reaped after the script (`main`) exited: its status.
+    Ended(Option<WaitStatus>),
+    /// The daemon died first: everything was killed, nobody is left to tell.
+    DaemonGone,
+}
+
 /// Reap every process of the namespace until none is left; once the script
-/// (`main`) has exited, kill the rest. The script's status.
-fn reap(main: Option<Pid>) -> Option<WaitStatus> {
+/// (`main`) has exited, kill the rest. Until then, also watch `lifeline` (the
+/// report pipe's write end): the error the pipe reports once the daemon, its
+/// only reader, is gone ends everything at once.
+fn reap(main: Option<Pid>, lifeline: BorrowedFd) -> Reaped {
     let mut status = None;
     let mut main_done = main.is_none();
+    // SIGCHLD as a descriptor, so one poll waits for a child or the lifeline.
+    // Blocked only here, after the script started (and std resets the mask
+    // in children anyway). A child that ended before the block is reaped by
+    // the first non-blocking wait below.
+    let mut chld = SigSet::empty();
+    chld.add(Signal::SIGCHLD);
+    let sigfd = chld.thread_block().ok().and_then(|()| {
+        SignalFd::with_flags(&chld, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).ok()
+    });
+    while !main_done {
+        // Every child that has ended, without blocking.
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => break,
+                Ok(st) => {
+                    if st.pid().is_some() && st.pid() == main {
+                        status = Some(st);
+                        main_done = true;
+                    }
+                }
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => {
+                    // ECHILD: nothing left to wait for.
+                    main_done = true;
+                    break;
+                }
+            }
+        }
+        if main_done {
+            break;
+        }
+        let Some(sigfd) = sigfd.as_ref() else {
+            // No signalfd: wait for the script alone, as before the lifeline.
+            return Reaped::Ended(reap_blocking(main, None));
+        };
+        // No events asked of the lifeline: POLLERR and POLLHUP always count.
+        let mut fds = [
+            PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(lifeline, PollFlags::empty()),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return Reaped::Ended(reap_blocking(main, None)),
+        }
+        let gone = fds[1]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP));
+        if gone {
+            let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+            return Reaped::DaemonGone;
+        }
+        // Drain the queued SIGCHLDs; the loop's top reaps their children.
+        while let Ok(Some(_)) = sigfd.read_signal() {}
+    }
+    Reaped::Ended(reap_blocking(None, status))
+}
+
+/// Kill and reap everything left once the script has ended (or wait for
+/// `main` first, when it has not): its status.
+fn reap_blocking(main: Option<Pid>, mut status: Option<WaitStatus>) -> Option<WaitStatus> {
+    let mut main_done = main.is_none();
     loop {
+        if main_done {
+            let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+        }
         match waitpid(Pid::from_raw(-1), None) {
             Ok(st) => {
                 if st.pid().is_some() && st.pid() == main {
@@ -140,9 +231,6 @@ fn reap(main: Option<Pid>) -> Option<WaitStatus> {
             }
             Err(nix::errno::Errno::EINTR) => continue,
             Err(_) => break, // ECHILD: nothing left
-        }
-        if main_done {
-            let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
         }
     }
     status

@@ -445,15 +445,21 @@ fn gate_script() -> String {
     )
 }
 
-/// A process that holds a systemd scope (and its counters) until they are read.
-fn keeper(identity: Option<Identity>) -> std::process::Command {
-    let sleep = ["/usr/bin/sleep", "/bin/sleep"]
+/// A process that holds a systemd scope (and its counters) until they are read,
+/// and the write end of the pipe on its stdin: a shell reading a line that never
+/// comes, until the daemon kills it or dies. (A `sleep infinity` would outlive a
+/// daemon killed with SIGKILL: the kernel sends the parent-death signal with the
+/// dying parent's credentials, and a daemon without CAP_KILL may not signal the
+/// script's uid. The pipe closes whatever way the daemon ends.)
+fn keeper(identity: Option<Identity>) -> std::io::Result<(std::process::Command, OwnedFd)> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let sh = ["/usr/bin/sh", "/bin/sh"]
         .into_iter()
         .find(|p| std::path::Path::new(p).exists())
-        .unwrap_or("sleep");
-    let mut k = std::process::Command::new(sleep);
-    k.arg("infinity")
-        .stdin(Stdio::null())
+        .unwrap_or("sh");
+    let mut k = std::process::Command::new(sh);
+    k.args(["-c", "read -r line"])
+        .stdin(Stdio::from(read))
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     install_pre_exec(
@@ -465,7 +471,7 @@ fn keeper(identity: Option<Identity>) -> std::process::Command {
             parent_pid: std::process::id() as libc::pid_t,
         },
     );
-    k
+    Ok((k, write))
 }
 
 /// Read the sandbox init's usage report (see `sandbox::init`). Only the init holds
@@ -931,6 +937,8 @@ impl Streams {
 struct Keeper {
     pidfd: std::io::Result<PidFd>,
     exited: tokio::sync::oneshot::Receiver<std::io::Result<Exit>>,
+    /// Its stdin's write end: the keeper lives while this is open.
+    lifeline: OwnedFd,
 }
 
 impl Keeper {
@@ -938,6 +946,7 @@ impl Keeper {
         if let Ok(k) = self.pidfd {
             let _ = k.kill();
         }
+        drop(self.lifeline);
         let _ = self.exited.await;
     }
 }
@@ -979,13 +988,18 @@ async fn place_behind_gate(
     };
     let mut pids = vec![pid as u32];
     if backend.needs_keeper() {
-        match spawner.spawn(keeper(identity)).await {
-            Ok(k) => {
+        let started = match keeper(identity) {
+            Ok((cmd, lifeline)) => spawner.spawn(cmd).await.map(|k| (k, lifeline)),
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok((k, lifeline)) => {
                 let kpid = k.id() as i32;
                 pids.push(kpid as u32);
                 placed.keeper = Some(Keeper {
                     pidfd: PidFd::open_as(kpid, identity),
                     exited: wait_child(kpid),
+                    lifeline,
                 });
             }
             Err(e) => {

@@ -498,6 +498,30 @@ fn memory_and_task_limits_and_systemctl_stop_in_scopes() {
         .request("script.wait", json!({"script_id": id, "token": token}))
         .unwrap();
     assert_eq!(r["status"], "interrupted", "{r}");
+
+    // SIGKILL to the daemon (a crash, the OOM killer): it can stop nothing, and
+    // it has no CAP_KILL for a parent-death signal to the script's uid; the
+    // sandbox's init and the scope's keeper see their pipes to it close, and
+    // end. No scope outlives it; the next activation records the script as
+    // interrupted.
+    let id = e
+        .start(&token, "import time\ntime.sleep(60)\n", &[])
+        .unwrap();
+    let scope = format!("scriptgate-{id}.scope");
+    eventually("the scope", Duration::from_secs(10), || {
+        rig.is_active(&scope) == "active"
+    });
+    rig.sh_ok("systemctl kill -s KILL --kill-whom=main scriptgate.service");
+    eventually(
+        "the scope to end with the killed daemon",
+        Duration::from_secs(10),
+        || rig.is_active(&scope) != "active",
+    );
+    let e = Engine::connect(&rig.socket());
+    let r = e
+        .request("script.wait", json!({"script_id": id, "token": token}))
+        .unwrap();
+    assert_eq!(r["status"], "interrupted", "{r}");
 }
 
 /// Graceful stop: `systemctl restart` while a short script runs lets it finish

@@ -559,6 +559,31 @@ expect tester_fleet 0 ok "500 devices"
 run tester_mem "$work/mem.py" as_tester
 expect tester_mem 5 oom
 
+section "systemd backend: a daemon killed with SIGKILL leaves no sandbox behind"
+# It has no CAP_KILL, so the kernel's parent-death signal cannot reach the
+# script's uid: the sandbox's init and the scope's keeper end when their pipes
+# to the daemon close.
+run killed "$work/sleep.py" &
+bg=$!
+if id=$(running_id); then
+  scope=scriptgate-$id.scope
+  check "the script's scope runs" test "$(systemctl is-active "$scope")" = active
+  systemctl kill -s KILL --kill-whom=main scriptgate.service
+  wait $bg
+  for _ in $(seq 100); do
+    [ "$(systemctl is-active "$scope")" != active ] && ! pgrep -u scriptgate-script -f 'sleep 600' >/dev/null && break
+    sleep 0.2
+  done
+  check "the scope ended with the killed daemon" sh -c "test \"\$(systemctl is-active $scope)\" != active"
+  check "no sandbox process left" sh -c "! pgrep -u scriptgate-script -f 'sleep 600'"
+  systemctl reset-failed scriptgate.service 2>/dev/null
+  restart systemd after the kill
+  check "the next daemon records it as interrupted" sh -c "scriptgate show --json $id | grep -q '\"status\": *\"interrupted\"'"
+else
+  bad "a running script is listed (SIGKILL)" "$(scriptgate ps 2>&1)"
+  wait $bg
+fi
+
 section "systemd backend: all scripts together (scriptgate.slice)"
 together systemd /sys/fs/cgroup/scriptgate.slice
 
