@@ -1,5 +1,5 @@
-//! The journal entries a sysadmin reads: one per finished script and one per
-//! refused start, each with a fixed MESSAGE_ID explained by the message catalog
+//! The journal entries a sysadmin reads: one when a script starts, one when it
+//! finishes and one per refused start, each with a fixed MESSAGE_ID explained by the message catalog
 //! (systemd/scriptgate.catalog, `journalctl -x`). Through tracing-journald with no
 //! field prefix, `scriptgate_run_id` arrives as `SCRIPTGATE_RUN_ID`; without a journal
 //! the same fields go to stderr.
@@ -10,7 +10,8 @@
 //! line, its unsafe characters escaped (`text::escape`: no newline to forge a
 //! second entry or field on stderr or in syslog, no terminal escape for a
 //! `journalctl` to replay, no bidirectional override), cut to a bound. The
-//! entries are built by pure functions (`finished_entry`, `refused_entry`),
+//! entries are built by pure functions (`started_entry`, `finished_entry`,
+//! `refused_entry`),
 //! which the tests read.
 
 use crate::protocol::framing::clip;
@@ -36,8 +37,91 @@ pub fn field(s: &str, max: usize) -> String {
 
 /// MESSAGE_ID of "script finished" (fixed forever).
 pub const SCRIPT_FINISHED: &str = "346f6012b1654d13bd185a7cfc0553cb";
+/// MESSAGE_ID of "script started" (fixed forever): written once the script's
+/// audit row exists, before its sandbox is spawned, so every script that has a
+/// "finished" entry has had one; a start with no end in a fleet's merged journal
+/// is a script still running, or lost with its node (`audit::trail`).
+pub const SCRIPT_STARTED: &str = "2b0a0799d99540589c9c0d06c5c5dd49";
 /// MESSAGE_ID of "script.start refused" (fixed forever).
 pub const START_REFUSED: &str = "e1b3fc3a8d8142699a4d42cc4f6acfcb";
+
+/// What the "script started" entry says about one script.
+pub struct Starting<'a> {
+    pub script_id: &'a str,
+    pub run_id: &'a str,
+    pub runner: Option<&'a str>,
+    /// The engine's uid (the peer that asked for the start).
+    pub engine_uid: u32,
+    /// The uid the script runs as.
+    pub uid: u32,
+    pub unit: Option<&'a str>,
+    pub workspace: &'a str,
+    /// Its effective timeout: a start with no end past it (and the teardown's
+    /// margin) is no longer running anywhere.
+    pub timeout_s: u64,
+    pub trace_id: Option<&'a str>,
+}
+
+/// The "script started" entry: its MESSAGE and fields, escaped and bounded as
+/// `FinishedEntry`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartedEntry {
+    pub message: String,
+    pub script_id: String,
+    pub run_id: String,
+    pub runner: String,
+    pub engine_uid: u32,
+    pub uid: u32,
+    pub unit: String,
+    pub workspace: String,
+    pub timeout_s: u64,
+    pub trace_id: String,
+}
+
+/// What `script_started` writes. Pure.
+pub fn started_entry(s: &Starting) -> StartedEntry {
+    let script_id = field(s.script_id, NAME_MAX_BYTES);
+    let run_id = field(s.run_id, NAME_MAX_BYTES);
+    let runner = field(s.runner.unwrap_or(""), NAME_MAX_BYTES);
+    let by = if runner.is_empty() {
+        format!("uid {}", s.engine_uid)
+    } else {
+        format!("{runner}, uid {}", s.engine_uid)
+    };
+    StartedEntry {
+        message: format!(
+            "script {script_id} of run {run_id} started (engine {by}; runs as uid {}, timeout {} s)",
+            s.uid, s.timeout_s
+        ),
+        script_id,
+        run_id,
+        runner,
+        engine_uid: s.engine_uid,
+        uid: s.uid,
+        unit: field(s.unit.unwrap_or(""), NAME_MAX_BYTES),
+        workspace: field(s.workspace, PATH_MAX_BYTES),
+        timeout_s: s.timeout_s,
+        trace_id: field(s.trace_id.unwrap_or(""), NAME_MAX_BYTES),
+    }
+}
+
+pub fn script_started(s: &Starting) {
+    let e = started_entry(s);
+    tracing::info!(
+        message_id = SCRIPT_STARTED,
+        scriptgate_script_id = e.script_id.as_str(),
+        scriptgate_run_id = e.run_id.as_str(),
+        scriptgate_runner = e.runner.as_str(),
+        scriptgate_peer_uid = e.engine_uid,
+        scriptgate_uid = e.uid,
+        scriptgate_unit = e.unit.as_str(),
+        scriptgate_workspace = e.workspace.as_str(),
+        scriptgate_timeout_s = e.timeout_s,
+        scriptgate_trace_id = e.trace_id.as_str(),
+        "{}",
+        e.message
+    );
+}
 
 /// What the "script finished" entry says about one script.
 pub struct Finished<'a> {
@@ -392,13 +476,44 @@ mod tests {
         assert!(rf.message.len() <= REFUSAL_MAX_BYTES + 200);
         assert_eq!((rf.runner.as_str(), rf.peer_pid), ("r\\x0a", 0));
 
+        let st = Starting {
+            script_id: &r.script_id,
+            run_id: &r.run_id,
+            runner: Some(&runner),
+            engine_uid: 1000,
+            uid: 65534,
+            unit: Some("scriptgate-4f1c9e0a2b3d5e6f.scope"),
+            workspace: "/srv/ws/\x1b]0;owned\x07",
+            timeout_s: 1800,
+            trace_id: Some("\u{202e}t"),
+        };
+        let se = started_entry(&st);
+        assert!(
+            se.message.starts_with("script 4f1c9e0a2b3d5e6f of run run-\\u202e42 started (engine gw\\x0aSCRIPTGATE_STATUS=ok"),
+            "{}",
+            se.message
+        );
+        assert!(se
+            .message
+            .ends_with(", uid 1000; runs as uid 65534, timeout 1800 s)"));
+        assert_eq!(se.runner, e.runner);
+        assert_eq!(se.workspace, e.workspace);
+        assert_eq!(se.trace_id, "\\u202et");
+
         // What reaches tracing-journald: the same, in every field.
         let events = captured(|| {
+            script_started(&st);
             script_finished(&f);
             start_refused(&refusal, Some("run\u{200b}1"), None, 1000, Some(7));
             refusals_counted(5, "5 refusals\nMESSAGE_ID=forged");
         });
-        assert_eq!(events.len(), 3);
+        assert_eq!(events.len(), 4);
+        assert_eq!(events[0]["message_id"], SCRIPT_STARTED);
+        assert_eq!(events[0]["message"], se.message);
+        assert_eq!(events[0]["scriptgate_timeout_s"], "1800");
+        assert_eq!(events[0]["scriptgate_peer_uid"], "1000");
+        let all = events.clone();
+        let events = &events[1..];
         assert_eq!(events[0]["message"], e.message);
         assert_eq!(events[0]["scriptgate_error"], e.error);
         assert_eq!(events[0]["scriptgate_runner"], e.runner);
@@ -406,7 +521,7 @@ mod tests {
         assert_eq!(events[0]["message_id"], SCRIPT_FINISHED);
         assert_eq!(events[1]["message"], rf.message);
         assert_eq!(events[2]["message"], "5 refusals\\x0aMESSAGE_ID=forged");
-        for ev in &events {
+        for ev in &all {
             for (k, v) in ev {
                 assert!(
                     !v.chars().any(crate::text::is_unsafe),

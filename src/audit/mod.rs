@@ -7,6 +7,7 @@ pub mod connections;
 pub mod journal;
 pub mod live;
 pub(crate) mod metrics;
+pub mod trail;
 
 use crate::protocol::{ScriptResult, Status};
 use crate::time::now_ms;

@@ -203,6 +203,27 @@ pub struct AuditCmd {
     /// growth (scripts a day over the last 7 days) instead.
     #[arg(long, conflicts_with = "refusals")]
     pub stats: bool,
+    /// The fleet's trail instead, from the journal: each script's "started" and
+    /// "finished" entries paired, on every host whose journal is merged here
+    /// (journalctl --merge, or --directory), those started and never ended
+    /// listed as lost with their node.
+    #[arg(long, conflicts_with_all = ["refusals", "stats"])]
+    pub journal: bool,
+    /// With --journal: read the journal files in DIR (systemd-journal-remote's
+    /// output directory, say) instead of this host's.
+    #[arg(long, value_name = "DIR", requires = "journal")]
+    pub directory: Option<PathBuf>,
+    /// With --journal: only the scripts of this host (the entries' _HOSTNAME).
+    #[arg(long, value_name = "HOST", requires = "journal")]
+    pub host: Option<String>,
+    /// With --journal: only the scripts lost with their node (started, no end
+    /// past their timeout and a minute).
+    #[arg(long, requires = "journal")]
+    pub lost: bool,
+    /// With --journal: which scripts are running or lost as of DATE or +DURATION
+    /// (default: now).
+    #[arg(long, value_name = "DATE", requires = "journal", value_parser = crate::time::as_of_arg)]
+    pub as_of: Option<i64>,
     #[command(flatten)]
     pub a: AdminArgs,
 }

@@ -11,6 +11,7 @@ pub mod mcp_server;
 pub mod run;
 pub mod table;
 pub mod target;
+pub mod trail;
 
 use crate::text::Untrusted;
 use args::*;
@@ -130,6 +131,9 @@ fn audit_cmd(c: AuditCmd) -> ExitCode {
         let r = admin::Ctx::load(None, config.clone()).and_then(|ctx| admin::backup(&ctx, file));
         return done("audit backup", Form::Text, r);
     }
+    if c.journal {
+        return audit_journal_cmd(&c);
+    }
     admin_cmd("audit", &c.a, |ctx| {
         let uid = match (&c.uid, &c.user) {
             (Some(u), _) => Some(*u),
@@ -152,6 +156,31 @@ fn audit_cmd(c: AuditCmd) -> ExitCode {
         }
         admin::audit(ctx, q, c.refusals, c.a.json)
     })
+}
+
+/// `scriptgate audit --journal`: the fleet's trail, from the journal alone (no
+/// daemon, no audit store).
+fn audit_journal_cmd(c: &AuditCmd) -> ExitCode {
+    let r = (|| {
+        let uid = match (&c.uid, &c.user) {
+            (Some(u), _) => Some(*u),
+            (None, Some(name)) => Some(admin::uid_of(name)?),
+            (None, None) => None,
+        };
+        let filter = crate::audit::trail::Filter {
+            host: c.host.clone(),
+            since_ms: c.since,
+            run_id: c.run.clone(),
+            status: c.status.map(|s| s.as_str().to_string()),
+            engine_uid: c.engine.as_deref().map(admin::uid_of).transpose()?,
+            uid,
+            lost_only: c.lost,
+            limit: c.limit,
+        };
+        let as_of = c.as_of.unwrap_or_else(crate::time::now_ms);
+        trail::audit_journal(c.directory.as_deref(), &filter, as_of, c.a.json)
+    })();
+    done("audit", Form::json(c.a.json), r)
 }
 
 /// `scriptgate prune [--dry-run]`: one retention pass, each workspace on a line

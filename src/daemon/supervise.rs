@@ -66,6 +66,19 @@ impl Daemon {
             result: result_rx,
         });
         let live = rec.live.clone();
+        // Its audit row exists: the journal says it started before anything runs
+        // (a fleet's merged journal pairs it with its "finished" entry).
+        crate::audit::journal::script_started(&crate::audit::journal::Starting {
+            script_id: &script_id,
+            run_id: &running.run_id,
+            runner: running.runner.as_deref(),
+            engine_uid: peer.uid(),
+            uid: running.run_uid,
+            unit: running.unit.as_deref(),
+            workspace: &running.workspace.display().to_string(),
+            timeout_s: a.limits.timeout_s,
+            trace_id: running.trace_id.as_deref(),
+        });
         let (broker, launch) = self.broker_and_launch(&script_id, &engine, &running, a, rec);
         self.register(&script_id, &running);
         let (started, started_rx) = tokio::sync::oneshot::channel();

@@ -15,6 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const FINISHED: &str = "346f6012b1654d13bd185a7cfc0553cb";
+const STARTED: &str = "2b0a0799d99540589c9c0d06c5c5dd49";
 const REFUSED: &str = "e1b3fc3a8d8142699a4d42cc4f6acfcb";
 
 /// The shared boot rig (common::boot) with the project's units installed.
@@ -257,6 +258,34 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
         assert_eq!(j["PRIORITY"], "5", "a script's own end is notice");
         assert_eq!(j["SCRIPTGATE_UNIT"], unit.as_str());
         assert_eq!(j["_SYSTEMD_UNIT"], "scriptgate.service");
+        // Its start, before it: one entry, the same script, run, engine and unit.
+        let starts: Vec<Value> = rig
+            .journal(STARTED)
+            .into_iter()
+            .filter(|s| s["SCRIPTGATE_SCRIPT_ID"] == id.as_str())
+            .collect();
+        assert_eq!(starts.len(), 1, "{starts:?}");
+        let s = &starts[0];
+        assert_eq!(s["SCRIPTGATE_RUN_ID"], "rig-run");
+        assert_eq!(s["SCRIPTGATE_RUNNER"], "rig");
+        assert_eq!(s["SCRIPTGATE_PEER_UID"], "0");
+        assert_eq!(s["SCRIPTGATE_UID"], NOBODY.to_string());
+        assert_eq!(s["SCRIPTGATE_UNIT"], unit.as_str());
+        let t: u64 = s["SCRIPTGATE_TIMEOUT_S"].as_str().unwrap().parse().unwrap();
+        assert!((1..=1800).contains(&t), "the effective timeout: {s}");
+        assert_eq!(s["PRIORITY"], "5");
+        assert!(
+            s["__REALTIME_TIMESTAMP"]
+                .as_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+                <= j["__REALTIME_TIMESTAMP"]
+                    .as_str()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap()
+        );
         // A script's own error: notice, with the first line of the error; an engine
         // lost mid-script: err (not the script's doing).
         let bad = e.run(
@@ -524,6 +553,102 @@ fn memory_and_task_limits_and_systemctl_stop_in_scopes() {
     assert_eq!(r["status"], "interrupted", "{r}");
 }
 
+/// The fleet's trail from the journal (`scriptgate audit --journal`): a start
+/// and an end entry per script, paired by id; a daemon killed outright and not
+/// brought back leaves a start with no end, running until past its timeout
+/// and then lost; the daemon's next start ends it as interrupted. From the
+/// rig's journal (--merge) and from its files (--directory).
+#[test]
+#[ignore = "needs root, unshare, nsenter and /lib/systemd/systemd (cargo test -- --include-ignored, as root)"]
+fn the_journal_trail_pairs_starts_and_ends_and_finds_a_script_lost_with_its_daemon() {
+    let rig = SystemdRig::boot("");
+    let d = rig.dir.display().to_string();
+    let e = Engine::connect(&rig.socket());
+    let token = rig.token(json!({"timeout_s": 600}));
+    assert_eq!(e.run(&token, "print('fine')", &[])["status"], "ok");
+    assert_eq!(e.run(&token, "1/0", &[])["status"], "error");
+    let lost = e
+        .start(
+            &token,
+            "import time\nprint('up', flush=True)\ntime.sleep(600)\n",
+            &[],
+        )
+        .unwrap();
+    let scope = format!("scriptgate-{lost}.scope");
+    eventually("the scope", Duration::from_secs(10), || {
+        rig.is_active(&scope) == "active"
+    });
+    // Killed, and kept down: no restart writes its end.
+    rig.sh_ok("systemctl kill -s KILL --kill-whom=main scriptgate.service; systemctl stop scriptgate.socket scriptgate.service");
+    let trail = |args: &str| -> Value {
+        let out = rig.sh_ok(&format!("{d}/bin/scriptgate audit --journal --json {args}"));
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+    };
+    let state_of = |t: &Value, id: &str| -> String {
+        let s = t["scripts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["script_id"] == id);
+        s.map(|s| s["state"].as_str().unwrap().to_string())
+            .unwrap_or_default()
+    };
+    eventually("the start entry", Duration::from_secs(10), || {
+        state_of(&trail(""), &lost) == "running"
+    });
+    let now = trail("");
+    assert_eq!(now["matched"], 3, "{now}");
+    assert_eq!(now["states"], json!({"ended": 2, "running": 1}), "{now}");
+    assert_eq!(now["statuses"], json!({"ok": 1, "error": 1}), "{now}");
+    assert_eq!(now["duplicates"], 0);
+    let l = now["scripts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["script_id"] == lost.as_str())
+        .unwrap();
+    assert_eq!(l["run_id"], "rig-run");
+    assert_eq!(l["runner"], "rig");
+    assert_eq!(l["engine_uid"], 0);
+    assert_eq!(l["uid"], NOBODY);
+    assert_eq!(l["timeout_s"], 600);
+    assert_eq!(l["ended_ms"], Value::Null);
+    assert_eq!(now["hosts"].as_object().unwrap().len(), 1, "{now}");
+    // Past its timeout and the grace: lost with its node.
+    let later = trail("--as-of +12m");
+    assert_eq!(state_of(&later, &lost), "lost", "{later}");
+    assert_eq!(trail("--as-of +12m --lost")["matched"], 1);
+    assert_eq!(trail("--status error")["matched"], 1);
+    let text = rig.sh_ok(&format!("{d}/bin/scriptgate audit --journal --as-of +12m"));
+    assert!(text.contains("LOST (no end)"), "{text}");
+    assert!(
+        text.contains(
+            "3 scripts on 1 hosts: 2 ended (error 1, ok 1), 0 running, 1 lost with their node"
+        ),
+        "{text}"
+    );
+    // The same from the journal's files.
+    let dir = rig.sh_ok("journalctl --header | sed -n 's/^File path: //p' | head -1");
+    let dir = Path::new(dir.trim())
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let files = trail(&format!("--directory {dir} --as-of +12m"));
+    assert_eq!(files["states"], json!({"ended": 2, "lost": 1}), "{files}");
+    // The daemon back: it ends the killed daemon's script as interrupted.
+    rig.sh_ok("systemctl start scriptgate.socket");
+    let e = Engine::connect(&rig.socket());
+    let r = e
+        .request("script.wait", json!({"script_id": lost, "token": token}))
+        .unwrap();
+    assert_eq!(r["status"], "interrupted", "{r}");
+    eventually("its end entry", Duration::from_secs(10), || {
+        trail("--as-of +12m")["states"] == json!({"ended": 3})
+    });
+    assert_eq!(trail("")["statuses"]["interrupted"], 1);
+}
+
 /// Graceful stop: `systemctl restart` while a short script runs lets it finish
 /// (status ok, its record complete); a start during the drain is refused with a
 /// clear reason; the unit's stop timeout covers the drain.
@@ -783,6 +908,10 @@ fn sysusers_and_catalog_are_valid_for_systemd() {
             "Subject: scriptgate script @SCRIPTGATE_SCRIPT_ID@ finished",
         ),
         (REFUSED, "Subject: scriptgate refused to start a script"),
+        (
+            STARTED,
+            "Subject: scriptgate script @SCRIPTGATE_SCRIPT_ID@ started",
+        ),
     ] {
         let o = Command::new("journalctl")
             .arg("--root")
@@ -798,5 +927,6 @@ fn sysusers_and_catalog_are_valid_for_systemd() {
         );
     }
     assert_eq!(scriptgate::audit::journal::SCRIPT_FINISHED, FINISHED);
+    assert_eq!(scriptgate::audit::journal::SCRIPT_STARTED, STARTED);
     assert_eq!(scriptgate::audit::journal::START_REFUSED, REFUSED);
 }
