@@ -647,6 +647,51 @@ fn the_journal_trail_pairs_starts_and_ends_and_finds_a_script_lost_with_its_daem
         trail("--as-of +12m")["states"] == json!({"ended": 3})
     });
     assert_eq!(trail("")["statuses"]["interrupted"], 1);
+
+    // To a central host as an admin ships it (deploy/fleet-trail): uploaded by
+    // systemd-journal-upload, received by systemd-journal-remote (over plain
+    // HTTP on the loopback here; HTTPS with the shipped certificates' keys in
+    // production), and read from journal-remote's directory.
+    let remote = "/lib/systemd/systemd-journal-remote";
+    if !Path::new(remote).exists() {
+        panic!("{remote} is missing: tools/install-deps --ci installs systemd-journal-remote");
+    }
+    let port = 19532 + (std::process::id() % 1000) as u16;
+    rig.sh_ok(&format!(
+        "mkdir -p {d}/central && systemd-run --unit=sg-central -p Type=notify {remote} --listen-http=127.0.0.1:{port} --output={d}/central/ --split-mode=host"
+    ));
+    // Type=notify: systemd-run returns once journal-remote listens.
+    let up = rig.sh(&format!(
+        "timeout 60 /lib/systemd/systemd-journal-upload --follow=no --url=http://127.0.0.1:{port} --save-state={d}/upload.state"
+    ));
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let central = trail(&format!("--directory {d}/central --as-of +12m"));
+    assert_eq!(central["states"], json!({"ended": 3}), "{central}");
+    assert_eq!(
+        central["statuses"],
+        json!({"ok": 1, "error": 1, "interrupted": 1}),
+        "{central}"
+    );
+    assert_eq!(central["duplicates"], 0, "{central}");
+    assert_eq!(
+        central["hosts"], now["hosts"],
+        "the node's host name came with its entries"
+    );
+    // Uploaded again from its saved cursor: nothing twice.
+    rig.sh_ok(&format!(
+        "timeout 60 /lib/systemd/systemd-journal-upload --follow=no --url=http://127.0.0.1:{port} --save-state={d}/upload.state"
+    ));
+    let again = trail(&format!("--directory {d}/central --as-of +12m"));
+    assert_eq!(
+        (again["matched"].clone(), again["duplicates"].clone()),
+        (json!(3), json!(0)),
+        "{again}"
+    );
+    rig.sh_ok("systemctl stop sg-central");
 }
 
 /// Graceful stop: `systemctl restart` while a short script runs lets it finish
