@@ -204,10 +204,10 @@ pub struct AuditCmd {
     #[arg(long, conflicts_with = "refusals")]
     pub stats: bool,
     /// The fleet's trail instead, from the journal: each script's "started" and
-    /// "finished" entries paired, on every host whose journal is merged here
-    /// (journalctl --merge, or --directory), those started and never ended
-    /// listed as lost with their node.
-    #[arg(long, conflicts_with_all = ["refusals", "stats"])]
+    /// "finished" entries (uid 0's) paired, on every host whose journal is
+    /// merged here (journalctl --merge, or --directory), those started with no
+    /// end received past their timeout listed as lost. No daemon, no store.
+    #[arg(long, conflicts_with_all = ["refusals", "stats", "embedded", "socket", "config"])]
     pub journal: bool,
     /// With --journal: read the journal files in DIR (systemd-journal-remote's
     /// output directory, say) instead of this host's.
@@ -216,12 +216,12 @@ pub struct AuditCmd {
     /// With --journal: only the scripts of this host (the entries' _HOSTNAME).
     #[arg(long, value_name = "HOST", requires = "journal")]
     pub host: Option<String>,
-    /// With --journal: only the scripts lost with their node (started, no end
-    /// past their timeout and a minute).
+    /// With --journal: only the scripts lost (started, no end received by their
+    /// timeout and two minutes).
     #[arg(long, requires = "journal")]
     pub lost: bool,
-    /// With --journal: which scripts are running or lost as of DATE or +DURATION
-    /// (default: now).
+    /// With --journal: the trail as of DATE or +DURATION (default: now): what
+    /// started or ended later is left out, and running or lost is judged then.
     #[arg(long, value_name = "DATE", requires = "journal", value_parser = crate::time::as_of_arg)]
     pub as_of: Option<i64>,
     #[command(flatten)]

@@ -1,7 +1,9 @@
 //! `scriptgate audit --journal`: the fleet's trail (`audit::trail`) from the
-//! journal, read with `journalctl -o json`: this host's journals and every one
-//! merged into them (`--merge`, which takes in what systemd-journal-remote
-//! received under /var/log/journal/remote), or the files of `--directory`.
+//! journal, read with `journalctl -o json`, newest first, the entries of uid 0
+//! only (any local user may write to the journal): this host's journals and
+//! every one merged into them (`--merge`, which takes in what
+//! systemd-journal-remote received under /var/log/journal/remote), or the files
+//! of `--directory`.
 
 use crate::audit::journal::{SCRIPT_FINISHED, SCRIPT_STARTED};
 use crate::audit::trail::{Filter, Report, State, Trail, FIELDS, GRACE_MS};
@@ -20,7 +22,7 @@ pub fn audit_journal(
     json_out: bool,
 ) -> Result<String, Failure> {
     let mut cmd = Command::new("journalctl");
-    cmd.args(["--no-pager", "-o", "json"])
+    cmd.args(["--no-pager", "--reverse", "-o", "json"])
         .arg(format!("--output-fields={}", FIELDS.join(",")));
     match directory {
         Some(d) => cmd.arg("--directory").arg(d),
@@ -32,6 +34,7 @@ pub fn audit_journal(
     }
     cmd.arg(format!("MESSAGE_ID={SCRIPT_STARTED}"))
         .arg(format!("MESSAGE_ID={SCRIPT_FINISHED}"))
+        .arg("_UID=0")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -40,22 +43,25 @@ pub fn audit_journal(
             "cannot run journalctl ({e}): --journal reads the journal with it (package systemd)"
         ))
     })?;
+    // Its warnings are read beside its output (a pipe that fills would stop
+    // it): the first 4 KiB kept, the rest read and dropped.
+    let stderr = child.stderr.take().expect("piped");
+    let warnings = std::thread::spawn(move || {
+        let mut err = String::new();
+        let mut stderr = stderr;
+        let _ = stderr.by_ref().take(4096).read_to_string(&mut err);
+        let _ = std::io::copy(&mut stderr, &mut std::io::sink());
+        err
+    });
     let mut trail = Trail::default();
     let stdout = child.stdout.take().expect("piped");
     let read = trail.read(std::io::BufReader::new(stdout));
-    if trail.truncated {
-        // Enough read: journalctl is not waited for to its end.
-        let _ = child.kill();
-    }
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.by_ref().take(4096).read_to_string(&mut err);
-    }
+    let err = warnings.join().unwrap_or_default();
     let status = child
         .wait()
         .map_err(|e| Failure::setup(format!("journalctl: {e}")))?;
     read.map_err(|e| Failure::setup(format!("reading journalctl's output: {e}")))?;
-    if !status.success() && !trail.truncated {
+    if !status.success() {
         return Err(Failure::setup(format!(
             "journalctl failed ({status}): {}",
             err.trim()
@@ -107,9 +113,9 @@ fn render(r: &Report, warned: bool, err: &str) -> String {
     let n = |k: &str| r.states.get(k).copied().unwrap_or(0);
     let statuses: Vec<String> = r.statuses.iter().map(|(k, v)| format!("{k} {v}")).collect();
     out += &format!(
-        "{} scripts on {} hosts{}: {} ended{}, {} running, {} lost with their node (no end {} s past their timeout, as of {})",
-        r.matched,
-        r.hosts.len(),
+        "{} on {}{}: {} ended{}, {} running, {} lost (no end received {} s past their timeout, as of {}: their node died with them, or their end never reached this journal)",
+        count(r.matched, "script", "scripts"),
+        count(r.hosts.len(), "host", "hosts"),
         if r.matched > r.scripts.len() {
             format!(" (the latest {} shown)", r.scripts.len())
         } else {
@@ -141,7 +147,7 @@ fn render(r: &Report, warned: bool, err: &str) -> String {
     }
     if r.truncated {
         out += &format!(
-            "only the first {} scripts were read: narrow it with --since\n",
+            "only the newest {} scripts were kept: narrow it with --since\n",
             crate::audit::trail::MAX_SCRIPTS
         );
     }
@@ -149,4 +155,8 @@ fn render(r: &Report, warned: bool, err: &str) -> String {
         out += &format!("journalctl said: {}\n", err.trim());
     }
     out
+}
+
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }

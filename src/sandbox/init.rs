@@ -71,8 +71,15 @@ pub fn dispatch() -> Option<i32> {
     Some(run(args.collect()))
 }
 
+/// A line on stderr, whose reader is the daemon: if it is gone the line is
+/// lost, never a panic.
+fn say(what: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "scriptgate init: {what}");
+}
+
 fn fail(what: &str, code: i32) -> i32 {
-    eprintln!("scriptgate init: {what}");
+    say(what);
     code
 }
 
@@ -112,10 +119,10 @@ fn run(args: Vec<OsString>) -> i32 {
     {
         Ok(child) => Some(Pid::from_raw(child.id() as i32)),
         Err(e) => {
-            eprintln!(
-                "scriptgate init: cannot start {}: {e}",
+            say(&format!(
+                "cannot start {}: {e}",
                 Path::new(&argv[0]).display()
-            );
+            ));
             None
         }
     };
@@ -126,7 +133,7 @@ fn run(args: Vec<OsString>) -> i32 {
     let status = match reap(main, report.as_fd()) {
         Reaped::Ended(status) => status,
         Reaped::DaemonGone => {
-            eprintln!("scriptgate init: the daemon is gone; the sandbox ends");
+            say("the daemon is gone; the sandbox ends");
             return 137;
         }
     };
@@ -189,7 +196,9 @@ fn reap(main: Option<Pid>, lifeline: BorrowedFd) -> Reaped {
             break;
         }
         let Some(sigfd) = sigfd.as_ref() else {
-            // No signalfd: wait for the script alone, as before the lifeline.
+            // No signalfd: wait for the script alone. bwrap's --die-with-parent
+            // still ends the sandbox with a daemon of the script's uid.
+            say("cannot watch the daemon (no signalfd): the sandbox may outlive a daemon killed outright");
             return Reaped::Ended(reap_blocking(main, None));
         };
         // No events asked of the lifeline: POLLERR and POLLHUP always count.

@@ -249,28 +249,14 @@ pub async fn check_limits(
         problems: vec![format!("limits cannot be checked: {why}")],
         notes: vec![],
     };
-    let sleep = ["/usr/bin/sleep", "/bin/sleep"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .unwrap_or("sleep");
-    let mut cmd = std::process::Command::new(sleep);
-    cmd.arg("infinity")
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    install_pre_exec(
-        &mut cmd,
-        ChildSetup {
-            identity,
-            rlimits: vec![],
-            dups: vec![],
-            parent_pid: std::process::id() as libc::pid_t,
+    // A placeholder that ends with the daemon, however it ends (a `sleep`
+    // would outlive a daemon killed with SIGKILL, in its unit).
+    let (child, lifeline) = match crate::sys::placeholder(identity) {
+        Ok((cmd, lifeline)) => match spawner.spawn(cmd).await {
+            Ok(c) => (c, lifeline),
+            Err(e) => return cannot(format!("the placeholder process: {e}")),
         },
-    );
-    let child = match spawner.spawn(cmd).await {
-        Ok(c) => c,
-        Err(e) => return cannot(format!("{sleep}: {e}")),
+        Err(e) => return cannot(format!("the placeholder's pipe: {e}")),
     };
     let pid = child.id();
     let pidfd = PidFd::open_as(pid as i32, identity);
@@ -287,6 +273,7 @@ pub async fn check_limits(
     if let Ok(p) = &pidfd {
         let _ = p.kill();
     }
+    drop(lifeline);
     let _ = exited.await;
     if let Ok(placement) = placed {
         placement.finish().await;

@@ -446,32 +446,10 @@ fn gate_script() -> String {
 }
 
 /// A process that holds a systemd scope (and its counters) until they are read,
-/// and the write end of the pipe on its stdin: a shell reading a line that never
-/// comes, until the daemon kills it or dies. (A `sleep infinity` would outlive a
-/// daemon killed with SIGKILL: the kernel sends the parent-death signal with the
-/// dying parent's credentials, and a daemon without CAP_KILL may not signal the
-/// script's uid. The pipe closes whatever way the daemon ends.)
+/// and the write end of its lifeline (`sys::placeholder`): it ends when the
+/// daemon kills it, closes that end, or dies.
 fn keeper(identity: Option<Identity>) -> std::io::Result<(std::process::Command, OwnedFd)> {
-    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    let sh = ["/usr/bin/sh", "/bin/sh"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .unwrap_or("sh");
-    let mut k = std::process::Command::new(sh);
-    k.args(["-c", "read -r line"])
-        .stdin(Stdio::from(read))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    install_pre_exec(
-        &mut k,
-        ChildSetup {
-            identity,
-            rlimits: vec![],
-            dups: vec![],
-            parent_pid: std::process::id() as libc::pid_t,
-        },
-    );
-    Ok((k, write))
+    crate::sys::placeholder(identity)
 }
 
 /// Read the sandbox init's usage report (see `sandbox::init`). Only the init holds

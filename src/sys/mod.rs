@@ -429,6 +429,38 @@ pub fn install_pre_exec(cmd: &mut std::process::Command, s: ChildSetup) {
     }
 }
 
+/// A placeholder process, as `identity`, that lives until the write end returned
+/// with it is closed or its holder dies, however it dies: a shell reading a line
+/// that never comes from a pipe on its stdin. A systemd scope's keeper and the
+/// limits preflight's placeholder. (A `sleep infinity` would outlive a daemon
+/// killed with SIGKILL: the kernel sends the parent-death signal with the dying
+/// parent's credentials, and a root daemon without CAP_KILL may not signal
+/// another uid.) Nothing but the placeholder holds the read end: both ends are
+/// close-on-exec, and the command's copy of the read end closes when it drops.
+pub fn placeholder(identity: Option<Identity>) -> io::Result<(std::process::Command, OwnedFd)> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let sh = ["/usr/bin/sh", "/bin/sh"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or("sh");
+    let mut k = std::process::Command::new(sh);
+    k.args(["-c", "read -r line"])
+        .env_clear()
+        .stdin(std::process::Stdio::from(read))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    install_pre_exec(
+        &mut k,
+        ChildSetup {
+            identity,
+            rlimits: vec![],
+            dups: vec![],
+            parent_pid: std::process::id() as libc::pid_t,
+        },
+    );
+    Ok((k, write))
+}
+
 /// The highest descriptor number a child gets fixed: `dups` place descriptors
 /// at most here, and their sources are raised above it (the sandbox's ABI,
 /// `sandbox::abi`, is held to it).

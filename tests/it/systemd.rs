@@ -614,16 +614,16 @@ fn the_journal_trail_pairs_starts_and_ends_and_finds_a_script_lost_with_its_daem
     assert_eq!(l["timeout_s"], 600);
     assert_eq!(l["ended_ms"], Value::Null);
     assert_eq!(now["hosts"].as_object().unwrap().len(), 1, "{now}");
-    // Past its timeout and the grace: lost with its node.
-    let later = trail("--as-of +12m");
+    // Past its timeout (600 s) and the grace (120 s): lost.
+    let later = trail("--as-of +15m");
     assert_eq!(state_of(&later, &lost), "lost", "{later}");
-    assert_eq!(trail("--as-of +12m --lost")["matched"], 1);
+    assert_eq!(trail("--as-of +15m --lost")["matched"], 1);
     assert_eq!(trail("--status error")["matched"], 1);
-    let text = rig.sh_ok(&format!("{d}/bin/scriptgate audit --journal --as-of +12m"));
+    let text = rig.sh_ok(&format!("{d}/bin/scriptgate audit --journal --as-of +15m"));
     assert!(text.contains("LOST (no end)"), "{text}");
     assert!(
         text.contains(
-            "3 scripts on 1 hosts: 2 ended (error 1, ok 1), 0 running, 1 lost with their node"
+            "3 scripts on 1 host: 2 ended (error 1, ok 1), 0 running, 1 lost (no end received 120 s past their timeout"
         ),
         "{text}"
     );
@@ -634,7 +634,7 @@ fn the_journal_trail_pairs_starts_and_ends_and_finds_a_script_lost_with_its_daem
         .unwrap()
         .display()
         .to_string();
-    let files = trail(&format!("--directory {dir} --as-of +12m"));
+    let files = trail(&format!("--directory {dir} --as-of +15m"));
     assert_eq!(files["states"], json!({"ended": 2, "lost": 1}), "{files}");
     // The daemon back: it ends the killed daemon's script as interrupted.
     rig.sh_ok("systemctl start scriptgate.socket");
@@ -644,7 +644,7 @@ fn the_journal_trail_pairs_starts_and_ends_and_finds_a_script_lost_with_its_daem
         .unwrap();
     assert_eq!(r["status"], "interrupted", "{r}");
     eventually("its end entry", Duration::from_secs(10), || {
-        trail("--as-of +12m")["states"] == json!({"ended": 3})
+        trail("--as-of +15m")["states"] == json!({"ended": 3})
     });
     assert_eq!(trail("")["statuses"]["interrupted"], 1);
 
@@ -669,7 +669,7 @@ fn the_journal_trail_pairs_starts_and_ends_and_finds_a_script_lost_with_its_daem
         "{}",
         String::from_utf8_lossy(&up.stderr)
     );
-    let central = trail(&format!("--directory {d}/central --as-of +12m"));
+    let central = trail(&format!("--directory {d}/central --as-of +15m"));
     assert_eq!(central["states"], json!({"ended": 3}), "{central}");
     assert_eq!(
         central["statuses"],
@@ -685,7 +685,7 @@ fn the_journal_trail_pairs_starts_and_ends_and_finds_a_script_lost_with_its_daem
     rig.sh_ok(&format!(
         "timeout 60 /lib/systemd/systemd-journal-upload --follow=no --url=http://127.0.0.1:{port} --save-state={d}/upload.state"
     ));
-    let again = trail(&format!("--directory {d}/central --as-of +12m"));
+    let again = trail(&format!("--directory {d}/central --as-of +15m"));
     assert_eq!(
         (again["matched"].clone(), again["duplicates"].clone()),
         (json!(3), json!(0)),

@@ -109,8 +109,14 @@ class Raw:
         self.n += 1
         params = dict(params, _meta=self.meta())
         assert self.p.stdin is not None
-        self.p.stdin.write(json.dumps({"jsonrpc": "2.0", "id": self.n, "method": method, "params": params}) + "\n")
-        self.p.stdin.flush()
+        try:
+            self.p.stdin.write(json.dumps({"jsonrpc": "2.0", "id": self.n, "method": method, "params": params}) + "\n")
+            self.p.stdin.flush()
+        except BrokenPipeError:
+            # The server is gone: say how it ended and what it said last.
+            code = self.p.wait(timeout=10)
+            err = self.p.stderr.read()[-4000:] if self.p.stderr is not None else ""
+            raise AssertionError(f"scriptgate mcp exited ({code}) before {method}: {err}") from None
         return self.n
 
     def wait_for(self, pred: Callable[[Dict[str, Any]], bool], timeout: float = 60) -> Dict[str, Any]:
