@@ -445,13 +445,6 @@ fn gate_script() -> String {
     )
 }
 
-/// A process that holds a systemd scope (and its counters) until they are read,
-/// and the write end of its lifeline (`sys::placeholder`): it ends when the
-/// daemon kills it, closes that end, or dies.
-fn keeper(identity: Option<Identity>) -> std::io::Result<(std::process::Command, OwnedFd)> {
-    crate::sys::placeholder(identity)
-}
-
 /// Read the sandbox init's usage report (see `sandbox::init`). Only the init holds
 /// the write end, so EOF comes when it exits; it writes nothing when it is killed.
 async fn read_usage(fd: std::os::fd::OwnedFd) -> Option<u64> {
@@ -966,7 +959,9 @@ async fn place_behind_gate(
     };
     let mut pids = vec![pid as u32];
     if backend.needs_keeper() {
-        let started = match keeper(identity) {
+        // The keeper holds the scope (and its counters) until they are read; it
+        // ends when the daemon kills it, closes its lifeline, or dies.
+        let started = match crate::sys::placeholder(identity) {
             Ok((cmd, lifeline)) => spawner.spawn(cmd).await.map(|k| (k, lifeline)),
             Err(e) => Err(e),
         };
