@@ -318,7 +318,9 @@ def test_tasks_cancel_ends_the_script_and_its_record_says_cancelled() -> None:
         g = c.rpc("tasks/get", {"taskId": tid})["result"]
         took = time.monotonic() - t0
         assert g["status"] == "cancelled", g
-        assert took < 2.0, took
+        # Ended by the cancel, not by its 120 s: a bound far from both, so a busy
+        # machine cannot fail it.
+        assert took < 60.0, took
         assert [s for _, s in st.rows("cancel-me")] == ["cancelled"]
     finally:
         c.close()
@@ -349,7 +351,6 @@ def test_a_closed_stdin_then_sigterm_leaves_every_script_recorded_cancelled() ->
         c.send("tools/call", {"name": "run_script", "arguments": {"code": SLOW.format(s=120) + "# hang-up\n"}})
         wait_running(st, "hang-up")
         assert c.p.stdin is not None
-        t0 = time.monotonic()
         c.p.stdin.close()
         # As stdio clients do: SIGTERM 2 s after stdin closed, if still there.
         try:
@@ -358,9 +359,9 @@ def test_a_closed_stdin_then_sigterm_leaves_every_script_recorded_cancelled() ->
             c.p.send_signal(signal.SIGTERM)
             c.p.wait(30)
             pytest.fail("scriptgate mcp was still running 2 s after stdin closed")
-        took = time.monotonic() - t0
+        # Recorded before it exited, inside the clients' 2 s (how much sooner
+        # is a figure of a busy machine, not a property: no bound on it here).
         assert [s for _, s in st.rows("hang-up")] == ["cancelled"]
-        assert took < 1.0, f"{took:.2f} s from the close to the record"
     finally:
         c.close()
 
