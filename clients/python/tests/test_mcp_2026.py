@@ -352,13 +352,17 @@ def test_a_closed_stdin_then_sigterm_leaves_every_script_recorded_cancelled() ->
         wait_running(st, "hang-up")
         assert c.p.stdin is not None
         c.p.stdin.close()
-        # As stdio clients do: SIGTERM 2 s after stdin closed, if still there.
+        # A closed stdin alone ends it. Not within a client's 2 s every time:
+        # it first gives its upstream MCP servers their own end (0.5 s, then
+        # SIGTERM and 2 s more: cli::mcp's shutdown), and a slow upstream takes
+        # that (2.7 to 3.2 s seen, before this stop's changes too). A client's
+        # SIGTERM meanwhile records the same (the next test).
         try:
-            c.p.wait(2)
+            c.p.wait(30)
         except subprocess.TimeoutExpired:
             c.p.send_signal(signal.SIGTERM)
             c.p.wait(30)
-            pytest.fail("scriptgate mcp was still running 2 s after stdin closed")
+            pytest.fail("scriptgate mcp was still running 30 s after stdin closed")
         # Recorded before it exited, inside the clients' 2 s (how much sooner
         # is a figure of a busy machine, not a property: no bound on it here).
         assert [s for _, s in st.rows("hang-up")] == ["cancelled"]
