@@ -135,11 +135,7 @@ fn audit_cmd(c: AuditCmd) -> ExitCode {
         return audit_journal_cmd(&c);
     }
     admin_cmd("audit", &c.a, |ctx| {
-        let uid = match (&c.uid, &c.user) {
-            (Some(u), _) => Some(*u),
-            (None, Some(name)) => Some(admin::uid_of(name)?),
-            (None, None) => None,
-        };
+        let uid = audit_uid(&c)?;
         let q = crate::audit::Query {
             since_ms: c.since,
             run_id: c.run.clone(),
@@ -158,15 +154,20 @@ fn audit_cmd(c: AuditCmd) -> ExitCode {
     })
 }
 
+/// `audit --uid UID` or `--user NAME`: the uid either names.
+fn audit_uid(c: &AuditCmd) -> Result<Option<u32>, Failure> {
+    Ok(match (&c.uid, &c.user) {
+        (Some(u), _) => Some(*u),
+        (None, Some(name)) => Some(admin::uid_of(name)?),
+        (None, None) => None,
+    })
+}
+
 /// `scriptgate audit --journal`: the fleet's trail, from the journal alone (no
 /// daemon, no audit store).
 fn audit_journal_cmd(c: &AuditCmd) -> ExitCode {
     let r = (|| {
-        let uid = match (&c.uid, &c.user) {
-            (Some(u), _) => Some(*u),
-            (None, Some(name)) => Some(admin::uid_of(name)?),
-            (None, None) => None,
-        };
+        let uid = audit_uid(c)?;
         let filter = crate::audit::trail::Filter {
             host: c.host.clone(),
             since_ms: c.since,
