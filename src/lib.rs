@@ -21,9 +21,26 @@ pub mod time;
 
 /// `scriptgate`'s entry point (`src/bin/scriptgate.rs` is a one-line shim).
 pub use cli::main as cli_main;
-/// Both binaries' first check: `Some(status)` when started as the sandbox's init
-/// (`BIN --sandbox-init ...`; see `sandbox::init`), which then exits with it.
-pub use sandbox::init::dispatch as sandbox_init_main;
+/// Both binaries' first check: `Some(status)` when started as one of the
+/// sandbox's helpers (`BIN --sandbox-init ...`, the init, `sandbox::init`; `BIN
+/// --sandbox-mounter`, the pool's mount helper, `sandbox::mounter`), which then
+/// exits with it.
+pub use sandbox::helper_dispatch as sandbox_helper_main;
+/// A pool member's parts (`sandbox::member`), for the integration tests
+/// (tests/it/pool.rs) that make and assign members directly.
+#[doc(hidden)]
+pub mod pool_parts {
+    pub use crate::sandbox::member::Member;
+    pub use crate::sandbox::{SandboxBase, SandboxSpec};
+    pub use crate::sys::Identity;
+
+    /// A state directory's runtime directory, with `agent_tools.py` and
+    /// `member.py` written as the daemon writes them.
+    pub fn runtime_dir(state: &std::path::Path) -> std::path::PathBuf {
+        crate::daemon::write_runtime_module(state).expect("the runtime directory")
+    }
+}
+
 /// `scriptgated`'s entry point (`src/bin/scriptgated.rs` is a one-line shim).
 pub use service::main as daemon_main;
 

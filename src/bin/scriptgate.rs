@@ -2,8 +2,9 @@
 #![forbid(unsafe_code)]
 
 fn main() -> std::process::ExitCode {
-    // The hidden sandbox-init mode comes first: bwrap runs this binary as PID 1.
-    if let Some(status) = scriptgate::sandbox_init_main() {
+    // The sandbox's hidden helper modes come first: bwrap runs this binary as
+    // PID 1 (the init), and the pool's mount helper is this binary too.
+    if let Some(status) = scriptgate::sandbox_helper_main() {
         std::process::exit(status);
     }
     scriptgate::cli_main()

@@ -299,20 +299,26 @@ fn make_state_dir(state: &Path) -> Result<(), StartupError> {
     Ok(())
 }
 
-/// `<state>/runtime/agent_tools.py`, the module every sandbox mounts read-only;
-/// the directory must be readable by script uids (bwrap binds it as them).
-fn write_runtime_module(state: &Path) -> Result<PathBuf, StartupError> {
+/// `<state>/runtime/`: `agent_tools.py`, the module every sandbox mounts
+/// read-only, and `member.py`, a pool member's program (`sandbox::member`); the
+/// directory must be readable by script uids (bwrap binds it as them).
+pub(crate) fn write_runtime_module(state: &Path) -> Result<PathBuf, StartupError> {
     let runtime_dir = state.join("runtime");
     std::fs::create_dir_all(&runtime_dir).map_err(io_error("create", &runtime_dir))?;
-    let module = runtime_dir.join("agent_tools.py");
-    // A name of this process's own: two daemons on one state directory (the
-    // CLI's embedded ones, started together) must not rename each other's file
-    // away between its write and its chmod.
-    let tmp = runtime_dir.join(format!(".agent_tools.py.{}.new", std::process::id()));
-    std::fs::write(&tmp, AGENT_TOOLS_PY).map_err(io_error("write", &tmp))?;
-    crate::sys::chmod(&tmp, 0o644).map_err(io_error("chmod", &tmp))?;
     crate::sys::chmod(&runtime_dir, 0o755).map_err(io_error("chmod", &runtime_dir))?;
-    std::fs::rename(&tmp, &module).map_err(io_error("rename", &module))?;
+    for (name, text) in [
+        ("agent_tools.py", AGENT_TOOLS_PY),
+        (crate::sandbox::MEMBER_PY_NAME, crate::sandbox::MEMBER_PY),
+    ] {
+        let file = runtime_dir.join(name);
+        // A name of this process's own: two daemons on one state directory (the
+        // CLI's embedded ones, started together) must not rename each other's
+        // file away between its write and its chmod.
+        let tmp = runtime_dir.join(format!(".{name}.{}.new", std::process::id()));
+        std::fs::write(&tmp, text).map_err(io_error("write", &tmp))?;
+        crate::sys::chmod(&tmp, 0o644).map_err(io_error("chmod", &tmp))?;
+        std::fs::rename(&tmp, &file).map_err(io_error("rename", &file))?;
+    }
     Ok(runtime_dir)
 }
 

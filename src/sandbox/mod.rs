@@ -4,12 +4,19 @@
 pub mod abi;
 pub(crate) mod diagnose;
 pub(crate) mod init;
+pub mod member;
+pub(crate) mod mounter;
 pub(crate) mod preflight;
 pub(crate) mod seccomp;
 
 use abi::*;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+
+/// A pool member's Python program (`member.py`), written beside `agent_tools.py`
+/// in the runtime directory: it waits on its stdin for its one script.
+pub const MEMBER_PY: &str = include_str!("member.py");
+pub const MEMBER_PY_NAME: &str = "member.py";
 
 /// Where the embedded `agent_tools.py` is mounted inside the sandbox.
 pub const RUNTIME_MOUNT: &str = "/run/scriptgate";
@@ -90,6 +97,17 @@ pub fn libgcc_s_candidates() -> Vec<PathBuf> {
 /// ARGS...`.
 pub use crate::sandbox::init::{ARG as INIT_ARG, MOUNT as INIT_MOUNT};
 
+/// For the binaries' `main`: `Some(status)` when started in one of the hidden
+/// modes of the sandbox's own helpers (the init, `init`; the pool's mount
+/// helper, `mounter`), the process having done its work; `None` otherwise.
+pub fn helper_dispatch() -> Option<i32> {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    if args.first()? == mounter::ARG {
+        return Some(mounter::run(&args[1..]));
+    }
+    init::dispatch()
+}
+
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
     /// The workspace's path: where the directory open at `FD_WORKSPACE` is mounted,
@@ -153,6 +171,15 @@ impl SandboxBase {
             init: init::exe(),
             nofile_max,
         }
+    }
+}
+
+impl SandboxBase {
+    /// The same, with another binary as the sandbox's init (one whose
+    /// `--sandbox-init` mode it is: a test binary is not).
+    pub fn with_init(mut self, init: PathBuf) -> SandboxBase {
+        self.init = init;
+        self
     }
 }
 
@@ -268,11 +295,27 @@ fn push(args: &mut Vec<OsString>, items: &[&dyn AsRef<std::ffi::OsStr>]) {
 /// order that makes it safe would no longer be visible in one place. The golden
 /// file `tests/fixtures/bwrap-argv.txt` pins the whole of it.
 pub fn bwrap_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
+    args(spec, host, false)
+}
+
+/// A pool member's argv: `bwrap_args` without the workspace, its `.agent`, the
+/// script or the working directory, which come at assignment
+/// (`mounter`, `MEMBER_PY`); Python runs `member.py`, which waits on its stdin
+/// for the script. Nothing of any run is in it.
+pub fn member_args(spec: &SandboxSpec, host: &dyn HostView) -> Vec<OsString> {
+    args(spec, host, true)
+}
+
+fn args(spec: &SandboxSpec, host: &dyn HostView, member: bool) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
     isolation(&mut a, spec.disable_userns);
     host_mounts(&mut a, spec, host);
     dev_and_tmp(&mut a, spec.tmp_size_bytes);
-    let script = our_mounts(&mut a, spec);
+    let script = if member {
+        member_mounts(&mut a, spec)
+    } else {
+        our_mounts(&mut a, spec)
+    };
     environment(&mut a, host);
     // The seccomp program (see `seccomp`), loaded just before the init's exec, so the
     // init and everything it starts carry it.
@@ -384,9 +427,7 @@ fn dev_and_tmp(a: &mut Vec<OsString>, tmp_size_bytes: u64) {
 /// its `.agent`; then the root read-only and the workspace as working directory.
 /// Returns where the script is inside.
 fn our_mounts(a: &mut Vec<OsString>, spec: &SandboxSpec) -> PathBuf {
-    push(a, &[&"--ro-bind", &spec.runtime_dir, &RUNTIME_MOUNT]);
-    let init = spec.exec_only.as_ref().map_or(&spec.init, |x| &x.init);
-    push(a, &[&"--ro-bind", init, &INIT_MOUNT]);
+    runtime_and_init(a, spec);
     let script = Path::new(SCRIPT_MOUNT).join(spec.script.file_name().unwrap_or_default());
     push(a, &[&"--ro-bind-data", &FD_SCRIPT.to_string(), &script]);
     // The workspace and its `.agent` come as descriptors the daemon opened without
@@ -405,6 +446,21 @@ fn our_mounts(a: &mut Vec<OsString>, spec: &SandboxSpec) -> PathBuf {
     push(a, &[&"--remount-ro", &"/"]);
     push(a, &[&"--chdir", ws]);
     script
+}
+
+/// A pool member's own mounts: `agent_tools` (with `member.py`) and the init,
+/// then the root read-only. Returns the program Python runs.
+fn member_mounts(a: &mut Vec<OsString>, spec: &SandboxSpec) -> PathBuf {
+    runtime_and_init(a, spec);
+    push(a, &[&"--remount-ro", &"/"]);
+    Path::new(RUNTIME_MOUNT).join(MEMBER_PY_NAME)
+}
+
+/// `agent_tools` and the init, read-only.
+fn runtime_and_init(a: &mut Vec<OsString>, spec: &SandboxSpec) {
+    push(a, &[&"--ro-bind", &spec.runtime_dir, &RUNTIME_MOUNT]);
+    let init = spec.exec_only.as_ref().map_or(&spec.init, |x| &x.init);
+    push(a, &[&"--ro-bind", init, &INIT_MOUNT]);
 }
 
 /// The environment the script starts with (bwrap cleared the rest).

@@ -11,6 +11,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
+pub mod mount;
 pub mod quota;
 
 /// A uid/gid pair a script runs as.
@@ -529,6 +530,12 @@ pub struct PidFd {
     /// process (`ChildSetup::identity`); None: the caller's own, or one it may
     /// signal as it is.
     runs_as: Option<u32>,
+}
+
+impl std::os::fd::AsFd for PidFd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
 }
 
 impl PidFd {

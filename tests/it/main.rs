@@ -30,6 +30,7 @@ mod mcp_eras;
 mod numbers;
 mod parsers;
 mod policy;
+mod pool;
 mod reload;
 mod sandbox;
 mod sandbox_init;

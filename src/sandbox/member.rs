@@ -1,0 +1,211 @@
+//! A pre-made sandbox (a pool member): the sandbox of `member_args`, made before
+//! its run is known, its Python waiting in `member.py` with `agent_tools`
+//! imported, and its mount helper (`mounter`) inside its mount namespace.
+//!
+//! A member is used once, in two steps that consume it: `mount` puts the run's
+//! workspace in (the helper serves one assignment and exits), then `go` sends
+//! the script, whose arrival (the pipe's close) starts it. A member sent a
+//! script with no workspace mounted refuses it (`member.py`).
+//!
+//! The pool that keeps members, places them in their units and hands them to
+//! runs is not in this file.
+
+use crate::sandbox::abi::*;
+use crate::sandbox::mounter::Mounter;
+use crate::sandbox::{member_args, RealHost, SandboxSpec};
+use crate::sys::{
+    channel_pipe, dup_high, give_pipe, install_cloexec_above_fixed, install_pre_exec, ChildSetup,
+    Identity, PidFd,
+};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// A waiting member.
+pub struct Member {
+    /// bwrap.
+    pub child: Child,
+    /// The sandbox's PID 1 (our init), by pidfd.
+    pub init: PidFd,
+    /// Python's stdin: the run header and the script, then end of file.
+    script: Option<OwnedFd>,
+    mounter: Option<Mounter>,
+    /// Our ends: the tool channel (fd 3 we read, fd 4 we write), the init's
+    /// usage report, and the script's stdout and stderr.
+    pub requests: OwnedFd,
+    pub replies: OwnedFd,
+    pub usage: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+impl Member {
+    /// Make a member: bwrap with `member_args(spec)` as `identity`, its init's
+    /// pidfd from `--info-fd`, and its mount helper (`exe --sandbox-mounter`)
+    /// inside. Blocking: it returns once the helper is in place.
+    pub fn make(
+        spec: &SandboxSpec,
+        bwrap: &Path,
+        exe: &Path,
+        identity: Option<Identity>,
+    ) -> io::Result<Member> {
+        let (req_r, req_w) = channel_pipe()?;
+        let (rep_r, rep_w) = channel_pipe()?;
+        let (info_r, info_w) = channel_pipe()?;
+        let (usage_r, usage_w) = channel_pipe()?;
+        let (seccomp_r, seccomp_w) = channel_pipe()?;
+        let program = crate::sandbox::seccomp::cached().map_err(io::Error::other)?;
+        std::fs::File::from(seccomp_w).write_all(program)?;
+        let (script_r, script_w) = channel_pipe()?;
+        let (out_r, out_w) = channel_pipe()?;
+        let (err_r, err_w) = channel_pipe()?;
+        if let Some(id) = identity {
+            give_pipe(&out_w, id)?;
+            give_pipe(&err_w, id)?;
+            give_pipe(&script_r, id)?;
+        }
+        let fixed = [
+            (dup_high(&req_w)?, FD_REQUESTS),
+            (dup_high(&rep_r)?, FD_REPLIES),
+            (dup_high(&info_w)?, FD_INFO),
+            (dup_high(&usage_w)?, FD_USAGE),
+            (dup_high(&seccomp_r)?, FD_SECCOMP),
+        ];
+        drop((req_w, rep_r, info_w, usage_w, seccomp_r));
+        let mut cmd = Command::new(bwrap);
+        cmd.env_clear()
+            .args(member_args(spec, &RealHost))
+            .stdin(Stdio::from(script_r))
+            .stdout(Stdio::from(out_w))
+            .stderr(Stdio::from(err_w));
+        install_pre_exec(
+            &mut cmd,
+            ChildSetup {
+                identity,
+                rlimits: vec![],
+                dups: fixed.iter().map(|(fd, to)| (fd.as_raw_fd(), *to)).collect(),
+                parent_pid: std::process::id() as libc::pid_t,
+            },
+        );
+        install_cloexec_above_fixed(&mut cmd);
+        let mut child = cmd.spawn()?;
+        drop(cmd);
+        drop(fixed);
+        let pid = match child_pid(info_r) {
+            Some(pid) => pid,
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let mut why = String::new();
+                let _ = std::fs::File::from(err_r).read_to_string(&mut why);
+                return Err(io::Error::other(format!(
+                    "the pool member's bwrap ended before its sandbox existed: {}",
+                    why.trim()
+                )));
+            }
+        };
+        let init = PidFd::open_as(pid, identity)?;
+        // The helper enters the mount namespace as it is when it enters: only
+        // once bwrap has built it, which member.py's first line says.
+        let mounter = ready(&req_r).and_then(|()| Mounter::start(exe, init.as_fd(), identity));
+        let mounter = match mounter {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = init.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
+        Ok(Member {
+            child,
+            init,
+            script: Some(script_w),
+            mounter: Some(mounter),
+            requests: req_r,
+            replies: rep_w,
+            usage: usage_r,
+            stdout: out_r,
+            stderr: err_r,
+        })
+    }
+
+    /// Mount the run's workspace at `path` (read-only when `read_only`) and its
+    /// `.agent` read-only over the workspace's own. Once only: the helper
+    /// serves one assignment, and a second is refused.
+    pub fn mount(
+        &mut self,
+        path: &Path,
+        workspace: BorrowedFd,
+        agent: BorrowedFd,
+        read_only: bool,
+    ) -> io::Result<()> {
+        let Some(helper) = self.mounter.take() else {
+            return Err(io::Error::other(
+                "this pool member was assigned already: a member serves one run",
+            ));
+        };
+        helper.mount(path, workspace, agent, read_only)
+    }
+
+    /// Send the script: its header (the workspace's path and the script's file
+    /// name), then its code; the pipe's close starts it. Consumes the member's
+    /// script end, so nothing can follow.
+    pub fn go(&mut self, workspace: &Path, name: &str, code: &[u8]) -> io::Result<()> {
+        let header = serde_json::json!({
+            "workspace": workspace.to_str().ok_or_else(|| io::Error::other("a workspace path that is not UTF-8"))?,
+            "name": name,
+        });
+        let fd = self
+            .script
+            .take()
+            .ok_or_else(|| io::Error::other("this pool member was sent its script already"))?;
+        let mut pipe = std::fs::File::from(fd);
+        let mut bytes = serde_json::to_vec(&header).map_err(io::Error::other)?;
+        bytes.push(b'\n');
+        bytes.extend_from_slice(code);
+        pipe.write_all(&bytes)
+    }
+}
+
+/// member.py's first line on the tool channel, read a byte at a time so that
+/// nothing after it is taken from the script's channel.
+fn ready(requests: &OwnedFd) -> io::Result<()> {
+    const READY: &[u8] = b"{\"op\": \"member-ready\"}\n";
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while line.len() < READY.len() {
+        if nix::unistd::read(requests, &mut byte)? == 0 {
+            break;
+        }
+        line.push(byte[0]);
+        if byte[0] == b'\n' {
+            break;
+        }
+    }
+    if line == READY {
+        Ok(())
+    } else {
+        Err(io::Error::other(
+            "the pool member's Python ended before it was ready",
+        ))
+    }
+}
+
+/// bwrap's `{"child-pid": N}` from `--info-fd`, read until it parses (bwrap
+/// may keep the pipe open); end of file first: bwrap failed.
+fn child_pid(fd: OwnedFd) -> Option<i32> {
+    let mut file = std::fs::File::from(fd);
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 512];
+    while buf.len() < 4096 {
+        match file.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&buf) {
+            return v.get("child-pid")?.as_i64().map(|p| p as i32);
+        }
+    }
+    None
+}
