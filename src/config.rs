@@ -218,6 +218,14 @@ pub struct Sandbox {
     /// Refuse to run scripts whose memory and task limits are not in force, as
     /// read back from their cgroup (extension; the package turns it on).
     pub require_enforced_limits: bool,
+    /// Pre-made sandboxes kept waiting for each script uid (extension; 0:
+    /// none, every script starts cold). The rlimit backend only, so far.
+    pub pool_size: u64,
+    /// What all waiting members together may hold, at 12 MiB each
+    /// (extension).
+    pub pool_memory_max_bytes: u64,
+    /// A uid's members go after this long without a script of it (extension).
+    pub pool_idle_s: u64,
 }
 impl Default for Sandbox {
     fn default() -> Self {
@@ -227,6 +235,9 @@ impl Default for Sandbox {
             bwrap: "/usr/bin/bwrap".into(),
             tmp_size_bytes: 64 << 20,
             require_enforced_limits: false,
+            pool_size: 0,
+            pool_memory_max_bytes: 256 << 20,
+            pool_idle_s: 600,
         }
     }
 }
@@ -374,6 +385,13 @@ impl Config {
                 s.python
             ));
         }
+        let sb = &self.sandbox;
+        if sb.pool_size > POOL_SIZE_MAX || sb.pool_idle_s == 0 {
+            return bad(format!(
+                "sandbox.pool_size must be at most {POOL_SIZE_MAX} and sandbox.pool_idle_s more than 0, not {} and {}",
+                sb.pool_size, sb.pool_idle_s
+            ));
+        }
         let sv = &self.server;
         if sv.max_message_bytes < 1024 {
             return bad("server.max_message_bytes must be at least 1024".into());
@@ -438,6 +456,9 @@ impl Config {
     }
 }
 
+/// The most pre-made sandboxes per script uid (`sandbox.pool_size`).
+pub const POOL_SIZE_MAX: u64 = 64;
+
 /// The keys a reload applies (`systemctl reload scriptgate`, SIGHUP;
 /// scriptgated(8) RELOAD): each is read anew by every script that starts after
 /// it, and by the daemon's hourly passes; a running script keeps what it started
@@ -459,6 +480,8 @@ pub const LIVE_KEYS: &[&str] = &[
     "scripts.total_tasks_max",
     "scripts.total_cpu_quota_percent",
     "sandbox.tmp_size_bytes",
+    "sandbox.pool_memory_max_bytes",
+    "sandbox.pool_idle_s",
     "state.reserve_bytes",
     "workspace.retain_days",
     "audit.retain_days",

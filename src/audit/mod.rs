@@ -1585,6 +1585,7 @@ fn recover_interrupted(c: &mut Connection, path: &Path) -> rusqlite::Result<Vec<
                     cpu_usec: None,
                     backend_notes: vec![],
                     record_incomplete: vec![],
+                    pre_made: None,
                 }
                 .with_text(None),
             });

@@ -48,6 +48,7 @@ impl Daemon {
             started_ms: Some(self.started_ms),
             config: self.config_state(),
             all_scripts: Some(self.all_scripts_info()),
+            pool: live.settings.pool_info(),
         }
     }
 

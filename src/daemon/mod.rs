@@ -166,6 +166,7 @@ impl Daemon {
             runtime_dir.clone(),
             preflight.sandbox.disable_userns,
             backend.backend.clone(),
+            &spawner,
         );
         let peers = Peers::new(
             key,

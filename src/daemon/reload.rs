@@ -27,6 +27,7 @@ impl Daemon {
                 self.runtime_dir.clone(),
                 self.preflight.sandbox.disable_userns,
                 self.backend.backend.clone(),
+                &self.spawner,
             ),
             cfg,
         }

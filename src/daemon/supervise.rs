@@ -282,6 +282,7 @@ impl Daemon {
             cpu_usec: e.cpu_usec,
             backend_notes: e.backend_notes,
             record_incomplete,
+            pre_made: e.pre_made,
         }
         .with_text(note.as_deref())
     }

@@ -600,6 +600,19 @@ pub struct DaemonInfo {
     /// (extension).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub all_scripts: Option<AllScripts>,
+    /// The pre-made sandboxes (`sandbox.pool_size`): absent when the daemon
+    /// keeps none (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolInfo>,
+}
+
+/// `daemon.info`'s `pool`: how many pre-made sandboxes each script uid gets,
+/// how many are waiting now (all uids), and the most there may be.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolInfo {
+    pub size: u64,
+    pub waiting: usize,
+    pub max_members: usize,
 }
 
 /// `daemon.info`'s `all_scripts`: memory, tasks and CPU of every script at
@@ -1338,6 +1351,10 @@ pub struct ScriptResult {
     /// so too (extension).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub record_incomplete: Vec<String>,
+    /// Whether the script ran in a pre-made sandbox (`true`) or started cold;
+    /// absent when the daemon keeps no pool (extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_made: Option<bool>,
 }
 
 impl ScriptResult {

@@ -86,6 +86,7 @@ def main():
     if os.fsencode(workspace) not in _mount_points():
         _refuse("no workspace is mounted at %s" % workspace)
     os.chdir(workspace)
+    os.environ["PWD"] = workspace  # as bwrap's --chdir sets it on the cold path
     path = SCRIPT_MOUNT + "/" + os.path.basename(name)
     module = types.ModuleType("__main__")
     module.__file__ = path

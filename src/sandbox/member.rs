@@ -14,8 +14,8 @@ use crate::sandbox::abi::*;
 use crate::sandbox::mounter::Mounter;
 use crate::sandbox::{member_args, RealHost, SandboxSpec};
 use crate::sys::{
-    channel_pipe, dup_high, give_pipe, install_cloexec_above_fixed, install_pre_exec, ChildSetup,
-    Identity, PidFd,
+    channel_pipe, dup_high, give_pipe, install_cloexec_above_fixed, install_ignore_sigxfsz,
+    install_pre_exec, ChildSetup, Identity, PidFd,
 };
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -41,14 +41,19 @@ pub struct Member {
 }
 
 impl Member {
-    /// Make a member: bwrap with `member_args(spec)` as `identity`, its init's
-    /// pidfd from `--info-fd`, and its mount helper (`exe --sandbox-mounter`)
-    /// inside. Blocking: it returns once the helper is in place.
+    /// Make a member: bwrap with `member_args(spec)` as `identity` under
+    /// `rlimits`, its init's pidfd from `--info-fd`, and its mount helper (`exe
+    /// --sandbox-mounter`) inside. Both are started by `spawn`, which must spawn
+    /// from a thread that outlives them (their parent-death signals fire when
+    /// the spawning thread exits: `sys::Spawner`). Blocking: it returns once
+    /// the helper is in place.
     pub fn make(
         spec: &SandboxSpec,
         bwrap: &Path,
         exe: &Path,
         identity: Option<Identity>,
+        rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+        spawn: &dyn Fn(Command) -> io::Result<Child>,
     ) -> io::Result<Member> {
         let (req_r, req_w) = channel_pipe()?;
         let (rep_r, rep_w) = channel_pipe()?;
@@ -83,14 +88,14 @@ impl Member {
             &mut cmd,
             ChildSetup {
                 identity,
-                rlimits: vec![],
+                rlimits,
                 dups: fixed.iter().map(|(fd, to)| (fd.as_raw_fd(), *to)).collect(),
                 parent_pid: std::process::id() as libc::pid_t,
             },
         );
+        install_ignore_sigxfsz(&mut cmd);
         install_cloexec_above_fixed(&mut cmd);
-        let mut child = cmd.spawn()?;
-        drop(cmd);
+        let mut child = spawn(cmd)?;
         drop(fixed);
         let pid = match child_pid(info_r) {
             Some(pid) => pid,
@@ -108,7 +113,8 @@ impl Member {
         let init = PidFd::open_as(pid, identity)?;
         // The helper enters the mount namespace as it is when it enters: only
         // once bwrap has built it, which member.py's first line says.
-        let mounter = ready(&req_r).and_then(|()| Mounter::start(exe, init.as_fd(), identity));
+        let mounter =
+            ready(&req_r).and_then(|()| Mounter::start(exe, init.as_fd(), identity, spawn));
         let mounter = match mounter {
             Ok(m) => m,
             Err(e) => {
@@ -130,6 +136,14 @@ impl Member {
         })
     }
 
+    /// Let a member go unused: its sandbox killed, bwrap and the mount helper
+    /// reaped. Blocking.
+    pub fn discard(mut self) {
+        let _ = self.init.kill();
+        drop(self.mounter.take());
+        let _ = self.child.wait();
+    }
+
     /// Mount the run's workspace at `path` (read-only when `read_only`) and its
     /// `.agent` read-only over the workspace's own. Once only: the helper
     /// serves one assignment, and a second is refused.
@@ -148,23 +162,35 @@ impl Member {
         helper.mount(path, workspace, agent, read_only)
     }
 
-    /// Send the script: its header (the workspace's path and the script's file
-    /// name), then its code; the pipe's close starts it. Consumes the member's
-    /// script end, so nothing can follow.
+    /// Send the script (`Go::go`). Once only.
     pub fn go(&mut self, workspace: &Path, name: &str, code: &[u8]) -> io::Result<()> {
-        let header = serde_json::json!({
-            "workspace": workspace.to_str().ok_or_else(|| io::Error::other("a workspace path that is not UTF-8"))?,
-            "name": name,
-        });
-        let fd = self
-            .script
-            .take()
-            .ok_or_else(|| io::Error::other("this pool member was sent its script already"))?;
-        let mut pipe = std::fs::File::from(fd);
+        self.take_go()
+            .ok_or_else(|| io::Error::other("this pool member was sent its script already"))?
+            .go(workspace, name, code)
+    }
+
+    /// The end that sends the script, apart from the member (None: taken).
+    pub fn take_go(&mut self) -> Option<Go> {
+        self.script.take().map(Go)
+    }
+}
+
+/// The pipe to a member's Python: its one script goes through it.
+pub struct Go(OwnedFd);
+
+impl Go {
+    /// Send the script: its header (the workspace's path and the script's file
+    /// name), then its code; the pipe's close starts it. Blocking (a script
+    /// larger than the pipe waits for Python to read it).
+    pub fn go(self, workspace: &Path, name: &str, code: &[u8]) -> io::Result<()> {
+        let workspace = workspace
+            .to_str()
+            .ok_or_else(|| io::Error::other("a workspace path that is not UTF-8"))?;
+        let header = serde_json::json!({ "workspace": workspace, "name": name });
         let mut bytes = serde_json::to_vec(&header).map_err(io::Error::other)?;
         bytes.push(b'\n');
         bytes.extend_from_slice(code);
-        pipe.write_all(&bytes)
+        std::fs::File::from(self.0).write_all(&bytes)
     }
 }
 

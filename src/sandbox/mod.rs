@@ -6,6 +6,7 @@ pub(crate) mod diagnose;
 pub(crate) mod init;
 pub mod member;
 pub(crate) mod mounter;
+pub mod pool;
 pub(crate) mod preflight;
 pub(crate) mod seccomp;
 
@@ -209,6 +210,19 @@ impl SandboxSpec {
 
     pub fn runtime_dir(&self) -> &Path {
         &self.runtime_dir
+    }
+
+    pub fn workspace(&self) -> &Path {
+        &self.workspace
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// The script's file name inside the sandbox (under `SCRIPT_MOUNT`).
+    pub fn script_name(&self) -> &std::ffi::OsStr {
+        self.script.file_name().unwrap_or_default()
     }
 
     pub fn python(&self) -> &Path {

@@ -137,6 +137,7 @@ impl Mounter {
         exe: &Path,
         target: BorrowedFd,
         owner: Option<crate::sys::Identity>,
+        spawn: &dyn Fn(std::process::Command) -> io::Result<std::process::Child>,
     ) -> io::Result<Mounter> {
         let (ours, theirs) = nix::sys::socket::socketpair(
             nix::sys::socket::AddressFamily::Unix,
@@ -166,7 +167,7 @@ impl Mounter {
                 parent_pid: std::process::id() as libc::pid_t,
             },
         );
-        let child = cmd.spawn()?;
+        let child = spawn(cmd)?;
         drop((target, theirs));
         let mut helper = Mounter {
             socket: ours,

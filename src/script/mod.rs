@@ -11,6 +11,8 @@ use crate::sandbox::abi::{
     FD_AGENT, FD_GATE, FD_INFO, FD_REPLIES, FD_REQUESTS, FD_SCRIPT, FD_SECCOMP, FD_USAGE,
     FD_WORKSPACE,
 };
+use crate::sandbox::member::Member;
+use crate::sandbox::pool::{Bounds, Cold, Pool, Profile};
 use crate::sandbox::{bwrap_args, parse_usage_report, RealHost, SandboxBase, SandboxSpec};
 use crate::script::broker::Broker;
 use crate::script::engine::Abandoned;
@@ -19,7 +21,7 @@ use crate::sys::{
     install_pre_exec, wait_child, ChildSetup, Exit, Identity, PidFd, Spawner,
 };
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -93,6 +95,8 @@ pub struct Settings {
     return_max_chars: usize,
     require_enforced_limits: bool,
     file_max_bytes: u64,
+    /// Pre-made sandboxes (`sandbox.pool_size`), where the backend allows.
+    pool: Option<Arc<Pool>>,
 }
 
 impl Settings {
@@ -104,8 +108,9 @@ impl Settings {
         runtime_dir: PathBuf,
         disable_userns: bool,
         backend: Backend,
+        spawner: &Spawner,
     ) -> Settings {
-        Settings {
+        let mut s = Settings {
             bwrap: cfg.sandbox.bwrap.clone(),
             sandbox: SandboxBase::new(
                 runtime_dir,
@@ -119,7 +124,76 @@ impl Settings {
             return_max_chars: cfg.scripts.return_max_chars,
             require_enforced_limits: cfg.sandbox.require_enforced_limits,
             file_max_bytes: cfg.scripts.file_max_bytes,
+            pool: None,
+        };
+        s.pool = s.start_pool(cfg, spawner);
+        s
+    }
+
+    /// The pool of pre-made sandboxes, made with what a cold sandbox of a run
+    /// with the configured limits would get. None when `sandbox.pool_size` is
+    /// 0, or the backend places each sandbox in a unit at its start (members
+    /// are made ahead, outside any unit: not yet).
+    fn start_pool(&self, cfg: &crate::config::Config, spawner: &Spawner) -> Option<Arc<Pool>> {
+        let sb = &cfg.sandbox;
+        if sb.pool_size == 0 {
+            return None;
         }
+        if self.backend.needs_gate() {
+            tracing::warn!(
+                "sandbox.pool_size = {} is not used with the {} backend: every script starts cold (pre-made sandboxes are for the rlimit backend so far)",
+                sb.pool_size,
+                self.backend.kind().as_str()
+            );
+            return None;
+        }
+        let spec = SandboxSpec::new(&self.sandbox, PathBuf::new(), false, PathBuf::new());
+        let limits = Limits::effective(&cfg.scripts, &Default::default());
+        let profile = Profile {
+            rlimits: self.rlimits(&limits, &spec),
+            spec,
+            bwrap: self.bwrap.clone(),
+            exe: crate::sandbox::init::exe(),
+        };
+        let bounds = Bounds::new(
+            sb.pool_size as usize,
+            sb.pool_memory_max_bytes,
+            sb.pool_idle_s,
+        );
+        // Root peers' scripts run as `run_as`, when the daemon is root (else as
+        // the daemon's own uid: no identity to switch to).
+        let warm = if nix::unistd::geteuid().is_root() {
+            crate::sys::resolve_run_as(0, 0, &sb.run_as).ok().map(Some)
+        } else {
+            Some(None)
+        };
+        let warm: Vec<_> = warm.into_iter().collect();
+        Some(Arc::new(Pool::start(
+            profile,
+            bounds,
+            spawner.clone(),
+            &warm,
+        )))
+    }
+
+    /// `daemon.info`'s `pool`: None when the daemon keeps none.
+    pub fn pool_info(&self) -> Option<crate::protocol::PoolInfo> {
+        self.pool.as_ref().map(|p| crate::protocol::PoolInfo {
+            size: p.bounds().size as u64,
+            waiting: p.waiting(),
+            max_members: p.bounds().max_members,
+        })
+    }
+
+    /// The resource limits every process of a sandbox gets at its spawn.
+    fn rlimits(
+        &self,
+        limits: &Limits,
+        spec: &SandboxSpec,
+    ) -> Vec<(libc::__rlimit_resource_t, u64)> {
+        let mut r = self.backend.rlimits(limits, nofile_max(spec));
+        r.push(file_size_rlimit(self.file_max_bytes));
+        r
     }
 }
 
@@ -233,6 +307,7 @@ impl Launch {
             file_max_bytes: settings.file_max_bytes,
             script_code: record.script_code,
             notes,
+            pool: settings.pool.clone(),
         }
     }
 }
@@ -262,6 +337,7 @@ pub struct Launch {
     script_code: OwnedFd,
     /// Limits known not to be in force before the start (`Run::new`'s `notes`).
     notes: Vec<String>,
+    pool: Option<Arc<Pool>>,
 }
 
 /// What the supervisor observed; the daemon turns it into the result object.
@@ -288,6 +364,8 @@ pub struct Ended {
     /// The record files (output.txt, stderr.txt) the daemon could not write in
     /// full, each with why.
     pub record_incomplete: Vec<String>,
+    /// Ran in a pre-made sandbox (true) or started cold; None: no pool.
+    pub pre_made: Option<bool>,
 }
 
 impl Ended {
@@ -305,6 +383,7 @@ impl Ended {
             backend_notes: vec![],
             setup_failed: true,
             record_incomplete: vec![],
+            pre_made: None,
         }
     }
 }
@@ -480,8 +559,20 @@ pub async fn run(
     // 0. The execute-only interpreter and init, when the script runs as another
     //    uid than a root daemon (`with_exec_only`).
     exec_only_or_warn(&mut launch, &script_id).await;
-    // 1.–3. The descriptors, the command, the spawn (`spawn_sandbox`).
-    let (mut sandbox, ours) = spawn_sandbox(spawner, &launch, started).await?;
+    // 1.–3. A pre-made sandbox with the workspace mounted in (`take_member`);
+    //    or the descriptors, the command, the spawn (`spawn_sandbox`).
+    let (mut sandbox, ours, pooled) = match take_member(&launch, &script_id).await {
+        Ok((sandbox, ours, pooled)) => {
+            let _ = started.send(Ok(()));
+            (sandbox, ours, Some(pooled))
+        }
+        Err(cold) => {
+            tracing::debug!(script_id = %script_id, "starts cold: {}", cold.as_str());
+            let (sandbox, ours) = spawn_sandbox(spawner, &launch, started).await?;
+            (sandbox, ours, None)
+        }
+    };
+    let pre_made = pooled.is_some();
     broker.live.set_sandbox_pid(sandbox.pid);
     // Our copies of the workspace's descriptors go: bwrap has its own.
     drop((launch.workspace_dir, launch.agent_dir));
@@ -514,10 +605,19 @@ pub async fn run(
     .await;
     let mut backend_notes = launch.notes.clone();
     backend_notes.extend(placed.notes.iter().cloned());
+    // 5b. A pre-made sandbox starts when its script arrives.
+    if let Some(pooled) = pooled {
+        if let Err(e) = pooled.go().await {
+            tracing::warn!(script_id = %script_id, "cannot send the script to its pre-made sandbox: {e}");
+        }
+    }
 
     // 6. Wait for the end, or make it: the timeout counts from here, once the
     //    script can run.
-    let init = sandbox_init(ours.info, launch.identity).await;
+    let init = match ours.init {
+        Init::Info(info) => sandbox_init(info, launch.identity).await,
+        Init::Held(init) => Some(init),
+    };
     let (cut, exit) = wait_or_stop(
         &mut sandbox,
         init.as_ref(),
@@ -564,6 +664,7 @@ pub async fn run(
     let (status, error, setup_failed) = decide(&ending, never_ran, &launch.limits, &unit);
     let mut ended = collected.ended(status, error, exit, t0, launch.return_max_chars);
     ended.backend_notes = backend_notes;
+    ended.pre_made = launch.pool.as_ref().map(|_| pre_made);
     ended.setup_failed = setup_failed;
     Ok(ended)
 }
@@ -642,6 +743,123 @@ async fn spawn_sandbox(
     Ok((sandbox, ours))
 }
 
+/// A pre-made sandbox with the run's workspace in it, waiting for its script.
+struct Pooled {
+    go: crate::sandbox::member::Go,
+    workspace: PathBuf,
+    name: String,
+    code: Vec<u8>,
+}
+
+impl Pooled {
+    /// Send the script: the member starts it at once.
+    async fn go(self) -> std::io::Result<()> {
+        tokio::task::spawn_blocking(move || self.go.go(&self.workspace, &self.name, &self.code))
+            .await
+            .map_err(std::io::Error::other)?
+    }
+}
+
+/// Steps 1–3 on the pooled path: a member for this run's identity from the pool
+/// (`sandbox::pool`), with the run's workspace and `.agent` mounted into it.
+/// `Err`: why the run starts cold instead (nothing of it ran).
+async fn take_member(launch: &Launch, script_id: &str) -> Result<(Sandbox, OurEnds, Pooled), Cold> {
+    let pool = launch.pool.as_ref().ok_or(Cold::Empty)?;
+    if launch.backend.needs_gate() {
+        return Err(Cold::Backend);
+    }
+    let settings_rlimits = {
+        let mut r = launch
+            .backend
+            .rlimits(&launch.limits, nofile_max(&launch.sandbox));
+        r.push(file_size_rlimit(launch.file_max_bytes));
+        r
+    };
+    let workspace = launch.sandbox.workspace().to_path_buf();
+    if settings_rlimits != pool.profile().rlimits || workspace.to_str().is_none() {
+        return Err(Cold::Limits);
+    }
+    let code = read_code(&launch.script_code).map_err(|_| Cold::Mount)?;
+    let mut member = pool.take(launch.identity)?;
+    let (ws, agent) = match (
+        launch.workspace_dir.try_clone(),
+        launch.agent_dir.try_clone(),
+    ) {
+        (Ok(w), Ok(a)) => (w, a),
+        _ => return Err(Cold::Mount),
+    };
+    let read_only = launch.sandbox.read_only();
+    let path = workspace.clone();
+    let mounted = tokio::task::spawn_blocking(move || {
+        let r = member.mount(&path, ws.as_fd(), agent.as_fd(), read_only);
+        match r {
+            Ok(()) => Ok(member),
+            Err(e) => {
+                member.discard();
+                Err(e)
+            }
+        }
+    })
+    .await
+    .map_err(std::io::Error::other)
+    .and_then(|r| r);
+    let mut member = match mounted {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(script_id = %script_id, "a pre-made sandbox could not take the workspace, so this script starts cold: {e}");
+            return Err(Cold::Mount);
+        }
+    };
+    let go = member.take_go().ok_or(Cold::Mount)?;
+    let Member {
+        child,
+        init,
+        requests,
+        replies,
+        usage,
+        stdout,
+        stderr,
+        ..
+    } = member;
+    let pid = child.id() as i32;
+    let sandbox = Sandbox {
+        pid,
+        bwrap: PidFd::open_as(pid, launch.identity),
+        exited: Some(wait_child(pid)),
+    };
+    let ours = OurEnds {
+        streams: StreamEnds {
+            requests,
+            replies,
+            stdout,
+            stderr,
+        },
+        init: Init::Held(init),
+        usage,
+        gate: None,
+    };
+    let name = launch.sandbox.script_name().to_string_lossy().into_owned();
+    Ok((
+        sandbox,
+        ours,
+        Pooled {
+            go,
+            workspace,
+            name,
+            code,
+        },
+    ))
+}
+
+/// The script's code from its sealed memfd (`sys::sealed_copy`).
+fn read_code(fd: &OwnedFd) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::from(fd.try_clone()?);
+    let mut code = vec![0u8; file.metadata()?.len() as usize];
+    file.read_exact_at(&mut code, 0)?;
+    Ok(code)
+}
+
 /// The child's ends of its descriptors.
 struct ChildEnds {
     /// Each dup2'ed to its fixed number in `pre_exec`; everything else stays
@@ -655,12 +873,19 @@ struct ChildEnds {
 /// Our ends of the child's descriptors.
 struct OurEnds {
     streams: StreamEnds,
-    /// bwrap's `--info-fd`: the sandbox init's pid.
-    info: OwnedFd,
+    /// The sandbox init: by bwrap's `--info-fd` (which says its pid), or
+    /// already held (a pool member's).
+    init: Init,
     /// The sandbox init's usage report.
     usage: OwnedFd,
     /// The gate's write end, when the backend gates.
     gate: Option<OwnedFd>,
+}
+
+/// How the runner comes to hold the sandbox's PID 1.
+enum Init {
+    Info(OwnedFd),
+    Held(PidFd),
 }
 
 /// Our ends of the streams that are served while the script runs.
@@ -739,7 +964,7 @@ fn open_fds(launch: &Launch) -> std::io::Result<(ChildEnds, OurEnds)> {
                 stdout: out_r,
                 stderr: err_r,
             },
-            info: info_r,
+            init: Init::Info(info_r),
             usage: usage_r,
             gate,
         },
@@ -1156,6 +1381,7 @@ impl Collected {
             backend_notes: vec![],
             setup_failed: false,
             record_incomplete,
+            pre_made: None,
         }
     }
 }

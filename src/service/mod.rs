@@ -116,7 +116,8 @@ pub fn main() -> ExitCode {
     //    drop on one thread of many left the others all of root's.) The state,
     //    the engines' directories, the audit store and the socket's group below
     //    take only kept ones.
-    if let Err(e) = crate::sys::drop_daemon_capabilities(cfg.scripts.disk_max_bytes > 0) {
+    let (quotas, pool) = (cfg.scripts.disk_max_bytes > 0, cfg.sandbox.pool_size > 0);
+    if let Err(e) = crate::sys::drop_daemon_capabilities(quotas, pool) {
         tracing::warn!("could not drop capabilities: {e}");
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -15,7 +15,7 @@ pub mod mount;
 pub mod quota;
 
 /// A uid/gid pair a script runs as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Identity {
     pub uid: u32,
     pub gid: u32,
@@ -639,7 +639,11 @@ fn as_thread_euid<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> io::Result
 ///   owned by the engines, a project id (`quota::set_project`).
 ///
 /// With `quotas` (`scripts.disk_max_bytes` set), CAP_SYS_ADMIN too, which setting
-/// a project quota's limit takes (`quota::set_project_limit`). (bwrap needs none:
+/// a project quota's limit takes (`quota::set_project_limit`). With `pool`
+/// (`sandbox.pool_size` set), `POOL_CAPABILITIES`: the mount helper, a child
+/// that can hold no more than the daemon (no_new_privs), enters a pre-made
+/// sandbox's mount namespace and mounts the workspace into it
+/// (`sandbox::mounter`). (bwrap needs none:
 /// it builds the sandbox in a user namespace of its own, as the script's uid.)
 /// No CAP_KILL (its sandboxes are signalled as their own uid) and no
 /// CAP_DAC_READ_SEARCH (CAP_DAC_OVERRIDE covers every read and search it does).
@@ -647,7 +651,7 @@ fn as_thread_euid<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> io::Result
 /// Capabilities are per thread: it refuses to run once the process has more than
 /// one (the others would keep theirs); threads started after it inherit the
 /// smaller sets.
-pub fn drop_daemon_capabilities(quotas: bool) -> Result<(), CapabilityError> {
+pub fn drop_daemon_capabilities(quotas: bool, pool: bool) -> Result<(), CapabilityError> {
     use caps::{CapSet, Capability as C};
     if !Uid::effective().is_root() {
         return Ok(());
@@ -659,6 +663,7 @@ pub fn drop_daemon_capabilities(quotas: bool) -> Result<(), CapabilityError> {
         .iter()
         .copied()
         .chain(quotas.then_some(C::CAP_SYS_ADMIN))
+        .chain(POOL_CAPABILITIES.iter().copied().filter(|_| pool))
         .collect();
     let have = caps::read(None, CapSet::Permitted).map_err(CapabilityError::Read)?;
     let keep: caps::CapsHashSet = keep.intersection(&have).copied().collect();
@@ -676,6 +681,16 @@ pub const DAEMON_CAPABILITIES: [caps::Capability; 5] = [
     caps::Capability::CAP_CHOWN,
     caps::Capability::CAP_DAC_OVERRIDE,
     caps::Capability::CAP_FOWNER,
+];
+
+/// What a root daemon with a pool keeps besides (`drop_daemon_capabilities`):
+/// setns into a mount namespace takes CAP_SYS_ADMIN and CAP_SYS_CHROOT,
+/// mounting there CAP_SYS_ADMIN, and reaching a non-dumpable process's
+/// namespace (the sandbox's init is not dumpable) CAP_SYS_PTRACE.
+pub const POOL_CAPABILITIES: [caps::Capability; 3] = [
+    caps::Capability::CAP_SYS_ADMIN,
+    caps::Capability::CAP_SYS_CHROOT,
+    caps::Capability::CAP_SYS_PTRACE,
 ];
 
 /// Which step of [`drop_daemon_capabilities`] failed; the caps crate's words.
@@ -742,6 +757,16 @@ impl Spawner {
             })
             .expect("spawn the spawner thread");
         Spawner { tx }
+    }
+
+    /// `spawn`, for a thread outside the runtime (the pool's keeper).
+    pub fn spawn_blocking(&self, cmd: std::process::Command) -> io::Result<std::process::Child> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx
+            .send((cmd, tx))
+            .map_err(|_| io::Error::other("spawner thread is gone"))?;
+        rx.blocking_recv()
+            .map_err(|_| io::Error::other("spawner thread is gone"))?
     }
 
     pub async fn spawn(&self, cmd: std::process::Command) -> io::Result<std::process::Child> {

@@ -158,13 +158,32 @@ pub fn shared() {
 /// on some machines and `rlimit` on others, and the tests assert what they get.
 pub const RIG_BACKEND: &str = "rlimit";
 
+/// `SCRIPTGATE_TEST_POOL=N`: every rig whose test does not set
+/// `sandbox.pool_size` itself keeps N pre-made sandboxes per uid, so that the
+/// sandbox suites run once cold and once pooled (`.ci/run`).
+fn pool_pin(extra: &str) -> String {
+    match std::env::var("SCRIPTGATE_TEST_POOL") {
+        Ok(n) if !extra.contains("pool_size") => format!("pool_size = {n}\n"),
+        _ => String::new(),
+    }
+}
+
 /// Pin `sandbox.backend` in a rig's config text, inside the `[sandbox]` table the
 /// test's own `extra` may already have (TOML allows a table header only once).
 fn pin_backend(extra: &str) -> String {
-    let pin = format!("backend = {RIG_BACKEND:?}\n");
+    let pool = pool_pin(extra);
     if extra.lines().any(|l| l.trim_start().starts_with("backend")) {
-        extra.to_string()
-    } else if let Some(at) = extra.find("[sandbox]\n") {
+        return match extra.find("[sandbox]\n") {
+            Some(at) => {
+                let at = at + "[sandbox]\n".len();
+                format!("{}{pool}{}", &extra[..at], &extra[at..])
+            }
+            None if pool.is_empty() => extra.to_string(),
+            None => format!("{extra}\n[sandbox]\n{pool}"),
+        };
+    }
+    let pin = format!("backend = {RIG_BACKEND:?}\n{pool}");
+    if let Some(at) = extra.find("[sandbox]\n") {
         let at = at + "[sandbox]\n".len();
         format!("{}{pin}{}", &extra[..at], &extra[at..])
     } else {
@@ -270,6 +289,24 @@ impl Rig {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        self.wait_for_the_pool();
+    }
+
+    /// With `SCRIPTGATE_TEST_POOL`, the first pre-made sandbox is waiting
+    /// before the test goes on, so that its scripts take pre-made ones.
+    fn wait_for_the_pool(&self) {
+        if std::env::var_os("SCRIPTGATE_TEST_POOL").is_none() {
+            return;
+        }
+        let e = Engine::connect(&self.socket);
+        eventually(
+            "the first pre-made sandbox",
+            Duration::from_secs(30),
+            || match e.request("daemon.info", serde_json::json!({})) {
+                Ok(info) => info["pool"]["waiting"].as_u64() != Some(0),
+                Err(_) => true,
+            },
+        );
     }
 
     pub fn log_text(&self) -> String {

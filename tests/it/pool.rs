@@ -6,10 +6,12 @@
 //! read-only on top, and beyond the script's reach to unmount or remount.
 use crate::common::*;
 use scriptgate::pool_parts::{runtime_dir, Identity, Member, SandboxBase, SandboxSpec};
+use serde_json::{json, Value};
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_scriptgated");
 const NOBODY_ID: Identity = Identity {
@@ -56,11 +58,15 @@ fn open_dir(p: &Path) -> OwnedFd {
 }
 
 fn make(pool: &Pool) -> Member {
+    // Spawned from the test's own thread, which outlives the member.
+    let spawn = |mut c: std::process::Command| c.spawn();
     Member::make(
         &pool.spec,
         Path::new("bwrap"),
         Path::new(BIN),
         Some(NOBODY_ID),
+        vec![],
+        &spawn,
     )
     .expect("a pool member")
 }
@@ -207,4 +213,127 @@ fn a_member_is_assigned_once() {
     assert!(again.to_string().contains("assigned already"), "{again}");
     let (status, out, err) = finish(m, &pool.workspace, "print('once')\n");
     assert_eq!((status, out.as_str()), (0, "once\n"), "{err}");
+}
+
+// --- Through the daemon: `sandbox.pool_size` ---
+
+/// What a script sees of its sandbox: its environment, its /tmp, the processes
+/// it can see, its working directory; and a tool call through the broker.
+const LOOK: &str = r#"
+import json, os, sys
+import agent_tools
+mark = "/tmp/mark-" + os.urandom(8).hex()
+open(mark, "w").write("mine")
+seen = {
+    "env": sorted(os.environ.items()),
+    "tmp": sorted(os.listdir("/tmp")),
+    "procs": sorted(p for p in os.listdir("/proc") if p.isdigit()),
+    "cwd": os.getcwd(),
+    "argv": sys.argv,
+    "file": __file__,
+    "main": __name__,
+    "call": agent_tools.call("fleet__get_device_status", {"sn": "SN1"}),
+}
+print(json.dumps(seen))
+"#;
+
+fn pool_info(e: &Engine) -> Value {
+    e.request("daemon.info", json!({})).unwrap()["pool"].clone()
+}
+
+fn seen(r: &Value) -> Value {
+    assert_eq!(r["status"], "ok", "{r}");
+    serde_json::from_str(r["output"].as_str().unwrap().trim()).unwrap()
+}
+
+#[test]
+#[ignore = "needs root (cargo test -- --include-ignored, as root)"]
+fn scripts_run_in_pre_made_sandboxes_and_see_what_a_cold_one_sees() {
+    require_root("makes sandboxes as another uid and mounts into them");
+    let rig = Rig::with_config("[sandbox]\npool_size = 2\n");
+    let e = rig.engine();
+    // The scripts' uid of root peers (`run_as`) has its members from the start.
+    eventually("two members waiting", Duration::from_secs(30), || {
+        pool_info(&e) == json!({"size": 2, "waiting": 2, "max_members": 21})
+    });
+    let token = rig.token(&rig.snapshot("auto"));
+    // A run whose limits differ from the pool's starts cold: the baseline.
+    let mut snap = rig.snapshot("auto");
+    snap["limits"] = json!({"memory_max_bytes": 200_000_000u64});
+    let cold = e.run(&rig.token(&snap), LOOK, &[]);
+    assert_eq!(cold["pre_made"], false, "{cold}");
+    let mut pooled = vec![];
+    for _ in 0..4 {
+        eventually("a member waiting", Duration::from_secs(30), || {
+            pool_info(&e)["waiting"].as_u64() > Some(0)
+        });
+        let r = e.run(&token, LOOK, &[]);
+        assert_eq!(r["pre_made"], true, "{r}");
+        pooled.push(seen(&r));
+    }
+    let cold = seen(&cold);
+    for s in &pooled {
+        // The same environment, directory, names and broker as the cold path.
+        for key in ["env", "cwd", "argv", "file", "main", "call"] {
+            assert_eq!(s[key], cold[key], "{key}: {s} vs {cold}");
+        }
+        // Its own /tmp and processes only: its mark alone, PID 1 and itself.
+        let marks: Vec<_> = s["tmp"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t.as_str().unwrap().starts_with("mark-"))
+            .collect();
+        assert_eq!(marks.len(), 1, "{s}");
+        assert_eq!(s["procs"].as_array().unwrap().len(), 2, "{s}");
+    }
+    assert_eq!(cold["procs"].as_array().unwrap().len(), 2, "{cold}");
+    // No two scripts shared a sandbox: every mark differs.
+    let mut marks: Vec<String> = pooled.iter().map(|s| s["tmp"].to_string()).collect();
+    marks.sort();
+    marks.dedup();
+    assert_eq!(marks.len(), pooled.len());
+}
+
+#[test]
+#[ignore = "needs root (cargo test -- --include-ignored, as root)"]
+fn a_burst_larger_than_the_pool_starts_the_rest_cold() {
+    require_root("makes sandboxes as another uid and mounts into them");
+    let rig = Rig::with_config("[sandbox]\npool_size = 2\n[scripts]\nmax_concurrency = 8\n");
+    let e = rig.engine();
+    let token = rig.token(&rig.snapshot("auto"));
+    eventually("two members waiting", Duration::from_secs(30), || {
+        pool_info(&e)["waiting"] == 2
+    });
+    let ids: Vec<String> = (0..5)
+        .map(|i| e.start(&token, &format!("print({i})\n"), &[]).unwrap())
+        .collect();
+    let results: Vec<Value> = ids.iter().map(|id| e.wait(id)).collect();
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["output"], format!("{i}\n"), "{r}");
+    }
+    // The two waiting, perhaps one made meanwhile; the rest cold.
+    let pre_made = results.iter().filter(|r| r["pre_made"] == true).count();
+    assert!((2..=3).contains(&pre_made), "{results:?}");
+}
+
+#[test]
+#[ignore = "needs root (cargo test -- --include-ignored, as root)"]
+fn a_run_with_tighter_limits_starts_cold() {
+    require_root("makes sandboxes as another uid and mounts into them");
+    let rig = Rig::with_config("[sandbox]\npool_size = 1\n");
+    let e = rig.engine();
+    eventually("a member waiting", Duration::from_secs(30), || {
+        pool_info(&e)["waiting"] == 1
+    });
+    let mut snap = rig.snapshot("auto");
+    snap["limits"] = json!({"memory_max_bytes": 200_000_000u64});
+    let r = e.run(&rig.token(&snap), "print(1)\n", &[]);
+    assert_eq!(
+        (r["status"].as_str(), r["pre_made"].as_bool()),
+        (Some("ok"), Some(false)),
+        "{r}"
+    );
+    assert_eq!(pool_info(&e)["waiting"], 1, "the member still waits");
 }
