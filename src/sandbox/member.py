@@ -50,10 +50,11 @@ def _refuse(why):
 
 
 def _read_run():
-    stdin = os.fdopen(0, "rb", buffering=0)
+    # Read with os.read on fd 0 itself: a file object over it would close fd 0
+    # when collected, after /dev/null took its place.
     header = b""
     while not header.endswith(b"\n"):
-        b = stdin.read(1)
+        b = os.read(0, 1)
         if not b:
             _refuse("no run came")
         header += b
@@ -61,7 +62,7 @@ def _read_run():
             _refuse("a run header longer than %d bytes" % HEADER_MAX)
     chunks = []
     while True:
-        b = stdin.read(1 << 16)
+        b = os.read(0, 1 << 16)
         if not b:
             break
         chunks.append(b)

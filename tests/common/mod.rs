@@ -293,19 +293,38 @@ impl Rig {
     }
 
     /// With `SCRIPTGATE_TEST_POOL`, the first pre-made sandbox is waiting
-    /// before the test goes on, so that its scripts take pre-made ones.
-    fn wait_for_the_pool(&self) {
+    /// before the test goes on, so that its scripts take pre-made ones: its
+    /// mount helper (`scriptgated --sandbox-mounter`, the daemon's child)
+    /// starts once the member is ready. Watched in /proc, not asked of the
+    /// daemon: a connection would count against the connection tests' bounds.
+    fn wait_for_the_pool(&mut self) {
         if std::env::var_os("SCRIPTGATE_TEST_POOL").is_none() {
             return;
         }
-        let e = Engine::connect(&self.socket);
+        let daemon = self.daemon.as_ref().unwrap().id();
+        let helper_of_daemon = || {
+            std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+                let dir = e.path();
+                let parent = std::fs::read_to_string(dir.join("stat"))
+                    .ok()
+                    .and_then(|s| {
+                        s.rsplit(')')
+                            .next()?
+                            .split_whitespace()
+                            .nth(1)?
+                            .parse::<u32>()
+                            .ok()
+                    });
+                parent == Some(daemon)
+                    && std::fs::read(dir.join("cmdline"))
+                        .is_ok_and(|c| c.windows(17).any(|w| w == b"--sandbox-mounter"))
+            })
+        };
+        let no_pool = |log: &str| log.contains("pool_size") && log.contains("is not used");
         eventually(
             "the first pre-made sandbox",
             Duration::from_secs(30),
-            || match e.request("daemon.info", serde_json::json!({})) {
-                Ok(info) => info["pool"]["waiting"].as_u64() != Some(0),
-                Err(_) => true,
-            },
+            || helper_of_daemon() || no_pool(&self.log_text()),
         );
     }
 

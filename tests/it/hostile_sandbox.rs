@@ -796,12 +796,23 @@ print(json.dumps(got))
         let own_mnt = std::fs::read_link(format!("/proc/{daemon}/ns/mnt")).unwrap();
         // The sandbox's processes: the init, Python and its Python child (the
         // outer bwrap is in the host's mount namespace).
-        let inside: Vec<String> = descendants(daemon)
+        let mnt = |p: &u32| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();
+        let inside: Vec<u32> = descendants(daemon)
             .into_iter()
-            .filter(|p| std::fs::read_link(format!("/proc/{p}/ns/mnt")).is_ok_and(|m| m != own_mnt))
-            .map(|p| p.to_string())
+            .filter(|p| mnt(p).is_some_and(|m| m != own_mnt))
             .collect();
-        assert_eq!(inside.len(), 3, "init, script, child: {inside:?}");
+        // The script's sandbox is the namespace whose processes work in the
+        // workspace; with a pool (SCRIPTGATE_TEST_POOL), the waiting members'
+        // are probed too.
+        let script_ns = inside
+            .iter()
+            .find(|p| {
+                std::fs::read_link(format!("/proc/{p}/cwd")).is_ok_and(|c| c == rig.workspace)
+            })
+            .and_then(mnt);
+        let script_procs = inside.iter().filter(|p| mnt(p) == script_ns).count();
+        assert_eq!(script_procs, 3, "init, script, child: {inside:?}");
+        let inside: Vec<String> = inside.iter().map(|p| p.to_string()).collect();
         let out = {
             use std::os::unix::process::CommandExt;
             Command::new("/usr/bin/python3")
