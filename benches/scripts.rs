@@ -6,7 +6,8 @@
 //! `SCRIPTGATE_BENCH_ROUNDS` (default 3) repeats the goal figures;
 //! `SCRIPTGATE_BENCH_DAEMON=/path/to/scriptgated` measures another build (e.g. the
 //! one before a change) with the same bench; `SCRIPTGATE_BENCH_SCALE=0` skips the
-//! scale table.
+//! scale table; `SCRIPTGATE_BENCH_POOL=0` the pre-made sandboxes' figures (pool
+//! on and off, side by side).
 #[path = "support/baselines.rs"]
 mod baselines;
 #[path = "../tests/common/mod.rs"]
@@ -340,6 +341,9 @@ fn main() {
         anon as f64 / 1024.0
     );
 
+    if env_usize("SCRIPTGATE_BENCH_POOL", 1) != 0 {
+        pool_figures(&inline, &token);
+    }
     if env_usize("SCRIPTGATE_BENCH_SCALE", 1) == 0 {
         return;
     }
@@ -435,4 +439,141 @@ fn scale(rig: &Rig, inline: &Arc<Inline>, token: &str, pid: u32, n: usize, m: us
         (cpu2 - cpu1) * 1e6 / (n * m) as f64,
         wall.as_secs_f64(),
     );
+}
+
+/// Pre-made sandboxes (`sandbox.pool_size`) against cold starts, interleaved with
+/// the bare bwrap+python baseline so that all three see the same load: an empty
+/// script start to result, and start to the engine's first `tool.call` (the
+/// inline engine's clock). A pooled run waits, outside its timing, for a member
+/// to be waiting (a burst larger than the pool starts cold: the scale table).
+fn pool_figures(cold: &Inline, token: &str) {
+    const N: usize = 31;
+    let rig = Rig::with_config(
+        "[server]\nmax_running = 300\n[scripts]\nmax_calls = 100000\ntasks_max = 4096\n[sandbox]\npool_size = 4\n",
+    );
+    let pooled = Inline::connect(&rig.socket);
+    let ptoken = rig.token(&rig.snapshot("auto"));
+    let info = rig.engine();
+    let waiting = || {
+        info.request("daemon.info", serde_json::json!({})).unwrap()["pool"]["waiting"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let member_ready = |n: u64| {
+        eventually("a waiting member", Duration::from_secs(60), || {
+            waiting() >= n
+        })
+    };
+    let call = "import agent_tools\nagent_tools.call('fleet__list_devices', {})\n";
+    let first = |e: &Inline, token: &str| {
+        let t0 = Instant::now();
+        let id = e.start(token, call);
+        let r = e.wait(&id);
+        assert_eq!(r["status"], "ok", "{r}");
+        let at = e.first_call.lock().unwrap().get(&id).copied().unwrap();
+        (ms(at - t0), r)
+    };
+    let (mut bw, mut c_empty, mut p_empty, mut c_first, mut p_first) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for _ in 0..N {
+        bw.push(ms(baselines::bare_bwrap(script_uid())));
+        let t = Instant::now();
+        let r = cold.run(token, "print(1)");
+        c_empty.push(ms(t.elapsed()));
+        assert_eq!(r["output"], "1\n", "{r}");
+        member_ready(1);
+        let t = Instant::now();
+        let r = pooled.run(&ptoken, "print(1)");
+        p_empty.push(ms(t.elapsed()));
+        assert_eq!(
+            (&r["output"], &r["pre_made"]),
+            (&Value::from("1\n"), &Value::from(true)),
+            "{r}"
+        );
+        c_first.push(first(cold, token).0);
+        member_ready(1);
+        let (f, r) = first(&pooled, &ptoken);
+        assert_eq!(r["pre_made"], true, "{r}");
+        p_first.push(f);
+    }
+    // What the waiting members hold: every process below the daemon once the
+    // pool is full and no script runs (bwrap, the init, Python, the helper).
+    member_ready(4);
+    let pid = rig.daemon.as_ref().unwrap().id();
+    let below = descendants_of(pid);
+    let pss_kib: u64 = below.iter().map(|p| smaps_kib(*p, "Pss:")).sum();
+    let rss_kib: u64 = below.iter().map(|p| smaps_kib(*p, "Rss:")).sum();
+    println!();
+    println!("Pre-made sandboxes (sandbox.pool_size = 4), {N} runs each, interleaved:");
+    println!("| figure | pool | cold | ratio | target |");
+    println!("|---|---|---|---|---|");
+    let p50 = |v: &[f64]| pct(v, 50);
+    let bwrap = p50(&bw);
+    println!(
+        "| `script.start` → the engine's first `tool.call`, p50 / p99 | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {:.2}x | ≤ 5 ms p50, ≤ 15 ms p99 |",
+        p50(&p_first), pct(&p_first, 99), p50(&c_first), pct(&c_first, 99), p50(&p_first) / p50(&c_first)
+    );
+    println!(
+        "| empty script start → result, p50 / p99 | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {:.2}x | |",
+        p50(&p_empty), pct(&p_empty, 99), p50(&c_empty), pct(&c_empty, 99), p50(&p_empty) / p50(&c_empty)
+    );
+    println!(
+        "| the same ÷ bare bwrap+python ({bwrap:.1} ms) | {:.2}x | {:.2}x | | pool ≤ 0.5x |",
+        p50(&p_empty) / bwrap,
+        p50(&c_empty) / bwrap
+    );
+    println!(
+        "| a waiting member (bwrap, init, Python, mount helper): PSS / RSS | {:.1} / {:.1} MiB | | | ≤ 6 MiB |",
+        pss_kib as f64 / 4.0 / 1024.0, rss_kib as f64 / 4.0 / 1024.0
+    );
+    println!(
+        "| daemon RSS with the pool full | {:.1} MiB | | | report |",
+        status_kib(pid, "VmRSS:") as f64 / 1024.0
+    );
+}
+
+/// Every process below `pid` (its children, theirs, ...).
+fn descendants_of(pid: u32) -> Vec<u32> {
+    let parent_of = |p: u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()?
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse::<u32>()
+                    .ok()
+            })
+    };
+    let all: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    let mut out = vec![];
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for &c in &all {
+            if parent_of(c) == Some(p) {
+                out.push(c);
+                frontier.push(c);
+            }
+        }
+    }
+    out
+}
+
+fn smaps_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
 }

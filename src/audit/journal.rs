@@ -423,6 +423,7 @@ mod tests {
             cpu_usec: None,
             backend_notes: vec![],
             record_incomplete: vec![],
+            pre_made: None,
         }
     }
 

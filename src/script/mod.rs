@@ -132,11 +132,19 @@ impl Settings {
 
     /// The pool of pre-made sandboxes, made with what a cold sandbox of a run
     /// with the configured limits would get. None when `sandbox.pool_size` is
-    /// 0, or the backend places each sandbox in a unit at its start (members
-    /// are made ahead, outside any unit: not yet).
+    /// 0, the daemon is not root (its mount helper could not enter a member),
+    /// or the backend places each sandbox in a unit at its start (members are
+    /// made ahead, outside any unit: not yet).
     fn start_pool(&self, cfg: &crate::config::Config, spawner: &Spawner) -> Option<Arc<Pool>> {
         let sb = &cfg.sandbox;
         if sb.pool_size == 0 {
+            return None;
+        }
+        if !nix::unistd::geteuid().is_root() {
+            tracing::warn!(
+                "sandbox.pool_size = {} is not used: entering a pre-made sandbox to mount a workspace into it takes a root daemon; every script starts cold",
+                sb.pool_size
+            );
             return None;
         }
         if self.backend.needs_gate() {

@@ -119,6 +119,7 @@ mod tests {
             cpu_usec: None,
             backend_notes: vec![],
             record_incomplete: vec![],
+            pre_made: None,
         }
         .with_text(None)
     }
