@@ -23,9 +23,11 @@
 //! - holds none of the script's descriptors (stdio, fds 3/4), so the daemon sees
 //!   them close when the script's tree does;
 //! - when the script exits, kills what is left in the namespace, reaps it, and
-//!   writes the tree's largest resident set, `getrusage(RUSAGE_CHILDREN)`, to
-//!   REPORT_FD (close-on-exec, never the script's) as `{"max_rss_kib": N}`; then
-//!   exits with the script's status (128 + signal when killed by one);
+//!   writes to REPORT_FD (close-on-exec, never the script's) the tree's largest
+//!   resident set and CPU time (`getrusage(RUSAGE_CHILDREN)`) and the script's
+//!   status (128 + signal when killed by one) as one line, `{"max_rss_kib": N,
+//!   "status": S, "cpu_usec": C}` (the daemon may take it as the script's end,
+//!   `script::pipe`); then exits with that status;
 //! - ends the sandbox when the daemon is gone: REPORT_FD is the write end of a
 //!   pipe whose only reader is the daemon, so the pipe reports an error (no
 //!   reader left) the moment the daemon dies, however it died. The init then
@@ -137,16 +139,24 @@ fn run(args: Vec<OsString>) -> i32 {
             return 137;
         }
     };
-    let peak = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
-        .map(|u| u.max_rss())
-        .unwrap_or(0);
-    let _ = nix::unistd::write(&report, format!("{{\"max_rss_kib\": {peak}}}\n").as_bytes());
-    match status {
+    let code = match status {
         _ if main.is_none() => 127,
         Some(WaitStatus::Exited(_, code)) => code,
         Some(WaitStatus::Signaled(_, sig, _)) => 128 + sig as i32,
         _ => 255,
-    }
+    };
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN);
+    let (peak, cpu_usec) = usage.map_or((0, 0), |u| {
+        let us = |t: nix::sys::time::TimeVal| t.tv_sec() as i64 * 1_000_000 + t.tv_usec() as i64;
+        (u.max_rss(), us(u.user_time()) + us(u.system_time()))
+    });
+    // The script's end, as the daemon takes it: nothing of the script is left
+    // (every process reaped), so the result need not wait for this process's
+    // own exit and the namespaces' teardown.
+    let line =
+        format!("{{\"max_rss_kib\": {peak}, \"status\": {code}, \"cpu_usec\": {cpu_usec}}}\n");
+    let _ = nix::unistd::write(&report, line.as_bytes());
+    code
 }
 
 /// How the namespace ended.

@@ -651,9 +651,28 @@ fn exec_only_copy(src: &Path, dir: &Path) -> std::io::Result<PathBuf> {
 
 /// Parse the init's report (see `sandbox::init`): the largest resident set of any process
 /// of the script's tree, in bytes.
-pub fn parse_usage_report(bytes: &[u8]) -> Option<u64> {
+pub fn parse_usage_report(bytes: &[u8]) -> Option<Report> {
     let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    v.get("max_rss_kib")?.as_u64()?.checked_mul(1024)
+    Some(Report {
+        max_rss_bytes: v.get("max_rss_kib")?.as_u64()?.checked_mul(1024)?,
+        status: v
+            .get("status")
+            .and_then(|s| s.as_i64())
+            .and_then(|s| i32::try_from(s).ok()),
+        cpu_usec: v.get("cpu_usec").and_then(|c| c.as_u64()),
+    })
+}
+
+/// The sandbox init's report (`init`): written once every process of the
+/// script is reaped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    /// The largest resident set of any process of the tree.
+    pub max_rss_bytes: u64,
+    /// The script's exit status (128 + signal when killed by one).
+    pub status: Option<i32>,
+    /// User plus system CPU time of the script's processes.
+    pub cpu_usec: Option<u64>,
 }
 
 #[cfg(test)]
@@ -812,11 +831,19 @@ mod tests {
     #[test]
     fn usage_report() {
         assert_eq!(
-            parse_usage_report(b"{\"max_rss_kib\": 2048}\n"),
+            parse_usage_report(b"{\"max_rss_kib\": 2048}\n").map(|r| r.max_rss_bytes),
             Some(2 << 20)
         );
         assert_eq!(parse_usage_report(b""), None);
         assert_eq!(parse_usage_report(b"{\"max_rss_kib\": -1}"), None);
+        assert_eq!(
+            parse_usage_report(b"{\"max_rss_kib\": 1, \"status\": 143, \"cpu_usec\": 5}\n"),
+            Some(Report {
+                max_rss_bytes: 1024,
+                status: Some(143),
+                cpu_usec: Some(5)
+            })
+        );
     }
 
     #[test]

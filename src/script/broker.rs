@@ -205,7 +205,7 @@ impl Drop for AtEngine<'_> {
 
 /// The request lines being read from fd 3 and the replies going to fd 4.
 struct Channel {
-    reader: BufReader<tokio::net::unix::pipe::Receiver>,
+    reader: BufReader<crate::script::pipe::Pipe>,
     buf: Vec<u8>,
     replies: Replies,
     /// The bytes of the requests being served. While they are used up, fd 3 is
@@ -220,7 +220,7 @@ impl Broker {
     /// aborted, with the system clock for token expiry.
     pub async fn serve(
         self: Arc<Self>,
-        input: tokio::net::unix::pipe::Receiver,
+        input: crate::script::pipe::Pipe,
         output: tokio::net::unix::pipe::Sender,
     ) {
         self.serve_with_clock(Arc::new(SystemClock), input, output)
@@ -231,7 +231,7 @@ impl Broker {
     pub async fn serve_with_clock(
         self: Arc<Self>,
         clock: Arc<dyn Clock>,
-        input: tokio::net::unix::pipe::Receiver,
+        input: crate::script::pipe::Pipe,
         output: tokio::net::unix::pipe::Sender,
     ) {
         let replies = Replies::new(output);

@@ -2,6 +2,7 @@
 
 pub mod broker;
 pub(crate) mod engine;
+pub(crate) mod pipe;
 
 use crate::limits::{Backend, Placement, UnitEnd};
 use crate::policy::Limits;
@@ -13,7 +14,7 @@ use crate::sandbox::abi::{
 };
 use crate::sandbox::member::Member;
 use crate::sandbox::pool::{Bounds, Cold, Pool, Profile};
-use crate::sandbox::{bwrap_args, parse_usage_report, RealHost, SandboxBase, SandboxSpec};
+use crate::sandbox::{bwrap_args, parse_usage_report, RealHost, Report, SandboxBase, SandboxSpec};
 use crate::script::broker::Broker;
 use crate::script::engine::Abandoned;
 use crate::sys::{
@@ -532,19 +533,56 @@ fn gate_script() -> String {
     )
 }
 
-/// Read the sandbox init's usage report (see `sandbox::init`). Only the init holds
-/// the write end, so EOF comes when it exits; it writes nothing when it is killed.
-async fn read_usage(fd: std::os::fd::OwnedFd) -> Option<u64> {
+/// Read the sandbox init's report (see `sandbox::init`): one line, written once
+/// every process of the script is reaped. Only the init holds the write end;
+/// it writes nothing when it is killed (then: None at end of file).
+async fn read_report(fd: std::os::fd::OwnedFd) -> Option<Report> {
     let mut r = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok()?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 256];
-    while buf.len() < 1024 {
+    while buf.len() < 1024 && !buf.ends_with(b"\n") {
         match r.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
     parse_usage_report(&buf)
+}
+
+/// The init's report, read on a task of its own from the start (`read_report`):
+/// None until it is read, then what it said.
+type ReportRx = watch::Receiver<Option<Option<Report>>>;
+
+fn watch_report(fd: OwnedFd) -> ReportRx {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let _ = tx.send(Some(read_report(fd).await));
+    });
+    rx
+}
+
+/// The script's end as the init reported it, once every process of it was
+/// reaped; never, when the init said nothing (killed) or no status.
+async fn reported_end(mut rx: ReportRx) -> Exit {
+    match rx
+        .wait_for(Option::is_some)
+        .await
+        .ok()
+        .and_then(|r| *r)
+        .flatten()
+    {
+        Some(Report {
+            status: Some(code),
+            max_rss_bytes,
+            cpu_usec,
+        }) => Exit {
+            code: Some(code),
+            signal: None,
+            max_rss_bytes,
+            cpu_usec: cpu_usec.unwrap_or(0),
+        },
+        _ => std::future::pending().await,
+    }
 }
 
 /// Start the sandbox and supervise it to its end. `started` is answered once the
@@ -590,14 +628,17 @@ pub async fn run(
     //    answered and a full pipe would block it. Nothing comes through before
     //    (bwrap waits behind the gate), so serving early costs nothing, and a
     //    script whose placement fails ends with EOF on every stream.
+    let end = pipe::End::new();
     let streams = Streams::start(
         broker.clone(),
         ours.streams,
+        &end,
         launch.stdout_file,
         launch.stderr_file,
         launch.output_max_bytes,
         launch.return_max_chars,
     )?;
+    let report = watch_report(ours.usage);
 
     // 5. Into the unit, then through the gate. A keeper holds a systemd scope open.
     let placed = place_behind_gate(
@@ -626,15 +667,22 @@ pub async fn run(
         Init::Info(info) => sandbox_init(info, launch.identity).await,
         Init::Held(init) => Some(init),
     };
-    let (cut, exit) = wait_or_stop(
+    // Where no unit is read at the end (the rlimit backend), the init's report
+    // is the end: the sandbox's teardown goes on after the result (`pipe`).
+    let early = (!launch.backend.needs_gate()).then(|| report.clone());
+    let (cut, exit, early_end) = wait_or_stop(
         &mut sandbox,
         init.as_ref(),
         &placed.placement,
         Duration::from_secs(launch.limits.timeout_s),
         &mut stop,
+        early,
         &script_id,
     )
     .await;
+    if early_end {
+        end.now();
+    }
     // Exited (or being reaped): its pid is no longer the script's to read.
     broker.live.set_sandbox_pid(0);
 
@@ -643,7 +691,7 @@ pub async fn run(
     //    broker, told first how the script was made to end (`forced`): the
     //    calls still at the engine are abandoned with that reason.
     let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
-    let (usage, outcome) = unit_facts(ours.usage, placed.placement, placed.keeper).await;
+    let (usage, outcome) = unit_facts(report, placed.placement, placed.keeper).await;
     let mut ending = Ending {
         cut,
         setup_error: placed.error,
@@ -1081,20 +1129,21 @@ impl Streams {
     fn start(
         broker: Arc<Broker>,
         ends: StreamEnds,
+        end: &Arc<pipe::End>,
         stdout_file: std::fs::File,
         stderr_file: std::fs::File,
         output_max_bytes: u64,
         return_max_chars: usize,
     ) -> std::io::Result<Streams> {
-        use tokio::net::unix::pipe::{Receiver, Sender};
+        use tokio::net::unix::pipe::Sender;
         let head_max = return_max_chars.saturating_mul(4).saturating_add(4);
         Ok(Streams {
             broker: tokio::spawn(broker.serve(
-                Receiver::from_owned_fd(ends.requests)?,
+                pipe::Pipe::new(ends.requests, end)?,
                 Sender::from_owned_fd(ends.replies)?,
             )),
             out: tokio::spawn(capture(
-                Receiver::from_owned_fd(ends.stdout)?,
+                pipe::Pipe::new(ends.stdout, end)?,
                 stdout_file,
                 "output.txt",
                 output_max_bytes,
@@ -1102,7 +1151,7 @@ impl Streams {
                 0,
             )),
             err: tokio::spawn(capture(
-                Receiver::from_owned_fd(ends.stderr)?,
+                pipe::Pipe::new(ends.stderr, end)?,
                 stderr_file,
                 "stderr.txt",
                 output_max_bytes,
@@ -1255,8 +1304,9 @@ async fn wait_or_stop(
     placement: &Placement,
     timeout: Duration,
     stop: &mut watch::Receiver<Option<Stop>>,
+    early: Option<ReportRx>,
     script_id: &str,
-) -> (Option<Cut>, Option<Exit>) {
+) -> (Option<Cut>, Option<Exit>, bool) {
     let stopped = async {
         loop {
             if let Some(s) = stop.borrow_and_update().clone() {
@@ -1267,19 +1317,30 @@ async fn wait_or_stop(
             }
         }
     };
-    let (cut, exit) = tokio::select! {
+    let reported = async {
+        match early {
+            Some(rx) => reported_end(rx).await,
+            None => std::future::pending().await,
+        }
+    };
+    let (cut, exit, early_end) = tokio::select! {
         // An exit that is already there is the fact, whatever else is due: a
         // daemon that was stalled (frozen, swapped out) past the timeout finds
         // the sandbox gone and asks the unit why (its RuntimeMaxSec= backstop).
         biased;
-        e = sandbox.exit(None) => (None, e),
-        _ = tokio::time::sleep(timeout) => (Some(Cut::Timeout), None),
-        s = stopped => (Some(Cut::Stopped(s)), None),
+        e = sandbox.exit(None) => (None, e, false),
+        e = reported => (None, Some(e), true),
+        _ = tokio::time::sleep(timeout) => (Some(Cut::Timeout), None, false),
+        s = stopped => (Some(Cut::Stopped(s)), None, false),
     };
     if exit.is_some() {
-        return (cut, exit);
+        return (cut, exit, early_end);
     }
-    (cut, kill_sandbox(sandbox, init, placement, script_id).await)
+    (
+        cut,
+        kill_sandbox(sandbox, init, placement, script_id).await,
+        false,
+    )
 }
 
 /// Killing the sandbox's PID 1 makes the kernel kill every process in its
@@ -1330,14 +1391,16 @@ struct Collected {
 /// is complete; the unit's word on how it ended is read while the keeper still
 /// holds it.
 async fn unit_facts(
-    usage: OwnedFd,
+    mut report: ReportRx,
     placement: Placement,
     keeper: Option<Keeper>,
 ) -> (Option<u64>, UnitEnd) {
-    let usage = tokio::time::timeout(Duration::from_secs(5), read_usage(usage))
+    let usage = tokio::time::timeout(Duration::from_secs(5), report.wait_for(Option::is_some))
         .await
         .ok()
-        .flatten();
+        .and_then(|r| r.ok().and_then(|r| *r))
+        .flatten()
+        .map(|r| r.max_rss_bytes);
     let outcome = placement.finish().await;
     if let Some(k) = keeper {
         k.end().await;
