@@ -147,7 +147,7 @@ fn run(args: Vec<OsString>) -> i32 {
     };
     let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN);
     let (peak, cpu_usec) = usage.map_or((0, 0), |u| {
-        let us = |t: nix::sys::time::TimeVal| t.tv_sec() as i64 * 1_000_000 + t.tv_usec() as i64;
+        let us = |t: nix::sys::time::TimeVal| t.tv_sec() * 1_000_000 + t.tv_usec();
         (u.max_rss(), us(u.user_time()) + us(u.system_time()))
     });
     // The script's end, as the daemon takes it: nothing of the script is left
