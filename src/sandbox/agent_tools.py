@@ -25,13 +25,11 @@ float("inf") fails with ToolError invalid_arguments naming it (nothing is
 sent); pass such a value as a string.
 """
 
-import inspect
 import json
 import os
 import sys
 import threading
 import types
-import typing
 
 __all__ = ["call", "call_many", "call_raw", "progress", "ToolError", "tools"]
 
@@ -301,7 +299,14 @@ _TYPES = {"string": str, "integer": int, "number": float, "boolean": bool,
           "array": list, "object": dict, "null": type(None)}
 
 
+# inspect and typing are imported where the typed API needs them, not by every
+# script: with them, a script's start and its interpreter's exit took about
+# 4 ms more (they bring dozens of modules to load and tear down).
+
+
 def _union(alts):
+    import typing
+
     out = alts[0]
     for a in alts[1:]:
         try:
@@ -313,6 +318,8 @@ def _union(alts):
 
 def _annotation(schema):
     """The Python type of a JSON schema (as run.describe prints it)."""
+    import typing
+
     if not isinstance(schema, dict):
         return typing.Any
     values = schema.get("enum")
@@ -340,6 +347,8 @@ class Tool:
     ToolError invalid_arguments, and nothing is sent)."""
 
     def __init__(self, spec):
+        import inspect
+
         self.name = spec["name"]
         self._params = spec["params"]
         self._more = spec["more"]
@@ -357,6 +366,8 @@ class Tool:
         self.__doc__ = self._docstring(spec)
 
     def _docstring(self, spec):
+        import inspect
+
         lines = [f"{self.name}: {(spec.get('description') or '').strip() or 'no description given.'}", ""]
         lines.append("Arguments:" if self._params or self._more else "Arguments: none.")
         for p in self._params:

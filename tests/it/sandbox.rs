@@ -391,3 +391,23 @@ fn processes_in(dir: &std::path::Path) -> Vec<i32> {
     }
     out
 }
+
+/// agent_tools.py reaches scripts compiled (a checked-hash .pyc the daemon made
+/// at start in its runtime directory), not compiled again by every script.
+#[test]
+fn agent_tools_is_compiled_once_by_the_daemon() {
+    let rig = Rig::new();
+    let code = r#"
+import agent_tools, importlib.util, json, os
+head = open(agent_tools.__cached__, "rb").read(16)
+source = open(agent_tools.__file__, "rb").read()
+print(json.dumps({
+    "flags": int.from_bytes(head[4:8], "little"),
+    "matches": head[8:16] == importlib.util.source_hash(source),
+    "mode": oct(os.stat(agent_tools.__cached__).st_mode & 0o777),
+}))
+"#;
+    let (_, out) = run_json(&rig, &rig.snapshot("auto"), code);
+    // 0b11: hash-based, checked against the source at each import.
+    assert_eq!(out, json!({"flags": 3, "matches": true, "mode": "0o644"}));
+}
