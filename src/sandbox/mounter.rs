@@ -127,6 +127,8 @@ fn inject(
 pub struct Mounter {
     socket: OwnedFd,
     child: std::process::Child,
+    /// Its answer came and it exits by itself: reaped by a thread of its own.
+    answered: bool,
 }
 
 impl Mounter {
@@ -172,6 +174,7 @@ impl Mounter {
         let mut helper = Mounter {
             socket: ours,
             child,
+            answered: false,
         };
         let said = helper.hear()?;
         if said != READY {
@@ -202,7 +205,9 @@ impl Mounter {
         if said != OK {
             return Err(self.failed(&said));
         }
-        let _ = self.child.wait();
+        // It exits now; its exit is not waited for on the way to the script.
+        self.answered = true;
+        drop(crate::sys::wait_child(self.child.id() as i32));
         Ok(())
     }
 
@@ -228,7 +233,7 @@ impl Mounter {
 impl Drop for Mounter {
     fn drop(&mut self) {
         // A member let go without an assignment: the helper hears end of file.
-        if matches!(self.child.try_wait(), Ok(None)) {
+        if !self.answered && matches!(self.child.try_wait(), Ok(None)) {
             let _ = mount::send_with_fds(self.socket.as_fd(), b"", &[]);
             let _ = self.child.wait();
         }
