@@ -500,7 +500,7 @@ fn pool_figures(cold: &Inline, token: &str) {
     // pool is full and no script runs (bwrap, the init, Python, the helper).
     member_ready(4);
     let pid = rig.daemon.as_ref().unwrap().id();
-    let below = descendants_of(pid);
+    let below = descendants(pid);
     let pss_kib: u64 = below.iter().map(|p| smaps_kib(*p, "Pss:")).sum();
     let rss_kib: u64 = below.iter().map(|p| smaps_kib(*p, "Rss:")).sum();
     println!();
@@ -530,38 +530,6 @@ fn pool_figures(cold: &Inline, token: &str) {
         "| daemon RSS with the pool full | {:.1} MiB | | | report |",
         status_kib(pid, "VmRSS:") as f64 / 1024.0
     );
-}
-
-/// Every process below `pid` (its children, theirs, ...).
-fn descendants_of(pid: u32) -> Vec<u32> {
-    let parent_of = |p: u32| {
-        std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit(')')
-                    .next()?
-                    .split_whitespace()
-                    .nth(1)?
-                    .parse::<u32>()
-                    .ok()
-            })
-    };
-    let all: Vec<u32> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect();
-    let mut out = vec![];
-    let mut frontier = vec![pid];
-    while let Some(p) = frontier.pop() {
-        for &c in &all {
-            if parent_of(c) == Some(p) {
-                out.push(c);
-                frontier.push(c);
-            }
-        }
-    }
-    out
 }
 
 fn smaps_kib(pid: u32, field: &str) -> u64 {

@@ -294,7 +294,7 @@ impl Rig {
 
     /// With `SCRIPTGATE_TEST_POOL`, the first pre-made sandbox is waiting
     /// before the test goes on, so that its scripts take pre-made ones: its
-    /// mount helper (`scriptgated --sandbox-mounter`, the daemon's child)
+    /// mount helper (`scriptgated --sandbox-mounter`, below the daemon)
     /// starts once the member is ready. Watched in /proc, not asked of the
     /// daemon: a connection would count against the connection tests' bounds.
     fn wait_for_the_pool(&mut self) {
@@ -303,21 +303,9 @@ impl Rig {
         }
         let daemon = self.daemon.as_ref().unwrap().id();
         let helper_of_daemon = || {
-            std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
-                let dir = e.path();
-                let parent = std::fs::read_to_string(dir.join("stat"))
-                    .ok()
-                    .and_then(|s| {
-                        s.rsplit(')')
-                            .next()?
-                            .split_whitespace()
-                            .nth(1)?
-                            .parse::<u32>()
-                            .ok()
-                    });
-                parent == Some(daemon)
-                    && std::fs::read(dir.join("cmdline"))
-                        .is_ok_and(|c| c.windows(17).any(|w| w == b"--sandbox-mounter"))
+            descendants(daemon).into_iter().any(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.windows(17).any(|w| w == b"--sandbox-mounter"))
             })
         };
         let no_pool = |log: &str| log.contains("pool_size") && log.contains("is not used");
@@ -773,4 +761,38 @@ pub fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
         assert!(t0.elapsed() < timeout, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(25));
     }
+}
+
+/// The pids of every process descending from `pid`.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut parent = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        if let Some(pp) = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split(' ').nth(1))
+            .and_then(|s| s.parse::<u32>().ok())
+        {
+            parent.insert(p, pp);
+        }
+    }
+    parent
+        .keys()
+        .copied()
+        .filter(|&p| {
+            let mut q = p;
+            while let Some(&pp) = parent.get(&q) {
+                if pp == pid {
+                    return true;
+                }
+                q = pp;
+            }
+            false
+        })
+        .collect()
 }

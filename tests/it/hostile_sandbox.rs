@@ -628,40 +628,6 @@ print(json.dumps({"started": len(threads), "refused": refused}), flush=True)
     assert_eq!(r["exit_code"], 0, "{r}");
 }
 
-/// The pids of every process descending from `pid`.
-fn descendants(pid: u32) -> Vec<u32> {
-    let mut parent = std::collections::HashMap::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        if let Some(pp) = stat
-            .rsplit_once(") ")
-            .and_then(|(_, rest)| rest.split(' ').nth(1))
-            .and_then(|s| s.parse::<u32>().ok())
-        {
-            parent.insert(p, pp);
-        }
-    }
-    parent
-        .keys()
-        .copied()
-        .filter(|&p| {
-            let mut q = p;
-            while let Some(&pp) = parent.get(&q) {
-                if pp == pid {
-                    return true;
-                }
-                q = pp;
-            }
-            false
-        })
-        .collect()
-}
-
 /// Start `code` (which writes `running` in the workspace and then waits for
 /// `release`), wait until it runs, hand over, then release it: its result.
 fn while_running(rig: &Rig, code: &str, during: impl FnOnce(&str)) -> Value {

@@ -71,6 +71,23 @@ fn make(pool: &Pool) -> Member {
     .expect("a pool member")
 }
 
+/// The pool's workspace and its `.agent`, as the daemon opens them.
+fn dirs(pool: &Pool) -> (OwnedFd, OwnedFd) {
+    (
+        open_dir(&pool.workspace),
+        open_dir(&pool.workspace.join(".agent")),
+    )
+}
+
+/// A member with the pool's workspace mounted in (read-only when asked).
+fn mounted(pool: &Pool, read_only: bool) -> Member {
+    let mut m = make(pool);
+    let (ws, agent) = dirs(pool);
+    m.mount(&pool.workspace, ws.as_fd(), agent.as_fd(), read_only)
+        .unwrap();
+    m
+}
+
 /// Send `code`, then read the script's stdout and stderr to their end and
 /// wait for the sandbox: (exit status, stdout, stderr).
 fn finish(mut m: Member, workspace: &Path, code: &str) -> (i32, String, String) {
@@ -125,11 +142,7 @@ print("caps", [l.split()[1] for l in open("/proc/self/status") if l.startswith("
 #[ignore = "needs root (cargo test -- --include-ignored, as root)"]
 fn a_workspace_mounted_into_a_waiting_member_is_the_scripts_and_beyond_its_reach() {
     let pool = pool();
-    let mut m = make(&pool);
-    let ws = open_dir(&pool.workspace);
-    let agent = open_dir(&pool.workspace.join(".agent"));
-    m.mount(&pool.workspace, ws.as_fd(), agent.as_fd(), false)
-        .unwrap();
+    let m = mounted(&pool, false);
     let (status, out, err) = finish(m, &pool.workspace, PROBE);
     assert_eq!(status, 0, "{out}\n{err}");
     let want = |line: &str| {
@@ -168,11 +181,7 @@ fn a_workspace_mounted_into_a_waiting_member_is_the_scripts_and_beyond_its_reach
 #[ignore = "needs root (cargo test -- --include-ignored, as root)"]
 fn a_read_only_run_gets_its_workspace_read_only() {
     let pool = pool();
-    let mut m = make(&pool);
-    let ws = open_dir(&pool.workspace);
-    let agent = open_dir(&pool.workspace.join(".agent"));
-    m.mount(&pool.workspace, ws.as_fd(), agent.as_fd(), true)
-        .unwrap();
+    let m = mounted(&pool, true);
     let (status, out, err) = finish(m, &pool.workspace, PROBE);
     assert_eq!(status, 0, "{out}\n{err}");
     assert!(out.contains("\nwrite errno 30\n"), "{out}");
@@ -202,11 +211,8 @@ fn a_member_refuses_a_script_when_no_workspace_was_mounted() {
 #[ignore = "needs root (cargo test -- --include-ignored, as root)"]
 fn a_member_is_assigned_once() {
     let pool = pool();
-    let mut m = make(&pool);
-    let ws = open_dir(&pool.workspace);
-    let agent = open_dir(&pool.workspace.join(".agent"));
-    m.mount(&pool.workspace, ws.as_fd(), agent.as_fd(), false)
-        .unwrap();
+    let mut m = mounted(&pool, false);
+    let (ws, agent) = dirs(&pool);
     let again = m
         .mount(&pool.workspace, ws.as_fd(), agent.as_fd(), false)
         .unwrap_err();
