@@ -298,7 +298,14 @@ impl Rig {
     /// starts once the member is ready. Watched in /proc, not asked of the
     /// daemon: a connection would count against the connection tests' bounds.
     fn wait_for_the_pool(&mut self) {
-        if std::env::var_os("SCRIPTGATE_TEST_POOL").is_none() {
+        let config = std::fs::read_to_string(&self.config).unwrap_or_default();
+        let pooled = config.lines().any(|l| {
+            l.trim()
+                .strip_prefix("pool_size = ")
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                > Some(0)
+        });
+        if std::env::var_os("SCRIPTGATE_TEST_POOL").is_none() || !pooled {
             return;
         }
         let daemon = self.daemon.as_ref().unwrap().id();
