@@ -159,7 +159,7 @@ impl Settings {
         let spec = SandboxSpec::new(&self.sandbox, PathBuf::new(), false, PathBuf::new());
         let limits = Limits::effective(&cfg.scripts, &Default::default());
         let profile = Profile {
-            rlimits: self.rlimits(&limits, &spec),
+            rlimits: spawn_rlimits(&self.backend, &limits, &spec, self.file_max_bytes),
             spec,
             bwrap: self.bwrap.clone(),
             exe: crate::sandbox::init::exe(),
@@ -192,17 +192,6 @@ impl Settings {
             waiting: p.waiting(),
             max_members: p.bounds().max_members,
         })
-    }
-
-    /// The resource limits every process of a sandbox gets at its spawn.
-    fn rlimits(
-        &self,
-        limits: &Limits,
-        spec: &SandboxSpec,
-    ) -> Vec<(libc::__rlimit_resource_t, u64)> {
-        let mut r = self.backend.rlimits(limits, nofile_max(spec));
-        r.push(file_size_rlimit(self.file_max_bytes));
-        r
     }
 }
 
@@ -824,15 +813,14 @@ async fn take_member(launch: &Launch, script_id: &str) -> Result<(Sandbox, OurEn
     if launch.backend.needs_gate() {
         return Err(Cold::Backend);
     }
-    let settings_rlimits = {
-        let mut r = launch
-            .backend
-            .rlimits(&launch.limits, nofile_max(&launch.sandbox));
-        r.push(file_size_rlimit(launch.file_max_bytes));
-        r
-    };
+    let rlimits = spawn_rlimits(
+        &launch.backend,
+        &launch.limits,
+        &launch.sandbox,
+        launch.file_max_bytes,
+    );
     let workspace = launch.sandbox.workspace().to_path_buf();
-    if settings_rlimits != pool.profile().rlimits || workspace.to_str().is_none() {
+    if rlimits != pool.profile().rlimits || workspace.to_str().is_none() {
         return Err(Cold::Limits);
     }
     let code = read_code(&launch.script_code).map_err(|_| Cold::Mount)?;
@@ -1052,13 +1040,12 @@ fn command(
         &mut cmd,
         ChildSetup {
             identity: launch.identity,
-            rlimits: {
-                let mut r = launch
-                    .backend
-                    .rlimits(&launch.limits, nofile_max(&launch.sandbox));
-                r.push(file_size_rlimit(launch.file_max_bytes));
-                r
-            },
+            rlimits: spawn_rlimits(
+                &launch.backend,
+                &launch.limits,
+                &launch.sandbox,
+                launch.file_max_bytes,
+            ),
             dups: fixed.iter().map(|(fd, to)| (fd.as_raw_fd(), *to)).collect(),
             parent_pid: std::process::id() as libc::pid_t,
         },
@@ -1066,6 +1053,19 @@ fn command(
     install_ignore_sigxfsz(&mut cmd);
     install_cloexec_above_fixed(&mut cmd);
     cmd
+}
+
+/// The resource limits every process of a sandbox gets at its spawn, cold or
+/// pre-made: the backend's, RLIMIT_NOFILE and RLIMIT_FSIZE.
+fn spawn_rlimits(
+    backend: &Backend,
+    limits: &Limits,
+    spec: &SandboxSpec,
+    file_max_bytes: u64,
+) -> Vec<(libc::__rlimit_resource_t, u64)> {
+    let mut r = backend.rlimits(limits, nofile_max(spec));
+    r.push(file_size_rlimit(file_max_bytes));
+    r
 }
 
 /// `scripts.nofile_max`, but never above the daemon's own hard limit: the daemon
