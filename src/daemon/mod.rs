@@ -152,10 +152,13 @@ impl Daemon {
         let state = cfg.state.dir.clone();
         make_state_dir(&state)?;
         let runtime_dir = write_runtime_module(&state)?;
-        compile_runtime_module(&runtime_dir, &cfg.scripts.python).await;
         let spawner = Spawner::start();
-        let preflight =
-            crate::sandbox::preflight::Preflight::run(&spawner, &cfg, &backend.backend).await;
+        // The module's compile beside the preflight (both run Python): it adds
+        // nothing to the start's length.
+        let (preflight, ()) = tokio::join!(
+            crate::sandbox::preflight::Preflight::run(&spawner, &cfg, &backend.backend),
+            compile_runtime_module(&runtime_dir, &cfg.scripts.python),
+        );
         let (store, interrupted) = Store::open(&state.join("scriptgate.db"), admin_gid(&cfg))?;
         // The sandbox init is this binary: resolve its path now, while it is the
         // file this process runs (an upgrade may replace it before the first script).

@@ -59,9 +59,7 @@ impl Member {
         let (rep_r, rep_w) = channel_pipe()?;
         let (info_r, info_w) = channel_pipe()?;
         let (usage_r, usage_w) = channel_pipe()?;
-        let (seccomp_r, seccomp_w) = channel_pipe()?;
-        let program = crate::sandbox::seccomp::cached().map_err(io::Error::other)?;
-        std::fs::File::from(seccomp_w).write_all(program)?;
+        let seccomp_r = crate::sandbox::seccomp::in_a_pipe()?;
         let (script_r, script_w) = channel_pipe()?;
         let (out_r, out_w) = channel_pipe()?;
         let (err_r, err_w) = channel_pipe()?;
@@ -224,13 +222,13 @@ fn child_pid(fd: OwnedFd) -> Option<i32> {
     let mut file = std::fs::File::from(fd);
     let mut buf = Vec::new();
     let mut chunk = [0u8; 512];
-    while buf.len() < 4096 {
+    while buf.len() < crate::sandbox::INFO_MAX {
         match file.read(&mut chunk) {
             Ok(0) | Err(_) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
-        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&buf) {
-            return v.get("child-pid")?.as_i64().map(|p| p as i32);
+        if let Some(pid) = crate::sandbox::parse_child_pid(&buf) {
+            return pid;
         }
     }
     None

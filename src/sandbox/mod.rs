@@ -663,6 +663,21 @@ pub fn parse_usage_report(bytes: &[u8]) -> Option<Report> {
     })
 }
 
+/// The most of bwrap's `--info-fd` JSON that is read.
+pub const INFO_MAX: usize = 4096;
+
+/// bwrap's `--info-fd` JSON (`{"child-pid": N, ...}`), as far as it has come:
+/// None while it does not parse yet (bwrap may keep the pipe open after it, so
+/// it is read until complete, not to end of file); then the pid it names.
+pub fn parse_child_pid(bytes: &[u8]) -> Option<Option<i32>> {
+    let v = serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
+    Some(
+        v.get("child-pid")
+            .and_then(|p| p.as_i64())
+            .map(|p| p as i32),
+    )
+}
+
 /// The sandbox init's report (`init`): written once every process of the
 /// script is reaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -72,6 +72,8 @@ pub enum Cold {
     Empty,
     /// The run's limits differ from the pool's profile.
     Limits,
+    /// The workspace's path is not UTF-8 (a member reads it as JSON).
+    Path,
     /// This backend places sandboxes in units at their start, which members
     /// made ahead of time are not yet.
     Backend,
@@ -84,6 +86,7 @@ impl Cold {
         match self {
             Cold::Empty => "no member waiting",
             Cold::Limits => "limits differ from the pool's",
+            Cold::Path => "workspace path not UTF-8",
             Cold::Backend => "backend places sandboxes at start",
             Cold::Mount => "mount failed",
         }

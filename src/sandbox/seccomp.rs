@@ -200,6 +200,15 @@ pub const ALLOWED_FAMILIES: &[(&str, i32)] = &[
     ("AF_INET6", libc::AF_INET6),
 ];
 
+/// The read end of a pipe that already holds the program, for bwrap's
+/// `--seccomp FD` (a few KiB: it fits the pipe, so the write never waits).
+pub fn in_a_pipe() -> std::io::Result<std::os::fd::OwnedFd> {
+    let (read, write) = crate::sys::channel_pipe()?;
+    let program = cached().map_err(std::io::Error::other)?;
+    std::io::Write::write_all(&mut std::fs::File::from(write), program)?;
+    Ok(read)
+}
+
 /// The program, compiled once per process (and so is its failure).
 pub fn cached() -> Result<&'static [u8], &'static SeccompError> {
     static PROGRAM: std::sync::OnceLock<Result<Vec<u8>, SeccompError>> = std::sync::OnceLock::new();

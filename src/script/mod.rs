@@ -491,13 +491,13 @@ async fn read_child_pid(fd: std::os::fd::OwnedFd) -> Option<i32> {
     let mut r = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok()?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 512];
-    while buf.len() < 4096 {
+    while buf.len() < crate::sandbox::INFO_MAX {
         match r.read(&mut chunk).await {
             Ok(0) | Err(_) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
-        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&buf) {
-            return v.get("child-pid")?.as_i64().map(|p| p as i32);
+        if let Some(pid) = crate::sandbox::parse_child_pid(&buf) {
+            return pid;
         }
     }
     None
@@ -820,8 +820,11 @@ async fn take_member(launch: &Launch, script_id: &str) -> Result<(Sandbox, OurEn
         launch.file_max_bytes,
     );
     let workspace = launch.sandbox.workspace().to_path_buf();
-    if rlimits != pool.profile().rlimits || workspace.to_str().is_none() {
+    if rlimits != pool.profile().rlimits {
         return Err(Cold::Limits);
+    }
+    if workspace.to_str().is_none() {
+        return Err(Cold::Path);
     }
     let code = read_code(&launch.script_code).map_err(|_| Cold::Mount)?;
     let mut member = pool.take(launch.identity)?;
@@ -968,10 +971,7 @@ fn open_fds(launch: &Launch) -> std::io::Result<(ChildEnds, OurEnds)> {
     let (rep_r, rep_w) = channel_pipe()?; // we write, script reads fd 4
     let (info_r, info_w) = channel_pipe()?; // bwrap writes the sandbox init's pid
     let (usage_r, usage_w) = channel_pipe()?; // the sandbox init reports its usage
-                                              // The seccomp program, already in the pipe (a few KiB) for bwrap to read.
-    let (seccomp_r, seccomp_w) = channel_pipe()?;
-    let program = crate::sandbox::seccomp::cached().map_err(std::io::Error::other)?;
-    std::io::Write::write_all(&mut std::fs::File::from(seccomp_w), program)?;
+    let seccomp_r = crate::sandbox::seccomp::in_a_pipe()?; // bwrap reads the program
     let mut fixed = vec![
         (req_w, FD_REQUESTS),
         (rep_r, FD_REPLIES),
