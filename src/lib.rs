@@ -30,6 +30,7 @@ pub use sandbox::helper_dispatch as sandbox_helper_main;
 /// (tests/it/pool.rs) that make and assign members directly.
 #[doc(hidden)]
 pub mod pool_parts {
+    pub use crate::limits::member::Waiting;
     pub use crate::sandbox::member::Member;
     pub use crate::sandbox::{SandboxBase, SandboxSpec};
     pub use crate::sys::Identity;

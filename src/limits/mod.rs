@@ -13,6 +13,7 @@
 
 pub mod aggregate;
 pub mod cgroup;
+pub mod member;
 pub mod systemd;
 pub mod usage;
 

@@ -7,9 +7,13 @@
 //! the script, whose arrival (the pipe's close) starts it. A member sent a
 //! script with no workspace mounted refuses it (`member.py`).
 //!
-//! The pool that keeps members, places them in their units and hands them to
-//! runs is not in this file.
+//! On a backend that places sandboxes in units, a member is made behind the
+//! cold path's gate and placed in a unit of its own (`limits::member`) before
+//! its first instruction: it waits under idle limits, never outside a unit.
+//!
+//! The pool that keeps members and hands them to runs is not in this file.
 
+use crate::limits::member::Waiting;
 use crate::sandbox::abi::*;
 use crate::sandbox::mounter::Mounter;
 use crate::sandbox::{member_args, RealHost, SandboxSpec};
@@ -31,6 +35,8 @@ pub struct Member {
     /// Python's stdin: the run header and the script, then end of file.
     script: Option<OwnedFd>,
     mounter: Option<Mounter>,
+    /// Its own unit, on a backend that places sandboxes in units.
+    pub unit: Option<Waiting>,
     /// Our ends: the tool channel (fd 3 we read, fd 4 we write), the init's
     /// usage report, and the script's stdout and stderr.
     pub requests: OwnedFd,
@@ -45,8 +51,11 @@ impl Member {
     /// `rlimits`, its init's pidfd from `--info-fd`, and its mount helper (`exe
     /// --sandbox-mounter`) inside. Both are started by `spawn`, which must spawn
     /// from a thread that outlives them (their parent-death signals fire when
-    /// the spawning thread exits: `sys::Spawner`). Blocking: it returns once
-    /// the helper is in place.
+    /// the spawning thread exits: `sys::Spawner`). With `place`, bwrap waits
+    /// behind the gate until `place` has put it (by pid) in its unit. Blocking:
+    /// it returns once the helper is in place.
+    // One argument over clippy's seven: each is one thing a member is made of.
+    #[allow(clippy::too_many_arguments)]
     pub fn make(
         spec: &SandboxSpec,
         bwrap: &Path,
@@ -54,6 +63,7 @@ impl Member {
         identity: Option<Identity>,
         rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
         spawn: &dyn Fn(Command) -> io::Result<Child>,
+        place: Option<&dyn Fn(u32) -> io::Result<Waiting>>,
     ) -> io::Result<Member> {
         let (req_r, req_w) = channel_pipe()?;
         let (rep_r, rep_w) = channel_pipe()?;
@@ -68,7 +78,7 @@ impl Member {
             give_pipe(&err_w, id)?;
             give_pipe(&script_r, id)?;
         }
-        let fixed = [
+        let mut fixed = vec![
             (dup_high(&req_w)?, FD_REQUESTS),
             (dup_high(&rep_r)?, FD_REPLIES),
             (dup_high(&info_w)?, FD_INFO),
@@ -76,7 +86,22 @@ impl Member {
             (dup_high(&seccomp_r)?, FD_SECCOMP),
         ];
         drop((req_w, rep_r, info_w, usage_w, seccomp_r));
-        let mut cmd = Command::new(bwrap);
+        let gate = match place {
+            Some(_) => {
+                let (gate_r, gate_w) = channel_pipe()?;
+                fixed.push((dup_high(&gate_r)?, FD_GATE));
+                Some(gate_w)
+            }
+            None => None,
+        };
+        let mut cmd = match gate {
+            Some(_) => {
+                let mut c = Command::new("/bin/sh");
+                c.arg("-c").arg(crate::sandbox::gate_script()).arg(bwrap);
+                c
+            }
+            None => Command::new(bwrap),
+        };
         cmd.env_clear()
             .args(member_args(spec, &RealHost))
             .stdin(Stdio::from(script_r))
@@ -95,11 +120,31 @@ impl Member {
         install_cloexec_above_fixed(&mut cmd);
         let mut child = spawn(cmd)?;
         drop(fixed);
+        // Into its unit, then through the gate; without "go" the gate exits.
+        let unit = match (place, gate) {
+            (Some(place), Some(gate)) => match place(child.id()) {
+                Ok(unit) => {
+                    std::fs::File::from(gate).write_all(b"go\n")?;
+                    Some(unit)
+                }
+                Err(e) => {
+                    drop(gate);
+                    let _ = child.wait();
+                    return Err(io::Error::other(format!(
+                        "cannot place a pre-made sandbox in its unit: {e}"
+                    )));
+                }
+            },
+            _ => None,
+        };
         let pid = match child_pid(info_r) {
             Some(pid) => pid,
             None => {
                 let _ = child.kill();
                 let _ = child.wait();
+                if let Some(u) = unit {
+                    u.release();
+                }
                 let mut why = String::new();
                 let _ = std::fs::File::from(err_r).read_to_string(&mut why);
                 return Err(io::Error::other(format!(
@@ -118,6 +163,9 @@ impl Member {
             Err(e) => {
                 let _ = init.kill();
                 let _ = child.wait();
+                if let Some(u) = unit {
+                    u.release();
+                }
                 return Err(e);
             }
         };
@@ -126,6 +174,7 @@ impl Member {
             init,
             script: Some(script_w),
             mounter: Some(mounter),
+            unit,
             requests: req_r,
             replies: rep_w,
             usage: usage_r,
@@ -140,6 +189,9 @@ impl Member {
         let _ = self.init.kill();
         drop(self.mounter.take());
         let _ = self.child.wait();
+        if let Some(u) = self.unit.take() {
+            u.release();
+        }
     }
 
     /// Mount the run's workspace at `path` (read-only when `read_only`) and its

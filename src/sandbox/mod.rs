@@ -663,6 +663,16 @@ pub fn parse_usage_report(bytes: &[u8]) -> Option<Report> {
     })
 }
 
+/// The gate: a shell that waits for "go" on `FD_GATE` before it execs bwrap, so
+/// that the sandbox's first instruction already runs inside its unit (cold
+/// sandboxes and pre-made ones alike). A gate in `pre_exec` would deadlock:
+/// spawning waits for the exec. Closed without "go", it exits 125.
+pub fn gate_script() -> String {
+    format!(
+        r#"IFS= read -r go <&{FD_GATE} && [ "$go" = go ] || exit 125; exec {FD_GATE}<&-; exec "$0" "$@""#
+    )
+}
+
 /// The most of bwrap's `--info-fd` JSON that is read.
 pub const INFO_MAX: usize = 4096;
 

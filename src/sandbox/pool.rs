@@ -43,6 +43,39 @@ pub struct Profile {
     pub exe: PathBuf,
     /// The resource limits of the member's processes, set at its spawn.
     pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    /// Where members wait, on a backend that places sandboxes in units.
+    pub units: Option<Units>,
+}
+
+/// A unit per member from its birth (`limits::member`), for the systemd and
+/// cgroup backends.
+#[derive(Clone)]
+pub struct Units {
+    pub backend: crate::limits::Backend,
+    /// The daemon's runtime: the keeper thread places members through it
+    /// (systemd is asked over D-Bus).
+    pub runtime: tokio::runtime::Handle,
+    /// What a member may use while it waits (`limits::member::idle_limits`).
+    pub idle: crate::policy::Limits,
+}
+
+impl std::fmt::Debug for Units {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Units")
+            .field("backend", &self.backend.kind())
+            .field("idle", &self.idle)
+            .finish()
+    }
+}
+
+impl Units {
+    /// Put a new member's gated process in a unit of its own.
+    fn place(&self, pid: u32) -> std::io::Result<crate::limits::member::Waiting> {
+        let id = crate::limits::member::new_id();
+        self.runtime
+            .block_on(self.backend.place_waiting(&id, &self.idle, pid))
+            .map_err(std::io::Error::other)
+    }
 }
 
 /// The pool's bounds (`[sandbox] pool_size`, `pool_memory_max_bytes`,
@@ -74,9 +107,6 @@ pub enum Cold {
     Limits,
     /// The workspace's path is not UTF-8 (a member reads it as JSON).
     Path,
-    /// This backend places sandboxes in units at their start, which members
-    /// made ahead of time are not yet.
-    Backend,
     /// The member could not take the run's workspace (said in the log).
     Mount,
 }
@@ -87,7 +117,6 @@ impl Cold {
             Cold::Empty => "no member waiting",
             Cold::Limits => "limits differ from the pool's",
             Cold::Path => "workspace path not UTF-8",
-            Cold::Backend => "backend places sandboxes at start",
             Cold::Mount => "mount failed",
         }
     }
@@ -309,7 +338,18 @@ fn keep(inner: &Inner, spawner: &Spawner) {
                 drop(st);
                 let p = &inner.profile;
                 let spec = exec_only.spec(&p.spec, id);
-                let made = Member::make(&spec, &p.bwrap, &p.exe, id, p.rlimits.clone(), &spawn);
+                let place = p.units.as_ref().map(|u| move |pid| u.place(pid));
+                let made = Member::make(
+                    &spec,
+                    &p.bwrap,
+                    &p.exe,
+                    id,
+                    p.rlimits.clone(),
+                    &spawn,
+                    place
+                        .as_ref()
+                        .map(|f| f as &dyn Fn(u32) -> std::io::Result<_>),
+                );
                 st = inner.state.lock().unwrap();
                 st.making -= 1;
                 match made {

@@ -134,8 +134,7 @@ impl Settings {
     /// The pool of pre-made sandboxes, made with what a cold sandbox of a run
     /// with the configured limits would get. None when `sandbox.pool_size` is
     /// 0, the daemon is not root (its mount helper could not enter a member),
-    /// or the backend places each sandbox in a unit at its start (members are
-    /// made ahead, outside any unit: not yet).
+    /// or (on a backend with units) no runtime runs to place members in theirs.
     fn start_pool(&self, cfg: &crate::config::Config, spawner: &Spawner) -> Option<Arc<Pool>> {
         let sb = &cfg.sandbox;
         if sb.pool_size == 0 {
@@ -148,17 +147,26 @@ impl Settings {
             );
             return None;
         }
-        if self.backend.needs_gate() {
-            tracing::warn!(
-                "sandbox.pool_size = {} is not used with the {} backend: every script starts cold (pre-made sandboxes are for the rlimit backend so far)",
-                sb.pool_size,
-                self.backend.kind().as_str()
-            );
-            return None;
-        }
         let spec = SandboxSpec::new(&self.sandbox, PathBuf::new(), false, PathBuf::new());
         let limits = Limits::effective(&cfg.scripts, &Default::default());
+        // On a backend with units, each member waits in one of its own.
+        let units = match (
+            self.backend.needs_gate(),
+            tokio::runtime::Handle::try_current(),
+        ) {
+            (false, _) => None,
+            (true, Ok(runtime)) => Some(crate::sandbox::pool::Units {
+                backend: self.backend.clone(),
+                runtime,
+                idle: crate::limits::member::idle_limits(&limits),
+            }),
+            (true, Err(_)) => {
+                tracing::warn!("sandbox.pool_size is not used: no runtime to place pre-made sandboxes in their units; every script starts cold");
+                return None;
+            }
+        };
         let profile = Profile {
+            units,
             rlimits: spawn_rlimits(&self.backend, &limits, &spec, self.file_max_bytes),
             spec,
             bwrap: self.bwrap.clone(),
@@ -512,16 +520,6 @@ fn head_chars(bytes: &[u8], total_bytes: u64, max: usize) -> (String, bool) {
     }
 }
 
-/// The gate: a shell that waits for "go" on `FD_GATE` before it execs bwrap, so
-/// that the sandbox's first instruction already runs inside its unit. (A gate in
-/// `pre_exec` would deadlock: spawning waits for the exec.) Closed without "go", it
-/// exits 125.
-fn gate_script() -> String {
-    format!(
-        r#"IFS= read -r go <&{FD_GATE} && [ "$go" = go ] || exit 125; exec {FD_GATE}<&-; exec "$0" "$@""#
-    )
-}
-
 /// Read the sandbox init's report (see `sandbox::init`): one line, written once
 /// every process of the script is reaped. Only the init holds the write end;
 /// it writes nothing when it is killed (then: None at end of file).
@@ -629,7 +627,14 @@ pub async fn run(
     )?;
     let report = watch_report(ours.usage);
 
-    // 5. Into the unit, then through the gate. A keeper holds a systemd scope open.
+    // 5. Into the unit, then through the gate (a pre-made sandbox moves from
+    //    the unit it waited in). A keeper holds a systemd scope open.
+    let mut pooled = pooled;
+    let entry = match (ours.gate, pooled.as_mut().and_then(|p| p.unit.take())) {
+        (Some(gate), _) => Entry::Gate(gate),
+        (None, Some(waiting)) => Entry::Member(waiting),
+        (None, None) => Entry::None,
+    };
     let placed = place_behind_gate(
         spawner,
         &launch.backend,
@@ -637,14 +642,15 @@ pub async fn run(
         launch.identity,
         &script_id,
         sandbox.pid,
-        ours.gate,
+        entry,
         launch.require_enforced_limits,
     )
     .await;
     let mut backend_notes = launch.notes.clone();
     backend_notes.extend(placed.notes.iter().cloned());
-    // 5b. A pre-made sandbox starts when its script arrives.
-    if let Some(pooled) = pooled {
+    // 5b. A pre-made sandbox starts when its script arrives; one that could
+    //    not be placed gets none, and its Python refuses to wait on.
+    if let Some(pooled) = pooled.filter(|_| placed.error.is_none()) {
         if let Err(e) = pooled.go().await {
             tracing::warn!(script_id = %script_id, "cannot send the script to its pre-made sandbox: {e}");
         }
@@ -794,6 +800,9 @@ struct Pooled {
     workspace: PathBuf,
     name: String,
     code: Vec<u8>,
+    /// The unit it waited in, on a backend with units: its processes move to
+    /// the run's own at step 5.
+    unit: Option<crate::limits::member::Waiting>,
 }
 
 impl Pooled {
@@ -810,9 +819,6 @@ impl Pooled {
 /// `Err`: why the run starts cold instead (nothing of it ran).
 async fn take_member(launch: &Launch, script_id: &str) -> Result<(Sandbox, OurEnds, Pooled), Cold> {
     let pool = launch.pool.as_ref().ok_or(Cold::Empty)?;
-    if launch.backend.needs_gate() {
-        return Err(Cold::Backend);
-    }
     let rlimits = spawn_rlimits(
         &launch.backend,
         &launch.limits,
@@ -866,6 +872,7 @@ async fn take_member(launch: &Launch, script_id: &str) -> Result<(Sandbox, OurEn
         usage,
         stdout,
         stderr,
+        unit,
         ..
     } = member;
     let pid = child.id() as i32;
@@ -894,6 +901,7 @@ async fn take_member(launch: &Launch, script_id: &str) -> Result<(Sandbox, OurEn
             workspace,
             name,
             code,
+            unit,
         },
     ))
 }
@@ -1024,7 +1032,9 @@ fn command(
 ) -> std::process::Command {
     let mut cmd = if launch.backend.needs_gate() {
         let mut c = std::process::Command::new("/bin/sh");
-        c.arg("-c").arg(gate_script()).arg(&launch.bwrap);
+        c.arg("-c")
+            .arg(crate::sandbox::gate_script())
+            .arg(&launch.bwrap);
         c
     } else {
         std::process::Command::new(&launch.bwrap)
@@ -1214,9 +1224,21 @@ struct Placed {
     notes: Vec<String>,
 }
 
-/// Step 5: put the sandbox (and a keeper, for a scope) in its unit, then say "go"
-/// through the gate. Without "go" (the gate's write end dropped) the gate shell
-/// exits 125 and bwrap never runs.
+/// How a sandbox enters its unit at step 5.
+enum Entry {
+    /// No unit (the rlimit backend).
+    None,
+    /// A cold sandbox waits behind its gate: placed, then "go". Without "go"
+    /// (the gate's write end dropped) the gate shell exits 125 and bwrap never
+    /// runs.
+    Gate(OwnedFd),
+    /// A pre-made sandbox waits in a unit of its own: every process of it
+    /// moves to the run's unit (`limits::member`), and its own goes.
+    Member(crate::limits::member::Waiting),
+}
+
+/// Step 5: put the sandbox (and a keeper, for a scope) in its unit, then let it
+/// run (`Entry`).
 // One argument over clippy's seven: `launch` is partly moved by now, so its
 // parts come one by one.
 #[allow(clippy::too_many_arguments)]
@@ -1227,7 +1249,7 @@ async fn place_behind_gate(
     identity: Option<Identity>,
     script_id: &str,
     pid: i32,
-    gate: Option<OwnedFd>,
+    entry: Entry,
     require_enforced_limits: bool,
 ) -> Placed {
     let mut placed = Placed {
@@ -1236,54 +1258,81 @@ async fn place_behind_gate(
         error: None,
         notes: vec![],
     };
-    let Some(gate_w) = gate else {
-        return placed;
+    let (mut pids, gate, waiting) = match entry {
+        Entry::None => return placed,
+        Entry::Gate(gate) => (vec![pid as u32], Some(gate), None),
+        Entry::Member(waiting) => match waiting.pids() {
+            Ok(pids) => (pids, None, Some(waiting)),
+            Err(e) => {
+                placed.error = Some(format!(
+                    "cannot move the pre-made sandbox into its unit: {e}"
+                ));
+                release(waiting).await;
+                return placed;
+            }
+        },
     };
-    let mut pids = vec![pid as u32];
-    if backend.needs_keeper() {
-        // The keeper holds the scope (and its counters) until they are read; it
-        // ends when the daemon kills it, closes its lifeline, or dies.
-        let started = match crate::sys::placeholder(identity) {
-            Ok((cmd, lifeline)) => spawner.spawn(cmd).await.map(|k| (k, lifeline)),
-            Err(e) => Err(e),
-        };
-        match started {
-            Ok((k, lifeline)) => {
-                let kpid = k.id() as i32;
-                pids.push(kpid as u32);
-                placed.keeper = Some(Keeper {
-                    pidfd: PidFd::open_as(kpid, identity),
-                    exited: wait_child(kpid),
-                    lifeline,
-                });
+    // The member's unit goes once its processes left it (or, placing failed,
+    // with them): it holds nothing of the run. (`return` in the block below
+    // ends the placing, not the step.)
+    let placed = async {
+        if backend.needs_keeper() {
+            // The keeper holds the scope (and its counters) until they are read; it
+            // ends when the daemon kills it, closes its lifeline, or dies.
+            let started = match crate::sys::placeholder(identity) {
+                Ok((cmd, lifeline)) => spawner.spawn(cmd).await.map(|k| (k, lifeline)),
+                Err(e) => Err(e),
+            };
+            match started {
+                Ok((k, lifeline)) => {
+                    let kpid = k.id() as i32;
+                    pids.push(kpid as u32);
+                    placed.keeper = Some(Keeper {
+                        pidfd: PidFd::open_as(kpid, identity),
+                        exited: wait_child(kpid),
+                        lifeline,
+                    });
+                }
+                Err(e) => {
+                    placed.error = Some(format!("cannot start the scope keeper: {e}"));
+                    return placed;
+                }
+            }
+        }
+        match backend.place(script_id, limits, &pids).await {
+            Ok(p) => {
+                placed.placement = p;
+                // Read back what the unit's cgroups actually have.
+                let e = backend.verify(script_id, pid as u32, limits);
+                placed.notes = e.lines();
+                if require_enforced_limits && !e.enforced() {
+                    placed.error = Some(crate::sandbox::diagnose::limits_refusal(&e.problems));
+                    return placed;
+                }
+                if let Some(gate) = gate {
+                    let mut w = std::fs::File::from(gate);
+                    let _ = std::io::Write::write_all(&mut w, b"go\n");
+                }
             }
             Err(e) => {
-                placed.error = Some(format!("cannot start the scope keeper: {e}"));
-                return placed;
+                placed.error = Some(format!(
+                    "cannot place the script in its {} unit: {e}",
+                    backend.kind().as_str()
+                ))
             }
         }
+        placed
     }
-    match backend.place(script_id, limits, &pids).await {
-        Ok(p) => {
-            placed.placement = p;
-            // Read back what the unit's cgroups actually have.
-            let e = backend.verify(script_id, pid as u32, limits);
-            placed.notes = e.lines();
-            if require_enforced_limits && !e.enforced() {
-                placed.error = Some(crate::sandbox::diagnose::limits_refusal(&e.problems));
-                return placed;
-            }
-            let mut w = std::fs::File::from(gate_w);
-            let _ = std::io::Write::write_all(&mut w, b"go\n");
-        }
-        Err(e) => {
-            placed.error = Some(format!(
-                "cannot place the script in its {} unit: {e}",
-                backend.kind().as_str()
-            ))
-        }
+    .await;
+    if let Some(w) = waiting {
+        release(w).await;
     }
     placed
+}
+
+/// Let a pre-made sandbox's own unit go, off the async threads.
+async fn release(w: crate::limits::member::Waiting) {
+    let _ = tokio::task::spawn_blocking(move || w.release()).await;
 }
 
 /// bwrap reports the sandbox's PID 1 once it exists; hold it by pidfd. If bwrap

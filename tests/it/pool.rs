@@ -5,7 +5,7 @@
 //! path's bind gives: private, nosuid and nodev, read-only when asked, `.agent`
 //! read-only on top, and beyond the script's reach to unmount or remount.
 use crate::common::*;
-use scriptgate::pool_parts::{runtime_dir, Identity, Member, SandboxBase, SandboxSpec};
+use scriptgate::pool_parts::{runtime_dir, Identity, Member, SandboxBase, SandboxSpec, Waiting};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
@@ -67,6 +67,7 @@ fn make(pool: &Pool) -> Member {
         Some(NOBODY_ID),
         vec![],
         &spawn,
+        None,
     )
     .expect("a pool member")
 }
@@ -219,6 +220,59 @@ fn a_member_is_assigned_once() {
     assert!(again.to_string().contains("assigned already"), "{again}");
     let (status, out, err) = finish(m, &pool.workspace, "print('once')\n");
     assert_eq!((status, out.as_str()), (0, "once\n"), "{err}");
+}
+
+/// On a backend with units a member waits behind the gate until it is placed:
+/// when `place` runs, the process is still the gate's shell (bwrap has not
+/// started, so nothing of the sandbox ran outside a unit), and a member whose
+/// placing fails is not made and leaves no process. (Placing in a real scope or
+/// leaf, and the move into the run's unit, run in the VM suite.)
+#[test]
+#[ignore = "needs root (cargo test -- --include-ignored, as root)"]
+fn a_member_is_placed_before_bwrap_runs_and_one_that_cannot_be_is_not_made() {
+    let pool = pool();
+    let spawn = |mut c: std::process::Command| c.spawn();
+    let seen = std::sync::Mutex::new(None);
+    let place = |pid: u32| {
+        // What it executes, once its exec is through (spawn may return a
+        // moment before /proc shows it): the shell, never bwrap.
+        let exe = format!("/proc/{pid}/exe");
+        let own = std::fs::read_link("/proc/self/exe").unwrap();
+        let t0 = std::time::Instant::now();
+        let mut now = std::fs::read_link(&exe).unwrap();
+        while now == own && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::yield_now();
+            now = std::fs::read_link(&exe).unwrap();
+        }
+        let name = now.file_name().unwrap().to_string_lossy().into_owned();
+        *seen.lock().unwrap() = Some((pid, name));
+        Err::<Waiting, _>(std::io::Error::other("no unit here"))
+    };
+    let e = Member::make(
+        &pool.spec,
+        Path::new("bwrap"),
+        Path::new(BIN),
+        Some(NOBODY_ID),
+        vec![],
+        &spawn,
+        Some(&place),
+    )
+    .err()
+    .expect("a member that cannot be placed is not made");
+    assert!(
+        e.to_string()
+            .contains("cannot place a pre-made sandbox in its unit: no unit here"),
+        "{e}"
+    );
+    let (pid, exe) = seen.lock().unwrap().clone().expect("place was called");
+    assert!(
+        ["sh", "dash", "bash"].contains(&exe.as_str()),
+        "placed while still the gate, not {exe}"
+    );
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "the gate's shell was reaped"
+    );
 }
 
 // --- Through the daemon: `sandbox.pool_size` ---
