@@ -219,7 +219,7 @@ pub struct Sandbox {
     /// read back from their cgroup (extension; the package turns it on).
     pub require_enforced_limits: bool,
     /// Pre-made sandboxes kept waiting for each script uid (extension; 0:
-    /// none, every script starts cold). The rlimit backend only, so far.
+    /// none, every script starts cold).
     pub pool_size: u64,
     /// What all waiting members together may hold, at 12 MiB each
     /// (extension).

@@ -420,6 +420,15 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
     if let Some(a) = &info.all_scripts {
         rows.push(vec!["total".into(), crate::limits::aggregate::summary(a)]);
     }
+    if let Some(p) = &info.pool {
+        rows.push(vec![
+            "pre-made".into(),
+            format!(
+                "{} waiting ({} per script uid, at most {} in all)",
+                p.waiting, p.size, p.max_members
+            ),
+        ]);
+    }
     if let Some(c) = &info.config {
         rows.extend(config_rows(c));
     }

@@ -9,7 +9,11 @@ received over the socket (the Python client's run()), as root with the package's
 token key; the scripts run as the packaged run_as (scriptgate-script). The bare figure is bwrap with the same
 namespaces around `python3 -c pass`, as nobody, fork to exit. Rounds alternate
 the two, so a slow spell of the (emulated) machine costs both alike. Prints one
-line: `bench LABEL script_ms=… bare_ms=… ratio=…`."""
+line: `bench LABEL script_ms=… bare_ms=… ratio=…`.
+
+With pre-made sandboxes (a LABEL ending in `+pool`), each round first waits,
+outside its timing, for one to be waiting (daemon.info's `pool.waiting`), so
+that every timed script is a pre-made one."""
 import asyncio, os, pwd, statistics, subprocess, sys, time, uuid
 
 sys.path.insert(0, "/mnt/host/client")
@@ -40,11 +44,22 @@ def bare():
     return (time.perf_counter() - t) * 1000
 
 
+async def member_waiting(sg):
+    for _ in range(1200):
+        info = await sg.request("daemon.info")
+        if (info.get("pool") or {}).get("waiting", 0) >= 1:
+            return
+        await asyncio.sleep(0.05)
+    sys.exit(f"bench {label}: no pre-made sandbox came in 60 s")
+
+
 async def main():
     key = load_key("/etc/scriptgate/token.key")
     script, plain = [], []
     async with Client("/run/scriptgate/scriptgate.sock") as sg:
         for i in range(rounds + 1):
+            if label.endswith("+pool"):
+                await member_waiting(sg)
             run_id = f"bench-{uuid.uuid4().hex[:8]}"
             snap = Snapshot(str(prepare_workspace(os.path.join(ROOT, run_id))), "auto", [])
             t = time.perf_counter()

@@ -71,7 +71,7 @@ expect() {
   fi
 }
 # The config: the packaged one with [scripts] and [sandbox] replaced.
-write_conf() { # BACKEND MEMORY TASKS CPU_PERCENT TIMEOUT (env ROOTS, DISK, TOTALS: lines of [scripts])
+write_conf() { # BACKEND MEMORY TASKS CPU_PERCENT TIMEOUT (env ROOTS, DISK, TOTALS: lines of [scripts]; SANDBOX: of [sandbox])
   # (A default with quotes is set here: inside a here-document, ${X:-"y"} loses them.)
   local roots=${ROOTS:-'"/var/lib/scriptgate/workspaces"'}
   cat >"$conf" <<EOF
@@ -101,6 +101,7 @@ ${TOTALS:-}
 backend = "$1"
 run_as = "scriptgate-script"
 require_enforced_limits = true
+${SANDBOX:-}
 
 [server]
 drain_s = 30
@@ -633,6 +634,98 @@ run cg_timeout "$work/sleep.py"
 expect cg_timeout 3 timeout
 check "the timeout left no process behind" sh -c "! pgrep -u scriptgate-script -f 'sleep 600'"
 
+# Pre-made sandboxes (sandbox.pool_size) on both production backends: each
+# member waits in a unit of its own under idle limits from its first
+# instruction; a run moves it into the run's own unit, which then reads back,
+# limits and is named exactly as a cold run's. The mount helper enters members
+# with CAP_SYS_ADMIN, CAP_SYS_CHROOT and CAP_SYS_PTRACE, which a drop-in adds to
+# the unit's bounding set (scriptgated(8), Pre-made sandboxes), under the
+# packaged AppArmor profile.
+pool_waiting() { # N: until N members wait (up to 120 s)
+  for _ in $(seq 600); do
+    [ "$(scriptgate status --json 2>/dev/null | python3 -c 'import json,sys; print((json.load(sys.stdin)["daemon"].get("pool") or {}).get("waiting"))' 2>/dev/null)" = "$1" ] && return 0
+    sleep 0.2
+  done
+  return 1
+}
+pre_made() { test "$(jget "$work/$1.json" pre_made)" = True; }
+mkdir -p /run/systemd/system/scriptgate.service.d
+printf '[Service]\nCapabilityBoundingSet=CAP_SYS_ADMIN CAP_SYS_CHROOT CAP_SYS_PTRACE\n' >/run/systemd/system/scriptgate.service.d/pool.conf
+systemctl daemon-reload
+pool_denials0=$(denials)
+for b in systemd cgroup; do
+  section "$b backend: pre-made sandboxes (pool_size 2), each in a unit of its own"
+  SANDBOX="pool_size = 2" write_conf $b 134217728 16 20 60
+  restart $b pool
+  if ! pool_waiting 2; then
+    bad "$b: 2 pre-made sandboxes wait" "$(scriptgate status 2>&1; journalctl -u scriptgate.service -n 30 --no-pager -o cat)"
+    continue
+  fi
+  ok "$b: 2 pre-made sandboxes wait"
+  check "$b: status says so" says "^pre-made +2 waiting \(2 per script uid" "$(scriptgate status 2>&1)"
+  if [ $b = systemd ]; then
+    units=$(systemctl list-units --no-legend --plain 'scriptgate-pool-*.scope' | awk '{print $1}')
+    one=$(head -n1 <<<"$units")
+    idle="$(cat /sys/fs/cgroup/scriptgate.slice/$one/memory.max 2>&1) $(cat /sys/fs/cgroup/scriptgate.slice/$one/pids.max 2>&1)"
+  else
+    units=$(ls -d /sys/fs/cgroup/system.slice/scriptgate.service/scripts/script-pool-* 2>/dev/null)
+    one=$(head -n1 <<<"$units")
+    idle="$(cat $one/memory.max 2>&1) $(cat $one/pids.max 2>&1)"
+  fi
+  echo "  waiting in: $(echo $units)"
+  check "$b: each waits in a unit of its own (2 units)" test "$(grep -c . <<<"$units")" = 2
+  # 64 MiB, 8 tasks (the systemd scope's pids.max has room for a keeper too).
+  want_idle="67108864 8"; [ $b = systemd ] && want_idle="67108864 9"
+  check "$b: a waiting member's idle limits read back ($idle)" test "$idle" = "$want_idle"
+  run ${b}_pool_fleet "$ex/fleet_summary.py"
+  expect ${b}_pool_fleet 0 ok "500 devices"
+  check "$b: that run was pre-made" pre_made ${b}_pool_fleet
+  pool_waiting 2 || true
+  run ${b}_pool_held "$work/sleep.py" &
+  bg=$!
+  if id=$(running_id); then
+    if [ $b = systemd ]; then cg=/sys/fs/cgroup/scriptgate.slice/scriptgate-$id.scope; want="134217728 17 20000 100000"
+    else cg=/sys/fs/cgroup/system.slice/scriptgate.service/scripts/script-$id; want="134217728 16 20000 100000"; fi
+    got="$(cat $cg/memory.max 2>&1) $(cat $cg/pids.max 2>&1) $(cat $cg/cpu.max 2>&1)"
+    echo "  $cg: $got; $(wc -l <$cg/cgroup.procs 2>&1) processes"
+    check "$b: a pre-made run is in its own unit, named by its script id, with the run's limits ($got)" test "$got" = "$want"
+    check "$b: its python is there (moved, not left behind)" sh -c "for p in \$(cat $cg/cgroup.procs); do cat /proc/\$p/cmdline 2>/dev/null | tr '\\0' ' '; echo; done | grep -q python3"
+    scriptgate cancel "$id" >/dev/null 2>&1
+    wait $bg; rc=$?
+    expect ${b}_pool_held 4 cancelled
+    check "$b: that run was pre-made" pre_made ${b}_pool_held
+    check "$b: the cancel ended its tree (no sleep 600 left)" sh -c "! pgrep -u scriptgate-script -f 'sleep 600'"
+  else
+    bad "$b: a pre-made running script is listed" "$(scriptgate ps 2>&1)"
+    wait $bg
+  fi
+  pool_waiting 2 || true
+  run ${b}_pool_mem "$work/mem.py"
+  expect ${b}_pool_mem 5 oom
+  check "$b: the oom run was pre-made (its memory bound is the run's, not the idle one)" pre_made ${b}_pool_mem
+  pool_waiting 2 || true
+  run ${b}_pool_tasks "$work/tasks.py"
+  expect ${b}_pool_tasks 0 ok "refused thread"
+  check "$b: tasks_max 16 gives a pre-made script 13 threads more, as a cold one" grep -qx "threads 13" <<<"$(jget "$work/${b}_pool_tasks.json" output)"
+  pool_waiting 2 || true
+  run ${b}_pool_tester "$ex/fleet_summary.py" as_tester
+  expect ${b}_pool_tester 0 ok "500 devices"
+done
+if [ "$apparmor4" = yes ]; then
+  check "no AppArmor denial with pre-made sandboxes" test "$(denials)" = "$pool_denials0"
+fi
+rm /run/systemd/system/scriptgate.service.d/pool.conf
+systemctl daemon-reload
+write_conf cgroup 134217728 16 20 60
+restart cgroup after-pool
+# The old daemon's members end with it (their init's lifeline); systemd
+# collects their emptied scopes and trims the stopped service's subtree.
+for _ in $(seq 100); do
+  systemctl list-units --all --no-legend 'scriptgate-pool-*' | grep -q . || break
+  sleep 0.1
+done
+check "with the pool gone, no member's unit is left" sh -c "! systemctl list-units --all --no-legend 'scriptgate-pool-*' | grep -q . && ! ls -d /sys/fs/cgroup/system.slice/scriptgate.service/scripts/script-pool-* 2>/dev/null"
+
 section "rlimit backend: a cancel kills the sandbox, signalled as its uid (no CAP_KILL, no cgroup)"
 write_conf rlimit 1073741824 256 100 60
 restart rlimit cancel
@@ -740,6 +833,20 @@ for b in systemd cgroup rlimit; do
     bad "bench on the $b backend" "$out"
   fi
 done
+# The same with pre-made sandboxes (their capabilities by a drop-in, as above).
+printf '[Service]\nCapabilityBoundingSet=CAP_SYS_ADMIN CAP_SYS_CHROOT CAP_SYS_PTRACE\n' >/run/systemd/system/scriptgate.service.d/pool.conf
+systemctl daemon-reload
+for b in systemd cgroup rlimit; do
+  SANDBOX="pool_size = 2" write_conf $b 1073741824 256 100 60
+  if restart $b && out=$(python3 /mnt/host/bench_backends.py "$b+pool" 9 2>&1); then
+    echo "$out"
+    ok "bench on the $b backend with pre-made sandboxes"
+  else
+    bad "bench on the $b backend with pre-made sandboxes" "$out"
+  fi
+done
+rm /run/systemd/system/scriptgate.service.d/pool.conf
+systemctl daemon-reload
 
 if [ "$apparmor4" = yes ]; then
   section "Ubuntu's userns restriction, reproduced: bwrap under an enforcing copy of unprivileged_userns"
