@@ -219,7 +219,7 @@ pub struct Sandbox {
     /// read back from their cgroup (extension; the package turns it on).
     pub require_enforced_limits: bool,
     /// Pre-made sandboxes kept waiting for each script uid (extension; 0:
-    /// none, every script starts cold).
+    /// none, every script starts cold; a daemon that is not root keeps none).
     pub pool_size: u64,
     /// What all waiting members together may hold, at 12 MiB each
     /// (extension).
@@ -235,7 +235,7 @@ impl Default for Sandbox {
             bwrap: "/usr/bin/bwrap".into(),
             tmp_size_bytes: 64 << 20,
             require_enforced_limits: false,
-            pool_size: 0,
+            pool_size: POOL_SIZE_DEFAULT,
             pool_memory_max_bytes: 256 << 20,
             pool_idle_s: 600,
         }
@@ -458,6 +458,10 @@ impl Config {
 
 /// The most pre-made sandboxes per script uid (`sandbox.pool_size`).
 pub const POOL_SIZE_MAX: u64 = 64;
+
+/// Pre-made sandboxes per script uid unless configured: two cover a model's
+/// scripts one after another and a pair at once, for about 20 MiB.
+pub const POOL_SIZE_DEFAULT: u64 = 2;
 
 /// The keys a reload applies (`systemctl reload scriptgate`, SIGHUP;
 /// scriptgated(8) RELOAD): each is read anew by every script that starts after

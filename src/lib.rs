@@ -32,6 +32,7 @@ pub use sandbox::helper_dispatch as sandbox_helper_main;
 pub mod pool_parts {
     pub use crate::limits::member::Waiting;
     pub use crate::sandbox::member::Member;
+    pub use crate::sandbox::mounter::Via;
     pub use crate::sandbox::{SandboxBase, SandboxSpec};
     pub use crate::sys::Identity;
 

@@ -15,7 +15,7 @@
 
 use crate::limits::member::Waiting;
 use crate::sandbox::abi::*;
-use crate::sandbox::mounter::Mounter;
+use crate::sandbox::mounter::{Mounter, Via};
 use crate::sandbox::{member_args, RealHost, SandboxSpec};
 use crate::sys::{
     channel_pipe, dup_high, give_pipe, install_cloexec_above_fixed, install_ignore_sigxfsz,
@@ -48,8 +48,7 @@ pub struct Member {
 
 impl Member {
     /// Make a member: bwrap with `member_args(spec)` as `identity` under
-    /// `rlimits`, its init's pidfd from `--info-fd`, and its mount helper (`exe
-    /// --sandbox-mounter`) inside. Both are started by `spawn`, which must spawn
+    /// `rlimits`, its init's pidfd from `--info-fd`, and its mount helper (`mounter::Via`) inside. Both are started by `spawn`, which must spawn
     /// from a thread that outlives them (their parent-death signals fire when
     /// the spawning thread exits: `sys::Spawner`). With `place`, bwrap waits
     /// behind the gate until `place` has put it (by pid) in its unit. Blocking:
@@ -59,7 +58,7 @@ impl Member {
     pub fn make(
         spec: &SandboxSpec,
         bwrap: &Path,
-        exe: &Path,
+        mounter: &Via,
         identity: Option<Identity>,
         rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
         spawn: &dyn Fn(Command) -> io::Result<Child>,
@@ -157,7 +156,7 @@ impl Member {
         // The helper enters the mount namespace as it is when it enters: only
         // once bwrap has built it, which member.py's first line says.
         let mounter =
-            ready(&req_r).and_then(|()| Mounter::start(exe, init.as_fd(), identity, spawn));
+            ready(&req_r).and_then(|()| Mounter::start(mounter, init.as_fd(), identity, spawn));
         let mounter = match mounter {
             Ok(m) => m,
             Err(e) => {

@@ -106,6 +106,9 @@ pub fn helper_dispatch() -> Option<i32> {
     if args.first()? == mounter::ARG {
         return Some(mounter::run(&args[1..]));
     }
+    if args[0] == mounter::SERVER_ARG && args.len() == 1 {
+        return Some(mounter::serve());
+    }
     init::dispatch()
 }
 

@@ -8,9 +8,13 @@
 //! sandbox) with a pidfd of the member's PID 1 on `FD_TARGET` and one end of a seqpacket
 //! socket on `FD_SOCKET`. The helper enters the member's mount namespace
 //! through the pidfd (never a path or a pid that could be reused), says
-//! `ready`, and waits. At assignment the daemon sends one message: the
-//! workspace's path, with two detached trees attached (`sys::mount::Tree`: the
-//! workspace, and its `.agent` read-only). The helper makes the mount point
+//! `ready`, and waits. At assignment the daemon sends one message: `r` or `w`
+//! and the workspace's path, with the workspace's and its `.agent`'s
+//! directories attached, as the daemon opened them. The helper goes back to
+//! the daemon's mount namespace for a moment, where it makes a detached tree of
+//! each (`sys::mount::Tree`: `open_tree` copies only mounts of the caller's
+//! namespace; `.agent` read-only, the workspace read-only for `r`), returns to
+//! the member's, and makes the mount point
 //! (the sandbox's root goes writable for that moment only; nothing in the
 //! sandbox runs code yet), moves the workspace onto it and `.agent` onto the
 //! workspace's `.agent`, answers `ok` or the error, and exits: one helper
@@ -20,6 +24,15 @@
 //! CAP_SYS_CHROOT to enter, and CAP_SYS_PTRACE where the member's init is not
 //! dumpable); it runs nothing the sandbox gave it, and reads only the daemon's
 //! message. A daemon that dies closes the socket, and the helper exits.
+//!
+//! **The mount server.** The daemon itself keeps none of those three
+//! capabilities. Before it drops its own at start-up, it starts `BIN
+//! --sandbox-mount-server` (`start_server`), which keeps them and does one
+//! thing: for each message from the daemon on its socket (the member's
+//! identity, with the pidfd and the helper's socket attached) it starts one
+//! helper. It parses nothing else, and ends when the daemon's end closes. The
+//! daemon's handle is `Via::Server`; `Via::Exec` starts helpers directly (a
+//! process that holds the capabilities itself: the tests).
 
 use crate::sys::mount;
 use std::ffi::OsStr;
@@ -40,6 +53,168 @@ const MESSAGE_MAX: usize = 4096 + 64;
 /// The helper's words to the daemon.
 const READY: &[u8] = b"ready";
 const OK: &[u8] = b"ok";
+
+/// The hidden argument that selects the mount server.
+pub const SERVER_ARG: &str = "--sandbox-mount-server";
+/// The server's end of its seqpacket socket to the daemon.
+pub const FD_SERVER: RawFd = 3;
+/// The longest request to the server: an identity ("UID GID").
+const REQUEST_MAX: usize = 64;
+
+/// How the daemon starts a member's helper.
+#[derive(Debug, Clone)]
+pub enum Via {
+    /// Exec this binary as the helper: the caller holds the capabilities.
+    Exec(std::path::PathBuf),
+    /// Ask this daemon's mount server (`start_server`).
+    Server,
+}
+
+/// The daemon's end of its mount server.
+struct Server {
+    socket: std::sync::Mutex<OwnedFd>,
+    _child: std::process::Child,
+}
+
+/// Set once, at start-up: the server, or why there is none.
+static SERVER: std::sync::OnceLock<Result<Server, String>> = std::sync::OnceLock::new();
+
+/// Start the mount server, while this process (the daemon's only thread, as
+/// root) still holds `sys::POOL_CAPABILITIES`; the daemon drops them after.
+/// Without them (not root, or a bounding set without them) it says why, and
+/// `server_missing` says it later. Once per process.
+pub fn start_server(exe: &Path) {
+    let server = if !nix::unistd::geteuid().is_root() {
+        Err("entering a pre-made sandbox to mount a workspace into it takes a root daemon".into())
+    } else if !crate::sys::has_pool_capabilities() {
+        Err("the daemon lacks CAP_SYS_ADMIN, CAP_SYS_CHROOT or CAP_SYS_PTRACE, which entering a pre-made sandbox takes (its unit's CapabilityBoundingSet=, scriptgated(8) Privileges)".into())
+    } else {
+        spawn_server(exe).map_err(|e| format!("cannot start the mount server: {e}"))
+    };
+    let _ = SERVER.set(server);
+}
+
+fn spawn_server(exe: &Path) -> io::Result<Server> {
+    let (ours, theirs) = seqpacket_pair()?;
+    let theirs = crate::sys::dup_high(&theirs)?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg(SERVER_ARG)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null());
+    crate::sys::install_pre_exec(
+        &mut cmd,
+        crate::sys::ChildSetup {
+            identity: None,
+            rlimits: vec![],
+            dups: vec![(std::os::fd::AsRawFd::as_raw_fd(&theirs), FD_SERVER)],
+            parent_pid: std::process::id() as libc::pid_t,
+        },
+    );
+    let child = cmd.spawn()?;
+    drop(theirs);
+    Ok(Server {
+        socket: std::sync::Mutex::new(ours),
+        _child: child,
+    })
+}
+
+/// Why this process has no mount server (None: it has one).
+pub fn server_missing() -> Option<String> {
+    match SERVER.get() {
+        Some(Ok(_)) => None,
+        Some(Err(why)) => Some(why.clone()),
+        None => Some("this process started no mount server".into()),
+    }
+}
+
+/// The mount server's `main`: start one helper per request, until the
+/// daemon's end closes. It keeps the daemon's capabilities and the pool's,
+/// no more; its helpers are reaped by the kernel (SIGCHLD ignored).
+pub fn serve() -> i32 {
+    if let Err(e) = crate::sys::drop_daemon_capabilities(false, true) {
+        eprintln!("scriptgate mount server: {e}");
+        return 1;
+    }
+    if let Err(e) = crate::sys::reap_children_automatically() {
+        eprintln!("scriptgate mount server: {e}");
+        return 1;
+    }
+    let Ok(socket) = crate::sys::inherited_fd(FD_SERVER) else {
+        eprintln!("scriptgate mount server: started without its socket");
+        return 2;
+    };
+    let exe = crate::sandbox::init::exe();
+    loop {
+        let (request, fds) = match mount::recv_with_fds(socket.as_fd(), REQUEST_MAX, 2) {
+            Ok((bytes, _)) if bytes.is_empty() => return 0, // the daemon is gone
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("scriptgate mount server: {e}");
+                return 1;
+            }
+        };
+        // "helper [UID GID]", with the member's init and the helper's socket;
+        // anything else is dropped (the daemon is the only peer).
+        let Ok([target, helper]) = <[OwnedFd; 2]>::try_from(fds) else {
+            continue;
+        };
+        let words: Vec<&str> = std::str::from_utf8(&request)
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let Some((&"helper", ids)) = words.split_first() else {
+            continue;
+        };
+        if let Err(e) = spawn_helper(&exe, ids, target.as_fd(), helper.as_fd()) {
+            let _ = mount::send_with_fds(
+                helper.as_fd(),
+                format!("error: cannot start the mount helper: {e}").as_bytes(),
+                &[],
+            );
+        }
+    }
+}
+
+/// A connected pair of close-on-exec seqpacket sockets.
+fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::SeqPacket,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    )?)
+}
+
+/// Exec this binary as one member's helper, with `target` and `socket` on its
+/// fixed descriptors and `ids` (empty, or "UID GID") as its arguments.
+fn spawn_helper(
+    exe: &Path,
+    ids: &[&str],
+    target: BorrowedFd,
+    socket: BorrowedFd,
+) -> io::Result<std::process::Child> {
+    let target = crate::sys::dup_high(&target)?;
+    let socket = crate::sys::dup_high(&socket)?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg(ARG).args(ids);
+    cmd.env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null());
+    crate::sys::install_pre_exec(
+        &mut cmd,
+        crate::sys::ChildSetup {
+            identity: None,
+            rlimits: vec![],
+            dups: vec![
+                (std::os::fd::AsRawFd::as_raw_fd(&target), FD_TARGET),
+                (std::os::fd::AsRawFd::as_raw_fd(&socket), FD_SOCKET),
+            ],
+            parent_pid: std::process::id() as libc::pid_t,
+        },
+    );
+    cmd.spawn()
+}
 
 /// The helper's `main`, with its arguments after `ARG`: the exit status.
 pub fn run(args: &[std::ffi::OsString]) -> i32 {
@@ -67,19 +242,28 @@ pub fn run(args: &[std::ffi::OsString]) -> i32 {
         }
     };
     let say = |what: &[u8]| mount::send_with_fds(socket.as_fd(), what, &[]);
-    if let Err(e) = mount::enter_mount_namespace(target.as_fd()) {
-        let _ = say(format!("error: entering the sandbox's mount namespace: {e}").as_bytes());
-        return 1;
-    }
-    drop(target);
+    // Its own namespace, to come back to; the member's is entered again by
+    // the pidfd (inside, /proc is the sandbox's, where this process has no
+    // /proc/self).
+    let entered = mount::own_mount_namespace().and_then(|home| {
+        mount::enter_mount_namespace(target.as_fd())?;
+        Ok(home)
+    });
+    let home = match entered {
+        Ok(ns) => ns,
+        Err(e) => {
+            let _ = say(format!("error: entering the sandbox's mount namespace: {e}").as_bytes());
+            return 1;
+        }
+    };
     if say(READY).is_err() {
         return 1;
     }
-    let (path, trees) = match mount::recv_with_fds(socket.as_fd(), MESSAGE_MAX, 2) {
+    let (message, dirs) = match mount::recv_with_fds(socket.as_fd(), MESSAGE_MAX, 2) {
         Ok((bytes, _)) if bytes.is_empty() => return 0, // the daemon let the member go
-        Ok((bytes, trees)) if trees.len() == 2 => (bytes, trees),
+        Ok((bytes, dirs)) if dirs.len() == 2 => (bytes, dirs),
         Ok(_) => {
-            let _ = say(b"error: a message without its two trees");
+            let _ = say(b"error: a message without its two directories");
             return 1;
         }
         Err(e) => {
@@ -87,11 +271,18 @@ pub fn run(args: &[std::ffi::OsString]) -> i32 {
             return 1;
         }
     };
-    let mut trees = trees.into_iter();
-    let (Some(workspace), Some(agent)) = (trees.next(), trees.next()) else {
-        return 1;
+    let read_only = match message.first() {
+        Some(b'r') => true,
+        Some(b'w') => false,
+        _ => {
+            let _ = say(b"error: a message that says neither r nor w");
+            return 1;
+        }
     };
-    match inject(Path::new(OsStr::from_bytes(&path)), owner, workspace, agent) {
+    let path = Path::new(OsStr::from_bytes(&message[1..]));
+    let done = trees(home.as_fd(), target.as_fd(), &dirs, read_only)
+        .and_then(|(workspace, agent)| inject(path, owner, workspace, agent));
+    match done {
         Ok(()) => {
             let _ = say(OK);
             0
@@ -101,6 +292,24 @@ pub fn run(args: &[std::ffi::OsString]) -> i32 {
             1
         }
     }
+}
+
+/// The detached trees of the workspace and its `.agent`, made in the daemon's
+/// mount namespace (`home`, where the directories are), then back in the
+/// member's (by the pidfd of its init, which waits as long as the member).
+fn trees(
+    home: BorrowedFd,
+    member: BorrowedFd,
+    dirs: &[OwnedFd],
+    read_only: bool,
+) -> io::Result<(OwnedFd, OwnedFd)> {
+    mount::enter_mount_namespace(home)?;
+    let made = mount::Tree::of(dirs[0].as_fd(), read_only).and_then(|ws| {
+        let agent = mount::Tree::of(dirs[1].as_fd(), true)?;
+        Ok((ws.into_fd(), agent.into_fd()))
+    });
+    mount::enter_mount_namespace(member)?;
+    made
 }
 
 /// Inside the member's mount namespace: the mount point, then the workspace on
@@ -126,7 +335,9 @@ fn inject(
 #[derive(Debug)]
 pub struct Mounter {
     socket: OwnedFd,
-    child: std::process::Child,
+    /// The helper, when this process started it (`Via::Exec`); the mount
+    /// server's helpers are the server's children.
+    child: Option<std::process::Child>,
     /// Its answer came and it exits by itself: reaped by a thread of its own.
     answered: bool,
 }
@@ -136,41 +347,59 @@ impl Mounter {
     /// as `owner`; None: as the daemon), and wait until it is inside the
     /// member's mount namespace. Blocking.
     pub fn start(
-        exe: &Path,
+        via: &Via,
         target: BorrowedFd,
         owner: Option<crate::sys::Identity>,
         spawn: &dyn Fn(std::process::Command) -> io::Result<std::process::Child>,
     ) -> io::Result<Mounter> {
-        let (ours, theirs) = nix::sys::socket::socketpair(
-            nix::sys::socket::AddressFamily::Unix,
-            nix::sys::socket::SockType::SeqPacket,
-            None,
-            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-        )?;
-        let target = crate::sys::dup_high(&target)?;
-        let theirs = crate::sys::dup_high(&theirs)?;
-        let mut cmd = std::process::Command::new(exe);
-        cmd.arg(ARG);
-        if let Some(id) = owner {
-            cmd.arg(id.uid.to_string()).arg(id.gid.to_string());
-        }
-        cmd.env_clear()
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null());
-        crate::sys::install_pre_exec(
-            &mut cmd,
-            crate::sys::ChildSetup {
-                identity: None,
-                rlimits: vec![],
-                dups: vec![
-                    (std::os::fd::AsRawFd::as_raw_fd(&target), FD_TARGET),
-                    (std::os::fd::AsRawFd::as_raw_fd(&theirs), FD_SOCKET),
-                ],
-                parent_pid: std::process::id() as libc::pid_t,
-            },
-        );
-        let child = spawn(cmd)?;
-        drop((target, theirs));
+        let (ours, theirs) = seqpacket_pair()?;
+        let ids: Vec<String> = owner
+            .map(|id| vec![id.uid.to_string(), id.gid.to_string()])
+            .unwrap_or_default();
+        let child = match via {
+            Via::Exec(exe) => {
+                let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+                let target = crate::sys::dup_high(&target)?;
+                let theirs = crate::sys::dup_high(&theirs)?;
+                let mut cmd = std::process::Command::new(exe);
+                cmd.arg(ARG).args(&ids);
+                cmd.env_clear()
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null());
+                crate::sys::install_pre_exec(
+                    &mut cmd,
+                    crate::sys::ChildSetup {
+                        identity: None,
+                        rlimits: vec![],
+                        dups: vec![
+                            (std::os::fd::AsRawFd::as_raw_fd(&target), FD_TARGET),
+                            (std::os::fd::AsRawFd::as_raw_fd(&theirs), FD_SOCKET),
+                        ],
+                        parent_pid: std::process::id() as libc::pid_t,
+                    },
+                );
+                Some(spawn(cmd)?)
+            }
+            Via::Server => {
+                let Some(Ok(server)) = SERVER.get() else {
+                    return Err(io::Error::other(
+                        server_missing().unwrap_or_else(|| "no mount server".into()),
+                    ));
+                };
+                let socket = server.socket.lock().unwrap_or_else(|p| p.into_inner());
+                let request = std::iter::once("helper".to_string())
+                    .chain(ids)
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                mount::send_with_fds(
+                    socket.as_fd(),
+                    request.as_bytes(),
+                    &[target, theirs.as_fd()],
+                )?;
+                None
+            }
+        };
+        drop(theirs);
         let mut helper = Mounter {
             socket: ours,
             child,
@@ -193,21 +422,18 @@ impl Mounter {
         agent: BorrowedFd,
         read_only: bool,
     ) -> io::Result<()> {
-        let ws = mount::Tree::of(workspace, read_only)?.into_fd();
-        let agent = mount::Tree::of(agent, true)?.into_fd();
-        mount::send_with_fds(
-            self.socket.as_fd(),
-            path.as_os_str().as_bytes(),
-            &[ws.as_fd(), agent.as_fd()],
-        )?;
-        drop((ws, agent));
+        let mut message = vec![if read_only { b'r' } else { b'w' }];
+        message.extend_from_slice(path.as_os_str().as_bytes());
+        mount::send_with_fds(self.socket.as_fd(), &message, &[workspace, agent])?;
         let said = self.hear()?;
         if said != OK {
             return Err(self.failed(&said));
         }
         // It exits now; its exit is not waited for on the way to the script.
         self.answered = true;
-        drop(crate::sys::wait_child(self.child.id() as i32));
+        if let Some(child) = &self.child {
+            drop(crate::sys::wait_child(child.id() as i32));
+        }
         Ok(())
     }
 
@@ -218,8 +444,10 @@ impl Mounter {
 
     /// The helper's error, as it said it (or its silence), with it reaped.
     fn failed(&mut self, said: &[u8]) -> io::Error {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         let text = String::from_utf8_lossy(said);
         let text = text.strip_prefix("error: ").unwrap_or(&text);
         if text.is_empty() {
@@ -233,9 +461,12 @@ impl Mounter {
 impl Drop for Mounter {
     fn drop(&mut self) {
         // A member let go without an assignment: the helper hears end of file.
-        if !self.answered && matches!(self.child.try_wait(), Ok(None)) {
-            let _ = mount::send_with_fds(self.socket.as_fd(), b"", &[]);
-            let _ = self.child.wait();
+        if self.answered {
+            return;
+        }
+        let _ = mount::send_with_fds(self.socket.as_fd(), b"", &[]);
+        if let Some(child) = &mut self.child {
+            let _ = child.wait();
         }
     }
 }

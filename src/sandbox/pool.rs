@@ -39,8 +39,8 @@ pub struct Profile {
     /// The cold path's sandbox for this daemon, its workspace and script unset.
     pub spec: SandboxSpec,
     pub bwrap: PathBuf,
-    /// The binary whose `--sandbox-mounter` mode is the mount helper.
-    pub exe: PathBuf,
+    /// How each member's mount helper is started.
+    pub mounter: crate::sandbox::mounter::Via,
     /// The resource limits of the member's processes, set at its spawn.
     pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
     /// Where members wait, on a backend that places sandboxes in units.
@@ -333,6 +333,12 @@ fn keep(inner: &Inner, spawner: &Spawner) {
             Next::Wait(d) => {
                 st = inner.wake.wait_timeout(st, d).unwrap().0;
             }
+            Next::Make(_) if binary_replaced() => {
+                // An upgrade replaced the binary the mount helper is: no member
+                // outlives the binary it was made with (the daemon restarts).
+                tracing::warn!("scriptgated's binary was replaced: no more pre-made sandboxes until it restarts");
+                st.stopped = true;
+            }
             Next::Make(id) => {
                 st.making += 1;
                 drop(st);
@@ -342,7 +348,7 @@ fn keep(inner: &Inner, spawner: &Spawner) {
                 let made = Member::make(
                     &spec,
                     &p.bwrap,
-                    &p.exe,
+                    &p.mounter,
                     id,
                     p.rlimits.clone(),
                     &spawn,
@@ -384,6 +390,11 @@ fn keep(inner: &Inner, spawner: &Spawner) {
 /// binds them (`script::with_exec_only`): for a script of another uid than a
 /// root daemon's. Made once by the keeper; without them (no room), members are
 /// made without, as cold sandboxes are.
+/// Has this process's binary been replaced on disk (a package upgrade)?
+fn binary_replaced() -> bool {
+    std::fs::read_link("/proc/self/exe").is_ok_and(|p| p.to_string_lossy().ends_with(" (deleted)"))
+}
+
 struct ExecOnlyFor(Option<crate::sandbox::ExecOnly>);
 
 impl ExecOnlyFor {

@@ -133,18 +133,28 @@ impl Settings {
 
     /// The pool of pre-made sandboxes, made with what a cold sandbox of a run
     /// with the configured limits would get. None when `sandbox.pool_size` is
-    /// 0, the daemon is not root (its mount helper could not enter a member),
-    /// or (on a backend with units) no runtime runs to place members in theirs.
+    /// 0, the daemon has no mount server (not root, or without the
+    /// capabilities: `mounter::start_server`), or (on a backend with units) no
+    /// runtime runs to place members in theirs.
     fn start_pool(&self, cfg: &crate::config::Config, spawner: &Spawner) -> Option<Arc<Pool>> {
         let sb = &cfg.sandbox;
         if sb.pool_size == 0 {
             return None;
         }
-        if !nix::unistd::geteuid().is_root() {
-            tracing::warn!(
-                "sandbox.pool_size = {} is not used: entering a pre-made sandbox to mount a workspace into it takes a root daemon; every script starts cold",
-                sb.pool_size
-            );
+        // The default is silent where it cannot apply; a size of one's own is
+        // said.
+        let not_used = |why: &str| {
+            if sb.pool_size == crate::config::POOL_SIZE_DEFAULT {
+                tracing::debug!("no pre-made sandboxes: {why}");
+            } else {
+                tracing::warn!(
+                    "sandbox.pool_size = {} is not used: {why}; every script starts cold",
+                    sb.pool_size
+                );
+            }
+        };
+        if let Some(why) = crate::sandbox::mounter::server_missing() {
+            not_used(&why);
             return None;
         }
         let spec = SandboxSpec::new(&self.sandbox, PathBuf::new(), false, PathBuf::new());
@@ -170,7 +180,7 @@ impl Settings {
             rlimits: spawn_rlimits(&self.backend, &limits, &spec, self.file_max_bytes),
             spec,
             bwrap: self.bwrap.clone(),
-            exe: crate::sandbox::init::exe(),
+            mounter: crate::sandbox::mounter::Via::Server,
         };
         let bounds = Bounds::new(
             sb.pool_size as usize,

@@ -116,8 +116,13 @@ pub fn main() -> ExitCode {
     //    drop on one thread of many left the others all of root's.) The state,
     //    the engines' directories, the audit store and the socket's group below
     //    take only kept ones.
-    let (quotas, pool) = (cfg.scripts.disk_max_bytes > 0, cfg.sandbox.pool_size > 0);
-    if let Err(e) = crate::sys::drop_daemon_capabilities(quotas, pool) {
+    //    Pre-made sandboxes' capabilities stay with the mount server only,
+    //    started before the drop (`sandbox::mounter`).
+    if cfg.sandbox.pool_size > 0 {
+        crate::sandbox::mounter::start_server(&crate::sandbox::init::exe());
+    }
+    let quotas = cfg.scripts.disk_max_bytes > 0;
+    if let Err(e) = crate::sys::drop_daemon_capabilities(quotas, false) {
         tracing::warn!("could not drop capabilities: {e}");
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()

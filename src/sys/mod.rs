@@ -683,6 +683,13 @@ pub const DAEMON_CAPABILITIES: [caps::Capability; 5] = [
     caps::Capability::CAP_FOWNER,
 ];
 
+/// Does this process hold `POOL_CAPABILITIES` (permitted)? A root daemon
+/// whose unit's bounding set leaves them out cannot enter a pre-made sandbox.
+pub fn has_pool_capabilities() -> bool {
+    caps::read(None, caps::CapSet::Permitted)
+        .is_ok_and(|have| POOL_CAPABILITIES.iter().all(|c| have.contains(c)))
+}
+
 /// What a root daemon with a pool keeps besides (`drop_daemon_capabilities`):
 /// setns into a mount namespace takes CAP_SYS_ADMIN and CAP_SYS_CHROOT,
 /// mounting there CAP_SYS_ADMIN, and reaching a non-dumpable process's
@@ -918,6 +925,16 @@ pub fn install_cloexec_above_fixed(cmd: &mut std::process::Command) {
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(cmd, hook);
     }
+}
+
+/// Let the kernel reap this process's children (SIGCHLD ignored): for a
+/// process that never waits for the ones it starts (the mount server).
+pub fn reap_children_automatically() -> io::Result<()> {
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler.
+    if unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) } == libc::SIG_ERR {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// A `pre_exec` hook: SIGXFSZ ignored, so that a write past RLIMIT_FSIZE fails

@@ -101,13 +101,20 @@ impl Tree {
 }
 
 /// Enter the mount namespace of the process `pidfd` refers to (a pidfd cannot
-/// name a later process that reuses the pid). Only a process that shares its
-/// filesystem context with no other thread may: a single-threaded helper, never
-/// the daemon. Root and current directory become the namespace's root.
+/// name a later process that reuses the pid), or the one a namespace
+/// descriptor (`own_mount_namespace`) refers to. Only a process that shares
+/// its filesystem context with no other thread may: a single-threaded helper,
+/// never the daemon. Root and current directory become the namespace's root.
 pub fn enter_mount_namespace(pidfd: BorrowedFd) -> io::Result<()> {
-    // SAFETY: setns on a live pidfd; it changes only this process's namespace.
+    // SAFETY: setns on a live descriptor; it changes only this process's namespace.
     check(unsafe { libc::syscall(libc::SYS_setns, pidfd.as_raw_fd(), libc::CLONE_NEWNS) })?;
     Ok(())
+}
+
+/// A descriptor of this process's mount namespace, to come back to it
+/// (`enter_mount_namespace`).
+pub fn own_mount_namespace() -> io::Result<OwnedFd> {
+    Ok(std::fs::File::open("/proc/self/ns/mnt")?.into())
 }
 
 /// Make the root mount of the current namespace writable (`true`) or read-only

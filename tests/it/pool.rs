@@ -5,7 +5,9 @@
 //! path's bind gives: private, nosuid and nodev, read-only when asked, `.agent`
 //! read-only on top, and beyond the script's reach to unmount or remount.
 use crate::common::*;
-use scriptgate::pool_parts::{runtime_dir, Identity, Member, SandboxBase, SandboxSpec, Waiting};
+use scriptgate::pool_parts::{
+    runtime_dir, Identity, Member, SandboxBase, SandboxSpec, Via, Waiting,
+};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
@@ -63,7 +65,7 @@ fn make(pool: &Pool) -> Member {
     Member::make(
         &pool.spec,
         Path::new("bwrap"),
-        Path::new(BIN),
+        &Via::Exec(BIN.into()),
         Some(NOBODY_ID),
         vec![],
         &spawn,
@@ -251,7 +253,7 @@ fn a_member_is_placed_before_bwrap_runs_and_one_that_cannot_be_is_not_made() {
     let e = Member::make(
         &pool.spec,
         Path::new("bwrap"),
-        Path::new(BIN),
+        &Via::Exec(BIN.into()),
         Some(NOBODY_ID),
         vec![],
         &spawn,
@@ -353,6 +355,65 @@ fn scripts_run_in_pre_made_sandboxes_and_see_what_a_cold_one_sees() {
     marks.sort();
     marks.dedup();
     assert_eq!(marks.len(), pooled.len());
+}
+
+/// A process's effective capabilities (`CapEff` of /proc/PID/status).
+fn cap_eff(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .unwrap()
+        .trim();
+    u64::from_str_radix(hex, 16).unwrap()
+}
+
+/// Privilege separation: a daemon with pre-made sandboxes keeps none of the
+/// three capabilities that entering one takes (CAP_SYS_ADMIN 21, CAP_SYS_CHROOT
+/// 18, CAP_SYS_PTRACE 19): its mount server holds them (and the daemon's own
+/// five, no more), and scripts still run pre-made through it.
+#[test]
+#[ignore = "needs root (cargo test -- --include-ignored, as root)"]
+fn only_the_mount_server_holds_what_entering_a_sandbox_takes() {
+    require_root("makes sandboxes as another uid and mounts into them");
+    let rig = Rig::with_config("[sandbox]\npool_size = 1\n");
+    let e = rig.engine();
+    eventually("a member waiting", Duration::from_secs(30), || {
+        pool_info(&e)["waiting"] == 1
+    });
+    let pool_caps: u64 = (1 << 21) | (1 << 18) | (1 << 19);
+    let daemon = rig.daemon.as_ref().unwrap().id();
+    assert_eq!(
+        cap_eff(daemon) & pool_caps,
+        0,
+        "the daemon keeps none of them"
+    );
+    let servers: Vec<u32> = descendants(daemon)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.ends_with(b"--sandbox-mount-server\0"))
+        })
+        .collect();
+    assert_eq!(servers.len(), 1, "one mount server");
+    let server = cap_eff(servers[0]);
+    assert_eq!(server & pool_caps, pool_caps, "the server holds them");
+    assert_eq!(
+        server & !pool_caps,
+        cap_eff(daemon),
+        "and beyond them only the daemon's own"
+    );
+    let r = e.run(
+        &rig.token(&rig.snapshot("auto")),
+        "print('pre-made')\n",
+        &[],
+    );
+    assert_eq!(
+        (r["status"].as_str(), r["pre_made"].as_bool()),
+        (Some("ok"), Some(true)),
+        "{r}\n{}",
+        rig.log_text()
+    );
 }
 
 #[test]
