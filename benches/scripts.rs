@@ -211,8 +211,9 @@ fn spread0(v: &[f64]) -> String {
 
 fn main() {
     let rounds = env_usize("SCRIPTGATE_BENCH_ROUNDS", 3);
+    // Cold starts here (the pre-made sandboxes' rig is `pool_figures`').
     let mut rig = Rig::with_config(
-        "[server]\nmax_running = 300\n[scripts]\nmax_calls = 100000\ntasks_max = 4096\n",
+        "[server]\nmax_running = 300\n[scripts]\nmax_calls = 100000\ntasks_max = 4096\n[sandbox]\npool_size = 0\n",
     );
     if let Some(d) = std::env::var_os("SCRIPTGATE_BENCH_DAEMON") {
         // Another build of the daemon, on the same rig.

@@ -422,9 +422,9 @@ pub fn status(ctx: &Ctx, json_out: bool) -> Result<(String, u8), Failure> {
     }
     if let Some(p) = &info.pool {
         rows.push(vec![
-            "pre-made".into(),
+            "pool".into(),
             format!(
-                "{} waiting ({} per script uid, at most {} in all)",
+                "{} pre-made sandboxes waiting ({} per script uid, at most {} in all)",
                 p.waiting, p.size, p.max_members
             ),
         ]);

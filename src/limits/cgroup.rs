@@ -127,6 +127,17 @@ pub fn stats(fs: &Path, cg: &str) -> Stats {
     s
 }
 
+/// The memory charged to cgroup `cg` now (v2 `memory.current`, at `fs/cg` or
+/// `fs/unified/cg`; else v1 `memory.usage_in_bytes`).
+pub fn memory_current(fs: &Path, cg: &str) -> Option<u64> {
+    let rel = cg.trim_start_matches('/');
+    [fs.join(rel), fs.join("unified").join(rel)]
+        .iter()
+        .map(|d| d.join("memory.current"))
+        .chain([fs.join("memory").join(rel).join("memory.usage_in_bytes")])
+        .find_map(|f| read(&f)?.trim().parse().ok())
+}
+
 /// Whether a script's limits are in force, as read back from the cgroup its
 /// first process is actually in (not from what was asked for): `problems` are
 /// memory or task limits not in force, `notes` a CPU quota not in force (the

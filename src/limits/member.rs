@@ -8,8 +8,8 @@
 //! cold one's. A waiting member runs nothing that forks (its Python blocks
 //! on its stdin), so the list of its processes holds while they move. The
 //! memory its Python touched while it waited stays charged to the member's
-//! cgroup (cgroup v2 does not move charges); the run's unit counts from the
-//! move.
+//! cgroup (cgroup v2 does not move charges): the run's unit counts from the
+//! move, and the run adds what the member held then to the peak it reports.
 
 use crate::limits::{Backend, LimitsError, Placement};
 use crate::policy::Limits;
@@ -43,8 +43,9 @@ pub fn new_id() -> String {
 pub struct Waiting {
     pub id: String,
     placement: Placement,
-    /// Its cgroup, whose `cgroup.procs` lists what moves at assignment.
-    dir: PathBuf,
+    /// The member's first process (its gated bwrap), whose cgroup is the unit's.
+    pid: u32,
+    cgroupfs: PathBuf,
 }
 
 impl Backend {
@@ -57,29 +58,65 @@ impl Backend {
         pid: u32,
     ) -> Result<Waiting, LimitsError> {
         let placement = self.place(id, idle, &[pid]).await?;
-        let dir = match (&placement, self) {
-            (Placement::Leaf(leaf), _) => leaf.dir.clone(),
-            (Placement::Scope { unit, manager, .. }, Backend::Systemd(s)) => {
-                let cg = manager.control_group(unit).await.unwrap_or_default();
-                s.cgroupfs.join(cg.trim_start_matches('/'))
-            }
-            _ => PathBuf::new(),
+        let cgroupfs = match self {
+            Backend::Systemd(s) => s.cgroupfs.clone(),
+            Backend::Cgroup(c) => c.cgroupfs.clone(),
+            Backend::Rlimit => PathBuf::new(),
         };
         Ok(Waiting {
             id: id.to_string(),
             placement,
-            dir,
+            pid,
+            cgroupfs,
         })
     }
 }
 
 impl Waiting {
-    /// Every process in the member's unit now.
+    /// Every process in the member's unit now: its cgroup v2 directory's
+    /// `cgroup.procs` (a leaf's own; a scope's, found from its first
+    /// process's `0::` line, under `unified/` on a hybrid host).
     pub fn pids(&self) -> io::Result<Vec<u32>> {
-        let file = self.dir.join("cgroup.procs");
+        let dir = match &self.placement {
+            Placement::Leaf(leaf) => leaf.dir.clone(),
+            _ => self.scope_dir()?,
+        };
+        let file = dir.join("cgroup.procs");
         let text = std::fs::read_to_string(&file)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", file.display())))?;
         Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    }
+
+    fn scope_dir(&self) -> io::Result<PathBuf> {
+        let rel = self.cgroup()?;
+        [
+            self.cgroupfs.join("unified").join(&rel),
+            self.cgroupfs.join(&rel),
+        ]
+        .into_iter()
+        .find(|d| d.join("cgroup.procs").exists())
+        .ok_or_else(|| io::Error::other(format!("no cgroup v2 directory for {rel}")))
+    }
+
+    /// The unit's cgroup, as its first process's `0::` line names it.
+    fn cgroup(&self) -> io::Result<String> {
+        let file = format!("/proc/{}/cgroup", self.pid);
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| io::Error::new(e.kind(), format!("{file}: {e}")))?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .map(|p| p.trim_start_matches('/').to_string())
+            .ok_or_else(|| io::Error::other(format!("{file} has no cgroup v2 line")))
+    }
+
+    /// What the member's processes hold now, charged to its unit: it stays
+    /// charged there when they move (cgroup v2 moves no charges), so the run
+    /// adds it to the peak its own unit reports.
+    pub fn memory_current(&self) -> u64 {
+        self.cgroup()
+            .ok()
+            .and_then(|cg| crate::limits::cgroup::memory_current(&self.cgroupfs, &cg))
+            .unwrap_or(0)
     }
 
     /// Let the unit go once its processes have left it (moved, or killed and

@@ -696,7 +696,9 @@ pub async fn run(
     //    broker, told first how the script was made to end (`forced`): the
     //    calls still at the engine are abandoned with that reason.
     let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
-    let (usage, outcome) = unit_facts(report, placed.placement, placed.keeper).await;
+    let (usage, mut outcome) = unit_facts(report, placed.placement, placed.keeper).await;
+    let carried = placed.carried_bytes;
+    outcome.stats.memory_peak_bytes = outcome.stats.memory_peak_bytes.map(|p| p + carried);
     let mut ending = Ending {
         cut,
         setup_error: placed.error,
@@ -1232,6 +1234,9 @@ struct Placed {
     error: Option<String>,
     /// Its limits that read back as not in force.
     notes: Vec<String>,
+    /// What a pre-made sandbox's processes held when they moved in, charged
+    /// to the unit they waited in (`limits::member`): added to the peak.
+    carried_bytes: u64,
 }
 
 /// How a sandbox enters its unit at step 5.
@@ -1267,12 +1272,16 @@ async fn place_behind_gate(
         keeper: None,
         error: None,
         notes: vec![],
+        carried_bytes: 0,
     };
     let (mut pids, gate, waiting) = match entry {
         Entry::None => return placed,
         Entry::Gate(gate) => (vec![pid as u32], Some(gate), None),
         Entry::Member(waiting) => match waiting.pids() {
-            Ok(pids) => (pids, None, Some(waiting)),
+            Ok(pids) => {
+                placed.carried_bytes = waiting.memory_current();
+                (pids, None, Some(waiting))
+            }
             Err(e) => {
                 placed.error = Some(format!(
                     "cannot move the pre-made sandbox into its unit: {e}"

@@ -159,8 +159,9 @@ pub fn shared() {
 pub const RIG_BACKEND: &str = "rlimit";
 
 /// `SCRIPTGATE_TEST_POOL=N`: every rig whose test does not set
-/// `sandbox.pool_size` itself keeps N pre-made sandboxes per uid, so that the
-/// sandbox suites run once cold and once pooled (`.ci/run`).
+/// `sandbox.pool_size` itself keeps N pre-made sandboxes per uid instead of the
+/// default (2, where the daemon is root), so that the sandbox suites run once
+/// pooled and once cold (`.ci/run`: `SCRIPTGATE_TEST_POOL=0`).
 fn pool_pin(extra: &str) -> String {
     match std::env::var("SCRIPTGATE_TEST_POOL") {
         Ok(n) if !extra.contains("pool_size") => format!("pool_size = {n}\n"),
@@ -292,35 +293,51 @@ impl Rig {
         self.wait_for_the_pool();
     }
 
-    /// With `SCRIPTGATE_TEST_POOL`, the first pre-made sandbox is waiting
-    /// before the test goes on, so that its scripts take pre-made ones: its
-    /// mount helper (`scriptgated --sandbox-mounter`, below the daemon)
-    /// starts once the member is ready. Watched in /proc, not asked of the
-    /// daemon: a connection would count against the connection tests' bounds.
+    /// With pre-made sandboxes (a root daemon's default, or
+    /// `SCRIPTGATE_TEST_POOL`), the shelf of `run_as` is full before the test
+    /// goes on, so that its scripts take pre-made ones and the daemon holds
+    /// what it holds at rest: each member's mount helper (`scriptgated
+    /// --sandbox-mounter`, below the daemon) starts once the member is ready. Watched in /proc, not asked of the daemon: a
+    /// connection would count against the connection tests' bounds.
     fn wait_for_the_pool(&mut self) {
         let config = std::fs::read_to_string(&self.config).unwrap_or_default();
-        let pooled = config.lines().any(|l| {
+        let size = config.lines().find_map(|l| {
             l.trim()
                 .strip_prefix("pool_size = ")
                 .and_then(|n| n.trim().parse::<u64>().ok())
-                > Some(0)
         });
-        if std::env::var_os("SCRIPTGATE_TEST_POOL").is_none() || !pooled {
+        let size = size.unwrap_or(scriptgate::config::POOL_SIZE_DEFAULT) as usize;
+        if size == 0 || !nix::unistd::geteuid().is_root() {
             return;
         }
         let daemon = self.daemon.as_ref().unwrap().id();
-        let helper_of_daemon = || {
-            descendants(daemon).into_iter().any(|p| {
-                std::fs::read(format!("/proc/{p}/cmdline"))
-                    .is_ok_and(|c| c.windows(17).any(|w| w == b"--sandbox-mounter"))
-            })
+        // A daemon that is not root keeps none.
+        let status = std::fs::read_to_string(format!("/proc/{daemon}/status")).unwrap_or_default();
+        let euid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().nth(1).map(str::to_string));
+        if euid.as_deref() != Some("0") {
+            return;
+        }
+        // One helper per waiting member: the shelf of `run_as` is full.
+        let helpers = || {
+            descendants(daemon)
+                .into_iter()
+                .filter(|p| {
+                    std::fs::read(format!("/proc/{p}/cmdline"))
+                        .is_ok_and(|c| c.windows(17).any(|w| w == b"--sandbox-mounter"))
+                })
+                .count()
         };
-        let no_pool = |log: &str| log.contains("pool_size") && log.contains("is not used");
-        eventually(
-            "the first pre-made sandbox",
-            Duration::from_secs(30),
-            || helper_of_daemon() || no_pool(&self.log_text()),
-        );
+        // No pool, or one that cannot make its members (a bwrap that fails).
+        let no_pool = |log: &str| {
+            (log.contains("pool_size") && log.contains("is not used"))
+                || log.contains("cannot make a pre-made sandbox")
+        };
+        eventually("the pre-made sandboxes", Duration::from_secs(30), || {
+            helpers() >= size || no_pool(&self.log_text())
+        });
     }
 
     pub fn log_text(&self) -> String {

@@ -658,6 +658,16 @@ fn status_shows_the_store_and_what_a_restart_would_interrupt() {
         t.contains("store    ") && t.contains(" 3 scripts since "),
         "{t}"
     );
+    // A root daemon's default pre-made sandboxes (sandbox.pool_size 2).
+    if nix::unistd::geteuid().is_root() {
+        assert!(
+            t.lines().any(|l| l.starts_with("pool     ")
+                && l.ends_with(
+                    " pre-made sandboxes waiting (2 per script uid, at most 21 in all)"
+                )),
+            "{t}"
+        );
+    }
     let j: Value = serde_json::from_slice(&rig.cli(["status", "--json"]).stdout).unwrap();
     assert_eq!(
         j["restart"],

@@ -130,7 +130,8 @@ running_id() {
 together() {
   local b=$1 dir=$2 ws="" n alone status bg want=8
   [ "$b" = systemd ] && want=6
-  TOTALS=$'total_memory_max_bytes = 402653184\ntotal_tasks_max = 24\ntotal_cpu_quota_percent = 30' \
+  # No pre-made sandboxes: waiting ones count against the totals too.
+  SANDBOX="pool_size = 0" TOTALS=$'total_memory_max_bytes = 402653184\ntotal_tasks_max = 24\ntotal_cpu_quota_percent = 30' \
     write_conf "$b" 134217728 16 20 60
   restart "$b" all scripts together || return
   status=$(scriptgate status 2>&1)
@@ -335,7 +336,8 @@ caps_of() {
   python3 - "$1" <<'PY'
 import sys
 names = {0: "chown", 1: "dac_override", 2: "dac_read_search", 3: "fowner", 4: "fsetid",
-         5: "kill", 6: "setgid", 7: "setuid", 8: "setpcap", 12: "net_admin", 21: "sys_admin"}
+         5: "kill", 6: "setgid", 7: "setuid", 8: "setpcap", 12: "net_admin", 18: "sys_chroot",
+         19: "sys_ptrace", 21: "sys_admin"}
 st = dict(l.split(":", 1) for l in open("/proc/%s/status" % sys.argv[1]) if ":" in l)
 out = []
 for k in ("CapEff", "CapPrm", "CapBnd", "CapInh", "CapAmb"):
@@ -345,18 +347,25 @@ print(" ".join(out))
 PY
 }
 documented_caps=chown,dac_override,fowner,setgid,setuid
+# The bounding set also has the three the mount server keeps (and only it).
+bounding_caps=chown,dac_override,fowner,setgid,setuid,sys_chroot,sys_ptrace,sys_admin
 pid=$(systemctl show -p MainPID --value scriptgate.service)
 got_caps=$(caps_of "$pid" 2>&1)
 echo "  daemon capabilities: $got_caps"
 command -v capsh >/dev/null && echo "  capsh --decode CapEff: $(capsh --decode="$(sed -n 's/^CapEff:[[:space:]]*//p' "/proc/$pid/status")")"
 check "the daemon's capabilities are exactly the documented set ($documented_caps)" test "$got_caps" = \
-  "CapEff=$documented_caps CapPrm=$documented_caps CapBnd=$documented_caps CapInh=- CapAmb=-"
+  "CapEff=$documented_caps CapPrm=$documented_caps CapBnd=$bounding_caps CapInh=- CapAmb=-"
+server=$(pgrep -P "$pid" -f -- '--sandbox-mount-server' | head -n1)
+server_caps=$(caps_of "$server" 2>&1)
+echo "  mount server $server: $server_caps"
+check "the mount server (pre-made sandboxes, on by default) alone keeps sys_admin, sys_chroot, sys_ptrace" test "$server_caps" = \
+  "CapEff=$bounding_caps CapPrm=$bounding_caps CapBnd=$bounding_caps CapInh=- CapAmb=-"
 # Capabilities are per thread: every thread of the daemon has the same.
 threads_caps=$(cat /proc/$pid/task/*/status 2>&1 | grep -E '^Cap(Eff|Prm)' | sort | uniq -c | wc -l)
 check "every thread of the daemon ($(ls /proc/$pid/task | wc -l)) has those capabilities" test "$threads_caps" = 2
 unit_caps=$(systemctl show -P CapabilityBoundingSet scriptgate.service)
 check "the unit's CapabilityBoundingSet= is that set ($unit_caps)" test \
-  "$(tr ' ' '\n' <<<"$unit_caps" | sort | tr '\n' ' ')" = "cap_chown cap_dac_override cap_fowner cap_setgid cap_setuid "
+  "$(tr ' ' '\n' <<<"$unit_caps" | sort | tr '\n' ' ')" = "cap_chown cap_dac_override cap_fowner cap_setgid cap_setuid cap_sys_admin cap_sys_chroot cap_sys_ptrace "
 status=$(scriptgate status 2>&1)
 status_rc=$?
 echo "$status" | sed 's/^/  /'
@@ -529,7 +538,7 @@ if id=$(running_id); then
   expect backstop 3 timeout
   check "the timeout names the scope's RuntimeMaxSec=" grep -q "RuntimeMaxSec" "$work/backstop.json"
   check "the failed scope was reset" sh -c "! systemctl list-units --all --no-legend '$scope' | grep -q ."
-  check "no failed scope left behind" sh -c "! systemctl list-units --all --no-legend 'scriptgate-*.scope' | grep -q ."
+  check "no failed scope left behind" sh -c "! systemctl list-units --all --no-legend 'scriptgate-*.scope' | grep -v scriptgate-pool- | grep -q ."
 else
   bad "a running script is listed (backstop)" "$(scriptgate ps 2>&1)"
   wait $bg
@@ -634,13 +643,11 @@ run cg_timeout "$work/sleep.py"
 expect cg_timeout 3 timeout
 check "the timeout left no process behind" sh -c "! pgrep -u scriptgate-script -f 'sleep 600'"
 
-# Pre-made sandboxes (sandbox.pool_size) on both production backends: each
-# member waits in a unit of its own under idle limits from its first
-# instruction; a run moves it into the run's own unit, which then reads back,
-# limits and is named exactly as a cold run's. The mount helper enters members
-# with CAP_SYS_ADMIN, CAP_SYS_CHROOT and CAP_SYS_PTRACE, which a drop-in adds to
-# the unit's bounding set (scriptgated(8), Pre-made sandboxes), under the
-# packaged AppArmor profile.
+# Pre-made sandboxes (sandbox.pool_size, 2 by default: every section above ran
+# with them) on both production backends: each member waits in a unit of its
+# own under idle limits from its first instruction; a run moves it into the
+# run's own unit, which then reads back, limits and is named exactly as a cold
+# run's. Then the same scripts with pool_size = 0, all cold.
 pool_waiting() { # N: until N members wait (up to 120 s)
   for _ in $(seq 600); do
     [ "$(scriptgate status --json 2>/dev/null | python3 -c 'import json,sys; print((json.load(sys.stdin)["daemon"].get("pool") or {}).get("waiting"))' 2>/dev/null)" = "$1" ] && return 0
@@ -649,20 +656,17 @@ pool_waiting() { # N: until N members wait (up to 120 s)
   return 1
 }
 pre_made() { test "$(jget "$work/$1.json" pre_made)" = True; }
-mkdir -p /run/systemd/system/scriptgate.service.d
-printf '[Service]\nCapabilityBoundingSet=CAP_SYS_ADMIN CAP_SYS_CHROOT CAP_SYS_PTRACE\n' >/run/systemd/system/scriptgate.service.d/pool.conf
-systemctl daemon-reload
 pool_denials0=$(denials)
 for b in systemd cgroup; do
-  section "$b backend: pre-made sandboxes (pool_size 2), each in a unit of its own"
-  SANDBOX="pool_size = 2" write_conf $b 134217728 16 20 60
+  section "$b backend: pre-made sandboxes (the default pool_size 2), each in a unit of its own"
+  write_conf $b 134217728 16 20 60
   restart $b pool
   if ! pool_waiting 2; then
     bad "$b: 2 pre-made sandboxes wait" "$(scriptgate status 2>&1; journalctl -u scriptgate.service -n 30 --no-pager -o cat)"
     continue
   fi
   ok "$b: 2 pre-made sandboxes wait"
-  check "$b: status says so" says "^pre-made +2 waiting \(2 per script uid" "$(scriptgate status 2>&1)"
+  check "$b: status says so" says "^pool +2 pre-made sandboxes waiting \(2 per script uid" "$(scriptgate status 2>&1)"
   if [ $b = systemd ]; then
     units=$(systemctl list-units --no-legend --plain 'scriptgate-pool-*.scope' | awk '{print $1}')
     one=$(head -n1 <<<"$units")
@@ -710,12 +714,23 @@ for b in systemd cgroup; do
   pool_waiting 2 || true
   run ${b}_pool_tester "$ex/fleet_summary.py" as_tester
   expect ${b}_pool_tester 0 ok "500 devices"
+  section "$b backend: the same scripts with pool_size = 0, all cold"
+  SANDBOX="pool_size = 0" write_conf $b 134217728 16 20 60
+  restart $b cold
+  check "$b: status shows no pre-made sandboxes" sh -c "! scriptgate status | grep -q '^pool '"
+  check "$b: no mount server" sh -c "! pgrep -f -- '[-]-sandbox-mount-server'"
+  run ${b}_cold_fleet "$ex/fleet_summary.py"
+  expect ${b}_cold_fleet 0 ok "500 devices"
+  check "$b: that run says no pre_made (no pool)" test -z "$(jget "$work/${b}_cold_fleet.json" pre_made)"
+  run ${b}_cold_mem "$work/mem.py"
+  expect ${b}_cold_mem 5 oom
+  run ${b}_cold_tasks "$work/tasks.py"
+  expect ${b}_cold_tasks 0 ok "refused thread"
+  check "$b: tasks_max 16 gives a cold script 13 threads more" grep -qx "threads 13" <<<"$(jget "$work/${b}_cold_tasks.json" output)"
 done
 if [ "$apparmor4" = yes ]; then
   check "no AppArmor denial with pre-made sandboxes" test "$(denials)" = "$pool_denials0"
 fi
-rm /run/systemd/system/scriptgate.service.d/pool.conf
-systemctl daemon-reload
 write_conf cgroup 134217728 16 20 60
 restart cgroup after-pool
 # The old daemon's members end with it (their init's lifeline); systemd
@@ -794,8 +809,18 @@ section "the unit"
 score=$(systemd-analyze security scriptgate.service 2>/dev/null | sed -n 's/.*Overall exposure level for scriptgate.service: \([0-9.]*\).*/\1/p')
 echo "figure systemd_analyze_security ${score:-none}"
 # 3.9 on both guests before issue 35 item 8 (seven capabilities: KILL and
-# DAC_READ_SEARCH among them; UMask=0022); 3.8 on Debian 13 since.
-check "systemd-analyze security ${score:-none} <= 3.8" python3 -c "import sys; sys.exit(0 if float('${score:-99}') <= 3.8 else 1)"
+# DAC_READ_SEARCH among them; UMask=0022); 3.8 on Debian 13 since, until the
+# bounding set took the mount server's three (pre-made sandboxes, by default):
+# 4.4 in the Debian 12 rig. Without them (pool_size = 0 and a drop-in), 3.8.
+check "systemd-analyze security ${score:-none} <= 4.4" python3 -c "import sys; sys.exit(0 if float('${score:-99}') <= 4.4 else 1)"
+mkdir -p /run/systemd/system/scriptgate.service.d
+printf '[Service]\nCapabilityBoundingSet=~CAP_SYS_ADMIN CAP_SYS_CHROOT CAP_SYS_PTRACE\n' >/run/systemd/system/scriptgate.service.d/no-pool.conf
+systemctl daemon-reload
+score0=$(systemd-analyze security scriptgate.service 2>/dev/null | sed -n 's/.*Overall exposure level for scriptgate.service: \([0-9.]*\).*/\1/p')
+echo "figure systemd_analyze_security_without_the_pool ${score0:-none}"
+check "without the mount server's capabilities (a drop-in), ${score0:-none} <= 3.8" python3 -c "import sys; sys.exit(0 if float('${score0:-99}') <= 3.8 else 1)"
+rm /run/systemd/system/scriptgate.service.d/no-pool.conf
+systemctl daemon-reload
 check "no sandbox the daemon failed to kill (it has no CAP_KILL)" sh -c "! journalctl -u scriptgate.service -o cat --no-pager | grep 'cannot kill the sandbox init'"
 if [ "$apparmor4" = yes ]; then
   new=$(($(denials) - denials_before))
@@ -824,20 +849,16 @@ rm -f /run/systemd/system/scriptgate.service.d/sg-test.conf
 systemctl daemon-reload
 
 section "bench: empty script, start to finish, beside bare bwrap + python3"
+# Each backend cold (pool_size = 0), then with the default pre-made sandboxes.
 for b in systemd cgroup rlimit; do
-  write_conf $b 1073741824 256 100 60
+  SANDBOX="pool_size = 0" write_conf $b 1073741824 256 100 60
   if restart $b && out=$(python3 /mnt/host/bench_backends.py "$b" 9 2>&1); then
     echo "$out"
     ok "bench on the $b backend"
   else
     bad "bench on the $b backend" "$out"
   fi
-done
-# The same with pre-made sandboxes (their capabilities by a drop-in, as above).
-printf '[Service]\nCapabilityBoundingSet=CAP_SYS_ADMIN CAP_SYS_CHROOT CAP_SYS_PTRACE\n' >/run/systemd/system/scriptgate.service.d/pool.conf
-systemctl daemon-reload
-for b in systemd cgroup rlimit; do
-  SANDBOX="pool_size = 2" write_conf $b 1073741824 256 100 60
+  write_conf $b 1073741824 256 100 60
   if restart $b && out=$(python3 /mnt/host/bench_backends.py "$b+pool" 9 2>&1); then
     echo "$out"
     ok "bench on the $b backend with pre-made sandboxes"
@@ -845,8 +866,6 @@ for b in systemd cgroup rlimit; do
     bad "bench on the $b backend with pre-made sandboxes" "$out"
   fi
 done
-rm /run/systemd/system/scriptgate.service.d/pool.conf
-systemctl daemon-reload
 
 if [ "$apparmor4" = yes ]; then
   section "Ubuntu's userns restriction, reproduced: bwrap under an enforcing copy of unprivileged_userns"
