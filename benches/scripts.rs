@@ -343,7 +343,7 @@ fn main() {
     );
 
     if env_usize("SCRIPTGATE_BENCH_POOL", 1) != 0 {
-        pool_figures(&inline, &token);
+        pool_figures(&inline, &token, pid);
     }
     if env_usize("SCRIPTGATE_BENCH_SCALE", 1) == 0 {
         return;
@@ -447,7 +447,7 @@ fn scale(rig: &Rig, inline: &Arc<Inline>, token: &str, pid: u32, n: usize, m: us
 /// script start to result, and start to the engine's first `tool.call` (the
 /// inline engine's clock). A pooled run waits, outside its timing, for a member
 /// to be waiting (a burst larger than the pool starts cold: the scale table).
-fn pool_figures(cold: &Inline, token: &str) {
+fn pool_figures(cold: &Inline, token: &str, cold_pid: u32) {
     const N: usize = 31;
     let rig = Rig::with_config(
         "[server]\nmax_running = 300\n[scripts]\nmax_calls = 100000\ntasks_max = 4096\n[sandbox]\npool_size = 4\n",
@@ -501,7 +501,12 @@ fn pool_figures(cold: &Inline, token: &str) {
     // pool is full and no script runs (bwrap, the init, Python, the helper).
     member_ready(4);
     let pid = rig.daemon.as_ref().unwrap().id();
-    let below = descendants(pid);
+    let is_server = |p: &u32| {
+        std::fs::read(format!("/proc/{p}/cmdline"))
+            .is_ok_and(|c| c.windows(22).any(|w| w == b"--sandbox-mount-server"))
+    };
+    let (servers, below): (Vec<u32>, Vec<u32>) = descendants(pid).into_iter().partition(is_server);
+    let server_pss: u64 = servers.iter().map(|p| smaps_kib(*p, "Pss:")).sum();
     let pss_kib: u64 = below.iter().map(|p| smaps_kib(*p, "Pss:")).sum();
     let rss_kib: u64 = below.iter().map(|p| smaps_kib(*p, "Rss:")).sum();
     println!();
@@ -528,9 +533,53 @@ fn pool_figures(cold: &Inline, token: &str) {
         pss_kib as f64 / 4.0 / 1024.0, rss_kib as f64 / 4.0 / 1024.0
     );
     println!(
-        "| daemon RSS with the pool full | {:.1} MiB | | | report |",
-        status_kib(pid, "VmRSS:") as f64 / 1024.0
+        "| daemon RSS with the pool full; its mount server's PSS | {:.1} MiB; {:.1} MiB | | | report |",
+        status_kib(pid, "VmRSS:") as f64 / 1024.0,
+        server_pss as f64 / 1024.0
     );
+
+    // Throughput: C engine threads, each starting its next empty script once
+    // its last one ended, 4 × max(C, 8) scripts in all; the two daemons in
+    // turn, at each C. A burst of C above the pool's 4 starts the rest cold.
+    println!();
+    println!("Starts per second, empty scripts, C at a time (pool_size = 4 against cold, in turn at each C):");
+    println!("| C | scripts | pool: starts/s | cold: starts/s | ratio | pool: daemon CPU per start | cold | pool: pre-made |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for c in [1usize, 8, 64] {
+        let k = 4 * c.max(8);
+        member_ready(4);
+        let (p_rate, p_cpu, pre) = throughput(&pooled, &ptoken, pid, c, k);
+        let (c_rate, c_cpu, _) = throughput(cold, token, cold_pid, c, k);
+        println!(
+            "| {c} | {k} | {p_rate:.1} | {c_rate:.1} | {:.2}x | {p_cpu:.2} ms | {c_cpu:.2} ms | {pre}/{k} |",
+            p_rate / c_rate
+        );
+    }
+}
+
+/// `k` empty scripts through `e`, `c` at a time: starts per second, the
+/// daemon's CPU per start (ms) and how many ran pre-made.
+fn throughput(e: &Inline, token: &str, daemon: u32, c: usize, k: usize) -> (f64, f64, usize) {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let pre = std::sync::atomic::AtomicUsize::new(0);
+    let cpu0 = cpu_s(daemon);
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..c {
+            s.spawn(|| {
+                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < k {
+                    let r = e.run(token, "pass");
+                    assert_eq!(r["status"], "ok", "{r}");
+                    if r["pre_made"] == true {
+                        pre.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu = cpu_s(daemon) - cpu0;
+    (k as f64 / wall, cpu * 1000.0 / k as f64, pre.into_inner())
 }
 
 fn smaps_kib(pid: u32, field: &str) -> u64 {

@@ -155,6 +155,18 @@ fn scripts_and_calls(o: &mut String, s: &Source) {
             .iter()
             .map(|st| (st.as_str(), s.get("finished", st.as_str()))),
     );
+    by_label(
+        o,
+        (
+            "scriptgate_sandbox_starts_total",
+            "counter",
+            "Finished scripts whose daemon kept pre-made sandboxes (sandbox.pool_size), by how each one's sandbox started: pre_made, or cold (none was waiting for its uid, its limits differed, or the mount failed).",
+        ),
+        "start",
+        ["pre_made", "cold"]
+            .into_iter()
+            .map(|k| (k, s.get("sandbox_starts", k))),
+    );
     single(
         o,
         "scriptgate_scripts_running",
@@ -308,6 +320,7 @@ mod tests {
         let s = Source {
             counters: vec![
                 ("finished".into(), "ok".into(), 2.0),
+                ("sandbox_starts".into(), "pre_made".into(), 3.0),
                 ("refusals".into(), "we\"ird\n".into(), 1.0),
                 ("calls".into(), "".into(), 10.0),
             ],
@@ -332,6 +345,11 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("scriptgate_scripts_running 1\n"), "{t}");
+        assert!(
+            t.contains("scriptgate_sandbox_starts_total{start=\"pre_made\"} 3\n")
+                && t.contains("scriptgate_sandbox_starts_total{start=\"cold\"} 0\n"),
+            "{t}"
+        );
         // Finished scripts' calls and the running ones' so far.
         assert!(t.contains("scriptgate_tool_calls_total 14\n"), "{t}");
         assert!(t.contains("scriptgate_tool_call_failures_total 2\n"), "{t}");

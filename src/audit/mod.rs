@@ -1510,6 +1510,15 @@ fn finish_row(c: &mut Connection, r: &ScriptResult, tool_counts: &Value) -> rusq
     )?;
     if n > 0 {
         count_finished(&tx, r.status.as_str(), r.calls, r.failures, r.duration_ms)?;
+        // Where a pool exists: how the script's sandbox started.
+        if let Some(pre_made) = r.pre_made {
+            bump(
+                &tx,
+                "sandbox_starts",
+                if pre_made { "pre_made" } else { "cold" },
+                1.0,
+            )?;
+        }
     }
     tx.commit()
 }

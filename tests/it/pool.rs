@@ -457,6 +457,18 @@ fn a_burst_larger_than_the_pool_starts_the_rest_cold() {
         (2..=3).contains(&pre_made),
         "{pre_made} pre-made: {results:?}"
     );
+    // The metrics count both ways, from the audit store.
+    let o = rig.cli(["metrics"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains(&format!(
+            "scriptgate_sandbox_starts_total{{start=\"pre_made\"}} {pre_made}\n"
+        )) && text.contains(&format!(
+            "scriptgate_sandbox_starts_total{{start=\"cold\"}} {}\n",
+            5 - pre_made
+        )),
+        "{text}"
+    );
 }
 
 #[test]
