@@ -166,7 +166,9 @@ pub fn serve() -> i32 {
         let Some((&"helper", ids)) = words.split_first() else {
             continue;
         };
-        if let Err(e) = spawn_helper(&exe, ids, target.as_fd(), helper.as_fd()) {
+        let spawned = helper_command(&exe, ids, target.as_fd(), helper.as_fd())
+            .and_then(|(mut cmd, _copies)| cmd.spawn());
+        if let Err(e) = spawned {
             let _ = mount::send_with_fds(
                 helper.as_fd(),
                 format!("error: cannot start the mount helper: {e}").as_bytes(),
@@ -186,14 +188,16 @@ fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     )?)
 }
 
-/// Exec this binary as one member's helper, with `target` and `socket` on its
-/// fixed descriptors and `ids` (empty, or "UID GID") as its arguments.
-fn spawn_helper(
+/// The command that execs this binary as one member's helper, with `target`
+/// and `socket` on its fixed descriptors and `ids` (empty, or "UID GID") as
+/// its arguments; the copies it dup2s from are returned, to be dropped once
+/// it is spawned.
+fn helper_command(
     exe: &Path,
     ids: &[&str],
     target: BorrowedFd,
     socket: BorrowedFd,
-) -> io::Result<std::process::Child> {
+) -> io::Result<(std::process::Command, [OwnedFd; 2])> {
     let target = crate::sys::dup_high(&target)?;
     let socket = crate::sys::dup_high(&socket)?;
     let mut cmd = std::process::Command::new(exe);
@@ -213,7 +217,7 @@ fn spawn_helper(
             parent_pid: std::process::id() as libc::pid_t,
         },
     );
-    cmd.spawn()
+    Ok((cmd, [target, socket]))
 }
 
 /// The helper's `main`, with its arguments after `ARG`: the exit status.
@@ -359,25 +363,7 @@ impl Mounter {
         let child = match via {
             Via::Exec(exe) => {
                 let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-                let target = crate::sys::dup_high(&target)?;
-                let theirs = crate::sys::dup_high(&theirs)?;
-                let mut cmd = std::process::Command::new(exe);
-                cmd.arg(ARG).args(&ids);
-                cmd.env_clear()
-                    .stdin(std::process::Stdio::null())
-                    .stdout(std::process::Stdio::null());
-                crate::sys::install_pre_exec(
-                    &mut cmd,
-                    crate::sys::ChildSetup {
-                        identity: None,
-                        rlimits: vec![],
-                        dups: vec![
-                            (std::os::fd::AsRawFd::as_raw_fd(&target), FD_TARGET),
-                            (std::os::fd::AsRawFd::as_raw_fd(&theirs), FD_SOCKET),
-                        ],
-                        parent_pid: std::process::id() as libc::pid_t,
-                    },
-                );
+                let (cmd, _copies) = helper_command(exe, &ids, target, theirs.as_fd())?;
                 Some(spawn(cmd)?)
             }
             Via::Server => {
