@@ -365,6 +365,17 @@ impl Tree {
     pub fn init(&self, own_pid: u32) -> io::Result<()> {
         let leaf = self.root.join("daemon");
         mkdir(&leaf)?;
+        // Every process of the subtree's root goes: the daemon, and what it
+        // started before (its mount server, `sandbox::mounter`). A process
+        // left there would keep the controllers from being enabled (EBUSY).
+        let others = read(&self.root.join("cgroup.procs")).unwrap_or_default();
+        // (One that exited meanwhile is not there to move: its error is moot.)
+        for pid in others
+            .split_whitespace()
+            .filter(|p| *p != own_pid.to_string())
+        {
+            let _ = write(&leaf.join("cgroup.procs"), pid);
+        }
         write(&leaf.join("cgroup.procs"), &own_pid.to_string())?;
         let controllers = read(&self.root.join("cgroup.controllers")).unwrap_or_default();
         let enable: Vec<String> = ["memory", "pids", "cpu"]
