@@ -385,6 +385,15 @@ impl Tree {
             .collect();
         write(&self.root.join("cgroup.subtree_control"), &enable.join(" "))?;
         mkdir(&self.scripts())?;
+        // Leaves an earlier daemon left (its waiting pre-made sandboxes, and
+        // scripts of a daemon killed outright) go once empty; a busy one stays.
+        if let Ok(dir) = std::fs::read_dir(self.scripts()) {
+            for leaf in dir.flatten() {
+                if leaf.file_name().to_string_lossy().starts_with("script-") {
+                    let _ = std::fs::remove_dir(leaf.path());
+                }
+            }
+        }
         write(
             &self.scripts().join("cgroup.subtree_control"),
             &enable.join(" "),
@@ -654,7 +663,14 @@ mod tests {
     fn init_moves_the_daemon_out_then_enables_controllers() {
         let (d, root) = fake_tree();
         let t = Tree::detect(d.path(), "0::/system.slice/scriptgate.service").unwrap();
+        // An earlier daemon's: an empty leaf of a pre-made sandbox, and one
+        // still busy (here: not empty).
+        std::fs::create_dir_all(root.join("scripts/script-pool-00aa")).unwrap();
+        std::fs::create_dir_all(root.join("scripts/script-bb")).unwrap();
+        std::fs::write(root.join("scripts/script-bb/cgroup.procs"), "7\n").unwrap();
         t.init(4242).unwrap();
+        assert!(!root.join("scripts/script-pool-00aa").exists());
+        assert!(root.join("scripts/script-bb").exists());
         assert_eq!(
             std::fs::read_to_string(root.join("daemon/cgroup.procs")).unwrap(),
             "4242"
@@ -664,7 +680,8 @@ mod tests {
             "+memory +pids +cpu"
         );
         // The scripts' leaves are one level down, in a node of their own that
-        // the daemon is not in: it carries the bound on all of them.
+        // the daemon is not in: it carries the bound on all of them. An empty
+        // leaf an earlier daemon left there is removed.
         assert_eq!(t.scripts(), root.join("scripts"));
         assert_eq!(
             std::fs::read_to_string(root.join("scripts/cgroup.subtree_control")).unwrap(),

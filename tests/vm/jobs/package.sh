@@ -608,7 +608,9 @@ run cg_mem "$work/mem.py"
 expect cg_mem 5 oom
 peak=$(jget "$work/cg_mem.json" memory_peak_bytes)
 echo "figure cgroup_oom_memory_peak_bytes ${peak:-none}"
-check "memory.peak reported near the 128 MiB limit (${peak:-none})" python3 -c "import sys; sys.exit(0 if 100<<20 <= int('${peak:-0}') <= 129<<20 else 1)"
+# A pre-made script's peak also counts what its interpreter held before it
+# moved into its leaf (charged to the unit it waited in): up to 16 MiB more.
+check "memory.peak reported near the 128 MiB limit (${peak:-none})" python3 -c "import sys; sys.exit(0 if 100<<20 <= int('${peak:-0}') <= 144<<20 else 1)"
 run cg_tasks "$work/tasks.py"
 expect cg_tasks 0 ok "refused thread"
 check "cgroup backend: tasks_max 16 gives the script 13 threads more" grep -qx "threads 13" <<<"$(jget "$work/cg_tasks.json" output)"
@@ -767,6 +769,10 @@ if truncate -s 192M /var/tmp/pq.img && mkfs.ext4 -q -O quota,project -E quotatyp
   mkdir -p /etc/systemd/system/scriptgate.service.d
   printf '[Service]\nReadWritePaths=%s\n' "$pq" >/etc/systemd/system/scriptgate.service.d/roots.conf
   systemctl daemon-reload
+  # Without CAP_SYS_ADMIN in the bounding set (a drop-in that takes out the
+  # mount server's three, as scriptgated(8) says for pool_size = 0).
+  printf '[Service]\nCapabilityBoundingSet=~CAP_SYS_ADMIN CAP_SYS_CHROOT CAP_SYS_PTRACE\n' >/etc/systemd/system/scriptgate.service.d/quota.conf
+  systemctl daemon-reload
   ROOTS="\"$pq\"" DISK=67108864 write_conf cgroup 268435456 16 100 120
   restart disk
   status=$(scriptgate status 2>&1)
@@ -775,16 +781,15 @@ if truncate -s 192M /var/tmp/pq.img && mkfs.ext4 -q -O quota,project -E quotatyp
   run pq_nocap "$work/fill32.py"
   expect pq_nocap 0 ok "wrote 32 MiB"
   check "the result says the bound is not in force" grep -q "scripts.disk_max_bytes not in force" "$work/pq_nocap.json"
-  # The drop-in scriptgated(8) gives for it.
-  mkdir -p /etc/systemd/system/scriptgate.service.d
-  printf '[Service]\nCapabilityBoundingSet=CAP_SYS_ADMIN\n' >/etc/systemd/system/scriptgate.service.d/quota.conf
+  # The packaged unit's bounding set has it: the daemon keeps it for the bound.
+  rm /etc/systemd/system/scriptgate.service.d/quota.conf
   systemctl daemon-reload
   restart disk with CAP_SYS_ADMIN
   status=$(scriptgate status 2>&1)
   got_caps=$(caps_of "$(systemctl show -p MainPID --value scriptgate.service)" 2>&1)
   want=chown,dac_override,fowner,setgid,setuid,sys_admin
-  check "with the DISK drop-in: the documented set and CAP_SYS_ADMIN ($got_caps)" test "$got_caps" = \
-    "CapEff=$want CapPrm=$want CapBnd=$want CapInh=- CapAmb=-"
+  check "with disk_max_bytes: the documented set and CAP_SYS_ADMIN ($got_caps)" test "$got_caps" = \
+    "CapEff=$want CapPrm=$want CapBnd=$bounding_caps CapInh=- CapAmb=-"
   check "status: the bound is in force on $pq" says "^ *disk +at most 64 MiB per workspace.*$pq: in force" "$status"
   run pq_fill "$work/fill.py"
   expect pq_fill 0 ok "stopped EDQUOT after"
@@ -796,7 +801,7 @@ if truncate -s 192M /var/tmp/pq.img && mkfs.ext4 -q -O quota,project -E quotatyp
   # Another workspace on the same filesystem is not touched by the first one's 64 MiB.
   run pq_other "$work/fill32.py"
   expect pq_other 0 ok "wrote 32 MiB"
-  rm -f /etc/systemd/system/scriptgate.service.d/quota.conf /etc/systemd/system/scriptgate.service.d/roots.conf
+  rm -f /etc/systemd/system/scriptgate.service.d/roots.conf
   systemctl daemon-reload
   write_conf cgroup 134217728 16 20 60
   restart after disk
