@@ -97,21 +97,7 @@ pub fn start_server(exe: &Path) {
 fn spawn_server(exe: &Path) -> io::Result<Server> {
     let (ours, theirs) = seqpacket_pair()?;
     let theirs = crate::sys::dup_high(&theirs)?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg(SERVER_ARG)
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null());
-    crate::sys::install_pre_exec(
-        &mut cmd,
-        crate::sys::ChildSetup {
-            identity: None,
-            rlimits: vec![],
-            dups: vec![(std::os::fd::AsRawFd::as_raw_fd(&theirs), FD_SERVER)],
-            parent_pid: std::process::id() as libc::pid_t,
-        },
-    );
-    let child = cmd.spawn()?;
+    let child = own_binary(exe, &[SERVER_ARG], &[(&theirs, FD_SERVER)]).spawn()?;
     drop(theirs);
     Ok(Server {
         socket: std::sync::Mutex::new(ours),
@@ -200,9 +186,18 @@ fn helper_command(
 ) -> io::Result<(std::process::Command, [OwnedFd; 2])> {
     let target = crate::sys::dup_high(&target)?;
     let socket = crate::sys::dup_high(&socket)?;
+    let args: Vec<&str> = std::iter::once(ARG).chain(ids.iter().copied()).collect();
+    let cmd = own_binary(exe, &args, &[(&target, FD_TARGET), (&socket, FD_SOCKET)]);
+    Ok((cmd, [target, socket]))
+}
+
+/// `exe` (this binary) with `args`, no environment, stdin and stdout on
+/// /dev/null (stderr the daemon's), and each descriptor of `fds` dup2'ed to
+/// its fixed number in the child; nothing else crosses the exec.
+fn own_binary(exe: &Path, args: &[&str], fds: &[(&OwnedFd, RawFd)]) -> std::process::Command {
     let mut cmd = std::process::Command::new(exe);
-    cmd.arg(ARG).args(ids);
-    cmd.env_clear()
+    cmd.args(args)
+        .env_clear()
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null());
     crate::sys::install_pre_exec(
@@ -210,14 +205,14 @@ fn helper_command(
         crate::sys::ChildSetup {
             identity: None,
             rlimits: vec![],
-            dups: vec![
-                (std::os::fd::AsRawFd::as_raw_fd(&target), FD_TARGET),
-                (std::os::fd::AsRawFd::as_raw_fd(&socket), FD_SOCKET),
-            ],
+            dups: fds
+                .iter()
+                .map(|(fd, to)| (std::os::fd::AsRawFd::as_raw_fd(*fd), *to))
+                .collect(),
             parent_pid: std::process::id() as libc::pid_t,
         },
     );
-    Ok((cmd, [target, socket]))
+    cmd
 }
 
 /// The helper's `main`, with its arguments after `ARG`: the exit status.

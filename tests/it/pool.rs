@@ -303,6 +303,16 @@ fn pool_info(e: &Engine) -> Value {
     e.request("daemon.info", json!({})).unwrap()["pool"].clone()
 }
 
+/// A rig with `config` and its engine, once `n` members wait.
+fn pooled(config: &str, n: u64) -> (Rig, Engine) {
+    let rig = Rig::with_config(config);
+    let e = rig.engine();
+    eventually("members waiting", Duration::from_secs(30), || {
+        pool_info(&e)["waiting"] == n
+    });
+    (rig, e)
+}
+
 fn seen(r: &Value) -> Value {
     assert_eq!(r["status"], "ok", "{r}");
     serde_json::from_str(r["output"].as_str().unwrap().trim()).unwrap()
@@ -376,11 +386,7 @@ fn cap_eff(pid: u32) -> u64 {
 #[ignore = "needs root (cargo test -- --include-ignored, as root)"]
 fn only_the_mount_server_holds_what_entering_a_sandbox_takes() {
     require_root("makes sandboxes as another uid and mounts into them");
-    let rig = Rig::with_config("[sandbox]\npool_size = 1\n");
-    let e = rig.engine();
-    eventually("a member waiting", Duration::from_secs(30), || {
-        pool_info(&e)["waiting"] == 1
-    });
+    let (rig, e) = pooled("[sandbox]\npool_size = 1\n", 1);
     let pool_caps: u64 = (1 << 21) | (1 << 18) | (1 << 19);
     let daemon = rig.daemon.as_ref().unwrap().id();
     assert_eq!(
@@ -420,12 +426,11 @@ fn only_the_mount_server_holds_what_entering_a_sandbox_takes() {
 #[ignore = "needs root (cargo test -- --include-ignored, as root)"]
 fn a_burst_larger_than_the_pool_starts_the_rest_cold() {
     require_root("makes sandboxes as another uid and mounts into them");
-    let rig = Rig::with_config("[sandbox]\npool_size = 2\n[scripts]\nmax_concurrency = 8\n");
-    let e = rig.engine();
+    let (rig, e) = pooled(
+        "[sandbox]\npool_size = 2\n[scripts]\nmax_concurrency = 8\n",
+        2,
+    );
     let token = rig.token(&rig.snapshot("auto"));
-    eventually("two members waiting", Duration::from_secs(30), || {
-        pool_info(&e)["waiting"] == 2
-    });
     // All five sent before any answer: the keeper, making one member at a
     // time, cannot refill the shelf between them.
     let answers: Vec<_> = (0..5)
@@ -475,11 +480,7 @@ fn a_burst_larger_than_the_pool_starts_the_rest_cold() {
 #[ignore = "needs root (cargo test -- --include-ignored, as root)"]
 fn a_run_with_tighter_limits_starts_cold() {
     require_root("makes sandboxes as another uid and mounts into them");
-    let rig = Rig::with_config("[sandbox]\npool_size = 1\n");
-    let e = rig.engine();
-    eventually("a member waiting", Duration::from_secs(30), || {
-        pool_info(&e)["waiting"] == 1
-    });
+    let (rig, e) = pooled("[sandbox]\npool_size = 1\n", 1);
     let mut snap = rig.snapshot("auto");
     snap["limits"] = json!({"memory_max_bytes": 200_000_000u64});
     let r = e.run(&rig.token(&snap), "print(1)\n", &[]);
