@@ -60,6 +60,14 @@ fn open_dir(p: &Path) -> OwnedFd {
 }
 
 fn make(pool: &Pool) -> Member {
+    make_placed(pool, None).expect("a pool member")
+}
+
+/// A member as nobody, placed by `place` where given.
+fn make_placed(
+    pool: &Pool,
+    place: Option<&dyn Fn(u32) -> std::io::Result<Waiting>>,
+) -> std::io::Result<Member> {
     // Spawned from the test's own thread, which outlives the member.
     let spawn = |mut c: std::process::Command| c.spawn();
     Member::make(
@@ -69,9 +77,8 @@ fn make(pool: &Pool) -> Member {
         Some(NOBODY_ID),
         vec![],
         &spawn,
-        None,
+        place,
     )
-    .expect("a pool member")
 }
 
 /// The pool's workspace and its `.agent`, as the daemon opens them.
@@ -233,7 +240,6 @@ fn a_member_is_assigned_once() {
 #[ignore = "needs root (cargo test -- --include-ignored, as root)"]
 fn a_member_is_placed_before_bwrap_runs_and_one_that_cannot_be_is_not_made() {
     let pool = pool();
-    let spawn = |mut c: std::process::Command| c.spawn();
     let seen = std::sync::Mutex::new(None);
     let place = |pid: u32| {
         // What it executes, once its exec is through (spawn may return a
@@ -250,17 +256,9 @@ fn a_member_is_placed_before_bwrap_runs_and_one_that_cannot_be_is_not_made() {
         *seen.lock().unwrap() = Some((pid, name));
         Err::<Waiting, _>(std::io::Error::other("no unit here"))
     };
-    let e = Member::make(
-        &pool.spec,
-        Path::new("bwrap"),
-        &Via::Exec(BIN.into()),
-        Some(NOBODY_ID),
-        vec![],
-        &spawn,
-        Some(&place),
-    )
-    .err()
-    .expect("a member that cannot be placed is not made");
+    let e = make_placed(&pool, Some(&place))
+        .err()
+        .expect("a member that cannot be placed is not made");
     assert!(
         e.to_string()
             .contains("cannot place a pre-made sandbox in its unit: no unit here"),
