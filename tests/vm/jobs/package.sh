@@ -733,10 +733,11 @@ done
 if [ "$apparmor4" = yes ]; then
   check "no AppArmor denial with pre-made sandboxes" test "$(denials)" = "$pool_denials0"
 fi
-write_conf cgroup 134217728 16 20 60
+SANDBOX="pool_size = 0" write_conf cgroup 134217728 16 20 60
 restart cgroup after-pool
 # The old daemon's members end with it (their init's lifeline); systemd
-# collects their emptied scopes and trims the stopped service's subtree.
+# collects their emptied scopes, and the next daemon (here: with no pool)
+# removes its backend's emptied leaves.
 for _ in $(seq 100); do
   systemctl list-units --all --no-legend 'scriptgate-pool-*' | grep -q . || break
   sleep 0.1
