@@ -3,8 +3,8 @@
 //!
 //! A multithreaded process may not enter another mount namespace (its threads
 //! share one filesystem context), so the daemon cannot do it itself. When a
-//! member is made, the daemon starts its own binary as `BIN --sandbox-mounter
-//! [UID GID]` (the member's identity, which owns what the helper creates in the
+//! member is made, the daemon's own binary is started (by the mount server,
+//! below) as `BIN --sandbox-mounter [UID GID]` (the member's identity, which owns what the helper creates in the
 //! sandbox) with a pidfd of the member's PID 1 on `FD_TARGET` and one end of a seqpacket
 //! socket on `FD_SOCKET`. The helper enters the member's mount namespace
 //! through the pidfd (never a path or a pid that could be reused), says
@@ -116,13 +116,9 @@ pub fn server_missing() -> Option<String> {
 
 /// The mount server's `main`: start one helper per request, until the
 /// daemon's end closes. It keeps the daemon's capabilities and the pool's,
-/// no more; its helpers are reaped by the kernel (SIGCHLD ignored).
+/// no more; the helpers that ended are reaped before each request.
 pub fn serve() -> i32 {
     if let Err(e) = crate::sys::drop_daemon_capabilities(false, true) {
-        eprintln!("scriptgate mount server: {e}");
-        return 1;
-    }
-    if let Err(e) = crate::sys::reap_children_automatically() {
         eprintln!("scriptgate mount server: {e}");
         return 1;
     }
@@ -132,6 +128,8 @@ pub fn serve() -> i32 {
     };
     let exe = crate::sandbox::init::exe();
     loop {
+        // The helpers that have ended since the last request.
+        crate::sys::reap_exited_children();
         let (request, fds) = match mount::recv_with_fds(socket.as_fd(), REQUEST_MAX, 2) {
             Ok((bytes, _)) if bytes.is_empty() => return 0, // the daemon is gone
             Ok(r) => r,

@@ -386,15 +386,15 @@ fn keep(inner: &Inner, spawner: &Spawner) {
     }
 }
 
-/// The execute-only copies of the interpreter and the init, as the cold path
-/// binds them (`script::with_exec_only`): for a script of another uid than a
-/// root daemon's. Made once by the keeper; without them (no room), members are
-/// made without, as cold sandboxes are.
 /// Has this process's binary been replaced on disk (a package upgrade)?
 fn binary_replaced() -> bool {
     std::fs::read_link("/proc/self/exe").is_ok_and(|p| p.to_string_lossy().ends_with(" (deleted)"))
 }
 
+/// The execute-only copies of the interpreter and the init, as the cold path
+/// binds them (`script::with_exec_only`): for a script of another uid than a
+/// root daemon's. Made once by the keeper; without them (no room), members are
+/// made without, as cold sandboxes are.
 struct ExecOnlyFor(Option<crate::sandbox::ExecOnly>);
 
 impl ExecOnlyFor {

@@ -622,8 +622,8 @@ fn as_thread_euid<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> io::Result
 }
 
 /// Keep only the capabilities the daemon needs, when it runs as root (each one's
-/// use, as scriptgate.service's CapabilityBoundingSet= lists it, which must be
-/// the same set):
+/// use, as scriptgate.service's CapabilityBoundingSet= lists it, which has
+/// these and `POOL_CAPABILITIES`):
 /// - CAP_SETUID, CAP_SETGID: a child switches to the script's uid and gid and
 ///   drops every supplementary group before it execs bwrap (`install_pre_exec`);
 ///   a thread takes the script's uid to signal its sandbox (`PidFd::kill`);
@@ -639,11 +639,11 @@ fn as_thread_euid<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> io::Result
 ///   owned by the engines, a project id (`quota::set_project`).
 ///
 /// With `quotas` (`scripts.disk_max_bytes` set), CAP_SYS_ADMIN too, which setting
-/// a project quota's limit takes (`quota::set_project_limit`). With `pool`
-/// (`sandbox.pool_size` set), `POOL_CAPABILITIES`: the mount helper, a child
-/// that can hold no more than the daemon (no_new_privs), enters a pre-made
-/// sandbox's mount namespace and mounts the workspace into it
-/// (`sandbox::mounter`). (bwrap needs none:
+/// a project quota's limit takes (`quota::set_project_limit`). With `pool`,
+/// `POOL_CAPABILITIES`: only the mount server calls it so (`sandbox::mounter`),
+/// started before the daemon drops them and able to hold no more than the
+/// daemon had (no_new_privs); its helpers enter a pre-made sandbox's mount
+/// namespace and mount the workspace into it. (bwrap needs none:
 /// it builds the sandbox in a user namespace of its own, as the script's uid.)
 /// No CAP_KILL (its sandboxes are signalled as their own uid) and no
 /// CAP_DAC_READ_SEARCH (CAP_DAC_OVERRIDE covers every read and search it does).
@@ -674,7 +674,8 @@ pub fn drop_daemon_capabilities(quotas: bool, pool: bool) -> Result<(), Capabili
 }
 
 /// The capabilities a root daemon keeps ([`drop_daemon_capabilities`] says for
-/// what); scriptgate.service's CapabilityBoundingSet= is the same set.
+/// what); scriptgate.service's CapabilityBoundingSet= has these and, for the
+/// mount server, `POOL_CAPABILITIES`.
 pub const DAEMON_CAPABILITIES: [caps::Capability; 5] = [
     caps::Capability::CAP_SETUID,
     caps::Capability::CAP_SETGID,
@@ -927,14 +928,17 @@ pub fn install_cloexec_above_fixed(cmd: &mut std::process::Command) {
     }
 }
 
-/// Let the kernel reap this process's children (SIGCHLD ignored): for a
-/// process that never waits for the ones it starts (the mount server).
-pub fn reap_children_automatically() -> io::Result<()> {
-    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler.
-    if unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) } == libc::SIG_ERR {
-        return Err(io::Error::last_os_error());
+/// Reap every child of this process that has exited, without blocking: for
+/// a process that does not wait for each one it starts (the mount server).
+/// (SIGCHLD ignored would reap them too, but then a failed spawn's own wait,
+/// in std's `Command::spawn`, finds no child and panics.)
+pub fn reap_exited_children() {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
     }
-    Ok(())
 }
 
 /// A `pre_exec` hook: SIGXFSZ ignored, so that a write past RLIMIT_FSIZE fails
