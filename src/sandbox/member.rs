@@ -48,7 +48,8 @@ pub struct Member {
 
 impl Member {
     /// Make a member: bwrap with `member_args(spec)` as `identity` under
-    /// `rlimits`, its init's pidfd from `--info-fd`, and its mount helper (`mounter::Via`) inside. Both are started by `spawn`, which must spawn
+    /// `rlimits`, its init's pidfd from `--info-fd`, and its mount helper
+    /// (`mounter::Via`) inside. Both are started by `spawn`, which must spawn
     /// from a thread that outlives them (their parent-death signals fire when
     /// the spawning thread exits: `sys::Spawner`). With `place`, bwrap waits
     /// behind the gate until `place` has put it (by pid) in its unit. Blocking:
@@ -94,11 +95,7 @@ impl Member {
             None => None,
         };
         let mut cmd = match gate {
-            Some(_) => {
-                let mut c = Command::new("/bin/sh");
-                c.arg("-c").arg(crate::sandbox::gate_script()).arg(bwrap);
-                c
-            }
+            Some(_) => crate::sandbox::gated(bwrap),
             None => Command::new(bwrap),
         };
         cmd.env_clear()
@@ -123,7 +120,11 @@ impl Member {
         let unit = match (place, gate) {
             (Some(place), Some(gate)) => match place(child.id()) {
                 Ok(unit) => {
-                    std::fs::File::from(gate).write_all(b"go\n")?;
+                    if let Err(e) = std::fs::File::from(gate).write_all(b"go\n") {
+                        let _ = child.wait();
+                        unit.release();
+                        return Err(e);
+                    }
                     Some(unit)
                 }
                 Err(e) => {

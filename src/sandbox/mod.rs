@@ -670,10 +670,18 @@ pub fn parse_usage_report(bytes: &[u8]) -> Option<Report> {
 /// that the sandbox's first instruction already runs inside its unit (cold
 /// sandboxes and pre-made ones alike). A gate in `pre_exec` would deadlock:
 /// spawning waits for the exec. Closed without "go", it exits 125.
-pub fn gate_script() -> String {
+fn gate_script() -> String {
     format!(
         r#"IFS= read -r go <&{FD_GATE} && [ "$go" = go ] || exit 125; exec {FD_GATE}<&-; exec "$0" "$@""#
     )
+}
+
+/// `bwrap` behind the gate (`gate_script`): the command for a sandbox that is
+/// placed in its unit before it runs.
+pub fn gated(bwrap: &Path) -> std::process::Command {
+    let mut c = std::process::Command::new("/bin/sh");
+    c.arg("-c").arg(gate_script()).arg(bwrap);
+    c
 }
 
 /// The most of bwrap's `--info-fd` JSON that is read.

@@ -1043,11 +1043,7 @@ fn command(
     stderr: OwnedFd,
 ) -> std::process::Command {
     let mut cmd = if launch.backend.needs_gate() {
-        let mut c = std::process::Command::new("/bin/sh");
-        c.arg("-c")
-            .arg(crate::sandbox::gate_script())
-            .arg(&launch.bwrap);
-        c
+        crate::sandbox::gated(&launch.bwrap)
     } else {
         std::process::Command::new(&launch.bwrap)
     };
