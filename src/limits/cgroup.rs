@@ -385,12 +385,39 @@ impl Tree {
             .collect();
         write(&self.root.join("cgroup.subtree_control"), &enable.join(" "))?;
         mkdir(&self.scripts())?;
-        // Leaves an earlier daemon left (its waiting pre-made sandboxes, and
-        // scripts of a daemon killed outright) go once empty; a busy one stays.
-        if let Ok(dir) = std::fs::read_dir(self.scripts()) {
-            for leaf in dir.flatten() {
-                if leaf.file_name().to_string_lossy().starts_with("script-") {
-                    let _ = std::fs::remove_dir(leaf.path());
+        // Leaves an earlier daemon left go once empty; a busy one stays. Its
+        // waiting pre-made sandboxes' leaves (`script-pool-*`) are killed
+        // first: their members ended with it, all but one whose bwrap was
+        // killed between its clone and releasing its child, which would wait
+        // forever. (A script's leaf a daemon killed outright left is not
+        // killed: `scriptgate ps` and the recovery at start say what it was.)
+        let leaves: Vec<PathBuf> = std::fs::read_dir(self.scripts())
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        let name = |p: &PathBuf| {
+            p.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned()
+        };
+        for leaf in leaves
+            .iter()
+            .filter(|p| name(p).starts_with("script-pool-"))
+        {
+            let kill = leaf.join("cgroup.kill"); // Linux 5.14+
+            if kill.exists() {
+                let _ = write(&kill, "1");
+            }
+        }
+        for leaf in leaves.iter().filter(|p| name(p).starts_with("script-")) {
+            let pool = name(leaf).starts_with("script-pool-");
+            // A killed leaf is busy until its processes have exited.
+            for _ in 0..if pool { 40 } else { 1 } {
+                match std::fs::remove_dir(leaf) {
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) && pool => {
+                        std::thread::sleep(std::time::Duration::from_millis(25))
+                    }
+                    _ => break,
                 }
             }
         }

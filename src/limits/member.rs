@@ -72,6 +72,25 @@ impl Backend {
     }
 }
 
+impl Backend {
+    /// At a daemon's start, before its pool: the scopes an earlier daemon's
+    /// waiting members were left in are stopped (`SystemdBackend`; the cgroup
+    /// backend's leaves go in `cgroup::Tree::init`, the rlimit backend has
+    /// none). Only a daemon that keeps a pool calls it: the one system daemon.
+    pub async fn clear_stale_members(&self) {
+        if let Backend::Systemd(s) = self {
+            let stopped = s.manager.stop_pool_scopes().await;
+            if !stopped.is_empty() {
+                tracing::info!(
+                    "stopped {} unit(s) of an earlier daemon's pre-made sandboxes: {}",
+                    stopped.len(),
+                    stopped.join(" ")
+                );
+            }
+        }
+    }
+}
+
 impl Waiting {
     /// Every process in the member's unit now: its cgroup v2 directory's
     /// `cgroup.procs` (a leaf's own; a scope's, found from its first

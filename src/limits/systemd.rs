@@ -97,6 +97,13 @@ impl ScopeEnd {
     }
 }
 
+/// How long one call to systemd may take before it fails (a busy PID 1
+/// answers in milliseconds; a loaded one under emulation in seconds).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The units waiting pre-made sandboxes live in (`limits::member::new_id`).
+pub const POOL_SCOPES: &str = "scriptgate-pool-*.scope";
+
 pub fn unit_name(script_id: &str) -> String {
     format!("scriptgate-{script_id}.scope")
 }
@@ -107,7 +114,15 @@ impl Manager {
         if !nix::unistd::Uid::effective().is_root() {
             return Err(SystemdError::NotRoot);
         }
-        let bus = tokio::time::timeout(Duration::from_secs(3), zbus::Connection::system())
+        // Every call is bounded: a systemd that never answers fails the one
+        // script (its placement), never holds it forever.
+        let connect = async {
+            zbus::connection::Builder::system()?
+                .method_timeout(CALL_TIMEOUT)
+                .build()
+                .await
+        };
+        let bus = tokio::time::timeout(Duration::from_secs(3), connect)
             .await
             .map_err(|_| SystemdError::BusTimeout)?
             .map_err(SystemdError::NoBus)?;
@@ -181,6 +196,57 @@ impl Manager {
             self.reset_failed(unit).await;
         }
         ScopeEnd::from_unit(state.as_deref(), result.as_deref())
+    }
+
+    /// Stop every waiting member's scope (`scriptgate-pool-*.scope`) that an
+    /// earlier daemon left. Its members ended with it (their inits' lifeline),
+    /// all but one whose bwrap was killed between its clone and releasing its
+    /// child: that child waits forever, in a scope that would stay for a year.
+    /// The scopes stopped, by name.
+    pub async fn stop_pool_scopes(&self) -> Vec<String> {
+        type Row = (
+            String,
+            String,
+            String,
+            String,
+            String,
+            String,
+            OwnedObjectPath,
+            u32,
+            String,
+            OwnedObjectPath,
+        );
+        let listed = self
+            .bus
+            .call_method(
+                Some(DEST),
+                PATH,
+                Some(MANAGER),
+                "ListUnitsByPatterns",
+                &(Vec::<&str>::new(), vec![POOL_SCOPES]),
+            )
+            .await
+            .and_then(|reply| reply.body().deserialize::<Vec<Row>>());
+        let units: Vec<String> = match listed {
+            Ok(rows) => rows.into_iter().map(|r| r.0).collect(),
+            Err(e) => {
+                tracing::debug!("cannot list {POOL_SCOPES}: {e}");
+                return vec![];
+            }
+        };
+        for unit in &units {
+            let _ = self
+                .bus
+                .call_method(
+                    Some(DEST),
+                    PATH,
+                    Some(MANAGER),
+                    "StopUnit",
+                    &(unit.as_str(), "replace"),
+                )
+                .await;
+        }
+        units
     }
 
     async fn reset_failed(&self, unit: &str) {

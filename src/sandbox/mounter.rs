@@ -52,6 +52,10 @@ const MESSAGE_MAX: usize = 4096 + 64;
 
 /// The helper's words to the daemon.
 const READY: &[u8] = b"ready";
+/// How long the daemon waits for each of a helper's answers: "ready" once it
+/// is in the member's mount namespace, "ok" once the workspace is in (both
+/// take milliseconds).
+const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 const OK: &[u8] = b"ok";
 
 /// The hidden argument that selects the mount server.
@@ -350,6 +354,13 @@ impl Mounter {
         spawn: &dyn Fn(std::process::Command) -> io::Result<std::process::Child>,
     ) -> io::Result<Mounter> {
         let (ours, theirs) = seqpacket_pair()?;
+        // A helper that never answers fails its member (or its run, which
+        // then starts cold), never holds it.
+        nix::sys::socket::setsockopt(
+            &ours,
+            nix::sys::socket::sockopt::ReceiveTimeout,
+            &nix::sys::time::TimeVal::new(ANSWER_TIMEOUT.as_secs() as _, 0),
+        )?;
         let ids: Vec<String> = owner
             .map(|id| vec![id.uid.to_string(), id.gid.to_string()])
             .unwrap_or_default();
@@ -417,8 +428,24 @@ impl Mounter {
     }
 
     fn hear(&mut self) -> io::Result<Vec<u8>> {
-        let (bytes, _) = mount::recv_with_fds(self.socket.as_fd(), MESSAGE_MAX, 0)?;
-        Ok(bytes)
+        match mount::recv_with_fds(self.socket.as_fd(), MESSAGE_MAX, 0) {
+            Ok((bytes, _)) => Ok(bytes),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let e = io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the mount helper did not answer within {} s",
+                        ANSWER_TIMEOUT.as_secs()
+                    ),
+                );
+                if let Some(child) = &mut self.child {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The helper's error, as it said it (or its silence), with it reaped.

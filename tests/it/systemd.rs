@@ -755,6 +755,16 @@ fn restart_drains_running_scripts() {
         std::fs::read_to_string(&out).unwrap_or_default() == "up\n"
     });
     let old_pid = rig.sh_ok("systemctl show -p MainPID --value scriptgate.service");
+    // What a daemon killed while it made a pre-made sandbox leaves: a pool
+    // scope whose process (a bwrap child never released) waits forever. The
+    // next daemon stops it before it makes its own.
+    let stale = "scriptgate-pool-0000stale0000000.scope";
+    rig.sh_ok(&format!(
+        "systemd-run --scope --quiet --unit={stale} --slice=scriptgate.slice sleep 3600 </dev/null >/dev/null 2>&1 &"
+    ));
+    eventually("the stale pool scope", Duration::from_secs(10), || {
+        rig.is_active(stale) == "active"
+    });
     let restart = {
         let pid1 = rig.pid1;
         std::thread::spawn(move || {
@@ -790,6 +800,15 @@ fn restart_drains_running_scripts() {
         rig.sh_ok("systemctl show -p MainPID --value scriptgate.service"),
         old_pid,
         "restarted"
+    );
+    eventually(
+        "the stale pool scope to stop",
+        Duration::from_secs(10),
+        || rig.is_active(stale) != "active",
+    );
+    assert!(
+        !rig.sh_ok("pgrep -x sleep -a || true").contains("3600"),
+        "the stale scope's process was killed"
     );
     // The stop was clean (not a timeout), and the new daemon serves the record.
     let e = Engine::connect(&rig.socket());
