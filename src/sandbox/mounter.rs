@@ -39,7 +39,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Component, Path};
 
 /// The hidden argument that selects the helper mode.
 pub const ARG: &str = "--sandbox-mounter";
@@ -247,6 +247,7 @@ pub fn run(args: &[std::ffi::OsString]) -> i32 {
     // the pidfd (inside, /proc is the sandbox's, where this process has no
     // /proc/self).
     let entered = mount::own_mount_namespace().and_then(|home| {
+        mount::check_sandbox_target(target.as_fd())?;
         mount::enter_mount_namespace(target.as_fd())?;
         Ok(home)
     });
@@ -281,6 +282,16 @@ pub fn run(args: &[std::ffi::OsString]) -> i32 {
         }
     };
     let path = Path::new(OsStr::from_bytes(&message[1..]));
+    // The workspace's path as the daemon checked it against its roots: whole,
+    // with no `..` to climb out of where it is made inside the sandbox.
+    if !path.is_absolute()
+        || path
+            .components()
+            .any(|c| !matches!(c, Component::RootDir | Component::Normal(_)))
+    {
+        let _ = say(b"error: a workspace path that is not absolute and plain");
+        return 1;
+    }
     let done = trees(home.as_fd(), target.as_fd(), &dirs, read_only)
         .and_then(|(workspace, agent)| inject(path, owner, workspace, agent));
     match done {

@@ -111,6 +111,61 @@ pub fn enter_mount_namespace(pidfd: BorrowedFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Check that the process `pidfd` refers to is a sandbox, before its mount
+/// namespace is entered: alive, and in a mount namespace and a user namespace
+/// other than this process's (a pre-made sandbox's init is in bwrap's own;
+/// a pidfd of a host process, or of this one, is refused). The namespaces are
+/// read at the pid the pidfd's fdinfo gives, then the fdinfo is read again:
+/// were the pid reused between the two, the process the pidfd refers to would
+/// have ended, and that is refused too. (No signal 0 to ask: the helper has
+/// no CAP_KILL, and the init is another uid's.)
+pub fn check_sandbox_target(pidfd: BorrowedFd) -> io::Result<()> {
+    let pid = pidfd_pid(pidfd)?;
+    let ns = |who: &str, kind: &str| -> io::Result<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(format!("/proc/{who}/ns/{kind}"))?;
+        Ok((m.dev(), m.ino()))
+    };
+    let theirs = (ns(&pid.to_string(), "mnt")?, ns(&pid.to_string(), "user")?);
+    let ours = (ns("self", "mnt")?, ns("self", "user")?);
+    // Still the same process: a pid is reused only once its process ended,
+    // and then the pidfd's fdinfo says -1.
+    if pidfd_pid(pidfd)? != pid {
+        return Err(io::Error::other(
+            "the sandbox's init ended while it was checked",
+        ));
+    }
+    if theirs.0 == ours.0 {
+        return Err(io::Error::other(
+            "the target shares this process's mount namespace: not a sandbox",
+        ));
+    }
+    if theirs.1 == ours.1 {
+        return Err(io::Error::other(
+            "the target is in this process's user namespace: not a sandbox",
+        ));
+    }
+    Ok(())
+}
+
+/// The pid (in this process's pid namespace) of the process a pidfd refers
+/// to, from its fdinfo; an error once it has ended.
+fn pidfd_pid(pidfd: BorrowedFd) -> io::Result<i32> {
+    let fdinfo = format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd());
+    let text = std::fs::read_to_string(&fdinfo)?;
+    let pid: i32 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Pid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| io::Error::other(format!("{fdinfo} has no Pid: line (not a pidfd)")))?;
+    if pid <= 0 {
+        return Err(io::Error::other(
+            "the sandbox's init has ended, or is not visible from here",
+        ));
+    }
+    Ok(pid)
+}
+
 /// A descriptor of this process's mount namespace, to come back to it
 /// (`enter_mount_namespace`).
 pub fn own_mount_namespace() -> io::Result<OwnedFd> {
@@ -287,4 +342,70 @@ pub fn recv_with_fds(
     }
     buf.truncate(n);
     Ok((buf, fds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_sandbox_target;
+    use crate::sys::PidFd;
+    use std::io::BufRead;
+    use std::os::fd::AsFd;
+    use std::process::{Command, Stdio};
+
+    /// Only a live process in a mount and a user namespace of its own passes:
+    /// this process, a host child and a dead sandbox are refused.
+    #[test]
+    #[ignore = "needs root (unshare -m); .ci/run runs it"]
+    fn a_target_is_a_live_process_in_namespaces_of_its_own() {
+        let me = PidFd::open(std::process::id() as i32).unwrap();
+        let e = check_sandbox_target(me.as_fd()).unwrap_err();
+        assert!(
+            e.to_string().contains("mount namespace: not a sandbox"),
+            "{e}"
+        );
+
+        let mut host = Command::new("sleep").arg("60").spawn().unwrap();
+        let fd = PidFd::open(host.id() as i32).unwrap();
+        assert!(check_sandbox_target(fd.as_fd()).is_err());
+        host.kill().unwrap();
+        host.wait().unwrap();
+
+        // Its own mount namespace, in the host's user namespace: refused.
+        let mut mnt_only = in_namespaces("-m");
+        let fd = PidFd::open(mnt_only.id() as i32).unwrap();
+        let e = check_sandbox_target(fd.as_fd()).unwrap_err();
+        assert!(
+            e.to_string().contains("user namespace: not a sandbox"),
+            "{e}"
+        );
+        mnt_only.kill().unwrap();
+        mnt_only.wait().unwrap();
+
+        let mut sandbox = in_namespaces("-Urm");
+        let fd = PidFd::open(sandbox.id() as i32).unwrap();
+        check_sandbox_target(fd.as_fd()).unwrap();
+        sandbox.kill().unwrap();
+        sandbox.wait().unwrap();
+        // Dead, reaped: its pid may be anyone's now, and the pidfd says so.
+        let e = check_sandbox_target(fd.as_fd()).unwrap_err();
+        assert!(e.to_string().contains("has ended"), "{e}");
+    }
+
+    /// A `sleep` in new namespaces (`unshare FLAGS`), once it is in them.
+    fn in_namespaces(flags: &str) -> std::process::Child {
+        let mut child = Command::new("unshare")
+            .args([flags, "sh", "-c", "echo in; exec sleep 60"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("unshare (util-linux)");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(
+            line, "in\n",
+            "unshare {flags} (as root, with user namespaces)"
+        );
+        child
+    }
 }

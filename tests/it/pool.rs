@@ -306,8 +306,9 @@ fn pooled(config: &str, n: u64) -> (Rig, Engine) {
     let rig = Rig::with_config(config);
     let e = rig.engine();
     eventually("members waiting", Duration::from_secs(30), || {
-        pool_info(&e)["waiting"] == n
+        pool_info(&e)["waiting"] == n || rig.log_text().contains("cannot make a pre-made")
     });
+    assert_eq!(pool_info(&e)["waiting"], n, "{}", rig.log_text());
     (rig, e)
 }
 
