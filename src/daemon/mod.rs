@@ -149,11 +149,9 @@ impl Daemon {
             cfg.scripts.cpu_quota_percent,
         )
         .await?;
-        // What an earlier daemon's pool left (a pool needs the mount server:
-        // only the system daemon keeps one, and only it clears them).
-        if cfg.sandbox.pool_size > 0 && crate::sandbox::mounter::server_missing().is_none() {
-            backend.backend.clear_stale_members().await;
-        }
+        // What an earlier daemon's pool left, whether this one keeps a pool or
+        // not (a root daemon on the systemd backend owns scriptgate.slice).
+        backend.backend.clear_stale_members().await;
         let state = cfg.state.dir.clone();
         make_state_dir(&state)?;
         let runtime_dir = write_runtime_module(&state)?;

@@ -70,21 +70,22 @@ impl Backend {
             cgroupfs,
         })
     }
-}
 
-impl Backend {
-    /// At a daemon's start, before its pool: the scopes an earlier daemon's
-    /// waiting members were left in are stopped (`SystemdBackend`; the cgroup
+    /// At a daemon's start, before its pool: what the scopes an earlier
+    /// daemon's waiting members were left in still hold is killed
+    /// (`SystemdBackend`; the cgroup
     /// backend's leaves go in `cgroup::Tree::init`, the rlimit backend has
-    /// none). Only a daemon that keeps a pool calls it: the one system daemon.
+    /// none). A daemon on the systemd backend is root and owns scriptgate.slice
+    /// (it sets the slice's bound too): whatever pool scopes are there are an
+    /// earlier daemon's.
     pub async fn clear_stale_members(&self) {
         if let Backend::Systemd(s) = self {
-            let stopped = s.manager.stop_pool_scopes().await;
-            if !stopped.is_empty() {
+            let killed = s.manager.kill_pool_scopes().await;
+            if !killed.is_empty() {
                 tracing::info!(
-                    "stopped {} unit(s) of an earlier daemon's pre-made sandboxes: {}",
-                    stopped.len(),
-                    stopped.join(" ")
+                    "killed what {} unit(s) of an earlier daemon's pre-made sandboxes held: {}",
+                    killed.len(),
+                    killed.join(" ")
                 );
             }
         }

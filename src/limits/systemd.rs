@@ -198,12 +198,17 @@ impl Manager {
         ScopeEnd::from_unit(state.as_deref(), result.as_deref())
     }
 
-    /// Stop every waiting member's scope (`scriptgate-pool-*.scope`) that an
+    /// End every waiting member's scope (`scriptgate-pool-*.scope`) that an
     /// earlier daemon left. Its members ended with it (their inits' lifeline),
     /// all but one whose bwrap was killed between its clone and releasing its
     /// child: that child waits forever, in a scope that would stay for a year.
-    /// The scopes stopped, by name.
-    pub async fn stop_pool_scopes(&self) -> Vec<String> {
+    /// Its processes get SIGKILL (`KillUnit`), and systemd collects the emptied
+    /// scope. Not `StopUnit`: that child is the init of a pid namespace, which
+    /// ignores SIGTERM, so the stop job would wait out TimeoutStopSec= (90 s),
+    /// and until then the start job of scriptgate.slice, which every new
+    /// scope pulls in, waits behind it: no script could be placed (seen in the
+    /// Debian 13 guest). The scopes killed, by name.
+    pub async fn kill_pool_scopes(&self) -> Vec<String> {
         type Row = (
             String,
             String,
@@ -223,7 +228,10 @@ impl Manager {
                 PATH,
                 Some(MANAGER),
                 "ListUnitsByPatterns",
-                &(Vec::<&str>::new(), vec![POOL_SCOPES]),
+                &(
+                    vec!["active", "activating", "deactivating"],
+                    vec![POOL_SCOPES],
+                ),
             )
             .await
             .and_then(|reply| reply.body().deserialize::<Vec<Row>>());
@@ -241,8 +249,8 @@ impl Manager {
                     Some(DEST),
                     PATH,
                     Some(MANAGER),
-                    "StopUnit",
-                    &(unit.as_str(), "replace"),
+                    "KillUnit",
+                    &(unit.as_str(), "all", libc::SIGKILL),
                 )
                 .await;
         }

@@ -68,9 +68,22 @@ impl std::fmt::Debug for Units {
     }
 }
 
+/// Set once the daemon stops, before its runtime shuts down: a keeper then
+/// asks the runtime nothing more (a call on a runtime being shut down panics
+/// in its timers: seen as a keeper's panic at SIGTERM).
+static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The daemon is stopping: no pool places another member (`STOPPING`).
+pub fn stopping() {
+    STOPPING.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
 impl Units {
     /// Put a new member's gated process in a unit of its own.
     fn place(&self, pid: u32) -> std::io::Result<crate::limits::member::Waiting> {
+        if STOPPING.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other("scriptgated is stopping"));
+        }
         let id = crate::limits::member::new_id();
         self.runtime
             .block_on(self.backend.place_waiting(&id, &self.idle, pid))
@@ -302,7 +315,7 @@ fn keep(inner: &Inner, spawner: &Spawner) {
     let exec_only = ExecOnlyFor::new(&inner.profile.spec);
     let mut st = inner.state.lock().unwrap();
     loop {
-        if st.stopped {
+        if st.stopped || STOPPING.load(std::sync::atomic::Ordering::SeqCst) {
             let shelves = std::mem::take(&mut st.shelves);
             drop(st);
             for (_, shelf) in shelves {

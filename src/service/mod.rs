@@ -141,6 +141,8 @@ pub fn main() -> ExitCode {
         watchdog.map(|d| d.as_micros() as u64),
     ));
     // Scripts were interrupted and recorded; do not wait for stray blocking tasks.
+    // A pool's keeper asks the runtime nothing more from here on.
+    crate::sandbox::pool::stopping();
     rt.shutdown_timeout(Duration::from_secs(1));
     code
 }

@@ -756,11 +756,13 @@ fn restart_drains_running_scripts() {
     });
     let old_pid = rig.sh_ok("systemctl show -p MainPID --value scriptgate.service");
     // What a daemon killed while it made a pre-made sandbox leaves: a pool
-    // scope whose process (a bwrap child never released) waits forever. The
-    // next daemon stops it before it makes its own.
+    // scope whose process (a bwrap child never released, the init of its pid
+    // namespace: SIGTERM does nothing to it) waits forever. The next daemon
+    // kills it before it makes its own, and at once: a stop job would wait
+    // 90 s for it, and hold every new scope in the slice behind it.
     let stale = "scriptgate-pool-0000stale0000000.scope";
     rig.sh_ok(&format!(
-        "systemd-run --scope --quiet --unit={stale} --slice=scriptgate.slice sleep 3600 </dev/null >/dev/null 2>&1 &"
+        "systemd-run --scope --quiet --unit={stale} --slice=scriptgate.slice sh -c 'trap \"\" TERM; exec sleep 3600' </dev/null >/dev/null 2>&1 &"
     ));
     eventually("the stale pool scope", Duration::from_secs(10), || {
         rig.is_active(stale) == "active"
@@ -802,9 +804,9 @@ fn restart_drains_running_scripts() {
         "restarted"
     );
     eventually(
-        "the stale pool scope to stop",
+        "the stale pool scope to end",
         Duration::from_secs(10),
-        || rig.is_active(stale) != "active",
+        || !matches!(rig.is_active(stale).as_str(), "active" | "deactivating"),
     );
     assert!(
         !rig.sh_ok("pgrep -x sleep -a || true").contains("3600"),
