@@ -13,6 +13,7 @@
 //! - a `subscriptions/listen` request's `taskIds` reach the handler
 //!   (`ListenTaskIds`) and its acknowledgement, which lists those accepted.
 
+use super::line::Line;
 use super::scripts::Principal;
 use super::server::{CodeMode, ListenTaskIds, Origin};
 use super::stdio::{listen_refusal, listen_task_ids, with_task_ids};
@@ -196,11 +197,12 @@ async fn serve_connection(
     // Cancelled when this connection ends, however it ends.
     let gone = CancellationToken::new();
     let _closed = gone.clone().drop_guard();
+    let line = Line::of(&stream).map(Arc::new);
     let svc = {
-        let gone = gone.clone();
+        let (gone, line) = (gone.clone(), line.clone());
         hyper::service::service_fn(move |req| {
-            let (gate, gone) = (gate.clone(), gone.clone());
-            async move { Ok::<_, Infallible>(gate.respond(req, gone).await) }
+            let (gate, gone, line) = (gate.clone(), gone.clone(), line.clone());
+            async move { Ok::<_, Infallible>(gate.respond(req, gone, line).await) }
         })
     };
     // Every path is the MCP endpoint; /mcp is the one documented.
@@ -220,6 +222,9 @@ async fn serve_connection(
             }
             others.remove(id);
         }
+    }
+    if let Some(l) = line {
+        l.end();
     }
     drop(slot);
 }
@@ -292,7 +297,12 @@ struct Gate {
 }
 
 impl Gate {
-    async fn respond(&self, req: Request<Incoming>, gone: CancellationToken) -> Response<Reply> {
+    async fn respond(
+        &self,
+        req: Request<Incoming>,
+        gone: CancellationToken,
+        line: Option<Arc<Line>>,
+    ) -> Response<Reply> {
         let deadline = Instant::now() + BODY_TIMEOUT;
         if !self.authorized(req.headers()) {
             let mut r = text(
@@ -342,6 +352,7 @@ impl Gate {
         parts.extensions.insert(Origin {
             who: self.who.clone(),
             gone,
+            line,
         });
         let req = Request::from_parts(parts, Once(Some(bytes)));
         let r = WHO.scope(self.who.clone(), self.rmcp.handle(req)).await;

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 mod approval;
 mod http;
+mod line;
 mod peer;
 mod result;
 mod scripts;

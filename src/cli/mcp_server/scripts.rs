@@ -3,6 +3,7 @@
 //! (answered with a task, or its client gone) and be found and cancelled by id;
 //! what a call, `tasks/get` and `tasks/cancel` know of a script is here.
 
+use super::line::Line;
 use super::result;
 use super::ui::McpUi;
 use crate::cli::exit::Failure;
@@ -68,6 +69,9 @@ pub(super) struct Launch {
     pub(super) ui: Arc<McpUi>,
     pub(super) owner: Principal,
     pub(super) key: RequestKey,
+    /// The connection of the call that starts it, where that call leaves it
+    /// to run on when its client goes.
+    pub(super) line: Option<Arc<Line>>,
 }
 
 /// Who is waiting for a script's answer.
@@ -100,7 +104,18 @@ pub(super) struct Script {
     ui: Arc<McpUi>,
     done: watch::Receiver<Option<Arc<Done>>>,
     cancel: CancellationToken,
-    claim: Mutex<Claim>,
+    claim: Mutex<Holder>,
+}
+
+/// Who holds a script, and since which claim.
+struct Holder {
+    claim: Claim,
+    /// Counts claims: a call acts on its script at its end only if no other
+    /// claim came after its own (`Script::hold`, `Script::release`).
+    turn: u64,
+    /// The connection of the call that holds it, where that call leaves the
+    /// script to run on when its client goes (it declared tasks).
+    line: Option<Arc<Line>>,
 }
 
 impl Script {
@@ -140,15 +155,76 @@ impl Script {
         self.ui.line()
     }
 
+    fn holder(&self) -> std::sync::MutexGuard<'_, Holder> {
+        self.claim.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub(super) fn claim(&self) -> Claim {
-        *self.claim.lock().unwrap_or_else(|p| p.into_inner())
+        self.holder().claim
     }
 
     pub(super) fn set_claim(&self, c: Claim) {
-        *self.claim.lock().unwrap_or_else(|p| p.into_inner()) = c;
+        self.claim_as(&mut self.holder(), c);
+    }
+
+    fn claim_as(&self, h: &mut Holder, c: Claim) {
+        h.claim = c;
+        h.turn += 1;
+        h.line = None;
         if c != Claim::Call {
             // Nobody reads progress on the call any more.
             self.ui.detach();
+        }
+    }
+
+    /// A call waits for it now (on `line`, if it leaves the script to run on
+    /// when its client goes): the turn to give `release`.
+    pub(super) fn hold(&self, line: Option<Arc<Line>>) -> u64 {
+        let mut h = self.holder();
+        h.claim = Claim::Call;
+        h.turn += 1;
+        h.line = line;
+        h.turn
+    }
+
+    /// The call of `turn` answered: the script is claimed `c` now, unless
+    /// another claim came after that call's.
+    pub(super) fn settle(&self, turn: u64, c: Claim) {
+        let mut h = self.holder();
+        if h.turn == turn {
+            self.claim_as(&mut h, c);
+        }
+    }
+
+    /// The call of `turn` went away unanswered: the script is an orphan (a
+    /// re-issue adopts it) if `keep`, else it is cancelled; nothing if another
+    /// claim came after that call's (a re-issue adopted it already).
+    pub(super) fn release(&self, turn: u64, keep: bool) {
+        let mut h = self.holder();
+        if h.turn != turn {
+            return;
+        }
+        let c = if keep {
+            Claim::Orphan
+        } else {
+            Claim::Delivered
+        };
+        self.claim_as(&mut h, c);
+        drop(h);
+        if !keep {
+            self.cancel();
+        }
+    }
+
+    /// A re-issue of its call may take it: its call went away unanswered, or
+    /// the client of the call that holds it hung up (which that call may not
+    /// have learnt yet).
+    fn adoptable(&self) -> bool {
+        let h = self.holder();
+        match h.claim {
+            Claim::Orphan => true,
+            Claim::Call => h.line.as_ref().is_some_and(|l| l.hung_up()),
+            Claim::Task | Claim::Delivered => false,
         }
     }
 }
@@ -192,14 +268,15 @@ impl Scripts {
         self.map().get(id).cloned()
     }
 
-    /// A script of `owner` whose call went away unanswered and that `key` asks
-    /// for again: it is this call's now.
+    /// A script of `owner` that `key` asks for again, whose call went away
+    /// unanswered (or is going: its client hung up): it is this call's now.
     pub(super) fn adopt_orphan(&self, owner: &Principal, key: &RequestKey) -> Option<Arc<Script>> {
-        let s = self
-            .map()
+        let map = self.map();
+        let s = map
             .values()
-            .find(|s| &s.owner == owner && &s.key == key && s.claim() == Claim::Orphan)
+            .find(|s| &s.owner == owner && &s.key == key && s.adoptable())
             .cloned()?;
+        // Under the map's lock: two re-issues never adopt one script.
         s.set_claim(Claim::Call);
         Some(s)
     }
@@ -237,6 +314,7 @@ impl Scripts {
             ui,
             owner,
             key,
+            line,
         } = l;
         enum Started {
             Embedded(String),
@@ -265,7 +343,11 @@ impl Scripts {
             ui: ui.clone(),
             done: rx,
             cancel: cancel.clone(),
-            claim: Mutex::new(Claim::Call),
+            claim: Mutex::new(Holder {
+                claim: Claim::Call,
+                turn: 0,
+                line,
+            }),
         });
         self.insert(script.clone());
         let me = self.clone();

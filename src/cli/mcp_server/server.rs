@@ -12,6 +12,7 @@
 //! (`tasks`); every other call blocks until its script ends, with progress.
 
 use super::approval::{self, Grants, Redeemed, Subject};
+use super::line::Line;
 use super::result;
 use super::scripts::{Claim, Launch, Principal, RequestKey, Script, Scripts};
 use super::tasks::Tasks;
@@ -58,6 +59,8 @@ const VERSIONS: [ProtocolVersion; 5] = [
 pub(super) struct Origin {
     pub(super) who: Principal,
     pub(super) gone: CancellationToken,
+    /// The HTTP connection, asked whether its client hung up.
+    pub(super) line: Option<Arc<Line>>,
 }
 
 /// The `taskIds` of a `subscriptions/listen` request's filter (the tasks
@@ -463,7 +466,10 @@ impl CodeMode {
             context.meta.get_progress_token(),
             approval,
         ));
-        let launch = match self.launch(args, &ui, &who, key) {
+        // A call that leaves its script to run on when its client goes: the
+        // connection to ask whether it went, from the start.
+        let line = origin(&context).and_then(|o| o.line).filter(|_| as_task);
+        let launch = match self.launch(args, &ui, &who, key, line) {
             Ok(l) => l,
             Err(f) => return result::refused(&f.message, None).into(),
         };
@@ -493,6 +499,7 @@ impl CodeMode {
         ui: &Arc<McpUi>,
         who: &Principal,
         key: RequestKey,
+        line: Option<Arc<Line>>,
     ) -> Result<Launch, crate::cli::exit::Failure> {
         let workspace = crate::cli::run::fresh_workspace(&self.base, &self.identity)?;
         let params = StartParams {
@@ -518,6 +525,7 @@ impl CodeMode {
             ui: ui.clone(),
             owner: who.clone(),
             key,
+            line,
         })
     }
 
@@ -545,12 +553,14 @@ impl CodeMode {
         who: &Principal,
         context: &RequestContext<RoleServer>,
     ) -> CallToolResponse {
+        let origin = origin(context);
+        let line = origin.as_ref().and_then(|o| o.line.clone());
         let mut guard = Abandon {
+            turn: s.hold(line.filter(|_| as_task)),
             script: s.clone(),
             keep: as_task,
             armed: true,
         };
-        let origin = origin(context);
         // Over HTTP in 2026-07-28, rmcp cancels the call when its stream
         // closes, which is also how such a client cancels.
         let stream_call = as_task && origin.is_some();
@@ -560,12 +570,12 @@ impl CodeMode {
         tokio::select! {
             d = s.wait() => {
                 guard.armed = false;
-                s.set_claim(Claim::Delivered);
+                s.settle(guard.turn, Claim::Delivered);
                 d.answer.clone().into()
             }
             () = &mut after, if as_task => {
                 guard.armed = false;
-                s.set_claim(Claim::Task);
+                s.settle(guard.turn, Claim::Task);
                 self.tasks.handle(&s, who).into()
             }
             () = context.ct.cancelled() => {
@@ -623,6 +633,8 @@ fn used_already(started: Option<&str>) -> String {
 /// to run for a re-issue or `tasks/get`.
 struct Abandon {
     script: Arc<Script>,
+    /// The call's turn (`Script::hold`).
+    turn: u64,
     keep: bool,
     armed: bool,
 }
@@ -632,11 +644,6 @@ impl Drop for Abandon {
         if !self.armed {
             return;
         }
-        if self.keep {
-            self.script.set_claim(Claim::Orphan);
-        } else {
-            self.script.set_claim(Claim::Delivered);
-            self.script.cancel();
-        }
+        self.script.release(self.turn, self.keep);
     }
 }

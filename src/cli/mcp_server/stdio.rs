@@ -62,6 +62,7 @@ impl Stdio {
             origin: Origin {
                 who: Principal::local(),
                 gone: gone.clone(),
+                line: None,
             },
             acks: Arc::default(),
             tasks,
