@@ -1195,6 +1195,98 @@ if [ "$apparmor4" = yes ]; then
 fi
 check "purge removes the metrics file from the collector's directory" test ! -e /var/lib/prometheus/node-exporter/scriptgate.prom
 
+section "Kubernetes: deploy/kubernetes played by podman (the node agent DaemonSet, two gateways) on a node without the package"
+# The share's kube/: the image built from this .deb (deploy/kubernetes/image/build),
+# the kustomization rendered as plain YAML with a second gateway (uid 10002), the
+# key, and tests/kube/mcp_call.py (an MCP client with only the standard library).
+kube=/mnt/host/kube
+if ! command -v podman >/dev/null; then
+  skip "Kubernetes manifests played" "no podman in this guest (Debian 12's 4.3 plays no DaemonSet)"
+elif [ ! -s "$kube/play.yaml" ]; then
+  skip "Kubernetes manifests played" "no rendered manifests in the share (tests/vm/run: tests/kube/prepare failed)"
+else
+  tag=$(cat "$kube/tag")
+  check "the image imports (podman import of image/build's root)" \
+    podman import --change 'CMD ["/usr/bin/scriptgated", "--listen", "/run/scriptgate/scriptgate.sock"]' \
+      "$kube/scriptgate.tar" "localhost/scriptgate:$tag"
+  # No pod network (the guest has none; each pod keeps its loopback, where
+  # the gateway listens, and the agent is reached through the hostPath).
+  check "podman kube play: ConfigMap, Secret, DaemonSet, two gateway Deployments" \
+    timeout 300 podman kube play --network none "$kube/play.yaml"
+  # Up: the agent's socket, and each gateway listening (its HTTP token made).
+  waited="" deadline=$((SECONDS + 150))
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    daemon=$(podman ps --format '{{.Names}}' | grep -m1 -- '-scriptgated$')
+    gw_a=$(podman ps --format '{{.Names}}' | grep -m1 -- '^scriptgate-gateway-pod-.*gateway$')
+    gw_b=$(podman ps --format '{{.Names}}' | grep -m1 -- '^gateway-b-pod-.*gateway$')
+    if [ -S /run/scriptgate/scriptgate.sock ] && [ -n "$daemon" ] && [ -n "$gw_a" ] && [ -n "$gw_b" ] &&
+       podman exec "$gw_a" test -s /var/lib/gateway/mcp-http.token 2>/dev/null &&
+       podman exec "$gw_b" test -s /var/lib/gateway/mcp-http.token 2>/dev/null; then
+      waited=yes
+      break
+    fi
+    sleep 0.5
+  done
+  if [ -z "$waited" ]; then
+    bad "the node agent's socket and both gateways are up" "$(podman ps -a 2>&1)" \
+      "$(for c in $(podman ps -a --format '{{.Names}}'); do echo "== $c"; podman logs --tail 20 "$c" 2>&1; done)"
+  else
+    ok "the node agent's socket (hostPath /run/scriptgate) and both gateways are up"
+    check "the socket is group scriptgate's (gid 971, the gateways' runAsGroup), mode 0666 (the peer check is the gate)" \
+      sh -c "[ \"\$(stat -c '%g %a' /run/scriptgate/scriptgate.sock)\" = '971 666' ] || { stat /run/scriptgate/scriptgate.sock; false; }"
+    secret="kube-secret-$RANDOM$RANDOM"
+    code="import agent_tools, os
+open('mine.txt', 'w').write('$secret')
+print(len(agent_tools.call('fleet__list_devices', {})['devices']), 'devices', os.getuid())
+"
+    # The client's code in argv, the script on stdin (the pod's root is read-only).
+    out=$(podman exec -i "$gw_a" python3 -c "$(cat "$kube/mcp_call.py")" 8080 /var/lib/gateway/mcp-http.token \
+      "kube gateway a" 2>&1 <<<"$code")
+    echo "$out" >"$work/kube_a.json"
+    if says '"status": "ok"' "$out" && says '500 devices 10001' "$out"; then
+      ok "gateway A (uid 10001): run_script through the node agent, the fleet's 500 devices, the script as uid 10001"
+    else
+      bad "gateway A: run_script through the node agent" "$out" "$(podman logs --tail 30 "$daemon" 2>&1)" "$(podman logs --tail 30 "$gw_a" 2>&1)"
+    fi
+    sid=$(python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["structuredContent"]["script_id"])' <"$work/kube_a.json" 2>/dev/null)
+    wsa=$(python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["structuredContent"]["workspace"])' <"$work/kube_a.json" 2>/dev/null)
+    check "gateway A's workspace is its per-uid directory on the node, at the same path in both pods" \
+      sh -c "case '$wsa' in /var/lib/scriptgate/workspaces/10001/*) grep -qx '$secret' '$wsa/mine.txt';; *) echo 'workspace: $wsa'; false;; esac"
+    check "the daemon's audit store (in the pod, on the node's hostPath) has A's script, peer uid 10001" \
+      sh -c "podman exec '$daemon' scriptgate audit --json --limit 20 | python3 -c 'import json,sys; r=[x for x in json.load(sys.stdin) if x.get(\"script_id\")==\"$sid\"]; assert r and r[0][\"status\"]==\"ok\" and r[0][\"peer_uid\"]==10001, r' "
+    check "the node's journal has A's start and end entries (the pod writes to the node's journald)" \
+      sh -c "journalctl -o cat MESSAGE_ID=2b0a0799d99540589c9c0d06c5c5dd49 SCRIPTGATE_SCRIPT_ID=$sid | grep -q . && journalctl -o cat MESSAGE_ID=346f6012b1654d13bd185a7cfc0553cb SCRIPTGATE_SCRIPT_ID=$sid | grep -q ."
+    # Gateway B (uid 10002) is another engine: it cannot read A's workspace,
+    # and the daemon shows it none of A's scripts, even for a token B signs
+    # with the shared key naming A's run.
+    check "gateway B (uid 10002) cannot read gateway A's workspace" \
+      sh -c "[ -n '$wsa' ] && podman exec '$gw_b' test -d /var/lib/scriptgate/workspaces && ! podman exec '$gw_b' cat '$wsa/mine.txt'"
+    # The Python client into B's writable home (its root is read-only).
+    tar -C /mnt/host/client -c scriptgate_client | podman exec -i "$gw_b" tar -C /var/lib/gateway -x
+    peek='import asyncio, sys
+sys.path.insert(0, "/var/lib/gateway")
+from scriptgate_client import Client, ScriptgateError, Snapshot, load_key, mint_token
+async def main():
+    script_id, run_id = sys.argv[1], sys.argv[2]
+    token = mint_token(load_key("/etc/scriptgate/token.key"), run_id, Snapshot("/var/lib/scriptgate/workspaces/10002", "auto", []), 60)
+    async with Client("/run/scriptgate/scriptgate.sock") as sg:
+        try:
+            print("seen", await sg.status(script_id, token=token))
+        except ScriptgateError as e:
+            print("refused", e.code, e.reason)
+asyncio.run(main())'
+    run_a=$(podman exec "$daemon" scriptgate audit --json --limit 20 | python3 -c "import json,sys; print(next(x['run_id'] for x in json.load(sys.stdin) if x.get('script_id')=='$sid'))" 2>/dev/null)
+    out=$(podman exec "$gw_b" python3 -c "$peek" "$sid" "$run_a" 2>&1)
+    if says '^refused -32016 not_found' "$out"; then
+      ok "gateway B is shown none of A's scripts (-32016 not_found, with a token for A's run)"
+    else
+      bad "gateway B is shown none of A's scripts" "$out"
+    fi
+  fi
+  check "podman kube down ends the pods" timeout 120 podman kube down "$kube/play.yaml"
+  check "the node agent removed its socket on stop" test ! -e /run/scriptgate/scriptgate.sock
+fi
+
 echo
 echo "failed checks: $failed"
 [ "$failed" -gt 100 ] && failed=100
