@@ -1261,6 +1261,8 @@ print(len(agent_tools.call('fleet__list_devices', {})['devices']), 'devices', os
     # with the shared key naming A's run.
     check "gateway B (uid 10002) cannot read gateway A's workspace" \
       sh -c "[ -n '$wsa' ] && podman exec '$gw_b' test -d /var/lib/scriptgate/workspaces && ! podman exec '$gw_b' cat '$wsa/mine.txt'"
+    check "the node agent's root file system is read-only (as the unit's ProtectSystem=strict), its /tmp its own" \
+      sh -c "! podman exec '$daemon' touch /usr/local/probe && podman exec '$daemon' touch /tmp/probe"
     # The Python client into B's writable home (its root is read-only).
     tar -C /mnt/host/client -c scriptgate_client | podman exec -i "$gw_b" tar -C /var/lib/gateway -x
     peek='import asyncio, sys
