@@ -53,15 +53,13 @@ def main() -> None:
         g["spec"]["template"]["spec"]["securityContext"]["runAsUser"] = int(uid)
         out.append(g)
     for doc in out:
+        if ns:
+            doc.setdefault("metadata", {})["namespace"] = ns
         pod = doc.get("spec", {}).get("template", {}).get("spec", {})
         sc = pod.get("securityContext", {})
         if "fsGroup" in sc:
             sc["supplementalGroups"] = sorted(set(sc.get("supplementalGroups", [])) | {0})
-    for doc in out:
-        if ns and doc["kind"] != "Namespace":
-            doc.setdefault("metadata", {})["namespace"] = ns
-        spec = doc.get("spec", {}).get("template", {}).get("spec") or doc.get("spec", {})
-        for c in spec.get("containers", []) if isinstance(spec, dict) else []:
+        for c in pod.get("containers", []):
             if c.get("image") == "scriptgate":
                 c["image"] = image
     yaml.safe_dump_all(out, sys.stdout, sort_keys=False)

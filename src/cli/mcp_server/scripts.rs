@@ -181,8 +181,7 @@ impl Script {
     /// when its client goes): the turn to give `release`.
     pub(super) fn hold(&self, line: Option<Arc<Line>>) -> u64 {
         let mut h = self.holder();
-        h.claim = Claim::Call;
-        h.turn += 1;
+        self.claim_as(&mut h, Claim::Call);
         h.line = line;
         h.turn
     }
