@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import queue
+import re
 import shutil
 import statistics
 import subprocess
@@ -46,19 +47,39 @@ STATE = Path(tempfile.mkdtemp(prefix="sg-bench-"))
 STATE.chmod(0o755)  # the sandbox's user reaches the interpreter kept under it
 CONFIG = STATE / "scriptgate.toml"
 CONFIG.write_text(f'[state]\ndir = "{STATE}"\n')
+# The same daemon with no pre-made sandboxes, for the side-by-side figure.
+COLD = STATE / "cold.toml"
+COLD.write_text(f'[state]\ndir = "{STATE}"\n[sandbox]\npool_size = 0\n')
+# Where a root embedded daemon keeps its store (`scriptgate metrics` reads it).
+STORE = STATE / "store.toml"
+STORE.write_text(f'[state]\ndir = "{STATE / "cli"}"\n')
 MCP = ["mcp", "--embedded", "--config", str(CONFIG), "--mcp", FLEET]
 V = "2026-07-28"
 
 
-def params(*extra: str) -> StdioServerParameters:
-    return StdioServerParameters(command=SCRIPTGATE, args=[*MCP, *extra])
+def params(*extra: str, config: Path = CONFIG) -> StdioServerParameters:
+    args = [*MCP, *extra]
+    args[args.index(str(CONFIG))] = str(config)
+    return StdioServerParameters(command=SCRIPTGATE, args=args)
 
 
-async def through_mcp(mode: str) -> list:
+def starts() -> dict:
+    """scriptgate_sandbox_starts_total by start, from the embedded store (root only)."""
+    out = subprocess.run([SCRIPTGATE, "metrics", "--config", str(STORE)], capture_output=True, text=True).stdout
+    found = {}
+    for m in re.finditer(r'^scriptgate_sandbox_starts_total\{start="(\w+)"\} (\d+)', out, re.M):
+        found[m.group(1)] = int(m.group(2))
+    return found
+
+
+async def through_mcp(mode: str, config: Path = CONFIG, pause: float = 0.0) -> list:
+    """`pause`: the client's wait between calls, outside the timing (a model's turn:
+    room for the pool to make the next member)."""
     times = []
-    async with Client(stdio_client(params(), errlog=open(os.devnull, "w")), mode=mode) as c:
+    async with Client(stdio_client(params(config=config), errlog=open(os.devnull, "w")), mode=mode) as c:
         await c.call_tool("run_script", {"code": "pass", "description": "warm-up"})
         for _ in range(N):
+            await asyncio.sleep(pause)
             t = time.perf_counter()
             res = await c.call_tool("run_script", {"code": "pass", "description": "empty"})
             times.append(time.perf_counter() - t)
@@ -201,6 +222,22 @@ if __name__ == "__main__":
         print(f"{SCRIPTGATE}, an empty script, {N} times each")
         legacy = line("scriptgate mcp 2025-11-25: tools/call -> result", asyncio.run(through_mcp("legacy")))
         modern = line("scriptgate mcp 2026-07-28: tools/call -> result", asyncio.run(through_mcp("auto")))
+        if os.geteuid() == 0:
+            # A root embedded daemon keeps pre-made sandboxes (sandbox.pool_size, 2 by
+            # default); a pause between calls lets the pool refill, as a model's turn
+            # would. Pool and cold alternate, five rounds, so both see the same load.
+            pooled, cold, before = [], [], starts()
+            for _ in range(5):
+                pooled += asyncio.run(through_mcp("auto", CONFIG, 0.1))
+                cold += asyncio.run(through_mcp("auto", COLD, 0.1))
+            after = starts()
+            p = line("scriptgate mcp, pre-made sandboxes, 0.1 s apart", pooled)
+            c = line("scriptgate mcp, cold (pool_size = 0), 0.1 s apart", cold)
+            made = after.get("pre_made", 0) - before.get("pre_made", 0)
+            print(f"pre-made / cold: {p / c:.2f}x; {made} of the {len(pooled) + 5} pooled daemons' runs "
+                  f"started in a pre-made sandbox")
+        else:
+            print("(not root: the embedded daemon keeps no pre-made sandboxes; no pool figure)")
         r = line("scriptgate run (process per script)", through_run())
         print(f"ratio run / mcp (2025-11-25): {r / legacy:.1f}x; 2026-07-28 / 2025-11-25: {modern / legacy:.2f}")
         handle, polled, told = tasks()

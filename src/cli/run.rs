@@ -938,6 +938,9 @@ async fn run_embedded(
     if let Some(m) = o.max_calls {
         cfg.scripts.max_calls = m;
     }
+    // One script per process: a pre-made sandbox would never serve it, and
+    // making one would take CPU from the script's own start.
+    cfg.sandbox.pool_size = 0;
     EmbeddedDaemon::start(cfg)
         .await?
         .run(snap, params, engine, std::future::pending())
@@ -956,7 +959,13 @@ impl EmbeddedDaemon {
     pub(super) async fn start(cfg: Config) -> Result<EmbeddedDaemon, Failure> {
         let mut key = vec![0u8; 32];
         getrandom::getrandom(&mut key).map_err(|e| Failure::setup(format!("random key: {e}")))?;
-        let (daemon, _) = Daemon::new(cfg, key.clone())
+        // Pre-made sandboxes (`sandbox::pool`) take a mount server holding the
+        // capabilities to enter them: a root process starts its own here;
+        // anyone else's scripts all start cold (`script::Settings`).
+        if cfg.sandbox.pool_size > 0 && is_root() {
+            crate::sandbox::mounter::start_server(&crate::sandbox::init::exe());
+        }
+        let (daemon, _) = Daemon::new(cfg, key.clone(), crate::daemon::Hosting::Embedded)
             .await
             .map_err(|e| Failure::setup(format!("embedded daemon: {e}")))?;
         // The user at the terminal is the embedded daemon's one engine; who that

@@ -129,6 +129,18 @@ pub enum StartupError {
     },
 }
 
+/// Whose daemon this is: the system's service, or one in a CLI process
+/// (`scriptgate run --embedded`, `scriptgate mcp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hosting {
+    /// `scriptgated`: it owns scriptgate.slice, so what pool units are left
+    /// there at its start are an earlier daemon's, and go.
+    Service,
+    /// A daemon inside a CLI process: it owns nothing of the host's and leaves
+    /// every unit it did not make alone.
+    Embedded,
+}
+
 /// A failed file operation of the start-up, with its path.
 fn io_error(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StartupError {
     let path = path.to_path_buf();
@@ -141,6 +153,7 @@ impl Daemon {
     pub async fn new(
         cfg: Config,
         key: Vec<u8>,
+        hosting: Hosting,
     ) -> Result<(Arc<Daemon>, Vec<crate::audit::Recovered>), StartupError> {
         let engines = Engines::load(&cfg.auth, Some(&key), Path::new("auth.engine"))?;
         let backend = Backend::pick(
@@ -151,7 +164,9 @@ impl Daemon {
         .await?;
         // What an earlier daemon's pool left, whether this one keeps a pool or
         // not (a root daemon on the systemd backend owns scriptgate.slice).
-        backend.backend.clear_stale_members().await;
+        if hosting == Hosting::Service {
+            backend.backend.clear_stale_members().await;
+        }
         let state = cfg.state.dir.clone();
         make_state_dir(&state)?;
         let runtime_dir = write_runtime_module(&state)?;

@@ -187,7 +187,7 @@ async fn run(
     let idle_exit = (activated.is_some() && cfg.server.idle_exit_s > 0)
         .then(|| Duration::from_secs(cfg.server.idle_exit_s));
     // 1. State first: a bad state dir or config stops us before any socket exists.
-    let (daemon, interrupted) = match Daemon::new(cfg, key).await {
+    let (daemon, interrupted) = match Daemon::new(cfg, key, crate::daemon::Hosting::Service).await {
         Ok(d) => d,
         Err(e) => return cannot_start(activated.as_slice(), &e),
     };
