@@ -160,7 +160,7 @@ fn scripts_and_calls(o: &mut String, s: &Source) {
         (
             "scriptgate_sandbox_starts_total",
             "counter",
-            "Finished scripts whose daemon kept pre-made sandboxes (sandbox.pool_size), by how each one's sandbox started: pre_made, or cold (none was waiting for its uid, its limits differed, or the mount failed).",
+            "Finished scripts whose daemon kept pre-made sandboxes (sandbox.pool_size), by how each one's sandbox started: pre_made, or cold (none was waiting for its uid, its limits differed, the interpreter was replaced, or the mount failed).",
         ),
         "start",
         ["pre_made", "cold"]

@@ -14,6 +14,10 @@
 //! - **Bounds**: `size` members per shelf, `max_members` in all (the memory
 //!   bound divided by what a member costs, `MEMBER_BYTES`); a member that could
 //!   not be made backs the keeper off (1 s, doubling to 60 s).
+//! - **Upgrades**: a member never outlives its interpreter: `take` compares
+//!   `scripts.python`'s file with the one the members were made with (`Stamp`),
+//!   and a replaced one sends the run cold and every waiting member away. A
+//!   replaced daemon binary stops the pool (the daemon restarts).
 //! - **Ending**: a member whose daemon is gone ends by itself (its init's
 //!   lifeline, `sandbox::init`); one the pool lets go is killed and reaped.
 //!
@@ -122,6 +126,10 @@ pub enum Cold {
     Path,
     /// The member could not take the run's workspace (said in the log).
     Mount,
+    /// The interpreter (`scripts.python`) was replaced since the waiting
+    /// members were made (a package upgrade): they go, and new ones are made
+    /// with the new one.
+    Python,
 }
 
 impl Cold {
@@ -131,6 +139,7 @@ impl Cold {
             Cold::Limits => "limits differ from the pool's",
             Cold::Path => "workspace path not UTF-8",
             Cold::Mount => "mount failed",
+            Cold::Python => "the interpreter was replaced",
         }
     }
 }
@@ -149,6 +158,33 @@ struct State {
     backoff_until: Option<Instant>,
     backoff: Duration,
     stopped: bool,
+    /// The interpreter the waiting members were made with.
+    python: Option<Stamp>,
+    /// A run found the interpreter replaced: the keeper lets every waiting
+    /// member go before it makes another.
+    python_replaced: bool,
+}
+
+/// What tells one interpreter file from another (`scripts.python`, its links
+/// followed): an upgrade puts a new file in place (a new inode), an edit in
+/// place changes its size or time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+}
+
+fn stamp(path: &std::path::Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(Stamp {
+        dev: m.dev(),
+        ino: m.ino(),
+        size: m.size(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+    })
 }
 
 struct Inner {
@@ -258,6 +294,8 @@ impl Pool {
                 backoff_until: None,
                 backoff: Duration::from_secs(1),
                 stopped: false,
+                python: stamp(profile.spec.python()),
+                python_replaced: false,
             }),
             wake: Condvar::new(),
             profile,
@@ -280,9 +318,17 @@ impl Pool {
     }
 
     /// A waiting member for `identity`, or why there is none. Either way the
-    /// identity's shelf is (re)filled in the background.
+    /// identity's shelf is (re)filled in the background. No member made with
+    /// an interpreter that has since been replaced is handed out (one `stat`).
     pub fn take(&self, identity: Option<Identity>) -> Result<Member, Cold> {
+        let python = stamp(self.inner.profile.spec.python());
         let mut st = self.inner.state.lock().unwrap();
+        if python != st.python {
+            st.python_replaced = true;
+            drop(st);
+            self.inner.wake.notify_all();
+            return Err(Cold::Python);
+        }
         let shelf = st.shelves.entry(identity).or_insert_with(|| Shelf {
             waiting: Vec::new(),
             last_take: Instant::now(),
@@ -312,9 +358,30 @@ impl Drop for Pool {
 /// every member go.
 fn keep(inner: &Inner, spawner: &Spawner) {
     let spawn = |cmd: std::process::Command| spawner.spawn_blocking(cmd);
-    let exec_only = ExecOnlyFor::new(&inner.profile.spec);
+    let mut exec_only = ExecOnlyFor::new(&inner.profile.spec);
     let mut st = inner.state.lock().unwrap();
     loop {
+        if st.python_replaced {
+            // Every waiting member goes; the next are made with the interpreter
+            // now in place, from fresh execute-only copies of it.
+            st.python_replaced = false;
+            st.python = stamp(inner.profile.spec.python());
+            let gone: Vec<Member> = st
+                .shelves
+                .values_mut()
+                .flat_map(|s| std::mem::take(&mut s.waiting))
+                .collect();
+            drop(st);
+            tracing::info!(
+                "{} was replaced: {} waiting pre-made sandbox(es) made with the old one go",
+                inner.profile.spec.python().display(),
+                gone.len()
+            );
+            gone.into_iter().for_each(Member::discard);
+            exec_only = ExecOnlyFor::new(&inner.profile.spec);
+            st = inner.state.lock().unwrap();
+            continue;
+        }
         if st.stopped || STOPPING.load(std::sync::atomic::Ordering::SeqCst) {
             let shelves = std::mem::take(&mut st.shelves);
             drop(st);

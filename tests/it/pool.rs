@@ -490,3 +490,86 @@ fn a_run_with_tighter_limits_starts_cold() {
     );
     assert_eq!(pool_info(&e)["waiting"], 1, "the member still waits");
 }
+
+/// The waiting members' processes (bwrap, init and Python: `member.py` in
+/// their command line) among the daemon's descendants.
+fn member_processes(daemon: u32) -> Vec<u32> {
+    descendants(daemon)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.windows(9).any(|w| w == b"member.py"))
+        })
+        .collect()
+}
+
+/// No member outlives the interpreter it was made with: once `scripts.python`
+/// is replaced (as an upgrade does, a new file renamed over the old), the next
+/// run starts cold with the new one, the waiting member goes, and the next
+/// member is made with the new interpreter.
+#[test]
+#[ignore = "needs root (cargo test -- --include-ignored, as root)"]
+fn members_made_with_a_replaced_interpreter_go() {
+    require_root("makes sandboxes as another uid and mounts into them");
+    // An interpreter of its own, outside the system directories (its prefix,
+    // like a venv's, is bound into the sandbox), that the scripts' uid reaches.
+    let dir = tempfile::Builder::new().tempdir_in("/var/tmp").unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.path().join("py/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let real = std::fs::canonicalize("/usr/bin/python3").unwrap();
+    let python = bin.join("python3");
+    std::fs::copy(&real, &python).unwrap();
+    let (rig, e) = pooled(
+        &format!(
+            "[sandbox]\npool_size = 1\n[scripts]\npython = \"{}\"\n",
+            python.display()
+        ),
+        1,
+    );
+    let daemon = rig.daemon.as_ref().unwrap().id();
+    let token = rig.token(&rig.snapshot("auto"));
+    let r = e.run(&token, "print('before')\n", &[]);
+    assert_eq!(
+        (r["status"].as_str(), r["pre_made"].as_bool()),
+        (Some("ok"), Some(true)),
+        "{r}"
+    );
+    eventually("a member waiting", Duration::from_secs(30), || {
+        pool_info(&e)["waiting"] == 1
+    });
+    let old = member_processes(daemon);
+    assert!(!old.is_empty());
+    // The upgrade: a new file in the interpreter's place.
+    let new = bin.join("python3.new");
+    std::fs::copy(&real, &new).unwrap();
+    std::fs::rename(&new, &python).unwrap();
+    let r = e.run(&token, "print('after')\n", &[]);
+    assert_eq!(
+        (
+            r["status"].as_str(),
+            r["pre_made"].as_bool(),
+            r["output"].as_str()
+        ),
+        (Some("ok"), Some(false), Some("after\n")),
+        "{r}"
+    );
+    eventually("the old member gone", Duration::from_secs(30), || {
+        member_processes(daemon).iter().all(|p| !old.contains(p))
+    });
+    assert!(
+        rig.log_text().contains("was replaced"),
+        "{}",
+        rig.log_text()
+    );
+    // The next member is made with the new interpreter, and takes runs again.
+    eventually("a new member waiting", Duration::from_secs(30), || {
+        pool_info(&e)["waiting"] == 1
+    });
+    let r = e.run(&token, "print('again')\n", &[]);
+    assert_eq!(
+        (r["status"].as_str(), r["pre_made"].as_bool()),
+        (Some("ok"), Some(true)),
+        "{r}"
+    );
+}

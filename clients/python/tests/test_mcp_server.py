@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -399,3 +401,67 @@ def test_a_client_that_goes_away_leaves_its_scripts_cancelled_and_recorded(tmp_p
     assert p.wait(timeout=60) == 0
     mine = [r for r in embedded_audit(tmp_path) if r.get("description") == description]
     assert [r["status"] for r in mine] == ["cancelled"], mine
+
+
+def sandbox_starts(config: Path) -> dict:
+    """scriptgate_sandbox_starts_total by start (pre_made, cold) from a store."""
+    out = subprocess.run([str(SCRIPTGATE), "metrics", "--config", str(config)], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    found = {"pre_made": 0, "cold": 0}
+    for line in out.stdout.splitlines():
+        for start in found:
+            if line.startswith(f'scriptgate_sandbox_starts_total{{start="{start}"}} '):
+                found[start] = int(line.split()[-1])
+    return found
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: only a root embedded daemon keeps pre-made sandboxes")
+def test_as_root_scripts_run_in_pre_made_sandboxes_and_a_one_shot_run_keeps_none(tmp_path: Path) -> None:
+    """A root `scriptgate mcp` starts its own mount server, so its embedded daemon
+    keeps the default pool: its scripts run pre-made (said in the store's counters),
+    each in its own workspace; `scriptgate run --embedded`, one script per process,
+    keeps none (its script counts as neither)."""
+    # The scripts' uid reaches the interpreter's copy kept in the state directory.
+    state = Path(tempfile.mkdtemp(prefix="sg-pool-"))
+    state.chmod(0o755)
+    try:
+        pooled_and_one_shot(tmp_path, state)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def pooled_and_one_shot(tmp_path: Path, state: Path) -> None:
+    config = tmp_path / "scriptgate.toml"
+    config.write_text(f'[state]\ndir = "{state}"\n')
+    store = tmp_path / "store.toml"  # a root embedded daemon keeps its records in STATE/cli
+    store.write_text(f'[state]\ndir = "{state / "cli"}"\n')
+    code = "import os\nopen('mark', 'w').write(os.getcwd())\nprint('in', os.getcwd())\n"
+
+    async def go() -> list:
+        seen = []
+        async with session("--config", str(config)) as s:
+            # Members are made in the background from the start: the first calls
+            # may come before one waits. Until one ran pre-made (or 20 calls).
+            for i in range(20):
+                res = await s.call_tool("run_script", {"code": code, "description": f"pooled {i}"})
+                assert not res.is_error, text_of(res)
+                seen.append(res.structured_content)
+                if sandbox_starts(store)["pre_made"] > 0:
+                    break
+        return seen
+
+    seen = run(go())
+    counted = sandbox_starts(store)
+    assert counted["pre_made"] >= 1 and counted["pre_made"] + counted["cold"] == len(seen), (counted, len(seen))
+    workspaces = [s["workspace"] for s in seen]
+    assert len(set(workspaces)) == len(seen), workspaces
+    for s in seen:
+        assert s["output"] == f"in {s['workspace']}\n", s
+        assert (Path(s["workspace"]) / "mark").read_text() == s["workspace"]
+    script = tmp_path / "one.py"
+    script.write_text("print('one')\n")
+    out = subprocess.run([str(SCRIPTGATE), "run", "--embedded", "--config", str(config), "--mcp", FLEET, str(script)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert sandbox_starts(store) == counted
