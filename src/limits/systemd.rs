@@ -101,6 +101,9 @@ impl ScopeEnd {
 /// answers in milliseconds; a loaded one under emulation in seconds).
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a stopped scope's processes have after SIGTERM before SIGKILL.
+pub const SCOPE_STOP_S: u64 = 5;
+
 /// The units waiting pre-made sandboxes live in (`limits::member::new_id`).
 pub const POOL_SCOPES: &str = "scriptgate-pool-*.scope";
 
@@ -317,7 +320,8 @@ impl Manager {
             }
         }
         // Let it go: a scope that never came up must not stay loaded (failed)
-        // once it does.
+        // once it does. "replace": its start job may still be queued, and a
+        // stop in "fail" mode would be refused for it.
         let _ = self
             .bus
             .call_method(
@@ -325,7 +329,7 @@ impl Manager {
                 PATH,
                 Some(MANAGER),
                 "StopUnit",
-                &(unit.as_str(), "fail"),
+                &(unit.as_str(), "replace"),
             )
             .await;
         self.reset_failed(&unit).await;
@@ -398,6 +402,12 @@ impl Manager {
             // A failed scope (oom-kill, timeout) stays loaded until `ended` has
             // read its Result and reset it.
             ("CollectMode", Value::from("inactive")),
+            // A stop (`systemctl stop`, RuntimeMaxSec=, a pool member's scope
+            // at shutdown) sends SIGTERM, which the sandbox's init, PID 1 of its
+            // namespace, ignores: SIGKILL follows after SCOPE_STOP_S, not
+            // systemd's default 90 s, during which scriptgate.slice's next
+            // start job, and so every new scope, would wait.
+            ("TimeoutStopUSec", Value::from(SCOPE_STOP_S * 1_000_000)),
         ];
         if oom_policy {
             props.push(("OOMPolicy", Value::from("continue")));

@@ -202,6 +202,12 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
             "scriptgate.slice"
         );
         assert_eq!(
+            rig.sh_ok(&format!("systemctl show -p TimeoutStopUSec --value {unit}"))
+                .trim(),
+            "5s",
+            "a stopped scope's SIGKILL comes after 5 s (limits::systemd::SCOPE_STOP_S)"
+        );
+        assert_eq!(
             rig.sh_ok(&format!("systemctl show -p TasksMax --value {unit}"))
                 .trim(),
             // tasks_max, and the scope's keeper, which tasks_max does not
