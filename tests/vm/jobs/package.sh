@@ -882,7 +882,7 @@ done
 rm -f /run/systemd/system/scriptgate.service.d/sg-test.conf
 systemctl daemon-reload
 
-section "bench: empty script, start to finish, beside bare bwrap + python3"
+section "bench: empty script, start to finish, beside bare bwrap + python3; start to the first tool.call"
 # Each backend cold (pool_size = 0), then with the default pre-made sandboxes.
 for b in systemd cgroup rlimit; do
   SANDBOX="pool_size = 0" write_conf $b 1073741824 256 100 60
