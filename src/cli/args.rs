@@ -339,6 +339,15 @@ pub struct McpCmd {
     /// Run scripts in an embedded daemon in this process even if a system daemon answers.
     #[arg(long)]
     pub embedded: bool,
+    /// At start, wait up to SECONDS for the daemon's socket to exist and answer
+    /// (a gateway started before its node's daemon); 0, the default, fails at once.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 0,
+        conflicts_with = "embedded"
+    )]
+    pub wait: u64,
     /// Configuration file (limits, python, sandbox; the key when using a socket).
     #[arg(long)]
     pub config: Option<PathBuf>,

@@ -879,3 +879,71 @@ fn print_config_makes_paths_absolute_and_keeps_the_rest() {
     ]);
     assert_eq!(o.status.code(), Some(2), "--http has no mcpServers entry");
 }
+
+/// `scriptgate mcp --socket PATH --wait SECONDS`, started while its daemon is
+/// down (a gateway pod before its node's agent): it says it waits, and serves
+/// once the daemon is back; without `--wait` it fails at once, naming the
+/// socket.
+#[test]
+fn mcp_waits_for_a_daemon_that_comes_later() {
+    use std::io::{BufRead, Write};
+    let mut rig = Rig::new();
+    let mut daemon = rig.daemon.take().unwrap();
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let fleet = "fleet=python3 examples/fleet/fleet_server.py";
+    let args = |wait: &str| -> Vec<String> {
+        let mut a: Vec<String> = ["mcp", "--socket"].map(String::from).to_vec();
+        a.push(rig.socket.display().to_string());
+        a.extend(["--config".into(), rig.config.display().to_string()]);
+        a.extend(["--wait".into(), wait.into(), "--mcp".into(), fleet.into()]);
+        a
+    };
+    let o = cli_with(args("0"), |c| {
+        c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    });
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("cannot be reached"), "{}", stderr(&o));
+    let mut child = cli_command(args("120"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, said) = std::sync::mpsc::channel::<String>();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let wait_for = |what: &str| loop {
+        let line = said
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("no line with {what:?} on stderr"));
+        if line.contains(what) {
+            return line;
+        }
+    };
+    wait_for("waiting up to 120 s for a daemon at");
+    rig.start();
+    wait_for("mode: daemon at");
+    let mut stdin = child.stdin.take().unwrap();
+    let lines = lines_of(child.stdout.take().unwrap());
+    writeln!(
+        stdin,
+        "{}",
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"}}})
+    )
+    .unwrap();
+    let answer: Value =
+        serde_json::from_str(&lines.recv_timeout(Duration::from_secs(60)).unwrap()).unwrap();
+    assert_eq!(answer["id"], 1, "{answer}");
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+}

@@ -34,6 +34,42 @@ use http::serve_http;
 use scripts::{Scripts, Where};
 use server::CodeMode;
 
+/// `run::connect`, tried again every half second for up to `wait_s` while the
+/// socket is missing or nobody listens on it (said once on stderr); any other
+/// failure, or the last, is the answer.
+async fn connect_waiting(
+    path: &std::path::Path,
+    system: bool,
+    cfg: &Config,
+    wait_s: u64,
+) -> Result<super::run::Connected, Failure> {
+    use std::io::ErrorKind::{ConnectionRefused, NotFound};
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(wait_s);
+    let mut said = false;
+    loop {
+        let failed = match super::run::connect(path, system, cfg).await {
+            Ok(c) => return Ok(c),
+            Err(e) => e,
+        };
+        // Asked only after a failure: whether it was for want of a daemon.
+        let absent = matches!(
+            std::os::unix::net::UnixStream::connect(path).map_err(|e| e.kind()),
+            Err(NotFound | ConnectionRefused)
+        );
+        if !absent || std::time::Instant::now() >= until {
+            return Err(failed);
+        }
+        if !said {
+            eprintln!(
+                "scriptgate mcp: waiting up to {wait_s} s for a daemon at {}",
+                path.display()
+            );
+            said = true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
 /// Where scripts run (an embedded daemon, or a daemon's socket, said on
 /// stderr), the configuration, the directory fresh workspaces go under, and
 /// this user's state directory.
@@ -63,7 +99,7 @@ async fn runs_in(
         Target::Socket { path, system } => {
             let cfg = super::run::socket_config(o.config.as_deref())?;
             // Connected once now: a refusal or a dead daemon is said at start.
-            let c = super::run::connect(path, *system, &cfg).await?;
+            let c = connect_waiting(path, *system, &cfg, o.wait).await?;
             eprintln!(
                 "scriptgate mcp: mode: {} at {} (scriptgated {}, {} backend)",
                 if c.system { "system daemon" } else { "daemon" },
