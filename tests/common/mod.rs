@@ -321,15 +321,7 @@ impl Rig {
             return;
         }
         // One helper per waiting member: the shelf of `run_as` is full.
-        let helpers = || {
-            descendants(daemon)
-                .into_iter()
-                .filter(|p| {
-                    std::fs::read(format!("/proc/{p}/cmdline"))
-                        .is_ok_and(|c| c.windows(17).any(|w| w == b"--sandbox-mounter"))
-                })
-                .count()
-        };
+        let helpers = || descendants_running(daemon, b"--sandbox-mounter").len();
         // No pool, or one that cannot make its members (a bwrap that fails).
         let no_pool = |log: &str| {
             (log.contains("pool_size") && log.contains("is not used"))
@@ -785,6 +777,18 @@ pub fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
         assert!(t0.elapsed() < timeout, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(25));
     }
+}
+
+/// The descendants of `pid` whose command line holds `word` (an argument, or
+/// part of one).
+pub fn descendants_running(pid: u32, word: &[u8]) -> Vec<u32> {
+    descendants(pid)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.windows(word.len()).any(|w| w == word))
+        })
+        .collect()
 }
 
 /// The pids of every process descending from `pid`.

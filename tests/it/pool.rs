@@ -494,13 +494,7 @@ fn a_run_with_tighter_limits_starts_cold() {
 /// The waiting members' processes (bwrap, init and Python: `member.py` in
 /// their command line) among the daemon's descendants.
 fn member_processes(daemon: u32) -> Vec<u32> {
-    descendants(daemon)
-        .into_iter()
-        .filter(|p| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| c.windows(9).any(|w| w == b"member.py"))
-        })
-        .collect()
+    descendants_running(daemon, b"member.py")
 }
 
 /// No member outlives the interpreter it was made with: once `scripts.python`
