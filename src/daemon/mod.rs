@@ -178,6 +178,14 @@ impl Daemon {
             compile_runtime_module(&runtime_dir, &cfg.scripts.python),
         );
         let (store, interrupted) = Store::open(&state.join("scriptgate.db"), admin_gid(&cfg))?;
+        // Their sandboxes ended with that daemon, all but one it died making.
+        if hosting == Hosting::Service {
+            let ids: Vec<String> = interrupted
+                .iter()
+                .map(|r| r.result.script_id.clone())
+                .collect();
+            backend.backend.end_units_of(&ids).await;
+        }
         // The sandbox init is this binary: resolve its path now, while it is the
         // file this process runs (an upgrade may replace it before the first script).
         let _ = crate::sandbox::init::exe();

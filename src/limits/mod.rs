@@ -337,6 +337,23 @@ impl Backend {
         }
     }
 
+    /// At a daemon's start: what the units of the scripts an earlier daemon
+    /// left running (`script_ids`) still hold is killed (`Manager::kill_scopes_of`;
+    /// the cgroup backend's leaves go in `cgroup::Tree::init`, the rlimit
+    /// backend has none).
+    pub async fn end_units_of(&self, script_ids: &[String]) {
+        if let (Backend::Systemd(s), false) = (self, script_ids.is_empty()) {
+            let killed = s.manager.kill_scopes_of(script_ids).await;
+            if !killed.is_empty() {
+                tracing::info!(
+                    "killed what {} unit(s) of an earlier daemon's scripts still held: {}",
+                    killed.len(),
+                    killed.join(" ")
+                );
+            }
+        }
+    }
+
     /// The cgroup that holds every script, where the bound on all of them is
     /// read back (None: rlimit).
     pub fn all_scripts_place(&self) -> Option<aggregate::Place> {

@@ -246,18 +246,45 @@ impl Manager {
             }
         };
         for unit in &units {
-            let _ = self
-                .bus
-                .call_method(
-                    Some(DEST),
-                    PATH,
-                    Some(MANAGER),
-                    "KillUnit",
-                    &(unit.as_str(), "all", libc::SIGKILL),
-                )
-                .await;
+            self.kill_all(unit).await;
         }
         units
+    }
+
+    /// End the scopes of scripts an earlier daemon left running (its store's
+    /// rows it never finished: `audit::Recovered`). Each sandbox ends with its
+    /// daemon (its init's lifeline), except where the daemon died between a
+    /// bwrap's clone and its release of the child: that child waits forever,
+    /// and its scope would stay until its `RuntimeMaxSec=` (the script's
+    /// timeout). SIGKILL, as for the pool's scopes. The scopes killed.
+    pub async fn kill_scopes_of(&self, script_ids: &[String]) -> Vec<String> {
+        let mut killed = vec![];
+        for id in script_ids {
+            let unit = unit_name(id);
+            let state = self.active_state(&unit).await;
+            if matches!(
+                state.as_deref(),
+                Some("active" | "activating" | "deactivating")
+            ) && self.kill_all(&unit).await
+            {
+                killed.push(unit);
+            }
+        }
+        killed
+    }
+
+    /// SIGKILL to every process of `unit` (`KillUnit`); whether systemd took it.
+    async fn kill_all(&self, unit: &str) -> bool {
+        self.bus
+            .call_method(
+                Some(DEST),
+                PATH,
+                Some(MANAGER),
+                "KillUnit",
+                &(unit, "all", libc::SIGKILL),
+            )
+            .await
+            .is_ok()
     }
 
     async fn reset_failed(&self, unit: &str) {
