@@ -426,10 +426,18 @@ impl Placement {
         }
     }
 
-    /// Read the counters and let the unit go. Call after the sandbox exited and
-    /// before the keeper is killed: with the keeper alive, a scope that is no longer
-    /// active was stopped from outside.
+    /// Read the counters and let the unit go (`read_end`, then `release`).
     pub async fn finish(self) -> UnitEnd {
+        let end = self.read_end().await;
+        self.release().await;
+        end
+    }
+
+    /// The unit's counters and how it ended. Call once every process of the
+    /// script is reaped (the init's report, or the sandbox's exit) and before
+    /// the keeper is killed: with the keeper alive, a scope that is no longer
+    /// active was stopped from outside.
+    pub async fn read_end(&self) -> UnitEnd {
         match self {
             Placement::None => UnitEnd::default(),
             Placement::Scope {
@@ -437,11 +445,11 @@ impl Placement {
                 manager,
                 cgroupfs,
             } => {
-                let mut stats = match manager.control_group(&unit).await {
-                    Some(cg) => cgroup::stats(&cgroupfs, &cg),
+                let mut stats = match manager.control_group(unit).await {
+                    Some(cg) => cgroup::stats(cgroupfs, &cg),
                     None => cgroup::Stats::default(),
                 };
-                let end = manager.ended(&unit).await;
+                let end = manager.ended(unit).await;
                 stats.oom_killed |= end == systemd::ScopeEnd::OomKill;
                 UnitEnd {
                     stats,
@@ -449,15 +457,19 @@ impl Placement {
                     unit_timeout: end == systemd::ScopeEnd::Timeout,
                 }
             }
-            Placement::Leaf(leaf) => {
-                let stats = leaf.stats();
-                let _ = leaf.kill();
-                leaf.remove().await;
-                UnitEnd {
-                    stats,
-                    ..UnitEnd::default()
-                }
-            }
+            Placement::Leaf(leaf) => UnitEnd {
+                stats: leaf.stats(),
+                ..UnitEnd::default()
+            },
+        }
+    }
+
+    /// Let the unit go: a cgroup leaf's stragglers are killed and the leaf
+    /// removed; a scope goes by itself with its last process.
+    pub async fn release(self) {
+        if let Placement::Leaf(leaf) = self {
+            let _ = leaf.kill();
+            leaf.remove().await;
         }
     }
 }

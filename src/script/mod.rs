@@ -672,16 +672,16 @@ pub async fn run(
         Init::Info(info) => sandbox_init(info, launch.identity).await,
         Init::Held(init) => Some(init),
     };
-    // Where no unit is read at the end (the rlimit backend), the init's report
-    // is the end: the sandbox's teardown goes on after the result (`pipe`).
-    let early = (!launch.backend.needs_gate()).then(|| report.clone());
+    // The init's report is the end (every process of the script is reaped):
+    // the sandbox's teardown (bwrap's exit, the namespaces', the unit's) goes
+    // on after the result (`pipe`, `release_unit`).
     let (cut, exit, early_end) = wait_or_stop(
         &mut sandbox,
         init.as_ref(),
         &placed.placement,
         Duration::from_secs(launch.limits.timeout_s),
         &mut stop,
-        early,
+        report.clone(),
         &script_id,
     )
     .await;
@@ -696,7 +696,17 @@ pub async fn run(
     //    broker, told first how the script was made to end (`forced`): the
     //    calls still at the engine are abandoned with that reason.
     let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
-    let (usage, mut outcome) = unit_facts(report, placed.placement, placed.keeper).await;
+    let (usage, mut outcome) = unit_facts(report, &placed.placement).await;
+    let release = release_unit(
+        placed.placement,
+        placed.keeper,
+        early_end.then_some(sandbox),
+    );
+    if early_end {
+        tokio::spawn(release);
+    } else {
+        release.await;
+    }
     let carried = placed.carried_bytes;
     outcome.stats.memory_peak_bytes = outcome.stats.memory_peak_bytes.map(|p| p + carried);
     let mut ending = Ending {
@@ -1360,15 +1370,15 @@ async fn sandbox_init(info: OwnedFd, identity: Option<Identity>) -> Option<PidFd
         .and_then(|pid| PidFd::open_as(pid, identity).ok())
 }
 
-/// Step 6: the sandbox's exit, or (timeout, a stop) why it was cut short and the
-/// exit after the kill.
+/// Step 6: the sandbox's end (the init's report, `true` with it, or bwrap's
+/// exit), or (timeout, a stop) why it was cut short and the exit after the kill.
 async fn wait_or_stop(
     sandbox: &mut Sandbox,
     init: Option<&PidFd>,
     placement: &Placement,
     timeout: Duration,
     stop: &mut watch::Receiver<Option<Stop>>,
-    early: Option<ReportRx>,
+    reported: ReportRx,
     script_id: &str,
 ) -> (Option<Cut>, Option<Exit>, bool) {
     let stopped = async {
@@ -1381,12 +1391,7 @@ async fn wait_or_stop(
             }
         }
     };
-    let reported = async {
-        match early {
-            Some(rx) => reported_end(rx).await,
-            None => std::future::pending().await,
-        }
-    };
+    let reported = reported_end(reported);
     let (cut, exit, early_end) = tokio::select! {
         // An exit that is already there is the fact, whatever else is due: a
         // daemon that was stalled (frozen, swapped out) past the timeout finds
@@ -1451,25 +1456,31 @@ struct Collected {
     err: Option<Captured>,
 }
 
-/// Step 7, first part. The init has exited (bwrap waited for it), so its report
-/// is complete; the unit's word on how it ended is read while the keeper still
-/// holds it.
-async fn unit_facts(
-    mut report: ReportRx,
-    placement: Placement,
-    keeper: Option<Keeper>,
-) -> (Option<u64>, UnitEnd) {
+/// Step 7, first part. Every process of the script is reaped (the init
+/// reported, or bwrap waited for it), so its report is complete; the unit's
+/// word on how it ended is read while the keeper still holds it.
+async fn unit_facts(mut report: ReportRx, placement: &Placement) -> (Option<u64>, UnitEnd) {
     let usage = tokio::time::timeout(Duration::from_secs(5), report.wait_for(Option::is_some))
         .await
         .ok()
         .and_then(|r| r.ok().and_then(|r| *r))
         .flatten()
         .map(|r| r.max_rss_bytes);
-    let outcome = placement.finish().await;
+    (usage, placement.read_end().await)
+}
+
+/// Step 7, second part: the unit goes (`Placement::release`), then the
+/// keeper. After an early end (`sandbox` given) the sandbox's bwrap is waited
+/// for first, up to 10 s (it exits once the init has), so that a leaf's kill
+/// does not orphan the dying init.
+async fn release_unit(placement: Placement, keeper: Option<Keeper>, sandbox: Option<Sandbox>) {
+    if let Some(mut s) = sandbox {
+        let _ = s.exit(Some(Duration::from_secs(10))).await;
+    }
+    placement.release().await;
     if let Some(k) = keeper {
         k.end().await;
     }
-    (usage, outcome)
 }
 
 impl Collected {
