@@ -697,12 +697,17 @@ pub async fn run(
     //    calls still at the engine are abandoned with that reason.
     let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
     let (usage, mut outcome) = unit_facts(report, &placed.placement).await;
+    // After an early end, off the result's path; but a cgroup leaf, which
+    // nothing else removes, is waited for: a one-shot `scriptgate run` would
+    // exit before a task removed it (a scope goes by itself once the keeper's
+    // lifeline closes, whenever the daemon exits).
+    let background = early_end && !matches!(placed.placement, Placement::Leaf(_));
     let release = release_unit(
         placed.placement,
         placed.keeper,
         early_end.then_some(sandbox),
     );
-    if early_end {
+    if background {
         tokio::spawn(release);
     } else {
         release.await;
