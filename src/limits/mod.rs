@@ -337,10 +337,11 @@ impl Backend {
         }
     }
 
-    /// At a daemon's start: what the units of the scripts an earlier daemon
-    /// left running (`script_ids`) still hold is killed (`Manager::kill_scopes_of`;
-    /// the cgroup backend's leaves go in `cgroup::Tree::init`, the rlimit
-    /// backend has none).
+    /// At a daemon's start: what the scopes of the scripts an earlier daemon
+    /// left running (`script_ids`) still hold is killed
+    /// (`Manager::kill_scopes_of`). The cgroup backend removes such a leaf once
+    /// it is empty, without a kill (`cgroup::Tree::init`); the rlimit backend
+    /// has no unit.
     pub async fn end_units_of(&self, script_ids: &[String]) {
         if let (Backend::Systemd(s), false) = (self, script_ids.is_empty()) {
             let killed = s.manager.kill_scopes_of(script_ids).await;
