@@ -514,24 +514,32 @@ fn memory_and_task_limits_and_systemctl_stop_in_scopes() {
     // own (its main thread and these forks), as on the cgroup backend: 32 - 3.
     assert_eq!(n, 29, "{r}");
 
+    // A script that has printed is past bwrap's set-up: its sandbox is
+    // running (see the SIGKILL below).
+    let token = rig.token(json!({}));
+    let run_until_up = |e: &Engine| {
+        let id = e
+            .start(
+                &token,
+                "import time\nprint('up', flush=True)\ntime.sleep(60)\n",
+                &[],
+            )
+            .unwrap();
+        let output = rig
+            .workspace()
+            .join(".agent/scripts")
+            .join(&id)
+            .join("output.txt");
+        eventually("the script to run", Duration::from_secs(30), || {
+            std::fs::read_to_string(&output).unwrap_or_default() == "up\n"
+        });
+        let scope = format!("scriptgate-{id}.scope");
+        assert_eq!(rig.is_active(&scope), "active");
+        (id, scope)
+    };
+
     // A sysadmin's systemctl stop of the scope: cancelled.
-    let id = e
-        .start(
-            &rig.token(json!({})),
-            "import time\nprint('up', flush=True)\ntime.sleep(60)\n",
-            &[],
-        )
-        .unwrap();
-    let unit = format!("scriptgate-{id}.scope");
-    let output = rig
-        .workspace()
-        .join(".agent/scripts")
-        .join(&id)
-        .join("output.txt");
-    eventually("the script to run", Duration::from_secs(10), || {
-        std::fs::read_to_string(&output).unwrap_or_default() == "up\n"
-    });
-    assert_eq!(rig.is_active(&unit), "active");
+    let (id, unit) = run_until_up(&e);
     rig.sh_ok(&format!("systemctl stop {unit}"));
     let r = e.wait(&id);
     assert_eq!(r["status"], "cancelled", "{r}");
@@ -543,7 +551,6 @@ fn memory_and_task_limits_and_systemctl_stop_in_scopes() {
 
     // SIGTERM to the daemon (systemctl stop): running scripts end as interrupted,
     // recorded; the next activation serves the record.
-    let token = rig.token(json!({}));
     let id = e
         .start(&token, "import time\ntime.sleep(60)\n", &[])
         .unwrap();
@@ -569,26 +576,6 @@ fn memory_and_task_limits_and_systemctl_stop_in_scopes() {
     // script printed: a daemon killed between a bwrap's clone and its release
     // of the child leaves that child waiting forever, which the next daemon
     // ends, below); the next activation records the script as interrupted.
-    let run_until_up = |e: &Engine| {
-        let id = e
-            .start(
-                &token,
-                "import time\nprint('up', flush=True)\ntime.sleep(60)\n",
-                &[],
-            )
-            .unwrap();
-        let output = rig
-            .workspace()
-            .join(".agent/scripts")
-            .join(&id)
-            .join("output.txt");
-        eventually("the script to run", Duration::from_secs(30), || {
-            std::fs::read_to_string(&output).unwrap_or_default() == "up\n"
-        });
-        let scope = format!("scriptgate-{id}.scope");
-        assert_eq!(rig.is_active(&scope), "active");
-        (id, scope)
-    };
     let (id, scope) = run_until_up(&e);
     rig.sh_ok("systemctl kill -s KILL --kill-whom=main scriptgate.service");
     eventually(
