@@ -16,7 +16,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Mutex};
 
-const SCHEMA_VERSION: i64 = 8;
+const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Upper bounds of the script-duration histogram, in seconds.
 const DURATION_BOUNDS_S: [f64; 11] = [
@@ -153,6 +153,11 @@ const MIGRATIONS: &[&str] = &[
         count INTEGER NOT NULL,
         PRIMARY KEY (minute, peer_uid, reason)
      );",
+    // v9: how long the sandbox's teardown took after the script's end (bwrap's
+    // exit, the namespaces', the unit's): written once it is done, after the
+    // result (`Store::set_teardown`); NULL until then, or for ever when the
+    // daemon went first.
+    "ALTER TABLE scripts ADD COLUMN teardown_ms INTEGER;",
 ];
 
 /// The first project quota id the daemon gives a workspace
@@ -748,6 +753,20 @@ impl Store {
         .await
     }
 
+    /// How long the sandbox of a finished script took to go after its end
+    /// (`teardown_ms`; written after the result, which does not wait for it).
+    pub async fn set_teardown(&self, script_id: &str, teardown_ms: u64) -> Result<(), StoreError> {
+        let id = script_id.to_string();
+        self.write("record a sandbox's teardown time", move |c| {
+            c.execute(
+                "UPDATE scripts SET teardown_ms = ?2 WHERE script_id = ?1",
+                params![id, teardown_ms as i64],
+            )
+            .map(|_| ())
+        })
+        .await
+    }
+
     /// Set the reserve aside (`state.reserve_bytes`; 0: none) if it is not:
     /// at each start, and after a script's end used it. ENOSPC while the
     /// filesystem stays full.
@@ -1065,8 +1084,10 @@ const ROW_COLUMNS: &str = "script_id, run_id, runner, peer_uid, peer_pid, run_ui
 /// `scriptgate prune`'s, is [`forget_workspaces_at`]).
 pub struct Reader {
     c: Connection,
-    /// `trace_id`, or `NULL AS trace_id` for a store of before v5.
-    trace_column: &'static str,
+    /// The columns added after v1 that a row shows (`trace_id`, v5;
+    /// `teardown_ms`, v9), each `NULL AS` it in a store of before its version
+    /// (the daemon not restarted since the upgrade).
+    late_columns: String,
     path: PathBuf,
     /// Opened `immutable=1` (this user may not open `-shm`): the log's rows
     /// are not seen.
@@ -1109,15 +1130,18 @@ impl Reader {
             ),
         };
         // A store of before v5 (the daemon not restarted since the upgrade) has
-        // no trace ids: they read as null.
-        let columns = if c.prepare("SELECT trace_id FROM scripts LIMIT 0").is_ok() {
-            "trace_id"
-        } else {
-            "NULL AS trace_id"
-        };
+        // no trace ids, one of before v9 no teardown times: they read as null.
+        let late_columns = ["trace_id", "teardown_ms"]
+            .map(
+                |col| match c.prepare(&format!("SELECT {col} FROM scripts LIMIT 0")) {
+                    Ok(_) => col.to_string(),
+                    Err(_) => format!("NULL AS {col}"),
+                },
+            )
+            .join(", ");
         Ok(Reader {
             c,
-            trace_column: columns,
+            late_columns,
             path: path.to_path_buf(),
             immutable,
         })
@@ -1227,7 +1251,7 @@ impl Reader {
     pub fn scripts(&self, q: &Query) -> rusqlite::Result<Vec<Value>> {
         let mut sql = format!(
             "SELECT {ROW_COLUMNS}, {} FROM scripts WHERE 1=1",
-            self.trace_column
+            self.late_columns
         );
         let mut args: Vec<rusqlite::types::Value> = vec![];
         if let Some(s) = q.since_ms {
@@ -1263,7 +1287,7 @@ impl Reader {
             .query_row(
                 &format!(
                     "SELECT {ROW_COLUMNS}, {} FROM scripts WHERE script_id = ?1",
-                    self.trace_column
+                    self.late_columns
                 ),
                 [id],
                 row_json,
@@ -1743,6 +1767,33 @@ mod tests {
         assert_eq!(ended as u64, dur("a"));
     }
 
+    /// A sandbox's teardown time comes after its row (`set_teardown`); the
+    /// CLI reads a store of before v9 (the daemon not restarted since the
+    /// upgrade) with none.
+    #[tokio::test]
+    async fn the_teardown_time_is_recorded_after_the_row_and_absent_before_v9() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.db");
+        let (s, _) = Store::open(&p, None).unwrap();
+        s.insert_started(row("a")).await.unwrap();
+        let teardown =
+            || Reader::open(&p).unwrap().script("a").unwrap().unwrap()["teardown_ms"].clone();
+        assert_eq!(teardown(), Value::Null);
+        s.set_teardown("a", 12).await.unwrap();
+        assert_eq!(teardown(), 12);
+        s.write("back to v8", |c| {
+            c.execute_batch("ALTER TABLE scripts DROP COLUMN teardown_ms; PRAGMA user_version = 8;")
+        })
+        .await
+        .unwrap();
+        assert_eq!(teardown(), Value::Null);
+        let all = Query {
+            limit: 10,
+            ..Default::default()
+        };
+        assert_eq!(Reader::open(&p).unwrap().scripts(&all).unwrap().len(), 1);
+    }
+
     #[tokio::test]
     async fn each_workspace_keeps_its_own_project_id() {
         let d = tempfile::tempdir().unwrap();
@@ -1877,6 +1928,7 @@ mod tests {
                      ALTER TABLE scripts DROP COLUMN scope;
                      ALTER TABLE scripts DROP COLUMN trace_id;
                      ALTER TABLE scripts DROP COLUMN seen_at;
+                     ALTER TABLE scripts DROP COLUMN teardown_ms;
                      DROP TABLE projects; DROP TABLE refused_connections;
                      CREATE TABLE revoked_runs (run_id TEXT PRIMARY KEY, at INTEGER NOT NULL);
                      PRAGMA user_version = 1;",
@@ -2176,6 +2228,7 @@ mod tests {
             tx.execute_batch(
                 "DROP INDEX revocations_scope; ALTER TABLE scripts DROP COLUMN trace_id;
                  ALTER TABLE scripts DROP COLUMN seen_at;
+                 ALTER TABLE scripts DROP COLUMN teardown_ms;
                  DROP TABLE projects; DROP TABLE refused_connections;
                  PRAGMA user_version = 3;",
             )?;

@@ -1040,6 +1040,7 @@ pub fn show(ctx: &Ctx, id: &str, json_out: bool) -> Result<String, Failure> {
         "started_at",
         "ended_at",
         "duration_ms",
+        "teardown_ms",
         "calls",
         "failures",
         "tool_counts",

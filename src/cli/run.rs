@@ -941,10 +941,12 @@ async fn run_embedded(
     // One script per process: a pre-made sandbox would never serve it, and
     // making one would take CPU from the script's own start.
     cfg.sandbox.pool_size = 0;
-    EmbeddedDaemon::start(cfg)
-        .await?
+    let daemon = EmbeddedDaemon::start(cfg).await?;
+    let result = daemon
         .run(snap, params, engine, std::future::pending())
-        .await
+        .await;
+    daemon.settled().await;
+    result
 }
 
 /// A daemon in this process: it signs its own tokens with a fresh key, and this
@@ -984,6 +986,12 @@ impl EmbeddedDaemon {
             )
             .map_err(|e| Failure::setup(format!("embedded daemon: {e}")))?;
         Ok(EmbeddedDaemon { daemon, me, key })
+    }
+
+    /// Until the ended scripts' sandboxes are torn down (bounded): before
+    /// this process exits (`Daemon::settled`).
+    pub(super) async fn settled(&self) {
+        self.daemon.settled(Duration::from_secs(10)).await
     }
 
     /// Start one script and wait for its result; `cancelled` resolving cancels it

@@ -89,6 +89,16 @@ impl Daemon {
         }
     }
 
+    /// Until the sandboxes of ended scripts are torn down and their teardown
+    /// times recorded, for at most `bound`: before a daemon's process exits
+    /// (a one-shot `scriptgate run`'s, a stopping service's), so that no
+    /// cgroup leaf is left behind and every row has its `teardown_ms`.
+    pub async fn settled(&self, bound: Duration) {
+        self.teardowns.close();
+        let _ = tokio::time::timeout(bound, self.teardowns.wait()).await;
+        self.teardowns.reopen();
+    }
+
     /// Shutdown: stop every script as `interrupted` and wait (bounded) for records.
     pub async fn interrupt_all(&self, grace: Duration) {
         let all = self.registry.running_where(|_| true);

@@ -111,6 +111,9 @@ pub struct Daemon {
     /// The bound on all scripts together as last decided and set (start,
     /// reload): its `problem` is why setting it failed (`bound_all_scripts`).
     all_scripts: Mutex<crate::protocol::AllScripts>,
+    /// The teardowns of ended scripts' sandboxes, run after their results
+    /// (`script::Teardown`); a stopping daemon waits for them (`settled`).
+    teardowns: tokio_util::task::TaskTracker,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -229,6 +232,7 @@ impl Daemon {
             answering: Mutex::default(),
             usage: tokio::sync::Mutex::new(None),
             all_scripts: Mutex::default(),
+            teardowns: tokio_util::task::TaskTracker::new(),
         };
         d.peers.engine_dirs_at_start();
         d.bound_all_scripts().await;

@@ -189,8 +189,9 @@ impl Daemon {
             engine.clone(),
             running.clone(),
         ));
-        let outcome = crate::script::run(&self.spawner, launch, broker, stop, started).await;
+        let mut outcome = crate::script::run(&self.spawner, launch, broker, stop, started).await;
         ticker.abort();
+        let teardown = outcome.as_mut().ok().and_then(|e| e.teardown.take());
         // The last state always goes out before script.finished, so that a
         // progress bar reaches its end.
         if running.live.dirty.swap(false, Ordering::Relaxed) {
@@ -205,6 +206,9 @@ impl Daemon {
             self.build_result(&sid, &running, outcome, config.cfg.scripts.return_max_chars);
         self.record_result(&sid, &running, &result, config.cfg.state.reserve_bytes)
             .await;
+        if let Some(t) = teardown {
+            self.teardowns.spawn(self.clone().tear_down(sid.clone(), t));
+        }
         // Recorded first, then deregistered and the slot freed, and only then
         // told: whoever hears of the end can start the next script at once.
         self.registry.finish(&sid, running.owner);
@@ -221,6 +225,15 @@ impl Daemon {
         engine.send(Notification::ScriptFinished(Box::new(result.clone())));
         let _ = result_tx.send(Some(result));
         self.changed.notify_waiters();
+    }
+
+    /// What is left of an ended script's sandbox goes, after its result; how
+    /// long that took goes into its audit row.
+    async fn tear_down(self: Arc<Self>, sid: String, teardown: crate::script::Teardown) {
+        let took = teardown.run().await;
+        if let Err(e) = self.store.set_teardown(&sid, took.as_millis() as u64).await {
+            tracing::debug!(script_id = %sid, "cannot record the sandbox's teardown time: {e}");
+        }
     }
 
     /// The result and the tools' counts into the audit row; then the state

@@ -465,12 +465,23 @@ impl Placement {
         }
     }
 
-    /// Let the unit go: a cgroup leaf's stragglers are killed and the leaf
-    /// removed; a scope goes by itself with its last process.
+    /// Let the unit go: what is left in it is killed (the script's processes
+    /// are all reaped by now) and a cgroup leaf removed; a scope then goes by
+    /// itself. A scope's keeper is killed with the rest, and so is what no
+    /// kill of the sandbox reaches: a child bwrap cloned and never released
+    /// (its bwrap killed first, as a stop before the sandbox's init was known
+    /// does) waits forever, and would hold the scope until its
+    /// `RuntimeMaxSec=`.
     pub async fn release(self) {
-        if let Placement::Leaf(leaf) = self {
-            let _ = leaf.kill();
-            leaf.remove().await;
+        match self {
+            Placement::None => {}
+            Placement::Scope { unit, manager, .. } => {
+                manager.kill_all(&unit).await;
+            }
+            Placement::Leaf(leaf) => {
+                let _ = leaf.kill();
+                leaf.remove().await;
+            }
         }
     }
 }

@@ -274,7 +274,7 @@ impl Manager {
     }
 
     /// SIGKILL to every process of `unit` (`KillUnit`); whether systemd took it.
-    async fn kill_all(&self, unit: &str) -> bool {
+    pub async fn kill_all(&self, unit: &str) -> bool {
         self.bus
             .call_method(
                 Some(DEST),

@@ -382,6 +382,10 @@ pub struct Ended {
     pub record_incomplete: Vec<String>,
     /// Ran in a pre-made sandbox (true) or started cold; None: no pool.
     pub pre_made: Option<bool>,
+    /// What is left of the sandbox once the script ended (bwrap's exit, the
+    /// namespaces', the unit's), for the daemon to run after the result;
+    /// None: nothing (it never started).
+    pub teardown: Option<Teardown>,
 }
 
 impl Ended {
@@ -400,6 +404,7 @@ impl Ended {
             setup_failed: true,
             record_incomplete: vec![],
             pre_made: None,
+            teardown: None,
         }
     }
 }
@@ -697,21 +702,17 @@ pub async fn run(
     //    calls still at the engine are abandoned with that reason.
     let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
     let (usage, mut outcome) = unit_facts(report, &placed.placement).await;
-    // After an early end, off the result's path; but a cgroup leaf, which
-    // nothing else removes, is waited for: a one-shot `scriptgate run` would
-    // exit before a task removed it (a scope goes by itself once the keeper's
-    // lifeline closes, whenever the daemon exits).
-    let background = early_end && !matches!(placed.placement, Placement::Leaf(_));
+    // The teardown is the daemon's to run, after the result (`Ended::teardown`).
+    let ended_at = Instant::now();
     let release = release_unit(
         placed.placement,
         placed.keeper,
         early_end.then_some(sandbox),
     );
-    if background {
-        tokio::spawn(release);
-    } else {
+    let teardown = Teardown(Box::pin(async move {
         release.await;
-    }
+        ended_at.elapsed()
+    }));
     let carried = placed.carried_bytes;
     outcome.stats.memory_peak_bytes = outcome.stats.memory_peak_bytes.map(|p| p + carried);
     let mut ending = Ending {
@@ -744,6 +745,7 @@ pub async fn run(
     ended.backend_notes = backend_notes;
     ended.pre_made = launch.pool.as_ref().map(|_| pre_made);
     ended.setup_failed = setup_failed;
+    ended.teardown = Some(teardown);
     Ok(ended)
 }
 
@@ -1474,6 +1476,23 @@ async fn unit_facts(mut report: ReportRx, placement: &Placement) -> (Option<u64>
     (usage, placement.read_end().await)
 }
 
+/// The sandbox's teardown after its script's end: it resolves to how long
+/// that took from the end (the audit row's `teardown_ms`). Not started until
+/// polled; the daemon spawns it once the result is recorded.
+pub struct Teardown(std::pin::Pin<Box<dyn std::future::Future<Output = Duration> + Send>>);
+
+impl Teardown {
+    pub async fn run(self) -> Duration {
+        self.0.await
+    }
+}
+
+impl std::fmt::Debug for Teardown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Teardown")
+    }
+}
+
 /// Step 7, second part: the unit goes (`Placement::release`), then the
 /// keeper. After an early end (`sandbox` given) the sandbox's bwrap is waited
 /// for first, up to 10 s (it exits once the init has), so that a leaf's kill
@@ -1533,6 +1552,7 @@ impl Collected {
             setup_failed: false,
             record_incomplete,
             pre_made: None,
+            teardown: None,
         }
     }
 }

@@ -223,6 +223,7 @@ async fn run(
     // 5. Stop: running scripts are interrupted and recorded before we exit.
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     daemon.interrupt_all(Duration::from_secs(10)).await;
+    daemon.settled(Duration::from_secs(10)).await;
     daemon.flush_refusals().await;
     drop(housekeeping);
     // Last: the log folded into scriptgate.db, so that a copy of the file alone

@@ -932,6 +932,10 @@ fn a_user_reads_their_embedded_records_with_no_configuration() {
         (rows[0]["script_id"].as_str(), rows[0]["peer_uid"].as_u64()),
         (Some(id), Some(U as u64))
     );
+    assert!(
+        rows[0]["teardown_ms"].as_u64().is_some(),
+        "a one-shot run exits once its sandbox is torn down, with the time recorded: {rows}"
+    );
     let o = user_cli(U, Some(&home), &["show", id]);
     let out = text(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));

@@ -106,6 +106,14 @@ fn every_ending_leaves_a_complete_row() {
     );
     assert_eq!(status(&json!({"script_id": cancelled_id})), "cancelled");
     assert_eq!(status(&json!({"script_id": interrupted_id})), "interrupted");
+    // Each sandbox's teardown goes on after its result, and its time is
+    // recorded once it is done; the stopped daemon waited for them all.
+    let ids = [&ok, &error, &timeout, &limit, &write]
+        .map(|v| v["script_id"].as_str().unwrap().to_string());
+    for id in ids.iter().chain([&cancelled_id, &interrupted_id]) {
+        let r = row(&rig, id);
+        assert!(r["teardown_ms"].as_u64().is_some(), "{r}");
+    }
 }
 
 #[test]

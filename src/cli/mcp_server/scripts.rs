@@ -430,9 +430,13 @@ impl Scripts {
             }
             futures::future::join_all(running.iter().map(|s| s.wait())).await;
         };
-        match tokio::time::timeout(limit, all).await {
+        let left = match tokio::time::timeout(limit, all).await {
             Ok(()) => 0,
             Err(_) => self.running().len() + *self.starting.borrow(),
+        };
+        if let Where::Embedded(d) = &self.runs_in {
+            d.settled().await;
         }
+        left
     }
 }
