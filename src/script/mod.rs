@@ -690,6 +690,8 @@ pub async fn run(
         &script_id,
     )
     .await;
+    // The script's end: the teardown's time counts from here.
+    let ended_at = Instant::now();
     if early_end {
         end.now();
     }
@@ -703,7 +705,6 @@ pub async fn run(
     let unit = launch.backend.unit_for(&script_id).unwrap_or_default();
     let (usage, mut outcome) = unit_facts(report, &placed.placement).await;
     // The teardown is the daemon's to run, after the result (`Ended::teardown`).
-    let ended_at = Instant::now();
     let release = release_unit(
         placed.placement,
         placed.keeper,
