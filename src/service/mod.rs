@@ -220,10 +220,15 @@ async fn run(
     let housekeeping = Housekeeping::start(&daemon, watchdog_usec);
     // 4. Serve until a signal, idle exit or an accept error.
     let code = serve_until_stopped(&daemon, listener, idle_exit).await;
-    // 5. Stop: running scripts are interrupted and recorded before we exit.
+    // 5. Stop: running scripts are interrupted and recorded before we exit,
+    //    then their sandboxes torn down, within one 10 s (the unit's
+    //    TimeoutStopSec= is drain_s + 15 s).
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    let stop_by = tokio::time::Instant::now() + Duration::from_secs(10);
     daemon.interrupt_all(Duration::from_secs(10)).await;
-    daemon.settled(Duration::from_secs(10)).await;
+    daemon
+        .settled(stop_by.saturating_duration_since(tokio::time::Instant::now()))
+        .await;
     daemon.flush_refusals().await;
     drop(housekeeping);
     // Last: the log folded into scriptgate.db, so that a copy of the file alone
