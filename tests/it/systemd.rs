@@ -135,6 +135,28 @@ impl SystemdRig {
         scriptgate::protocol::token::mint(KEY, "rig-run", Some("rig"), &snap, 600).unwrap()
     }
 
+    /// Start a script that prints "up" and then sleeps for a minute, and
+    /// wait (up to `within`) until it has printed: past bwrap's set-up, its
+    /// sandbox is running. Its id.
+    fn start_until_up(&self, e: &Engine, token: &str, within: Duration) -> String {
+        let id = e
+            .start(
+                token,
+                "import time\nprint('up', flush=True)\ntime.sleep(60)\n",
+                &[],
+            )
+            .unwrap();
+        let output = self
+            .workspace()
+            .join(".agent/scripts")
+            .join(&id)
+            .join("output.txt");
+        eventually("the script to run", within, || {
+            std::fs::read_to_string(&output).unwrap_or_default() == "up\n"
+        });
+        id
+    }
+
     fn journal(&self, message_id: &str) -> Vec<Value> {
         let out = self.sh_ok(&format!(
             "journalctl --no-pager -o json MESSAGE_ID={message_id}"
@@ -359,21 +381,7 @@ fn socket_activation_scopes_journal_watchdog_idle_exit_and_hardening() {
         );
         let raised = raised["script_id"].as_str().unwrap().to_string();
         let lost_engine = Engine::connect(&rig.socket());
-        let lost = lost_engine
-            .start(
-                &token,
-                "import time\nprint('up', flush=True)\ntime.sleep(60)\n",
-                &[],
-            )
-            .unwrap();
-        let out = rig
-            .workspace()
-            .join(".agent/scripts")
-            .join(&lost)
-            .join("output.txt");
-        eventually("the script to run", Duration::from_secs(10), || {
-            std::fs::read_to_string(&out).unwrap_or_default() == "up\n"
-        });
+        let lost = rig.start_until_up(&lost_engine, &token, Duration::from_secs(10));
         lost_engine.close();
         let entry = |sid: &str| {
             let mut found = None;
@@ -532,21 +540,7 @@ fn memory_and_task_limits_and_systemctl_stop_in_scopes() {
     // running (see the SIGKILL below).
     let token = rig.token(json!({}));
     let run_until_up = |e: &Engine| {
-        let id = e
-            .start(
-                &token,
-                "import time\nprint('up', flush=True)\ntime.sleep(60)\n",
-                &[],
-            )
-            .unwrap();
-        let output = rig
-            .workspace()
-            .join(".agent/scripts")
-            .join(&id)
-            .join("output.txt");
-        eventually("the script to run", Duration::from_secs(30), || {
-            std::fs::read_to_string(&output).unwrap_or_default() == "up\n"
-        });
+        let id = rig.start_until_up(e, &token, Duration::from_secs(30));
         let scope = format!("scriptgate-{id}.scope");
         assert_eq!(rig.is_active(&scope), "active");
         (id, scope)
