@@ -25,20 +25,30 @@ pub(super) fn load_or_make(
     }
     let mut raw = vec![0u8; len];
     getrandom::getrandom(&mut raw).map_err(|e| fail(format!("random bytes: {e}")))?;
-    match std::fs::OpenOptions::new()
+    // Written whole under a name of its own, then linked into place: a
+    // process that starts at the same moment finds either no secret or a
+    // complete one, never one being written. The link fails if another
+    // process's got there first, and then that one is read like any other.
+    let bytes = encode(&raw);
+    let mut tag = [0u8; 8];
+    getrandom::getrandom(&mut tag).map_err(|e| fail(format!("random bytes: {e}")))?;
+    let draft = path.with_file_name(format!(
+        ".{}.{:016x}.new",
+        path.file_name()
+            .map_or_else(Default::default, |n| n.to_string_lossy()),
+        u64::from_ne_bytes(tag)
+    ));
+    let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-    {
-        Ok(mut f) => {
-            let bytes = encode(&raw);
-            f.write_all(&bytes)
-                .and_then(|()| f.sync_all())
-                .map_err(|e| fail(format!("cannot write: {e}")))?;
-            return Ok(bytes);
-        }
+        .open(&draft)
+        .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()));
+    let placed = written.and_then(|()| std::fs::hard_link(&draft, path));
+    let _ = std::fs::remove_file(&draft);
+    match placed {
+        Ok(()) => return Ok(bytes),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(fail(format!("cannot create: {e}"))),
     }
@@ -111,5 +121,27 @@ mod tests {
         let link = d.path().join("link");
         std::os::unix::fs::symlink(&p, &link).unwrap();
         assert!(load_or_make(&link, 32, |b| b.to_vec()).is_err());
+    }
+
+    #[test]
+    fn processes_starting_together_all_get_the_one_complete_secret() {
+        // Two `scriptgate mcp` started at once in one state directory: the
+        // second used to read the first's key while it was still empty.
+        for round in 0..300 {
+            let d = tempfile::tempdir().unwrap();
+            let p = d.path().join(format!("key{round}"));
+            let got: Vec<_> = std::thread::scope(|s| {
+                let ts: Vec<_> = (0..8)
+                    .map(|_| s.spawn(|| load_or_make(&p, 32, |b| b.to_vec())))
+                    .collect();
+                ts.into_iter().map(|t| t.join().unwrap()).collect()
+            });
+            let first = got[0].as_ref().map_err(|e| e.message.clone()).unwrap();
+            for g in &got {
+                assert_eq!(g.as_ref().map_err(|e| e.message.clone()).unwrap(), first);
+            }
+            let names: Vec<_> = std::fs::read_dir(d.path()).unwrap().collect();
+            assert_eq!(names.len(), 1, "no draft is left behind");
+        }
     }
 }
