@@ -1147,6 +1147,12 @@ else
 fi
 check "the trigger again (the package removed): quiet" bash -c 'out=$(dpkg -P sg-abi-touch 2>&1) && ! grep -q "scriptgate:" <<<"$out"'
 
+# Issue 36's three-node fleet (nspawn nodes of this guest's tree, the package
+# installed): Debian 13's image has systemd-container and journal-remote.
+if [ "$suite" = trixie ]; then
+  . /mnt/host/fleet.sh
+fi
+
 section "upgrade with a script running, reinstall, remove, purge"
 write_conf systemd 1073741824 256 100 60
 restart upgrade
