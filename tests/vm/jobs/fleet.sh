@@ -89,7 +89,7 @@ fleet_main() {
     systemd-id128 new >"$d/machine-id"
     printf '[Upload]\nURL=http://127.0.0.1:%s\n' "$fleet_port" >"$d/journal-upload.conf"
     # nspawn's image lock is per tree; the three share one, read-only (the
-    # last two units masked only write to it; the job's never runs). Its
+    # units masked write to it or hold the guest's ports; the job's never runs). Its
     # /proc/sys is writable (bwrap's --disable-userns writes there in the
     # sandbox's user namespace), as a node's host gives it.
     systemd-run --unit="sg-$n" -p Type=notify -p Delegate=yes -p KillMode=mixed \
@@ -104,6 +104,7 @@ fleet_main() {
       --bind-ro=/dev/null:/etc/systemd/system/vmrig-job.service \
       --bind-ro=/dev/null:/etc/systemd/system/systemd-remount-fs.service \
       --bind-ro=/dev/null:/etc/systemd/system/systemd-machine-id-commit.service \
+      --bind-ro=/dev/null:/etc/systemd/system/prometheus-node-exporter.service \
       >/dev/null 2>"$d/nspawn.err" || true
   done
   for n in "${fleet_nodes[@]}"; do
@@ -136,6 +137,11 @@ fleet_main() {
     systemctl -M "$n" start systemd-journal-upload.service 2>&1 | sed "s/^/# $n: /"
   done
   check "fleet: the nodes' /proc is a host's (nspawn's two mounts over it undone)" test "$unmasked" = 3
+  # A forged start in node1's journal, by a user other than root: uploaded with
+  # the rest, counted by nobody (the trail and the OTel query take uid 0's).
+  check "fleet: a user other than root writes a forged start entry on node1" \
+    systemd-run -M node1 --wait -q -p User=nobody /bin/sh -c \
+    'printf "MESSAGE_ID=2b0a0799d99540589c9c0d06c5c5dd49\nMESSAGE=script forged started\nSCRIPTGATE_SCRIPT_ID=f0f0f0f0f0f0f0f0\nSCRIPTGATE_TIMEOUT_S=60\n" | logger --journald'
   local socks=()
   for n in "${fleet_nodes[@]}"; do socks+=("$(fleet_sock "$n")"); done
   check "fleet: each node's socket is its own (socket-activated in the node)" \
@@ -224,6 +230,31 @@ fleet_main() {
     "$(fleet_eval "t['matched'], t['states'], t['duplicates'], dict(sorted(t['hosts'].items()))" --as-of +10m)"
   check "fleet: the lost ones are node3's two, listed by scriptgate audit --journal --lost" \
     fleet_is "[('node3', 'lost'), ('node3', 'lost')]" "$(fleet_eval "sorted((s['host'], s['state']) for s in t['scripts'])" --as-of +10m --lost)"
+  # deploy/fleet-trail/otelcol.yaml's journald receiver: the journalctl query
+  # it runs (its matches, as the receiver joins them) over the central journal.
+  local otel=/usr/share/doc/scriptgate/examples/fleet-trail/otelcol.yaml query
+  query=$(python3 - "$otel" <<'EOF'
+import re, sys
+groups, inside = [], False
+for line in open(sys.argv[1]):
+    if re.match(r"\s+matches:\s*$", line):
+        inside = True
+        continue
+    if inside:
+        m = re.match(r'\s+(- )?([A-Z_]+):\s*"?([^"#\s]+)"?', line)
+        if m is None:
+            inside = inside and not line.strip()
+            continue
+        if m.group(1):
+            groups.append([])
+        groups[-1].append(f"{m.group(2)}={m.group(3)}")
+print(" + ".join(" ".join(g) for g in groups))
+EOF
+  )
+  # shellcheck disable=SC2086 # the matches are words, `+` among them
+  check "fleet: the OTel Collector's journald query (deploy/fleet-trail/otelcol.yaml) takes 31 starts and 29 ends, not the forged one" \
+    fleet_is "60 61" "$(journalctl --utc --output=json --no-pager --priority info --directory "$fleet_dir/central" $query | wc -l) $(journalctl --output=json --no-pager --directory "$fleet_dir/central" MESSAGE_ID=2b0a0799d99540589c9c0d06c5c5dd49 + MESSAGE_ID=346f6012b1654d13bd185a7cfc0553cb | wc -l)" \
+    "query: $query"
   local table
   table=$(scriptgate audit --journal --directory "$fleet_dir/central" --as-of +10m 2>&1)
   check "fleet: the people's table says it" says "31 scripts on 3 hosts: 29 ended .*2 lost" "$table"
