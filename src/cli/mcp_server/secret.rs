@@ -23,40 +23,28 @@ pub(super) fn load_or_make(
             .create(dir)
             .map_err(|e| fail(format!("cannot create its directory: {e}")))?;
     }
-    let mut raw = vec![0u8; len];
-    getrandom::getrandom(&mut raw).map_err(|e| fail(format!("random bytes: {e}")))?;
-    // Written whole under a name of its own, then linked into place: a
-    // process that starts at the same moment finds either no secret or a
-    // complete one, never one being written. The link fails if another
-    // process's got there first, and then that one is read like any other.
-    let bytes = encode(&raw);
-    let mut tag = [0u8; 8];
-    getrandom::getrandom(&mut tag).map_err(|e| fail(format!("random bytes: {e}")))?;
-    let draft = path.with_file_name(format!(
-        ".{}.{:016x}.new",
-        path.file_name()
-            .map_or_else(Default::default, |n| n.to_string_lossy()),
-        u64::from_ne_bytes(tag)
-    ));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&draft)
-        .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()));
-    let placed = written.and_then(|()| std::fs::hard_link(&draft, path));
-    let _ = std::fs::remove_file(&draft);
-    match placed {
-        Ok(()) => return Ok(bytes),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(fail(format!("cannot create: {e}"))),
-    }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| fail(format!("cannot read (a symlink is refused): {e}")))?;
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+    };
+    let cannot_read = |e: std::io::Error| fail(format!("cannot read (a symlink is refused): {e}"));
+    // One that is there is read (its directory need not be writable); only
+    // where there is none is one made.
+    let f = match open() {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut raw = vec![0u8; len];
+            getrandom::getrandom(&mut raw).map_err(|e| fail(format!("random bytes: {e}")))?;
+            let bytes = encode(&raw);
+            if place(path, &bytes).map_err(fail)? {
+                return Ok(bytes);
+            }
+            open().map_err(cannot_read)?
+        }
+        Err(e) => return Err(cannot_read(e)),
+    };
     let meta = f
         .metadata()
         .map_err(|e| fail(format!("cannot read: {e}")))?;
@@ -89,6 +77,42 @@ pub(super) fn load_or_make(
     Ok(bytes)
 }
 
+/// Writes `bytes` whole under a name of its own beside `path`, then links it
+/// into place: a process that starts at the same moment finds either no secret
+/// or a complete one, never one being written. False when another process's
+/// got there first (the link finds it), to be read like any other.
+fn place(path: &Path, bytes: &[u8]) -> Result<bool, String> {
+    let mut tag = [0u8; 8];
+    getrandom::getrandom(&mut tag).map_err(|e| format!("random bytes: {e}"))?;
+    let draft = path.with_file_name(format!(
+        ".{}.{:016x}.new",
+        path.file_name()
+            .map_or_else(Default::default, |n| n.to_string_lossy()),
+        u64::from_ne_bytes(tag)
+    ));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&draft)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&draft);
+            format!(
+                "cannot write a new one beside it ({}): {e}",
+                draft.display()
+            )
+        })?;
+    let linked = std::fs::hard_link(&draft, path);
+    let _ = std::fs::remove_file(&draft);
+    match linked {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(format!("cannot link the new one into place: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,11 +134,19 @@ mod tests {
                 & 0o777,
             0o700
         );
+        let dir_mtime = || {
+            std::fs::metadata(p.parent().unwrap())
+                .unwrap()
+                .modified()
+                .unwrap()
+        };
+        let before = dir_mtime();
         assert_eq!(
             load_or_make(&p, 32, |b| b.to_vec()).unwrap(),
             a,
             "read back"
         );
+        assert_eq!(dir_mtime(), before, "reading one makes nothing beside it");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = load_or_make(&p, 32, |b| b.to_vec()).unwrap_err();
         assert!(e.message.contains("mode 0644"), "{}", e.message);
@@ -130,9 +162,15 @@ mod tests {
         for round in 0..300 {
             let d = tempfile::tempdir().unwrap();
             let p = d.path().join(format!("key{round}"));
+            let start = std::sync::Barrier::new(8);
             let got: Vec<_> = std::thread::scope(|s| {
                 let ts: Vec<_> = (0..8)
-                    .map(|_| s.spawn(|| load_or_make(&p, 32, |b| b.to_vec())))
+                    .map(|_| {
+                        s.spawn(|| {
+                            start.wait();
+                            load_or_make(&p, 32, |b| b.to_vec())
+                        })
+                    })
                     .collect();
                 ts.into_iter().map(|t| t.join().unwrap()).collect()
             });
