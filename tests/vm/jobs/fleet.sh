@@ -59,8 +59,10 @@ fleet_main() {
   chmod 0755 "$fleet_dir" "$fleet_dir/ws"
   # The nodes' tree: the guest's root file system alone (no /proc, /run, /srv
   # mounts under it), read-only under each node's tmpfs overlay.
-  mount --bind / "$fleet_dir/base"
-  mount -o remount,bind,ro "$fleet_dir/base"
+  if ! mount --bind / "$fleet_dir/base" || ! mount -o remount,bind,ro "$fleet_dir/base"; then
+    bad "fleet: the guest's root, bound read-only for the nodes" "$(findmnt "$fleet_dir/base" 2>&1)"
+    return
+  fi
   # The nodes' configuration: the package's engine key and groups, workspaces
   # under the path shared by the engine and the nodes.
   printf '[auth]\ntoken_key_file = "/etc/scriptgate/token.key"\nallowed_groups = ["scriptgate"]\nadmin_groups = ["scriptgate-admin"]\n\n[workspace]\nroots = ["%s/ws"]\n' \
@@ -89,9 +91,11 @@ fleet_main() {
     systemd-id128 new >"$d/machine-id"
     printf '[Upload]\nURL=http://127.0.0.1:%s\n' "$fleet_port" >"$d/journal-upload.conf"
     # nspawn's image lock is per tree; the three share one, read-only (the
-    # units masked write to it or hold the guest's ports; the job's never runs). Its
-    # /proc/sys is writable (bwrap's --disable-userns writes there in the
-    # sandbox's user namespace), as a node's host gives it.
+    # units masked write to it, hold the guest's ports or its devices; the
+    # job's never runs). Its API file systems (/proc/sys, /sys) are writable:
+    # bwrap's --disable-userns writes in /proc/sys in the sandbox's user
+    # namespace, as a node's host lets it. Each boots before the next starts
+    # (Type=notify: systemd-run returns when the node is up).
     systemd-run --unit="sg-$n" -p Type=notify -p Delegate=yes -p KillMode=mixed \
       --setenv=SYSTEMD_NSPAWN_LOCK=0 --setenv=SYSTEMD_NSPAWN_API_VFS_WRITABLE=1 \
       systemd-nspawn --quiet --boot --machine="$n" --directory="$fleet_dir/base" --volatile=overlay \
@@ -105,6 +109,10 @@ fleet_main() {
       --bind-ro=/dev/null:/etc/systemd/system/systemd-remount-fs.service \
       --bind-ro=/dev/null:/etc/systemd/system/systemd-machine-id-commit.service \
       --bind-ro=/dev/null:/etc/systemd/system/prometheus-node-exporter.service \
+      --bind-ro=/dev/null:/etc/systemd/system/systemd-udevd.service \
+      --bind-ro=/dev/null:/etc/systemd/system/systemd-udevd-control.socket \
+      --bind-ro=/dev/null:/etc/systemd/system/systemd-udevd-kernel.socket \
+      --bind-ro=/dev/null:/etc/systemd/system/systemd-udev-trigger.service \
       >/dev/null 2>"$d/nspawn.err" || true
   done
   for n in "${fleet_nodes[@]}"; do
@@ -122,7 +130,10 @@ fleet_main() {
     fleet_cleanup
     return
   fi
-  ok "fleet: three nodes boot their own systemd (systemd-nspawn, each its own host name and machine id)"
+  ok "fleet: three nodes boot their own systemd (systemd-nspawn, one after another)"
+  check "fleet: each node has its own host name and machine id" \
+    fleet_is "node1 node2 node3 3" \
+    "$(for n in "${fleet_nodes[@]}"; do cat "/proc/$(machinectl show "$n" -p Leader --value)/root/etc/hostname"; done | xargs) $(for n in "${fleet_nodes[@]}"; do cat "/proc/$(machinectl show "$n" -p Leader --value)/root/etc/machine-id"; done | sort -u | wc -l)"
   # nspawn binds a FIFO over /proc/kmsg and a boot id of the container's own
   # over /proc/sys/kernel/random/boot_id. A /proc with mounts over parts of it
   # is one the kernel refuses to give the sandbox's user namespace (a node of
@@ -138,10 +149,11 @@ fleet_main() {
   done
   check "fleet: the nodes' /proc is a host's (nspawn's two mounts over it undone)" test "$unmasked" = 3
   # A forged start in node1's journal, by a user other than root: uploaded with
-  # the rest, counted by nobody (the trail and the OTel query take uid 0's).
+  # the rest, counted by nobody (the trail and the OTel query take uid 0's; its
+  # priority is info, so that only its uid leaves it out of the query).
   check "fleet: a user other than root writes a forged start entry on node1" \
     systemd-run -M node1 --wait -q -p User=nobody /bin/sh -c \
-    'printf "MESSAGE_ID=2b0a0799d99540589c9c0d06c5c5dd49\nMESSAGE=script forged started\nSCRIPTGATE_SCRIPT_ID=f0f0f0f0f0f0f0f0\nSCRIPTGATE_TIMEOUT_S=60\n" | logger --journald'
+    'printf "MESSAGE_ID=2b0a0799d99540589c9c0d06c5c5dd49\nMESSAGE=script forged started\nSCRIPTGATE_SCRIPT_ID=f0f0f0f0f0f0f0f0\nSCRIPTGATE_TIMEOUT_S=60\nPRIORITY=6\n" | logger --journald'
   local socks=()
   for n in "${fleet_nodes[@]}"; do socks+=("$(fleet_sock "$n")"); done
   check "fleet: each node's socket is its own (socket-activated in the node)" \
@@ -160,12 +172,29 @@ fleet_main() {
   done
   wait "${pids[@]}"
   end=$(date +%s%N)
+  local want=$((${#fleet_nodes[@]} * streams * per))
+  # The central trail's lag: from the last engine's exit to all of their
+  # entries in journal-remote's output (uploaded as they are written), polled
+  # before anything else reads.
+  local lag="" deadline=$((SECONDS + 120))
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    if [ "$(fleet_eval "t['states'].get('ended', 0)")" = "$want" ]; then
+      lag=$((($(date +%s%N) - end) / 1000000))
+      break
+    fi
+    sleep 0.1
+  done
+  if [ -n "$lag" ]; then
+    ok "fleet: the central trail has every script's start and end"
+    echo "figure fleet_central_trail_lag_ms $lag (the last engine's exit to every end entry read from journal-remote's output; polled every 0.1 s, each read included)"
+  else
+    bad "fleet: the central trail has every script's start and end" "$(fleet_trail | head -c 3000)"
+  fi
   local okc=0 badc=() f
   for f in "$fleet_dir"/out/node*-*-*.json; do
     total=$((total + 1))
     if [ "$(jget "$f" status)" = ok ]; then okc=$((okc + 1)); else badc+=("$(basename "$f"): $(jget "$f" status) $(jget "$f" error) $(tail -n 1 "${f%.json}.err")"); fi
   done
-  local want=$((${#fleet_nodes[@]} * streams * per))
   if [ "$okc" = "$want" ]; then
     ok "fleet: $want scripts through the engine on all three nodes, all ok"
   else
@@ -174,23 +203,6 @@ fleet_main() {
   fi
   python3 -c "import sys; n,ms=int(sys.argv[1]),(int(sys.argv[3])-int(sys.argv[2]))/1e6; print(f'figure fleet_scripts_per_s {n/(ms/1000):.2f} ({n} scripts, 9 engines on 3 nodes, {ms/1000:.1f} s)')" "$want" "$start" "$end"
 
-  # The central trail's lag: from the last result to all of their entries in
-  # journal-remote's output (uploaded as they are written).
-  local lag_from lag=""
-  lag_from=$(date +%s%N)
-  for i in $(seq 600); do
-    if [ "$(fleet_eval "t['states'].get('ended', 0)")" = "$want" ]; then
-      lag=$((($(date +%s%N) - lag_from) / 1000000))
-      break
-    fi
-    sleep 0.1
-  done
-  if [ -n "$lag" ]; then
-    ok "fleet: the central trail has every script's start and end"
-    echo "figure fleet_central_trail_lag_ms $lag (last result to every end entry read from journal-remote's output; polled every 0.1 s, each read included)"
-  else
-    bad "fleet: the central trail has every script's start and end" "$(fleet_trail | head -c 3000)"
-  fi
   check "fleet: the central trail has the scripts by host, each node's own, nothing twice" \
     fleet_is "{'node1': 9, 'node2': 9, 'node3': 9} 0 {'ok': 27}" \
     "$(fleet_eval "dict(sorted(t['hosts'].items())), t['duplicates'], t['statuses']")"
@@ -206,7 +218,8 @@ fleet_main() {
   fleet_run node3 lost-2 "$fleet_long" --timeout 300 &
   local l2=$!
   local running=""
-  for i in $(seq 600); do
+  deadline=$((SECONDS + 120))
+  while [ "$SECONDS" -lt "$deadline" ]; do
     [ "$(fleet_eval "t['states'].get('running', 0)" --host node3)" = 2 ] && { running=1; break; }
     sleep 0.1
   done
@@ -220,7 +233,8 @@ fleet_main() {
     fleet_is "7 7 2" "$r1 $r2 $(cat "$fleet_dir"/out/lost-*.err | grep -c 'went away while script .* was running')" \
     "$(tail -n 3 "$fleet_dir"/out/lost-*.err)"
   check "fleet: node1 and node2 still run scripts" fleet_after
-  for i in $(seq 600); do
+  deadline=$((SECONDS + 120))
+  while [ "$SECONDS" -lt "$deadline" ]; do
     [ "$(fleet_eval "t['states'].get('ended', 0)")" = 29 ] && break
     sleep 0.1
   done
