@@ -8,22 +8,26 @@
 # their journals with systemd-journal-upload to one systemd-journal-remote in
 # the guest (the central host). The engine in the guest (`scriptgate run
 # --socket`: the engine of the example gateway's `scriptgate mcp --socket`)
-# starts scripts on all three, with
-# each workspace at the same path on the engine's side and the node's
-# (protocol(7), "Workspaces"); one node is killed with SIGKILL while two of its
-# scripts run. The central trail must then hold one start per script started,
+# starts scripts on all three, with each workspace at the same path on the
+# engine's side and the node's (protocol(7), "Workspaces"); one node is killed
+# with SIGKILL while two of its scripts run. The central trail must then hold one start per script started,
 # one end per script that ended, the killed node's two as lost, nothing twice.
 # Figures: scripts per second across the three, and the central trail's lag.
 
 fleet_dir=/srv/fleet
 fleet_nodes=(node1 node2 node3)
 fleet_port=19532
+# The MESSAGE_IDs of "script started" and "script finished" (scriptgated(8)).
+fleet_started=2b0a0799d99540589c9c0d06c5c5dd49
+fleet_finished=346f6012b1654d13bd185a7cfc0553cb
 # A short script (one tool call) and one that runs until its node dies.
 fleet_short=$fleet_dir/short.py
 fleet_long=$fleet_dir/long.py
 
+# The pid of a node's init, as the guest sees it.
+fleet_leader() { machinectl show "$1" -p Leader --value; }
 # The node's socket, as the guest sees it: under its leader's root.
-fleet_sock() { echo "/proc/$(machinectl show "$1" -p Leader --value)/root/run/scriptgate/scriptgate.sock"; }
+fleet_sock() { echo "/proc/$(fleet_leader "$1")/root/run/scriptgate/scriptgate.sock"; }
 # fleet_run NODE NAME SCRIPT [ARGS]: the engine runs SCRIPT on NODE; its result
 # in $fleet_dir/out/NAME.json.
 fleet_run() {
@@ -39,6 +43,18 @@ fleet_eval() {
   local expr=$1
   shift
   fleet_trail "$@" | python3 -c "import json,sys; t=json.load(sys.stdin); print($expr)"
+}
+
+# fleet_until WANT EXPR [ARGS]: until fleet_eval EXPR [ARGS] prints WANT, up to
+# 120 s (each read of the trail takes a while under TCG); false if it never did.
+fleet_until() {
+  local want=$1 deadline=$((SECONDS + 120))
+  shift
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    [ "$(fleet_eval "$@")" = "$want" ] && return
+    sleep 0.1
+  done
+  return 1
 }
 
 # fleet_is WANT GOT [MORE]: GOT is WANT, or both are shown (and MORE).
@@ -133,7 +149,7 @@ fleet_main() {
   ok "fleet: three nodes boot their own systemd (systemd-nspawn, one after another)"
   check "fleet: each node has its own host name and machine id" \
     fleet_is "node1 node2 node3 3" \
-    "$(for n in "${fleet_nodes[@]}"; do cat "/proc/$(machinectl show "$n" -p Leader --value)/root/etc/hostname"; done | xargs) $(for n in "${fleet_nodes[@]}"; do cat "/proc/$(machinectl show "$n" -p Leader --value)/root/etc/machine-id"; done | sort -u | wc -l)"
+    "$(for n in "${fleet_nodes[@]}"; do cat "/proc/$(fleet_leader "$n")/root/etc/hostname"; done | xargs) $(for n in "${fleet_nodes[@]}"; do cat "/proc/$(fleet_leader "$n")/root/etc/machine-id"; done | sort -u | wc -l)"
   # nspawn binds a FIFO over /proc/kmsg and a boot id of the container's own
   # over /proc/sys/kernel/random/boot_id. A /proc with mounts over parts of it
   # is one the kernel refuses to give the sandbox's user namespace (a node of
@@ -142,7 +158,7 @@ fleet_main() {
   # the node's daemon starts (socket-activated, at the first script).
   local unmasked=0
   for n in "${fleet_nodes[@]}"; do
-    nsenter -t "$(machinectl show "$n" -p Leader --value)" -m -p umount /proc/kmsg /proc/sys/kernel/random/boot_id &&
+    nsenter -t "$(fleet_leader "$n")" -m -p umount /proc/kmsg /proc/sys/kernel/random/boot_id &&
       unmasked=$((unmasked + 1))
     systemctl -M "$n" list-units --failed --no-legend --plain 2>&1 | sed "s/^/# $n failed unit: /"
     systemctl -M "$n" start systemd-journal-upload.service 2>&1 | sed "s/^/# $n: /"
@@ -153,7 +169,7 @@ fleet_main() {
   # priority is info, so that only its uid leaves it out of the query).
   check "fleet: a user other than root writes a forged start entry on node1" \
     systemd-run -M node1 --wait -q -p User=nobody /bin/sh -c \
-    'printf "MESSAGE_ID=2b0a0799d99540589c9c0d06c5c5dd49\nMESSAGE=script forged started\nSCRIPTGATE_SCRIPT_ID=f0f0f0f0f0f0f0f0\nSCRIPTGATE_TIMEOUT_S=60\nPRIORITY=6\n" | logger --journald'
+    "printf 'MESSAGE_ID=$fleet_started\nMESSAGE=script forged started\nSCRIPTGATE_SCRIPT_ID=f0f0f0f0f0f0f0f0\nSCRIPTGATE_TIMEOUT_S=60\nPRIORITY=6\n' | logger --journald"
   local socks=()
   for n in "${fleet_nodes[@]}"; do socks+=("$(fleet_sock "$n")"); done
   check "fleet: each node's socket is its own (socket-activated in the node)" \
@@ -176,15 +192,8 @@ fleet_main() {
   # The central trail's lag: from the last engine's exit to all of their
   # entries in journal-remote's output (uploaded as they are written), polled
   # before anything else reads.
-  local lag="" deadline=$((SECONDS + 120))
-  while [ "$SECONDS" -lt "$deadline" ]; do
-    if [ "$(fleet_eval "t['states'].get('ended', 0)")" = "$want" ]; then
-      lag=$((($(date +%s%N) - end) / 1000000))
-      break
-    fi
-    sleep 0.1
-  done
-  if [ -n "$lag" ]; then
+  if fleet_until "$want" "t['states'].get('ended', 0)"; then
+    local lag=$((($(date +%s%N) - end) / 1000000))
     ok "fleet: the central trail has every script's start and end"
     echo "figure fleet_central_trail_lag_ms $lag (the last engine's exit to every end entry read from journal-remote's output; polled every 0.1 s, each read included)"
   else
@@ -217,13 +226,7 @@ fleet_main() {
   local l1=$!
   fleet_run node3 lost-2 "$fleet_long" --timeout 300 &
   local l2=$!
-  local running=""
-  deadline=$((SECONDS + 120))
-  while [ "$SECONDS" -lt "$deadline" ]; do
-    [ "$(fleet_eval "t['states'].get('running', 0)" --host node3)" = 2 ] && { running=1; break; }
-    sleep 0.1
-  done
-  if [ -n "$running" ]; then ok "fleet: node3's two long scripts are running in the central trail"; else bad "fleet: node3's two long scripts are running in the central trail" "$(fleet_trail --host node3 | head -c 2000)" "$(cat "$fleet_dir"/out/lost-*.err)"; fi
+  if fleet_until 2 "t['states'].get('running', 0)" --host node3; then ok "fleet: node3's two long scripts are running in the central trail"; else bad "fleet: node3's two long scripts are running in the central trail" "$(fleet_trail --host node3 | head -c 2000)" "$(cat "$fleet_dir"/out/lost-*.err)"; fi
   check "fleet: node3 killed with SIGKILL (every process of the machine)" machinectl kill --signal=SIGKILL node3
   timeout 60 bash -c 'while machinectl show node3 >/dev/null 2>&1; do sleep 0.2; done'
   local r1 r2
@@ -233,11 +236,7 @@ fleet_main() {
     fleet_is "7 7 2" "$r1 $r2 $(cat "$fleet_dir"/out/lost-*.err | grep -c 'went away while script .* was running')" \
     "$(tail -n 3 "$fleet_dir"/out/lost-*.err)"
   check "fleet: node1 and node2 still run scripts" fleet_after
-  deadline=$((SECONDS + 120))
-  while [ "$SECONDS" -lt "$deadline" ]; do
-    [ "$(fleet_eval "t['states'].get('ended', 0)")" = 29 ] && break
-    sleep 0.1
-  done
+  fleet_until 29 "t['states'].get('ended', 0)"
   # Past the lost scripts' timeout (300 s) and the grace (120 s).
   check "fleet: the central trail: 31 started, 29 ended, node3's 2 lost, nothing twice" \
     fleet_is "31 {'ended': 29, 'lost': 2} 0 {'node1': 10, 'node2': 10, 'node3': 11}" \
@@ -267,7 +266,7 @@ EOF
   )
   # shellcheck disable=SC2086 # the matches are words, `+` among them
   check "fleet: the OTel Collector's journald query (deploy/fleet-trail/otelcol.yaml) takes 31 starts and 29 ends, not the forged one" \
-    fleet_is "60 61" "$(journalctl --utc --output=json --no-pager --priority info --directory "$fleet_dir/central" $query | wc -l) $(journalctl --output=json --no-pager --directory "$fleet_dir/central" MESSAGE_ID=2b0a0799d99540589c9c0d06c5c5dd49 + MESSAGE_ID=346f6012b1654d13bd185a7cfc0553cb | wc -l)" \
+    fleet_is "60 61" "$(journalctl --utc --output=json --no-pager --priority info --directory "$fleet_dir/central" $query | wc -l) $(journalctl --output=json --no-pager --directory "$fleet_dir/central" MESSAGE_ID=$fleet_started + MESSAGE_ID=$fleet_finished | wc -l)" \
     "query: $query"
   local table
   table=$(scriptgate audit --journal --directory "$fleet_dir/central" --as-of +10m 2>&1)
